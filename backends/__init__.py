@@ -1,0 +1,1 @@
+"""Inference backends behind one small async interface (see `backends.base.Backend`)."""

@@ -1,0 +1,279 @@
+"""The micro-batcher loop: collect requests, close a batch, dispatch it, scatter the results.
+
+Shaped after Ray Serve's `wait_for_batch` (block on the first request, wait only the rest of the
+delay window) and TGI's queue (bounded, drop entries whose caller has gone). Every future handed
+out by `submit` resolves exactly once: with a result, a batcher error, or cancellation by its
+caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import numpy as np
+
+from batcher.errors import (
+    BatchAbandoned,
+    BatcherClosed,
+    BatcherError,
+    BatchWideFailure,
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidInput,
+    QueueFull,
+)
+from batcher.observer import BatchObserver, NullObserver
+from batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from batcher.policy import BatchLimits, batch_is_full, select_batch
+from batcher.request import QueuedRequest, SequenceLimits, TokenSequence
+
+logger = logging.getLogger(__name__)
+
+InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
+Result = dict[str, np.ndarray]
+
+
+class MicroBatcher:
+    def __init__(
+        self,
+        name: str,
+        infer: InferFn,
+        limits: BatchLimits,
+        sequence_limits: SequenceLimits,
+        *,
+        sequence_outputs: frozenset[str] = frozenset(),
+        pad_token_id: int = 0,
+        default_timeout_s: float | None = None,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.name = name
+        self._infer = infer
+        self.limits = limits
+        self.sequence_limits = sequence_limits
+        self._sequence_outputs = sequence_outputs
+        self._pad_token_id = pad_token_id
+        self._default_timeout_s = default_timeout_s
+        self._observer = observer or NullObserver()
+        # Insertion-ordered, so iteration is arrival order and removal is O(1).
+        self._pending: dict[int, QueuedRequest] = {}
+        self._arrival = asyncio.Event()
+        self._slots = asyncio.Semaphore(limits.max_concurrent_batches)
+        self._running: set[asyncio.Task] = set()
+        self._loop_task: asyncio.Task | None = None
+        self._closed = False
+        self._recent_batch_s = 0.05
+
+    # -- public API -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(
+                self._collect_forever(), name=f"batcher:{self.name}"
+            )
+            self._loop_task.add_done_callback(self._log_crash)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    @property
+    def running_batches(self) -> int:
+        return len(self._running)
+
+    def submit(
+        self, sequences: Sequence[TokenSequence], timeout_s: float | None = None
+    ) -> list[asyncio.Future[Result]]:
+        """Queue all `sequences` or none of them; one future per sequence.
+
+        Raises InvalidInput (naming the field), QueueFull or BatcherClosed at once.
+        """
+        if self._closed:
+            self._observer.rejected("closed")
+            raise BatcherClosed(f"model {self.name!r} is shutting down")
+        for index, seq in enumerate(sequences):
+            try:
+                self.sequence_limits.validate(seq)
+            except InvalidInput as exc:
+                self._observer.rejected("invalid")
+                field = f"[{index}].{exc.field}" if len(sequences) > 1 else exc.field
+                raise InvalidInput(field, exc.message) from None
+        if len(self._pending) + len(sequences) > self.limits.max_queue_size:
+            self._observer.rejected("queue_full")
+            raise QueueFull(retry_after_s=self._retry_after_s())
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
+        deadline = None if timeout_s is None else now + timeout_s
+        futures = []
+        for seq in sequences:
+            request = QueuedRequest(seq, loop.create_future(), enqueued_at=now, deadline=deadline)
+            if deadline is not None:
+                request.expiry = loop.call_at(deadline, self._expire, request)
+            request.future.add_done_callback(lambda fut, r=request: self._forget(r))
+            self._pending[id(request)] = request
+            futures.append(request.future)
+        self._observer.queue_depth(len(self._pending))
+        self._arrival.set()
+        return futures
+
+    async def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Refuse new work, let queued and running batches finish, then stop.
+
+        Whatever has not finished by the drain timeout fails with BatchAbandoned.
+        """
+        self._closed = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drained(), drain_timeout_s)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        for request in list(self._pending.values()):
+            _resolve_error(request, BatchAbandoned(f"model {self.name!r} stopped"))
+
+    # -- collection -------------------------------------------------------------------------
+
+    async def _drained(self) -> None:
+        while self._pending or self._running:
+            await asyncio.sleep(0.01)
+
+    async def _collect_forever(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._dispatch(batch))
+            self._running.add(task)
+            task.add_done_callback(self._batch_done)
+
+    async def _next_batch(self) -> list[QueuedRequest]:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._pending:
+                self._arrival.clear()
+                await self._arrival.wait()
+                continue
+            queued = list(self._pending.values())
+            idle = not self._running and self.limits.dispatch_when_idle
+            window_end = queued[0].enqueued_at + self.limits.max_queue_delay_s
+            if not idle and not batch_is_full(queued, self.limits) and loop.time() < window_end:
+                self._arrival.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._arrival.wait(), window_end - loop.time())
+                continue
+            batch = select_batch(queued, self.limits)
+            for request in batch:
+                del self._pending[id(request)]
+            self._observer.queue_depth(len(self._pending))
+            return batch
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    async def _dispatch(self, batch: list[QueuedRequest]) -> None:
+        try:
+            live = [r for r in batch if not r.future.done()]
+            if live:
+                await self._run_batch(live)
+        finally:
+            # A future must never hang: whatever path we left by, nobody stays unresolved.
+            for request in batch:
+                _resolve_error(request, InferenceFailed("the batch ended without a result"))
+
+    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
+        loop = asyncio.get_running_loop()
+        padded = pad_batch([r.sequence for r in batch], self._pad_token_id)
+        now = loop.time()
+        self._observer.batch_formed(
+            padded.size,
+            padded.real_tokens,
+            padded.padded_tokens,
+            [now - r.enqueued_at for r in batch],
+        )
+        try:
+            rows = await self._infer_rows(padded)
+        except BatchWideFailure as exc:
+            for request in batch:
+                _resolve_error(request, exc)
+            return
+        except Exception as exc:
+            if len(batch) == 1:
+                logger.warning("model %s: inference failed: %s", self.name, exc)
+                _resolve_error(batch[0], InferenceFailed(f"inference failed: {exc}"))
+                return
+            # One bad member must not fail the rest: find it by running each member alone.
+            logger.warning(
+                "model %s: batch of %d failed (%s); retrying alone", self.name, len(batch), exc
+            )
+            for request in batch:
+                if not request.future.done():
+                    await self._run_batch([request])
+            return
+        for request, row in zip(batch, rows, strict=True):
+            if not request.future.done():
+                request.future.set_result(row)
+
+    async def _infer_rows(self, padded: PaddedBatch) -> list[Result]:
+        started = time.perf_counter()
+        failed = True
+        try:
+            outputs = await self._infer(padded)
+            for name, value in outputs.items():
+                if value.shape[0] != padded.size:
+                    raise InferenceFailed(
+                        f"output {name!r} has {value.shape[0]} rows for a batch of {padded.size}"
+                    )
+            failed = False
+            return unpad_outputs(outputs, padded.lengths, self._sequence_outputs)
+        finally:
+            elapsed = time.perf_counter() - started
+            self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
+            self._observer.batch_finished(elapsed, failed)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+
+    def _expire(self, request: QueuedRequest) -> None:
+        if not request.future.done():
+            self._observer.rejected("deadline")
+            request.future.set_exception(DeadlineExceeded("the request's deadline passed"))
+
+    def _forget(self, request: QueuedRequest) -> None:
+        if request.expiry is not None:
+            request.expiry.cancel()
+        if self._pending.pop(id(request), None) is not None:
+            self._observer.queue_depth(len(self._pending))
+        if request.future.cancelled():
+            self._observer.rejected("cancelled")
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())
+
+    def _log_crash(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            logger.critical("model %s: batcher loop died", self.name, exc_info=task.exception())
+
+    def _retry_after_s(self) -> float:
+        """How long the queue ahead takes to drain at the recent batch rate (at least 1 s)."""
+        batches_ahead = len(self._pending) / self.limits.max_batch_size
+        per_slot = batches_ahead / self.limits.max_concurrent_batches
+        return max(1.0, per_slot * self._recent_batch_s)
+
+
+def _resolve_error(request: QueuedRequest, error: BaseException) -> None:
+    if not request.future.done():
+        request.future.set_exception(error)
+
+
+__all__ = ["BatcherError", "MicroBatcher"]

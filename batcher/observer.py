@@ -1,0 +1,37 @@
+"""What the batcher reports as it works; `server/metrics.py` turns it into Prometheus series."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+RejectReason = Literal["queue_full", "deadline", "invalid", "cancelled", "closed"]
+
+
+class BatchObserver(Protocol):
+    def queue_depth(self, depth: int) -> None: ...
+
+    def rejected(self, reason: RejectReason) -> None: ...
+
+    def batch_formed(
+        self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
+    ) -> None: ...
+
+    def batch_finished(self, seconds: float, failed: bool) -> None: ...
+
+
+class NullObserver:
+    """For callers that want no metrics (tests of the batcher alone, benchmarks)."""
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def rejected(self, reason: RejectReason) -> None:
+        pass
+
+    def batch_formed(
+        self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
+    ) -> None:
+        pass
+
+    def batch_finished(self, seconds: float, failed: bool) -> None:
+        pass

@@ -1,0 +1,56 @@
+"""Pad a batch to its own longest sequence, and cut each caller's rows back out. Pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batcher.request import TokenSequence
+
+
+@dataclass(frozen=True)
+class PaddedBatch:
+    input_ids: np.ndarray  # (batch, padded_length) int64
+    attention_mask: np.ndarray  # (batch, padded_length) int64
+    lengths: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def padded_length(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.size * self.padded_length
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def pad_batch(sequences: Sequence[TokenSequence], pad_token_id: int = 0) -> PaddedBatch:
+    """Right-pad to the longest sequence in *this* batch, never to the model's maximum."""
+    lengths = tuple(seq.length for seq in sequences)
+    width = max(lengths)
+    input_ids = np.full((len(sequences), width), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros((len(sequences), width), dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : seq.length] = seq.input_ids
+        attention_mask[row, : seq.length] = seq.attention_mask
+    return PaddedBatch(input_ids, attention_mask, lengths)
+
+
+def unpad_outputs(
+    outputs: dict[str, np.ndarray], lengths: Sequence[int], sequence_outputs: frozenset[str]
+) -> list[dict[str, np.ndarray]]:
+    """Split batch outputs per request; outputs with a sequence axis lose their padding."""
+    rows: list[dict[str, np.ndarray]] = [{} for _ in lengths]
+    for name, value in outputs.items():
+        for row, length in enumerate(lengths):
+            rows[row][name] = value[row, :length] if name in sequence_outputs else value[row]
+    return rows

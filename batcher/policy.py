@@ -1,0 +1,95 @@
+"""When a batch closes and which queued requests go into it. Pure functions over the queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+
+class HasLength(Protocol):
+    @property
+    def length(self) -> int: ...
+
+
+T = TypeVar("T", bound=HasLength)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch_size: int = 32
+    # Padded tokens (batch size x longest sequence): what a batch really costs to run.
+    max_batch_tokens: int = 2048
+    max_queue_delay_s: float = 0.002
+    max_queue_size: int = 1024
+    max_concurrent_batches: int = 2
+    # Sort the queue by length so short requests are not padded to long ones.
+    group_by_length: bool = True
+    # With no batch running there is nothing to wait for: dispatch at once (lowest latency at
+    # low load); batches still grow under load while the running ones keep the backend busy.
+    dispatch_when_idle: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
+            raise ValueError("batch size, queue size and concurrent batches must be >= 1")
+        if self.max_queue_delay_s < 0:
+            raise ValueError("max_queue_delay_s must be >= 0")
+
+
+def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:
+    """True once waiting longer cannot make the next batch larger."""
+    if len(queued) >= limits.max_batch_size:
+        return True
+    return sum(item.length for item in queued) >= limits.max_batch_tokens
+
+
+def select_batch(queued: Sequence[T], limits: BatchLimits) -> list[T]:
+    """Pick the next batch: always the oldest request, plus the neighbours that pad least.
+
+    `queued` is in arrival order. The oldest request anchors the batch so nothing starves; the
+    batch then grows one request at a time towards whichever side of the length-sorted queue adds
+    fewer padded tokens, until the size or padded-token limit would be passed.
+    """
+    if not queued:
+        return []
+    if not limits.group_by_length:
+        return _fifo_batch(queued, limits)
+    order = sorted(range(len(queued)), key=lambda i: (queued[i].length, i))
+    anchor = order.index(0)
+    low = high = anchor
+    longest = queued[0].length
+    while high - low + 1 < limits.max_batch_size:
+        size = high - low + 1
+        left = queued[order[low - 1]].length if low > 0 else None
+        right = queued[order[high + 1]].length if high + 1 < len(order) else None
+        # Cost in padded tokens of taking each neighbour.
+        left_cost = None if left is None else longest - left
+        right_cost = None if right is None else (right - longest) * size
+        if left_cost is None and right_cost is None:
+            break
+        take_left = right_cost is None or (left_cost is not None and left_cost <= right_cost)
+        new_longest = longest if take_left else max(longest, right or 0)
+        if (size + 1) * new_longest > limits.max_batch_tokens:
+            break
+        if take_left:
+            low -= 1
+        else:
+            high += 1
+        longest = new_longest
+    chosen = sorted(order[low : high + 1])
+    return [queued[i] for i in chosen]
+
+
+def _fifo_batch(queued: Sequence[T], limits: BatchLimits) -> list[T]:
+    batch: list[T] = []
+    longest = 0
+    for item in queued:
+        longest_if_added = max(longest, item.length)
+        if batch and (
+            len(batch) >= limits.max_batch_size
+            or (len(batch) + 1) * longest_if_added > limits.max_batch_tokens
+        ):
+            break
+        batch.append(item)
+        longest = longest_if_added
+    return batch

@@ -1,0 +1,79 @@
+"""Plain request objects: what callers hand the batcher, and the queue entry it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from batcher.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class TokenSequence:
+    """One tokenized input: 1-D int64 ids and a mask of the same length."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+
+    @classmethod
+    def from_ids(cls, ids: list[int], mask: list[int] | None = None) -> TokenSequence:
+        input_ids = np.asarray(ids, dtype=np.int64)
+        attention_mask = (
+            np.ones_like(input_ids) if mask is None else np.asarray(mask, dtype=np.int64)
+        )
+        return cls(input_ids, attention_mask)
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class SequenceLimits:
+    """What a model can take; checked before a request is queued."""
+
+    max_length: int
+    vocab_size: int
+
+    def validate(self, seq: TokenSequence) -> None:
+        ids, mask = seq.input_ids, seq.attention_mask
+        if ids.ndim != 1 or ids.shape[0] == 0:
+            raise InvalidInput("input_ids", "input_ids must be a non-empty list of token ids")
+        if ids.shape[0] > self.max_length:
+            raise InvalidInput(
+                "input_ids",
+                f"sequence has {ids.shape[0]} tokens; this model takes at most {self.max_length}",
+            )
+        if mask.shape != ids.shape:
+            raise InvalidInput(
+                "attention_mask",
+                f"attention_mask has {mask.shape[0] if mask.ndim else 0} values "
+                f"but input_ids has {ids.shape[0]}",
+            )
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= self.vocab_size:
+            bad = low if low < 0 else high
+            raise InvalidInput(
+                "input_ids", f"token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        if not np.isin(mask, (0, 1)).all():
+            raise InvalidInput("attention_mask", "attention_mask values must be 0 or 1")
+        if not mask.any():
+            raise InvalidInput("attention_mask", "attention_mask must keep at least one token")
+
+
+@dataclass(eq=False)
+class QueuedRequest:
+    """The batcher's queue entry: inputs, the caller's future and the times that matter."""
+
+    sequence: TokenSequence
+    future: asyncio.Future
+    enqueued_at: float
+    deadline: float | None
+    expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+    @property
+    def length(self) -> int:
+        return self.sequence.length

@@ -1,0 +1,150 @@
+"""Hugging Face encoder folder -> ONNX with dynamic batch and sequence axes.
+
+The graph takes int64 `input_ids` and `attention_mask` only; token_type_ids are zeros built inside
+the graph, so clients and the batcher never have to send them. Embedding models also get an
+L2-normalised mean-pooled `sentence_embedding` computed in the graph (sentence-transformers'
+pooling), classification models output `logits`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from exporters.manifest import ModelManifest, Task
+
+OPSET = 17
+INPUT_NAMES = ["input_ids", "attention_mask"]
+DYNAMIC_AXES = {
+    "input_ids": {0: "batch", 1: "sequence"},
+    "attention_mask": {0: "batch", 1: "sequence"},
+    "last_hidden_state": {0: "batch", 1: "sequence"},
+    "sentence_embedding": {0: "batch"},
+    "logits": {0: "batch"},
+}
+# BERT-style models have 512 positions; the default model was trained on 256-token inputs.
+DEFAULT_MAX_LENGTH = 256
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    onnx_path: Path
+    max_abs_diff: float
+
+
+def export_encoder(
+    model_dir: Path,
+    out_dir: Path,
+    task: Task = "embedding",
+    max_length: int = DEFAULT_MAX_LENGTH,
+) -> ExportReport:
+    """Export `model_dir` to `out_dir` (model.onnx, tokenizer files, manifest); check parity."""
+    import torch  # build-time dependency, imported here so the package imports without it
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wrapper = _build_wrapper(model_dir, task)
+    output_names = (
+        ["last_hidden_state", "sentence_embedding"] if task == "embedding" else ["logits"]
+    )
+    sample = _sample_inputs(wrapper.vocab_size)
+    onnx_path = out_dir / "model.onnx"
+    with torch.no_grad():
+        torch.onnx.export(
+            wrapper,
+            (torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])),
+            str(onnx_path),
+            input_names=INPUT_NAMES,
+            output_names=output_names,
+            dynamic_axes={name: DYNAMIC_AXES[name] for name in INPUT_NAMES + output_names},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, out_dir / name)
+    ModelManifest(
+        task=task,
+        max_length=min(max_length, wrapper.max_positions),
+        vocab_size=wrapper.vocab_size,
+        pad_token_id=wrapper.pad_token_id,
+        id2label=wrapper.id2label,
+        source=str(model_dir),
+    ).write(out_dir)
+    return ExportReport(onnx_path, max_abs_diff=parity_max_abs_diff(wrapper, onnx_path))
+
+
+def parity_max_abs_diff(wrapper, onnx_path: Path, seed: int = 0) -> float:
+    """Largest absolute difference between PyTorch and ONNX Runtime over a few padded batches."""
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    for batch, length in [(1, 5), (3, 17), (4, 64)]:
+        inputs = _sample_inputs(wrapper.vocab_size, batch, length, rng)
+        with torch.no_grad():
+            expected = wrapper(*(torch.from_numpy(inputs[n]) for n in INPUT_NAMES))
+        actual = session.run(None, inputs)
+        for want, got in zip(expected, actual, strict=True):
+            worst = max(worst, float(np.max(np.abs(want.numpy() - got))))
+    return worst
+
+
+def _sample_inputs(
+    vocab_size: int, batch: int = 2, length: int = 8, rng: np.random.Generator | None = None
+) -> dict[str, np.ndarray]:
+    rng = rng or np.random.default_rng(0)
+    ids = rng.integers(1000 if vocab_size > 2000 else 1, vocab_size, size=(batch, length))
+    mask = np.ones((batch, length), dtype=np.int64)
+    # Ragged rows, so the exported graph is traced with real padding.
+    for row in range(1, batch):
+        mask[row, length - row :] = 0
+    return {"input_ids": ids.astype(np.int64) * mask, "attention_mask": mask}
+
+
+def _build_wrapper(model_dir: Path, task: Task):
+    import torch
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    loader = AutoModel if task == "embedding" else AutoModelForSequenceClassification
+    # Eager attention traces into plain ops that every ONNX Runtime build supports.
+    model = loader.from_pretrained(str(model_dir), attn_implementation="eager").eval()
+
+    class EncoderWrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            config = model.config
+            self.vocab_size = int(config.vocab_size)
+            self.max_positions = int(config.max_position_embeddings)
+            self.pad_token_id = int(config.pad_token_id or 0)
+            self.id2label = (
+                {int(k): str(v) for k, v in config.id2label.items()}
+                if task == "classification"
+                else {}
+            )
+
+        def forward(self, input_ids, attention_mask):
+            token_type_ids = torch.zeros_like(input_ids)
+            out = self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            )
+            if task == "classification":
+                return (out.logits,)
+            hidden = out.last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            embedding = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+            return hidden, embedding
+
+    return EncoderWrapper().eval()

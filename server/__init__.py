@@ -1,0 +1,1 @@
+"""Ferry's HTTP layer: the only package that knows FastAPI."""

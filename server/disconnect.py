@@ -1,0 +1,43 @@
+"""Wait for batcher futures, but give up (and drop the queued work) if the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.requests import Request
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+async def _until_disconnected(request: Request) -> None:
+    # The body is already read, so the next ASGI message can only be the disconnect.
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def gather_unless_disconnected(
+    request: Request, futures: Sequence[asyncio.Future]
+) -> list[Any]:
+    results = asyncio.gather(*futures)
+    watcher = asyncio.create_task(_until_disconnected(request))
+    try:
+        await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if results.done():
+            return results.result()
+        raise ClientDisconnected()
+    finally:
+        watcher.cancel()
+        # Cancelling drops queued items before they reach the backend; finished ones are unaffected.
+        for future in futures:
+            future.cancel()
+        if not results.done():
+            results.cancel()
+        # Retrieve gather's exception, if any, so asyncio does not log it as never retrieved.
+        if results.done() and not results.cancelled():
+            results.exception()

@@ -1,0 +1,160 @@
+"""Every Prometheus metric Ferry exports, in one place (dashboards and alerts use exactly these).
+
+Names carry their unit; label sets stay small (model, endpoint, status class, reason) so the
+series count is bounded by configuration, not by traffic.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from batcher.observer import RejectReason
+
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+class FerryMetrics:
+    """One instance per app, on its own registry (tests build many apps in one process)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # `_created` series double the series count and no dashboard uses them.
+        disable_created_metrics()
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "ferry_requests_total",
+            "HTTP requests answered, by model, endpoint and status code.",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "ferry_request_duration_seconds",
+            "Time from request received to response sent.",
+            ["model", "endpoint"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "ferry_in_flight_requests",
+            "HTTP requests being handled now.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "ferry_queue_wait_seconds",
+            "Time a request waited in the batcher's queue.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "ferry_queue_depth", "Requests waiting in the batcher's queue.", ["model"], registry=r
+        )
+        self.queue_capacity = Gauge(
+            "ferry_queue_capacity",
+            "Bound of the batcher's queue (requests).",
+            ["model"],
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "ferry_batch_size_requests",
+            "Requests per dispatched batch.",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "ferry_batch_padded_tokens",
+            "Padded tokens per batch (batch size x longest).",
+            ["model"],
+            buckets=BATCH_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.padding_ratio = Histogram(
+            "ferry_batch_padding_ratio",
+            "Share of a batch's padded tokens that are padding.",
+            ["model"],
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.backend_duration = Histogram(
+            "ferry_backend_inference_seconds",
+            "Time the backend took to run one batch.",
+            ["model", "backend"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.backend_failures = Counter(
+            "ferry_backend_failures_total",
+            "Batches whose backend call failed.",
+            ["model", "backend"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "ferry_rejections_total",
+            "Requests not served, by reason (queue_full, deadline, invalid, cancelled, closed).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.model_ready = Gauge(
+            "ferry_model_ready",
+            "1 when the model is loaded, warm and its backend healthy.",
+            ["model"],
+            registry=r,
+        )
+
+    def batch_observer(self, model: str, backend: str) -> ModelBatchObserver:
+        return ModelBatchObserver(self, model, backend)
+
+
+class ModelBatchObserver:
+    """The batcher's `BatchObserver`, bound to one model's label values."""
+
+    def __init__(self, metrics: FerryMetrics, model: str, backend: str) -> None:
+        self._depth = metrics.queue_depth.labels(model)
+        self._wait = metrics.queue_wait.labels(model)
+        self._size = metrics.batch_size.labels(model)
+        self._tokens = metrics.batch_tokens.labels(model)
+        self._padding = metrics.padding_ratio.labels(model)
+        self._duration = metrics.backend_duration.labels(model, backend)
+        self._failures = metrics.backend_failures.labels(model, backend)
+        self._rejections = metrics.rejections
+        self._model = model
+
+    def queue_depth(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def rejected(self, reason: RejectReason) -> None:
+        self._rejections.labels(self._model, reason).inc()
+
+    def batch_formed(
+        self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
+    ) -> None:
+        self._size.observe(size)
+        self._tokens.observe(padded_tokens)
+        self._padding.observe(1 - real_tokens / padded_tokens)
+        for wait in queue_waits_s:
+            self._wait.observe(wait)
+
+    def batch_finished(self, seconds: float, failed: bool) -> None:
+        self._duration.observe(seconds)
+        if failed:
+            self._failures.inc()

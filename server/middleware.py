@@ -1,0 +1,84 @@
+"""Pure ASGI middleware: request metrics and the body size limit (they must see every request)."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import BodyTooLarge, error_response
+from server.metrics import FerryMetrics
+
+UNMATCHED = "other"
+
+
+class RequestMetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: FerryMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope.setdefault("state", {})
+        started = time.perf_counter()
+        status = 500
+        # The endpoint is labelled by its route template only after routing; in-flight uses the path
+        # class so it can be counted before.
+        in_flight = self.metrics.in_flight.labels(_path_class(scope["path"]))
+        in_flight.inc()
+
+        async def send_with_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_status)
+        finally:
+            in_flight.dec()
+            route = scope.get("route")
+            endpoint = getattr(route, "path", UNMATCHED)
+            model = scope["state"].get("model_name", "")
+            self.metrics.requests.labels(model, endpoint, str(status)).inc()
+            self.metrics.request_duration.labels(model, endpoint).observe(
+                time.perf_counter() - started
+            )
+
+
+def _path_class(path: str) -> str:
+    # A bounded label set: the first path segment only.
+    head = path.split("/", 2)[1] if path.count("/") else ""
+    return f"/{head}" if head in {"predict", "v1", "v2", "health", "metrics"} else UNMATCHED
+
+
+class BodySizeLimitMiddleware:
+    """413 for bodies over the limit, whether Content-Length says so or the stream shows it."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await error_response(BodyTooLarge(limit))(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        await self.app(scope, counting_receive, send)

@@ -1,0 +1,121 @@
+"""One served model: its tokenizer, backend and batcher, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from backends.base import Backend
+from batcher import MicroBatcher, SequenceLimits, TokenSequence
+from batcher.errors import InvalidInput
+from exporters.manifest import ModelManifest
+from server.metrics import FerryMetrics
+from server.settings import ModelSettings
+from server.tokenization import TextTokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def build_backend(settings: ModelSettings) -> Backend:
+    if settings.backend == "triton":
+        from backends.triton import TritonBackend  # tritonclient is only needed for this backend
+
+        return TritonBackend.from_settings(settings)
+    from backends.onnxruntime import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend(
+        settings.path / "model.onnx",
+        sessions=settings.sessions,
+        intra_op_threads=settings.intra_op_threads,
+    )
+
+
+class ModelRuntime:
+    def __init__(self, settings: ModelSettings, metrics: FerryMetrics) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.manifest = ModelManifest.read(settings.path)
+        self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
+        self.backend = build_backend(settings)
+        self._metrics = metrics
+        self.batcher: MicroBatcher | None = None
+        self.ready = False
+
+    async def start(self) -> None:
+        await self.backend.start()
+        unknown = set(self.settings.outputs) - set(self.servable_outputs)
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r}: outputs {sorted(unknown)} are not among "
+                f"{list(self.servable_outputs)}"
+            )
+        self.batcher = MicroBatcher(
+            self.name,
+            self.backend.infer,
+            self.settings.batch_limits(),
+            SequenceLimits(self.manifest.max_length, self.manifest.vocab_size),
+            sequence_outputs=self.backend.sequence_outputs,
+            pad_token_id=self.manifest.pad_token_id,
+            default_timeout_s=self.settings.timeout_s,
+            observer=self._metrics.batch_observer(self.name, self.backend.name),
+        )
+        self._metrics.queue_capacity.labels(self.name).set(self.settings.max_queue_size)
+        self.batcher.start()
+        self.ready = True
+        self._metrics.model_ready.labels(self.name).set(1)
+
+    @property
+    def servable_outputs(self) -> tuple[str, ...]:
+        names = self.backend.output_names
+        if self.manifest.task == "classification":
+            return (*names, "label", "probabilities")
+        return names
+
+    async def healthy(self) -> bool:
+        ok = self.ready and await self.backend.health()
+        self._metrics.model_ready.labels(self.name).set(1 if ok else 0)
+        return ok
+
+    def submit(
+        self, sequences: Sequence[TokenSequence], timeout_s: float | None
+    ) -> list[asyncio.Future]:
+        assert self.batcher is not None, "submit before start"
+        return self.batcher.submit(sequences, timeout_s)
+
+    def select_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
+        wanted = tuple(requested) if requested else self.settings.outputs
+        for name in wanted:
+            if name not in self.servable_outputs:
+                raise InvalidInput(
+                    "outputs", f"unknown output {name!r}; choose from {list(self.servable_outputs)}"
+                )
+        return wanted
+
+    def render(self, row: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, Any]:
+        """One request's raw outputs -> the JSON-ready values it asked for."""
+        rendered: dict[str, Any] = {}
+        if self.manifest.task == "classification" and "logits" in row:
+            logits = row["logits"].astype(np.float64)
+            exp = np.exp(logits - logits.max())
+            probabilities = exp / exp.sum()
+            labels = [self.manifest.id2label.get(i, str(i)) for i in range(len(probabilities))]
+            derived = {
+                "label": labels[int(np.argmax(probabilities))],
+                "probabilities": dict(zip(labels, probabilities.tolist(), strict=True)),
+            }
+            row = {**row, **derived}
+        for name in outputs:
+            value = row[name]
+            rendered[name] = value.tolist() if isinstance(value, np.ndarray) else value
+        return rendered
+
+    async def close(self, drain_timeout_s: float) -> None:
+        self.ready = False
+        self._metrics.model_ready.labels(self.name).set(0)
+        if self.batcher is not None:
+            await self.batcher.close(drain_timeout_s)
+        await self.backend.close()

@@ -1,0 +1,1 @@
+"""Thin routes: parse, call the serving objects, respond."""

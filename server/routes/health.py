@@ -1,0 +1,34 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+router = APIRouter()
+
+
+@router.get("/health/live")
+async def live() -> dict[str, str]:
+    return {"status": "alive"}
+
+
+@router.get("/health/ready")
+async def ready(request: Request) -> JSONResponse:
+    state = request.app.state
+    models_ready = await state.registry.ready()
+    ok = models_ready and not state.draining
+    status = "ready" if ok else ("draining" if state.draining else "starting")
+    return JSONResponse(
+        {"status": status, "models": {n: m.ready for n, m in state.registry.models.items()}},
+        status_code=200 if ok else 503,
+        headers=None if ok else {"Retry-After": "1"},
+    )
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(
+        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )

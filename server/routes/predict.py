@@ -1,0 +1,60 @@
+"""POST /predict: text or token ids in, model outputs per item out, through the micro-batcher."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from batcher import TokenSequence
+from batcher.errors import InvalidInput
+from server.disconnect import ClientDisconnected, gather_unless_disconnected
+from server.model_runtime import ModelRuntime
+from server.schemas import PredictRequest, PredictResponse, Usage
+
+router = APIRouter()
+
+ERROR_RESPONSES = {
+    404: {"description": "Unknown model"},
+    413: {"description": "Body larger than the configured limit"},
+    422: {"description": "Invalid input; `error.param` names the field"},
+    429: {"description": "Queue full; see Retry-After"},
+    503: {"description": "Not ready, draining, or backend unavailable; see Retry-After"},
+    504: {"description": "Deadline passed"},
+}
+
+
+def sequences_for(body: PredictRequest, model: ModelRuntime) -> list[TokenSequence]:
+    if body.inputs is not None:
+        return model.tokenizer.encode(body.texts(), truncate=body.truncate)
+    ids, mask = body.token_lists()
+    if mask is not None and len(mask) != len(ids):
+        raise InvalidInput(
+            "attention_mask", f"attention_mask has {len(mask)} items but input_ids has {len(ids)}"
+        )
+    return [
+        TokenSequence.from_ids(item, None if mask is None else mask[i])
+        for i, item in enumerate(ids)
+    ]
+
+
+@router.post("/predict", response_model=PredictResponse, responses=ERROR_RESPONSES)
+async def predict(body: PredictRequest, request: Request) -> PredictResponse | Response:
+    model = request.app.state.registry.get(body.model)
+    request.state.model_name = model.name
+    outputs = model.select_outputs(body.outputs)
+    sequences = sequences_for(body, model)
+    limit = request.app.state.settings.max_items_per_request
+    if len(sequences) > limit:
+        raise InvalidInput("inputs", f"{len(sequences)} items; at most {limit} per request")
+    timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
+    futures = model.submit(sequences, timeout_s)
+    try:
+        rows = await gather_unless_disconnected(request, futures)
+    except ClientDisconnected:
+        # Nobody is listening; 499 is what nginx logs for this.
+        return Response(status_code=499)
+    tokens = sum(seq.length for seq in sequences)
+    return PredictResponse(
+        model=model.name,
+        outputs=[model.render(row, outputs) for row in rows],
+        usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
+    )

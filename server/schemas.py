@@ -1,0 +1,76 @@
+"""Request and response bodies of /predict (OpenAPI at /docs is generated from these)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+TokenIds = list[StrictInt] | list[list[StrictInt]]
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"model": "all-MiniLM-L6-v2", "inputs": ["a sentence", "another one"]},
+                {"input_ids": [[101, 7592, 102]], "attention_mask": [[1, 1, 1]]},
+            ]
+        },
+    )
+
+    model: StrictStr | None = Field(default=None, description="Model name; the default if absent.")
+    inputs: StrictStr | list[StrictStr] | None = Field(
+        default=None, description="Text, or a list of texts, tokenized by the server."
+    )
+    input_ids: TokenIds | None = Field(
+        default=None, description="Pre-tokenized input: one list of ids, or a list of them."
+    )
+    attention_mask: TokenIds | None = Field(
+        default=None, description="Optional mask (0/1) shaped like input_ids."
+    )
+    outputs: list[StrictStr] | None = Field(
+        default=None, description="Model outputs to return; the model's configured ones if absent."
+    )
+    truncate: bool = Field(
+        default=False, description="Cut texts longer than the model's limit instead of a 422."
+    )
+    timeout_ms: float | None = Field(
+        default=None, gt=0, le=600_000, description="Deadline for this request (504 after it)."
+    )
+
+    @model_validator(mode="after")
+    def _one_kind_of_input(self) -> PredictRequest:
+        if (self.inputs is None) == (self.input_ids is None):
+            raise ValueError("send exactly one of 'inputs' (text) or 'input_ids' (tokens)")
+        if self.attention_mask is not None and self.input_ids is None:
+            raise ValueError("'attention_mask' goes with 'input_ids'")
+        if self.inputs == [] or self.input_ids == []:
+            raise ValueError("the input list is empty")
+        return self
+
+    def token_lists(self) -> tuple[list[list[int]], list[list[int]] | None]:
+        """input_ids / attention_mask as lists of items, whether one item or many was sent."""
+        assert self.input_ids is not None
+        batched = isinstance(self.input_ids[0], list)
+        ids = self.input_ids if batched else [self.input_ids]
+        mask = self.attention_mask
+        if mask is not None and mask and not isinstance(mask[0], list):
+            mask = [mask]
+        return ids, mask  # type: ignore[return-value]
+
+    def texts(self) -> list[str]:
+        assert self.inputs is not None
+        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class PredictResponse(BaseModel):
+    model: str
+    outputs: list[dict[str, Any]] = Field(description="One entry per input item, in order.")
+    usage: Usage

@@ -1,0 +1,128 @@
+"""Configuration, read once in the app factory and passed down (never at import time).
+
+Sources, later ones winning: defaults, a TOML or YAML file, then environment variables:
+`FERRY_<FIELD>` for server fields (FERRY_PORT=9000) and `FERRY_MODEL__<NAME>__<FIELD>` for a
+model's fields, NAME upper-cased with non-alphanumerics as `_`
+(FERRY_MODEL__ALL_MINILM_L6_V2__MAX_BATCH_SIZE=64).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from batcher.policy import BatchLimits
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSettings(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
+    backend: Literal["onnxruntime", "triton"] = "onnxruntime"
+    # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`).
+    path: Path
+    # Outputs returned by /predict unless the request asks for others.
+    outputs: tuple[str, ...] = ("sentence_embedding",)
+    sessions: int = Field(default=2, ge=1, le=64)
+    intra_op_threads: int = Field(default=1, ge=1, le=256)
+    max_batch_size: int = Field(default=32, ge=1, le=4096)
+    max_batch_tokens: int = Field(default=2048, ge=1)
+    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    max_queue_size: int = Field(default=1024, ge=1)
+    group_by_length: bool = True
+    dispatch_when_idle: bool = True
+    timeout_s: float = Field(default=30.0, gt=0)
+    # Triton backend only.
+    triton_url: str = "127.0.0.1:8001"
+    triton_protocol: Literal["http", "grpc"] = "grpc"
+    triton_model: str = ""
+    triton_model_version: str = ""
+    triton_mode: Literal["batch", "passthrough"] = "batch"
+
+    def batch_limits(self) -> BatchLimits:
+        return BatchLimits(
+            max_batch_size=self.max_batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            max_queue_delay_s=self.max_queue_delay_ms / 1000,
+            max_queue_size=self.max_queue_size,
+            max_concurrent_batches=self.sessions,
+            group_by_length=self.group_by_length,
+            dispatch_when_idle=self.dispatch_when_idle,
+        )
+
+
+class Settings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_items_per_request: int = Field(default=256, ge=1)
+    drain_timeout_s: float = Field(default=20.0, ge=0)
+    default_model: str = ""
+    models: tuple[ModelSettings, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_models(self) -> Settings:
+        names = [m.name for m in self.models]
+        if len(names) != len(set(names)):
+            raise ValueError(f"model names must be unique, got {names}")
+        if self.default_model and self.default_model not in names:
+            raise ValueError(f"default_model {self.default_model!r} is not among {names}")
+        return self
+
+    @property
+    def default_model_name(self) -> str:
+        return self.default_model or (self.models[0].name if self.models else "")
+
+
+def load_settings(
+    path: Path | None = None, environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Build Settings from a file, the environment and explicit overrides (CLI flags)."""
+    environ = os.environ if environ is None else environ
+    if path is None and environ.get("FERRY_CONFIG"):
+        path = Path(environ["FERRY_CONFIG"])
+    raw: dict[str, Any] = _read_file(path) if path else {}
+    base_dir = path.parent if path else Path.cwd()
+    server = dict(raw.get("server", {}))
+    models = [dict(m) for m in raw.get("models", [])]
+    for model in models:
+        if "path" in model and not Path(model["path"]).is_absolute():
+            model["path"] = str(base_dir / model["path"])
+    _apply_env(server, models, environ)
+    server.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**server, models=tuple(models))
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        return yaml.safe_load(text) or {}
+    return tomllib.loads(text)
+
+
+def _env_key(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def _apply_env(
+    server: dict[str, Any], models: list[dict[str, Any]], environ: Mapping[str, str]
+) -> None:
+    for field in Settings.model_fields:
+        if field != "models" and f"FERRY_{field.upper()}" in environ:
+            server[field] = environ[f"FERRY_{field.upper()}"]
+    for model in models:
+        prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"
+        for key, value in environ.items():
+            if key.startswith(prefix):
+                field = key[len(prefix) :].lower()
+                model[field] = value.split(",") if field == "outputs" else value
