@@ -184,6 +184,10 @@ class MicroBatcher:
             live = [r for r in batch if not r.future.done()]
             if live:
                 await self._run_batch(live)
+        except asyncio.CancelledError:
+            for request in batch:
+                _resolve_error(request, BatchAbandoned(f"model {self.name!r} stopped"))
+            raise
         finally:
             # A future must never hang: whatever path we left by, nobody stays unresolved.
             for request in batch:

@@ -9,6 +9,7 @@ pooling), classification models output `logits`.
 from __future__ import annotations
 
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,10 @@ def export_encoder(
     )
     sample = _sample_inputs(wrapper.vocab_size)
     onnx_path = out_dir / "model.onnx"
-    with torch.no_grad():
+    # The legacy TorchScript exporter is chosen on purpose (stable graphs for BERT-style encoders);
+    # its deprecation and tracer warnings say nothing about this export.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             wrapper,
             (torch.from_numpy(sample["input_ids"]), torch.from_numpy(sample["attention_mask"])),

@@ -1,0 +1,30 @@
+import numpy as np
+
+from backends.onnxruntime import OnnxRuntimeBackend, choose_providers
+from batcher import TokenSequence, pad_batch
+
+
+def test_cuda_is_preferred_when_present_and_cpu_is_always_the_fallback():
+    assert choose_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    assert choose_providers(["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+
+
+async def test_backend_reads_outputs_and_runs_padded_batches(default_model_dir, embed_alone):
+    backend = OnnxRuntimeBackend(default_model_dir / "model.onnx", sessions=2)
+    assert not await backend.health()
+    await backend.start()
+    try:
+        assert await backend.health()
+        assert backend.output_names == ("last_hidden_state", "sentence_embedding")
+        assert backend.sequence_outputs == frozenset({"last_hidden_state"})
+        ids = [[101, 2023, 2003, 102], [101, 7592, 102]]
+        batch = pad_batch([TokenSequence.from_ids(i) for i in ids])
+        outputs = await backend.infer(batch)
+        assert outputs["last_hidden_state"].shape == (2, 4, 384)
+        for row, item in enumerate(ids):
+            assert np.max(np.abs(outputs["sentence_embedding"][row] - embed_alone(item))) <= 1e-5
+    finally:
+        await backend.close()

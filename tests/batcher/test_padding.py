@@ -1,0 +1,32 @@
+import numpy as np
+
+from batcher.padding import pad_batch, unpad_outputs
+from batcher.request import TokenSequence
+
+
+def test_batch_is_padded_to_its_own_longest_sequence():
+    batch = pad_batch(
+        [TokenSequence.from_ids([5, 6, 7]), TokenSequence.from_ids([8])], pad_token_id=0
+    )
+    assert batch.input_ids.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch.lengths == (3, 1)
+    assert (batch.padded_tokens, batch.real_tokens) == (6, 4)
+
+
+def test_pad_token_is_configurable_and_masks_are_kept():
+    batch = pad_batch([TokenSequence.from_ids([1, 2], [1, 0]), TokenSequence.from_ids([3])], 9)
+    assert batch.input_ids.tolist() == [[1, 2], [3, 9]]
+    assert batch.attention_mask.tolist() == [[1, 0], [1, 0]]
+
+
+def test_unpad_cuts_sequence_outputs_to_each_length_and_keeps_pooled_rows():
+    outputs = {
+        "last_hidden_state": np.arange(2 * 3 * 2).reshape(2, 3, 2),
+        "sentence_embedding": np.array([[1.0, 2.0], [3.0, 4.0]]),
+    }
+    rows = unpad_outputs(outputs, [3, 1], frozenset({"last_hidden_state"}))
+    assert rows[0]["last_hidden_state"].shape == (3, 2)
+    assert rows[1]["last_hidden_state"].shape == (1, 2)
+    assert rows[1]["last_hidden_state"].tolist() == [[6, 7]]
+    assert rows[1]["sentence_embedding"].tolist() == [3.0, 4.0]

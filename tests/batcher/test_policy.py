@@ -1,0 +1,50 @@
+from dataclasses import dataclass
+
+from batcher.policy import BatchLimits, batch_is_full, select_batch
+
+
+@dataclass
+class Item:
+    length: int
+
+
+def test_oldest_request_is_always_in_the_batch():
+    queued = [Item(128)] + [Item(8) for _ in range(40)]
+    batch = select_batch(queued, BatchLimits(max_batch_size=8, max_batch_tokens=4096))
+    assert queued[0] in batch
+
+
+def test_requests_are_grouped_by_length():
+    lengths = [8, 120, 9, 128, 10, 125, 11, 122]
+    queued = [Item(n) for n in lengths]
+    batch = select_batch(queued, BatchLimits(max_batch_size=4, max_batch_tokens=10_000))
+    assert sorted(i.length for i in batch) == [8, 9, 10, 11]
+
+
+def test_padded_token_budget_bounds_the_batch():
+    queued = [Item(100) for _ in range(10)]
+    batch = select_batch(queued, BatchLimits(max_batch_size=32, max_batch_tokens=350))
+    assert len(batch) == 3
+
+
+def test_a_single_request_over_the_budget_still_runs_alone():
+    batch = select_batch([Item(500), Item(500)], BatchLimits(max_batch_tokens=100))
+    assert len(batch) == 1
+
+
+def test_batch_size_bounds_the_batch():
+    queued = [Item(4) for _ in range(50)]
+    assert len(select_batch(queued, BatchLimits(max_batch_size=16))) == 16
+
+
+def test_fifo_mode_takes_requests_in_arrival_order():
+    queued = [Item(n) for n in (8, 120, 9)]
+    limits = BatchLimits(max_batch_size=2, group_by_length=False)
+    assert select_batch(queued, limits) == queued[:2]
+
+
+def test_batch_is_full_by_count_or_tokens():
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=100)
+    assert not batch_is_full([Item(10)] * 3, limits)
+    assert batch_is_full([Item(10)] * 4, limits)
+    assert batch_is_full([Item(60), Item(50)], limits)

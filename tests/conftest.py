@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.server_process import DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    if not (DEFAULT_MODEL_DIR / "model.onnx").exists():
+        pytest.fail("default model missing: run `make model` (make test does it)")
+    return DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def reference_session(default_model_dir: Path):
+    """Plain in-process ONNX Runtime: the ground truth every served result is compared with."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(
+        str(default_model_dir / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+
+
+@pytest.fixture(scope="session")
+def embed_alone(reference_session):
+    def run(ids: list[int]) -> np.ndarray:
+        feeds = {
+            "input_ids": np.asarray([ids], dtype=np.int64),
+            "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+        }
+        return reference_session.run(["sentence_embedding"], feeds)[0][0]
+
+    return run

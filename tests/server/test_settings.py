@@ -1,0 +1,63 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from server.settings import load_settings
+
+
+def write(tmp_path: Path, text: str, name: str = "ferry.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+TOML = """
+[server]
+port = 9000
+
+[[models]]
+name = "all-MiniLM-L6-v2"
+path = "models/minilm"
+max_batch_size = 16
+"""
+
+
+def test_file_values_and_relative_model_paths(tmp_path):
+    settings = load_settings(write(tmp_path, TOML), environ={})
+    assert settings.port == 9000
+    assert settings.models[0].path == tmp_path / "models/minilm"
+    assert settings.models[0].batch_limits().max_batch_size == 16
+    assert settings.default_model_name == "all-MiniLM-L6-v2"
+
+
+def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
+    environ = {
+        "FERRY_PORT": "9100",
+        "FERRY_MAX_BODY_BYTES": "2048",
+        "FERRY_MODEL__ALL_MINILM_L6_V2__MAX_BATCH_SIZE": "64",
+        "FERRY_MODEL__ALL_MINILM_L6_V2__OUTPUTS": "sentence_embedding,last_hidden_state",
+    }
+    settings = load_settings(write(tmp_path, TOML), environ=environ, host="0.0.0.0")
+    assert (settings.port, settings.max_body_bytes, settings.host) == (9100, 2048, "0.0.0.0")
+    assert settings.models[0].max_batch_size == 64
+    assert settings.models[0].outputs == ("sentence_embedding", "last_hidden_state")
+
+
+def test_yaml_files_work_too(tmp_path):
+    path = write(tmp_path, "server:\n  port: 9200\nmodels:\n  - name: m\n    path: /m\n", "f.yaml")
+    assert load_settings(path, environ={}).port == 9200
+
+
+def test_unknown_keys_and_bad_values_are_loud(tmp_path):
+    with pytest.raises(ValidationError, match="max_batch_sise"):
+        load_settings(write(tmp_path, TOML.replace("max_batch_size", "max_batch_sise")), environ={})
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        load_settings(
+            write(tmp_path, TOML), environ={"FERRY_MODEL__ALL_MINILM_L6_V2__MAX_BATCH_SIZE": "0"}
+        )
+
+
+def test_config_path_comes_from_the_environment_when_not_given(tmp_path):
+    path = write(tmp_path, TOML)
+    assert load_settings(environ={"FERRY_CONFIG": str(path)}).port == 9000

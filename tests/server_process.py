@@ -1,0 +1,144 @@
+"""Start `ferry serve` as a real process on a real socket, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL_DIR = REPO / "artifacts" / "models" / "all-MiniLM-L6-v2"
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | Path):
+        return f'"{value}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+def write_config(
+    path: Path, models: list[dict[str, Any]], server: dict[str, Any] | None = None
+) -> Path:
+    lines = ["[server]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in (server or {}).items()]
+    for model in models:
+        lines.append("\n[[models]]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in model.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def default_model_config(**overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "name": DEFAULT_MODEL,
+        "path": str(DEFAULT_MODEL_DIR),
+        "sessions": 2,
+        "max_batch_size": 32,
+    }
+    config.update(overrides)
+    return config
+
+
+@contextlib.contextmanager
+def ferry_server(
+    models: list[dict[str, Any]] | None = None,
+    server: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = 60.0,
+) -> Iterator[FerryProcess]:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = write_config(Path(tmp) / "ferry.toml", models or [default_model_config()], server)
+        port = free_port()
+        log = open(Path(tmp) / "server.log", "w+")  # noqa: SIM115 - closed below
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "server.cli",
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        handle = FerryProcess(process, f"http://127.0.0.1:{port}", Path(log.name))
+        try:
+            handle.wait_ready(ready_timeout_s)
+            yield handle
+        finally:
+            handle.stop()
+            log.close()
+
+
+class FerryProcess:
+    def __init__(self, process: subprocess.Popen, url: str, log_path: Path) -> None:
+        self.process = process
+        self.url = url
+        self.log_path = log_path
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ferry exited early:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"ferry not ready after {timeout_s}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=5).text
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        return self.process.returncode
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
