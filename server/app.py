@@ -13,7 +13,7 @@ from server.errors import install_error_handlers
 from server.metrics import FerryMetrics
 from server.middleware import BodySizeLimitMiddleware, RequestMetricsMiddleware
 from server.registry import ModelRegistry
-from server.routes import health, models, predict
+from server.routes import embeddings, health, models, predict
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(predict.router)
     app.include_router(models.router)
+    app.include_router(embeddings.router)
     app.include_router(health.router)
     # Outermost last: metrics see every response, the 413s included.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)

@@ -70,8 +70,14 @@ def error_body(message: str, type_: str, param: str | None = None, code: int | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+def _openai_status(path: str, status: int) -> int:
+    # OpenAI (and vLLM) answer 400 where FastAPI's convention is 422.
+    return 400 if status == 422 and path.startswith("/v1/") else status
+
+
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
     kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
+    kind = ErrorKind(_openai_status(path, kind.status), kind.type, kind.retry_after)
     if kind is INTERNAL:
         logger.exception("unhandled error", exc_info=exc)
     param = getattr(exc, "field", None)
@@ -84,11 +90,12 @@ def error_response(exc: BaseException) -> JSONResponse:
     )
 
 
-def _validation_response(exc: RequestValidationError) -> JSONResponse:
+def _validation_response(exc: RequestValidationError, path: str) -> JSONResponse:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     param = _param_from_loc(first.get("loc", ()))
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
-    return JSONResponse(error_body(message, "invalid_request_error", param, 422), 422)
+    status = _openai_status(path, 422)
+    return JSONResponse(error_body(message, "invalid_request_error", param, status), status)
 
 
 def _param_from_loc(loc: tuple) -> str | None:
@@ -104,11 +111,11 @@ def _param_from_loc(loc: tuple) -> str | None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_domain_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc, request.url.path)
 
-    async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_response(exc)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc, request.url.path)
 
     async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(

@@ -31,6 +31,7 @@ def build_backend(settings: ModelSettings) -> Backend:
         settings.path / "model.onnx",
         sessions=settings.sessions,
         intra_op_threads=settings.intra_op_threads,
+        spin_threads=settings.spin_threads,
     )
 
 

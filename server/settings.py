@@ -34,6 +34,7 @@ class ModelSettings(_Strict):
     outputs: tuple[str, ...] = ("sentence_embedding",)
     sessions: int = Field(default=2, ge=1, le=64)
     intra_op_threads: int = Field(default=1, ge=1, le=256)
+    spin_threads: bool = False
     max_batch_size: int = Field(default=32, ge=1, le=4096)
     max_batch_tokens: int = Field(default=2048, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)

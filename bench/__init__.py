@@ -1,0 +1,1 @@
+"""Benchmarks: load generator, in-process baselines and the runs that compare them."""

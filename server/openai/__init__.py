@@ -1,0 +1,1 @@
+"""OpenAI-compatible chat and completions: protocol schemas and serving logic (no app wiring)."""

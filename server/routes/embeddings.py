@@ -1,0 +1,103 @@
+"""POST /v1/embeddings (OpenAI shape), served by the embedding models through the micro-batcher."""
+
+from __future__ import annotations
+
+import base64
+from typing import Literal
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from batcher import TokenSequence
+from batcher.errors import InvalidInput
+from server.disconnect import ClientDisconnected, gather_unless_disconnected
+
+router = APIRouter()
+
+
+class EmbeddingRequest(BaseModel):
+    # Unknown fields are accepted, as OpenAI clients send extras freely.
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, gt=0)
+    user: str | None = None
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+
+
+def _sequences(body: EmbeddingRequest, tokenizer) -> list[TokenSequence]:
+    items = body.input
+    if items == [] or items == "":
+        raise InvalidInput("input", "input must not be empty")
+    if isinstance(items, str):
+        return tokenizer.encode([items])
+    if isinstance(items[0], str):
+        return tokenizer.encode(list(items))  # type: ignore[arg-type]
+    if isinstance(items[0], int):
+        return [TokenSequence.from_ids(items)]  # type: ignore[arg-type]
+    return [TokenSequence.from_ids(ids) for ids in items]  # type: ignore[union-attr]
+
+
+def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        # What the openai SDK decodes: little-endian float32 bytes, base64.
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode()
+    return vector.tolist()
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingResponse)
+async def create_embeddings(
+    body: EmbeddingRequest, request: Request
+) -> EmbeddingResponse | Response:
+    model = request.app.state.registry.get(body.model)
+    request.state.model_name = model.name
+    if "sentence_embedding" not in model.servable_outputs:
+        raise InvalidInput("model", f"model {model.name!r} does not produce embeddings")
+    limit = request.app.state.settings.max_items_per_request
+    try:
+        sequences = _sequences(body, model.tokenizer)
+        if len(sequences) > limit:
+            raise InvalidInput("input", f"{len(sequences)} items; at most {limit} per request")
+        futures = model.submit(sequences, None)
+    except InvalidInput as exc:
+        # Name the field as this endpoint's clients know it.
+        field = exc.field.replace("input_ids", "input").replace("inputs", "input")
+        raise InvalidInput(field, exc.message) from None
+    try:
+        rows = await gather_unless_disconnected(request, futures)
+    except ClientDisconnected:
+        return Response(status_code=499)
+    vectors = [row["sentence_embedding"] for row in rows]
+    if body.dimensions is not None and body.dimensions != vectors[0].shape[0]:
+        raise InvalidInput(
+            "dimensions", f"model {model.name!r} has {vectors[0].shape[0]} dimensions"
+        )
+    tokens = sum(seq.length for seq in sequences)
+    return EmbeddingResponse(
+        data=[
+            EmbeddingData(index=i, embedding=_encode(v, body.encoding_format))
+            for i, v in enumerate(vectors)
+        ],
+        model=model.name,
+        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    )
