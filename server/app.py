@@ -8,12 +8,19 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
+from server.drain import DrainState
 from server.errors import install_error_handlers
 from server.metrics import FerryMetrics
-from server.middleware import BodySizeLimitMiddleware, RequestMetricsMiddleware
+from server.middleware import (
+    ApiKeyMiddleware,
+    BodySizeLimitMiddleware,
+    DrainMiddleware,
+    RequestMetricsMiddleware,
+)
 from server.registry import ModelRegistry
-from server.routes import embeddings, health, models, predict
+from server.routes import embeddings, health, kserve_v2, models, predict
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -31,7 +38,7 @@ def create_app(settings: Settings) -> FastAPI:
         try:
             yield
         finally:
-            app.state.draining = True
+            app.state.drain.begin()
             await registry.close(settings.drain_timeout_s)
 
     app = FastAPI(
@@ -42,14 +49,30 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.draining = False
+    app.state.drain = DrainState()
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.include_router(predict.router)
     app.include_router(models.router)
     app.include_router(embeddings.router)
     app.include_router(health.router)
-    # Outermost last: metrics see every response, the 413s included.
+    app.include_router(kserve_v2.router)
+    # Added innermost first: metrics (outermost) see every response, the 401/413/503s included.
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
+    if settings.api_key:
+        app.add_middleware(
+            ApiKeyMiddleware,
+            api_key=settings.api_key,
+            protect_health=settings.api_key_protects_health,
+            protect_metrics=settings.api_key_protects_metrics,
+        )
+    if settings.cors_allow_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app

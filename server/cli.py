@@ -46,22 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import create_app
+    from server.serve import serve
     from server.settings import load_settings
 
     settings = load_settings(args.config, host=args.host, port=args.port, log_level=args.log_level)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout_s) or None,
-    )
+    serve(create_app(settings), settings)
     return 0
 
 

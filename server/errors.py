@@ -36,6 +36,11 @@ class NotReady(Exception):
     """The service is starting or draining."""
 
 
+class Unauthorized(Exception):
+    def __init__(self) -> None:
+        super().__init__("missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than the {limit}-byte limit")
@@ -53,6 +58,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidInput, ErrorKind(422, "invalid_request_error")),
     (UnknownModel, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
+    (Unauthorized, ErrorKind(401, "authentication_error")),
     (QueueFull, ErrorKind(429, "overloaded_error", retry_after=True)),
     (BatcherClosed, ErrorKind(503, "unavailable_error", retry_after=True)),
     (NotReady, ErrorKind(503, "unavailable_error", retry_after=True)),
@@ -83,6 +89,8 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
     param = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     headers = {}
+    if kind.status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     if kind.retry_after:
         headers["Retry-After"] = str(math.ceil(getattr(exc, "retry_after_s", 1.0)))
     return JSONResponse(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import BodyTooLarge, error_response
+from server.drain import DrainState
+from server.errors import BodyTooLarge, NotReady, Unauthorized, error_response
 from server.metrics import FerryMetrics
 
 UNMATCHED = "other"
@@ -82,3 +84,62 @@ class BodySizeLimitMiddleware:
             return message
 
         await self.app(scope, counting_receive, send)
+
+
+def _is_health(path: str) -> bool:
+    return path.startswith(("/health/", "/v2/health/"))
+
+
+def _is_inference(path: str) -> bool:
+    return not (_is_health(path) or path == "/metrics" or path in OPEN_PATHS)
+
+
+OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
+
+
+class ApiKeyMiddleware:
+    """Bearer API key on inference endpoints; health and metrics only when configured."""
+
+    def __init__(
+        self, app: ASGIApp, api_key: str, protect_health: bool, protect_metrics: bool
+    ) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+        self._protect_health = protect_health
+        self._protect_metrics = protect_metrics
+
+    def _protected(self, path: str) -> bool:
+        if _is_health(path):
+            return self._protect_health
+        if path == "/metrics":
+            return self._protect_metrics
+        return path not in OPEN_PATHS
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self._protected(scope["path"]):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                await error_response(Unauthorized())(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class DrainMiddleware:
+    """Counts inference requests in flight; while draining, new ones get 503 + Retry-After."""
+
+    def __init__(self, app: ASGIApp, drain: DrainState) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _is_inference(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            await error_response(NotReady("the server is shutting down"))(scope, receive, send)
+            return
+        self.drain.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.leave()

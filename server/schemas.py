@@ -74,3 +74,30 @@ class PredictResponse(BaseModel):
     model: str
     outputs: list[dict[str, Any]] = Field(description="One entry per input item, in order.")
     usage: Usage
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route can answer, all in the one error shape."""
+    descriptions = {
+        400: "Invalid request (OpenAI-compatible routes); `error.param` names the field",
+        401: "Missing or wrong API key",
+        404: "Unknown model",
+        413: "Body larger than the configured limit",
+        422: "Invalid input; `error.param` names the field",
+        429: "Queue full; see Retry-After",
+        500: "Inference failed for this request",
+        503: "Not ready, draining, or backend unavailable; see Retry-After",
+        504: "Deadline passed",
+    }
+    return {s: {"model": ErrorResponse, "description": descriptions[s]} for s in statuses}

@@ -69,6 +69,13 @@ class Settings(_Strict):
     max_items_per_request: int = Field(default=256, ge=1)
     drain_timeout_s: float = Field(default=20.0, ge=0)
     default_model: str = ""
+    # Security: a Bearer key for inference endpoints (as vLLM's and TGI's --api-key); health and
+    # metrics stay open for probes and scrapers unless asked otherwise. CORS is off by default.
+    api_key: str = ""
+    api_key_protects_health: bool = False
+    api_key_protects_metrics: bool = False
+    cors_allow_origins: tuple[str, ...] = ()
+    max_tokens_per_request: int = Field(default=65536, ge=1)
     models: tuple[ModelSettings, ...] = ()
 
     @model_validator(mode="after")
@@ -120,7 +127,8 @@ def _apply_env(
 ) -> None:
     for field in Settings.model_fields:
         if field != "models" and f"FERRY_{field.upper()}" in environ:
-            server[field] = environ[f"FERRY_{field.upper()}"]
+            value = environ[f"FERRY_{field.upper()}"]
+            server[field] = value.split(",") if field == "cors_allow_origins" else value
     for model in models:
         prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"
         for key, value in environ.items():

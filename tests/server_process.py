@@ -89,7 +89,8 @@ def ferry_server(
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
         )
-        handle = FerryProcess(process, f"http://127.0.0.1:{port}", Path(log.name))
+        key = (env or {}).get("FERRY_API_KEY")
+        handle = FerryProcess(process, f"http://127.0.0.1:{port}", Path(log.name), key)
         try:
             handle.wait_ready(ready_timeout_s)
             yield handle
@@ -99,10 +100,13 @@ def ferry_server(
 
 
 class FerryProcess:
-    def __init__(self, process: subprocess.Popen, url: str, log_path: Path) -> None:
+    def __init__(
+        self, process: subprocess.Popen, url: str, log_path: Path, api_key: str | None = None
+    ) -> None:
         self.process = process
         self.url = url
         self.log_path = log_path
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -110,7 +114,8 @@ class FerryProcess:
             if self.process.poll() is not None:
                 raise RuntimeError(f"ferry exited early:\n{self.log()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/health/ready", timeout=1).status_code == 200:
+                ready = httpx.get(f"{self.url}/health/ready", headers=self.headers, timeout=1)
+                if ready.status_code == 200:
                     return
             time.sleep(0.1)
         raise TimeoutError(f"ferry not ready after {timeout_s}s:\n{self.log()}")
@@ -119,7 +124,7 @@ class FerryProcess:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
     def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=5).text
+        return httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=5).text
 
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.process.poll() is None:

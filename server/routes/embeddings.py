@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from batcher import TokenSequence
 from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
+from server.schemas import error_responses
 
 router = APIRouter()
 
@@ -65,7 +66,11 @@ def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     return vector.tolist()
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingResponse)
+@router.post(
+    "/v1/embeddings",
+    response_model=EmbeddingResponse,
+    responses=error_responses(400, 401, 404, 413, 429, 500, 503, 504),
+)
 async def create_embeddings(
     body: EmbeddingRequest, request: Request
 ) -> EmbeddingResponse | Response:

@@ -18,8 +18,9 @@ async def live() -> dict[str, str]:
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
     models_ready = await state.registry.ready()
-    ok = models_ready and not state.draining
-    status = "ready" if ok else ("draining" if state.draining else "starting")
+    draining = state.drain.draining
+    ok = models_ready and not draining
+    status = "ready" if ok else ("draining" if draining else "starting")
     return JSONResponse(
         {"status": status, "models": {n: m.ready for n, m in state.registry.models.items()}},
         status_code=200 if ok else 503,

@@ -8,18 +8,11 @@ from batcher import TokenSequence
 from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
 from server.model_runtime import ModelRuntime
-from server.schemas import PredictRequest, PredictResponse, Usage
+from server.schemas import PredictRequest, PredictResponse, Usage, error_responses
 
 router = APIRouter()
 
-ERROR_RESPONSES = {
-    404: {"description": "Unknown model"},
-    413: {"description": "Body larger than the configured limit"},
-    422: {"description": "Invalid input; `error.param` names the field"},
-    429: {"description": "Queue full; see Retry-After"},
-    503: {"description": "Not ready, draining, or backend unavailable; see Retry-After"},
-    504: {"description": "Deadline passed"},
-}
+ERROR_RESPONSES = error_responses(401, 404, 413, 422, 429, 500, 503, 504)
 
 
 def sequences_for(body: PredictRequest, model: ModelRuntime) -> list[TokenSequence]:

@@ -1,0 +1,62 @@
+"""Run the app under uvicorn, with a drain phase before uvicorn's own shutdown.
+
+Plain uvicorn closes its listening socket on SIGTERM at once, so a load balancer that has not yet
+seen readiness fail sends new connections into a void. Ferry first drains: readiness and new
+inference requests answer 503 with Retry-After while accepted requests finish (up to
+`drain_timeout_s`); only then does uvicorn stop, and the process exits 0. A second signal stops
+at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from server.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._app = app
+        self._drain_timeout_s = drain_timeout_s
+        self._drain_task: asyncio.Future | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_task is not None or self._drain_timeout_s <= 0:
+            super().handle_exit(sig, frame)
+            return
+        drain = self._app.state.drain
+        drain.begin()
+        logger.info("draining: %d requests in flight", drain.in_flight)
+
+        async def finish_then_exit() -> None:
+            finished = await drain.wait_idle(self._drain_timeout_s)
+            if not finished:
+                logger.warning("drain timeout: %d requests still in flight", drain.in_flight)
+            # Set directly, not through uvicorn's handle_exit, which would re-raise the signal
+            # after shutdown: a drained stop is a clean exit (status 0).
+            self.should_exit = True
+
+        # Called from a signal handler: hand the work to the loop in a way that wakes it.
+        loop = asyncio.get_event_loop()
+        self._drain_task = loop.create_future()  # marks the drain as begun for a second signal
+        loop.call_soon_threadsafe(lambda: loop.create_task(finish_then_exit()))
+
+
+def serve(app: FastAPI, settings: Settings) -> None:
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        # A backstop after the drain: connections still open then are closed.
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+    )
+    DrainingServer(config, app, settings.drain_timeout_s).run()

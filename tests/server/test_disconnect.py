@@ -1,0 +1,36 @@
+"""A client that goes away has its queued work dropped before it reaches the backend."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+
+from tests.server_process import default_model_config, ferry_server, metric_value
+
+LONG = [101, *range(2000, 2250), 102]
+
+
+def test_disconnected_client_work_is_never_run():
+    config = default_model_config(sessions=1, max_batch_size=1, dispatch_when_idle=False)
+    with ferry_server([config]) as server:
+
+        async def scenario() -> list[int]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                busy = [
+                    asyncio.create_task(client.post("/predict", json={"input_ids": LONG}))
+                    for _ in range(8)
+                ]
+                await asyncio.sleep(0.05)
+                # This one queues behind the 8 and gives up long before its turn.
+                async with httpx.AsyncClient(base_url=server.url, timeout=0.05) as impatient:
+                    with contextlib.suppress(httpx.TimeoutException):
+                        await impatient.post("/predict", json={"input_ids": [101, 7, 102]})
+                return [r.status_code for r in await asyncio.gather(*busy)]
+
+        assert asyncio.run(scenario()) == [200] * 8
+        text = server.metrics()
+        assert metric_value(text, "ferry_rejections_total", reason="cancelled") == 1
+        # Eight batches of one ran: the impatient client's never did.
+        assert metric_value(text, "ferry_batch_size_requests_count") == 8
