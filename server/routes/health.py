@@ -14,7 +14,10 @@ async def live() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get("/health/ready")
+@router.get(
+    "/health/ready",
+    responses={503: {"description": "Starting or draining; see Retry-After"}},
+)
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
     models_ready = await state.registry.ready()
@@ -28,7 +31,11 @@ async def ready(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "Metrics"}},
+)
 async def metrics(request: Request) -> Response:
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
