@@ -21,6 +21,8 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    # Refusals (429/503) that came without a Retry-After header: should stay 0.
+    refusals_without_retry_after: int = 0
 
     @property
     def completed(self) -> int:
@@ -49,45 +51,70 @@ def encode_request(host: str, path: str, body: dict) -> bytes:
     return head.encode() + payload
 
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    length = 0
+    headers = {}
     for line in lines[1:]:
         name, _, value = line.partition(":")
-        if name.lower() == "content-length":
-            length = int(value)
-    await reader.readexactly(length)
-    return status
+        headers[name.strip().lower()] = value.strip()
+    await reader.readexactly(int(headers.get("content-length", 0)))
+    return status, headers
 
 
 async def run_load(
-    url: str, bodies: list[dict], concurrency: int, path: str = "/predict"
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    path: str = "/predict",
+    duration_s: float | None = None,
+    rate_per_s: float | None = None,
 ) -> LoadResult:
-    """Send every body once, `concurrency` at a time; returns latencies and status counts."""
+    """Send the bodies `concurrency` at a time: each once, or round and round for `duration_s`.
+
+    With `rate_per_s`, requests start on a fixed schedule (open loop, as independent users
+    arrive) as long as a client is free to send them.
+    """
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     requests = [encode_request(f"{host}:{port}", path, b) for b in bodies]
     result = LoadResult()
-    next_index = 0
+    sent = 0
+    started = time.perf_counter()
+
+    def next_request() -> tuple[bytes, float] | None:
+        """The next payload and when it is due."""
+        nonlocal sent
+        due = started if rate_per_s is None else started + sent / rate_per_s
+        if duration_s is None and sent >= len(requests):
+            return None
+        if duration_s is not None and due - started >= duration_s:
+            return None
+        sent += 1
+        return requests[(sent - 1) % len(requests)], due
 
     async def client() -> None:
-        nonlocal next_index
         reader, writer = await asyncio.open_connection(host, port)
         try:
-            while next_index < len(requests):
-                payload = requests[next_index]
-                next_index += 1
-                started = time.perf_counter()
+            while (item := next_request()) is not None:
+                payload, due = item
+                if (wait := due - time.perf_counter()) > 0:
+                    await asyncio.sleep(wait)
+                began = time.perf_counter()
                 writer.write(payload)
-                status = await _read_response(reader)
-                result.latencies_s.append(time.perf_counter() - started)
+                status, headers = await _read_response(reader)
+                result.latencies_s.append(time.perf_counter() - began)
                 result.statuses[status] = result.statuses.get(status, 0) + 1
+                if status in (429, 503) and "retry-after" not in headers:
+                    result.refusals_without_retry_after += 1
+                if headers.get("connection") == "close":
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, port)
         finally:
             writer.close()
 
-    started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(min(concurrency, len(requests)))))
+    clients = concurrency if duration_s is not None else min(concurrency, len(requests))
+    await asyncio.gather(*(client() for _ in range(clients)))
     result.elapsed_s = time.perf_counter() - started
     return result
