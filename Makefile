@@ -9,13 +9,17 @@ FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
 
-.PHONY: serve test setup model lint bench clean
+.PHONY: serve test setup model lint bench dashboards clean
 
 serve: setup model
 	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
 
 test: setup model
+	# Prometheus and promtool (Debian's package) for the dashboard and alert tests.
+	bash tools/install_prometheus.sh
 	$(VENV)/bin/ruff check .
+	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
+	$(PY) tools/triton_env.py
 	$(PY) -m pytest -q
 
 setup: $(VENV)/.installed
@@ -38,6 +42,9 @@ lint: setup
 
 bench: setup model
 	$(PY) -m bench.predict_load
+
+dashboards: setup
+	$(PY) deploy/grafana/build_dashboards.py
 
 clean:
 	rm -rf $(ARTIFACTS) .pytest_cache

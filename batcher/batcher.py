@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
 
+from batcher.cost_model import BatchCostModel
 from batcher.errors import (
     BatchAbandoned,
     BatcherClosed,
@@ -28,7 +29,7 @@ from batcher.errors import (
 )
 from batcher.observer import BatchObserver, NullObserver
 from batcher.padding import PaddedBatch, pad_batch, unpad_outputs
-from batcher.policy import BatchLimits, batch_is_full, select_batch
+from batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order
 from batcher.request import QueuedRequest, SequenceLimits, TokenSequence
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class MicroBatcher:
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._recent_batch_s = 0.05
+        # Always learning (and exported); steering batches only under a latency objective.
+        self.cost_model = BatchCostModel()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -120,6 +123,25 @@ class MicroBatcher:
         self._arrival.set()
         return futures
 
+    async def calibrate(self, shapes: Sequence[tuple[int, int]] | None = None) -> None:
+        """Seed the cost model with warm-up batches of known shapes (before serving)."""
+        limits = self.limits
+        longest = self.sequence_limits.max_length
+        shapes = shapes or [
+            (n, length)
+            for n in sorted({1, max(1, limits.max_batch_size // 4), limits.max_batch_size})
+            for length in sorted({min(16, longest), min(64, longest), longest // 2 or 1})
+            if n * length <= max(limits.max_batch_tokens, length)
+        ]
+        for n, length in shapes:
+            ids = np.ones((n, length), dtype=np.int64)
+            padded = PaddedBatch(ids, np.ones_like(ids), (length,) * n)
+            started = time.perf_counter()
+            await self._infer(padded)
+            self.cost_model.observe(n, length, time.perf_counter() - started)
+        if len(shapes) >= 4:
+            self.cost_model.refit()
+
     async def close(self, drain_timeout_s: float = 30.0) -> None:
         """Refuse new work, let queued and running batches finish, then stop.
 
@@ -164,18 +186,49 @@ class MicroBatcher:
                 await self._arrival.wait()
                 continue
             queued = list(self._pending.values())
-            idle = not self._running and self.limits.dispatch_when_idle
-            window_end = queued[0].enqueued_at + self.limits.max_queue_delay_s
-            if not idle and not batch_is_full(queued, self.limits) and loop.time() < window_end:
+            order = growth_order(queued, self.limits)
+            wait_s = self._wait_for_more_s(queued, order, loop.time())
+            if wait_s > 0:
                 self._arrival.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrival.wait(), window_end - loop.time())
+                    await asyncio.wait_for(self._arrival.wait(), wait_s)
                 continue
-            batch = select_batch(queued, self.limits)
+            batch = [queued[i] for i in order[: self._batch_count(queued, order, loop.time())]]
             for request in batch:
                 del self._pending[id(request)]
             self._observer.queue_depth(len(self._pending))
             return batch
+
+    def _steered(self) -> bool:
+        return self.limits.latency_objective_s is not None and self.cost_model.ready
+
+    def _wait_for_more_s(self, queued: list[QueuedRequest], order: list[int], now: float) -> float:
+        """How long to wait for more requests before closing the batch (0: close it now)."""
+        if (not self._running and self.limits.dispatch_when_idle) or batch_is_full(
+            queued, self.limits
+        ):
+            return 0.0
+        oldest = queued[0]
+        if self._steered():
+            # Wait while the oldest request could still finish a full batch within half its
+            # objective: the other half is for the p99 tail.
+            longest = max(queued[i].length for i in order)
+            full_cost = self.cost_model.predict(self.limits.max_batch_size, longest)
+            objective = self.limits.latency_objective_s or 0.0
+            slack = oldest.enqueued_at + objective / 2 - full_cost - now
+            return max(0.0, min(slack, objective / 4))
+        return max(0.0, oldest.enqueued_at + self.limits.max_queue_delay_s - now)
+
+    def _batch_count(self, queued: list[QueuedRequest], order: list[int], now: float) -> int:
+        if not self._steered():
+            return len(order)
+        oldest = queued[0]
+        objective = self.limits.latency_objective_s or 0.0
+        finish_by = oldest.enqueued_at + objective
+        if oldest.deadline is not None:
+            finish_by = min(finish_by, oldest.deadline)
+        lengths = [queued[i].length for i in order]
+        return best_prefix(lengths, self.cost_model.predict, finish_by - now)
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -227,6 +280,7 @@ class MicroBatcher:
                 request.future.set_result(row)
 
     async def _infer_rows(self, padded: PaddedBatch) -> list[Result]:
+        predicted_s = self.cost_model.predict(padded.size, padded.padded_length)
         started = time.perf_counter()
         failed = True
         try:
@@ -241,7 +295,12 @@ class MicroBatcher:
         finally:
             elapsed = time.perf_counter() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
-            self._observer.batch_finished(elapsed, failed)
+            if not failed:
+                self.cost_model.observe(padded.size, padded.padded_length, elapsed)
+            self._observer.batch_finished(
+                elapsed, failed, predicted_s if self.cost_model.ready else None
+            )
+            self._observer.cost_model(self.cost_model.as_dict())
 
     # -- bookkeeping ------------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ class BatchObserver(Protocol):
         self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
     ) -> None: ...
 
-    def batch_finished(self, seconds: float, failed: bool) -> None: ...
+    def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None: ...
+
+    def cost_model(self, coefficients: dict[str, float]) -> None: ...
 
 
 class NullObserver:
@@ -33,5 +35,8 @@ class NullObserver:
     ) -> None:
         pass
 
-    def batch_finished(self, seconds: float, failed: bool) -> None:
+    def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
+        pass
+
+    def cost_model(self, coefficients: dict[str, float]) -> None:
         pass

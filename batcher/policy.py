@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -28,6 +28,9 @@ class BatchLimits:
     # With no batch running there is nothing to wait for: dispatch at once (lowest latency at
     # low load); batches still grow under load while the running ones keep the backend busy.
     dispatch_when_idle: bool = True
+    # A p99 latency objective: when set, the learned cost model decides how long to wait and
+    # how many requests to take, instead of max_queue_delay_s and the full batch.
+    latency_objective_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
@@ -46,18 +49,29 @@ def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:
 def select_batch(queued: Sequence[T], limits: BatchLimits) -> list[T]:
     """Pick the next batch: always the oldest request, plus the neighbours that pad least.
 
-    `queued` is in arrival order. The oldest request anchors the batch so nothing starves; the
-    batch then grows one request at a time towards whichever side of the length-sorted queue adds
-    fewer padded tokens, until the size or padded-token limit would be passed.
+    `queued` is in arrival order; the batch comes back in arrival order too.
+    """
+    order = growth_order(queued, limits)
+    return [queued[i] for i in sorted(order)]
+
+
+def growth_order(queued: Sequence[T], limits: BatchLimits) -> list[int]:
+    """Indices into `queued` in the order they would join the batch, the oldest first.
+
+    The oldest request anchors the batch so nothing starves; the batch then grows one request
+    at a time towards whichever side of the length-sorted queue adds fewer padded tokens, until
+    the size or padded-token limit would be passed. Every prefix is itself a valid batch, which
+    is what lets a cost model choose how many to take.
     """
     if not queued:
         return []
     if not limits.group_by_length:
-        return _fifo_batch(queued, limits)
+        return list(range(len(_fifo_batch(queued, limits))))
     order = sorted(range(len(queued)), key=lambda i: (queued[i].length, i))
     anchor = order.index(0)
     low = high = anchor
     longest = queued[0].length
+    joined = [0]
     while high - low + 1 < limits.max_batch_size:
         size = high - low + 1
         left = queued[order[low - 1]].length if low > 0 else None
@@ -73,11 +87,32 @@ def select_batch(queued: Sequence[T], limits: BatchLimits) -> list[T]:
             break
         if take_left:
             low -= 1
+            joined.append(order[low])
         else:
             high += 1
+            joined.append(order[high])
         longest = new_longest
-    chosen = sorted(order[low : high + 1])
-    return [queued[i] for i in chosen]
+    return joined
+
+
+def best_prefix(
+    lengths: Sequence[int], predict_s: Callable[[int, int], float], budget_s: float | None
+) -> int:
+    """How many of a growth order to take: the most sequences per second within the budget.
+
+    `budget_s` is the time left before the tightest member's deadline or latency objective;
+    when no prefix fits it, the smallest batch goes (it is late either way, and small is fastest).
+    """
+    best_count, best_rate = 1, 0.0
+    longest = 0
+    for count, length in enumerate(lengths, start=1):
+        longest = max(longest, length)
+        seconds = max(predict_s(count, longest), 1e-9)
+        if budget_s is not None and seconds > budget_s:
+            break
+        if count / seconds > best_rate:
+            best_count, best_rate = count, count / seconds
+    return best_count
 
 
 def _fifo_batch(queued: Sequence[T], limits: BatchLimits) -> list[T]:

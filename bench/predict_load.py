@@ -1,6 +1,6 @@
 """Ferry /predict vs in-process ONNX Runtime on the same inputs, ratios printed from one run.
 
-    python -m bench.predict_load [--requests 2000] [--concurrency 64] [--min-len 8 --max-len 128]
+python -m bench.predict_load [--requests 2000] [--concurrency 64] [--min-len 8 --max-len 128]
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ def main() -> None:
     model = DEFAULT_MODEL_DIR / "model.onnx"
     inputs = token_sequences(args.requests, args.min_len, args.max_len, args.seed)
     bodies = [{"input_ids": ids} for ids in inputs]
-    print(f"inputs: {args.requests} sequences of {args.min_len}-{args.max_len} tokens, "
-          f"{args.concurrency} concurrent clients")
+    print(
+        f"inputs: {args.requests} sequences of {args.min_len}-{args.max_len} tokens, "
+        f"{args.concurrency} concurrent clients"
+    )
 
     name, best, figures = best_inprocess(model, inputs)
     for label, value in figures.items():
@@ -44,8 +46,10 @@ def main() -> None:
     print(f"ferry, concurrency {args.concurrency}: {loaded.summary()}")
     print(f"ferry, concurrency 1:  {serial.summary()}")
     print(f"ratio ferry / in-process best ({name}): {loaded.throughput / best:.2f}")
-    print(f"p50 at concurrency 1: ferry {serial.percentile_ms(50):.2f} ms vs in-process batch-1 "
-          f"{floor_ms:.2f} ms (+{serial.percentile_ms(50) - floor_ms:.2f} ms)")
+    print(
+        f"p50 at concurrency 1: ferry {serial.percentile_ms(50):.2f} ms vs in-process batch-1 "
+        f"{floor_ms:.2f} ms (+{serial.percentile_ms(50) - floor_ms:.2f} ms)"
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,6 +39,84 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     onnx.set_defaults(handler=_export_onnx)
 
+    optimize = kinds.add_parser(
+        "optimize",
+        help="Write an int8 (CPU) or fp16 (GPU) variant of an exported model, with its accuracy.",
+    )
+    optimize.add_argument("--model-dir", type=Path, required=True, help="A Ferry ONNX export.")
+    optimize.add_argument("--out", type=Path, required=True, help="Folder for the variant.")
+    optimize.add_argument("--precision", choices=["int8", "fp16"], default="int8")
+    optimize.add_argument(
+        "--per-tensor",
+        action="store_true",
+        help="int8 with one scale per tensor (faster to build, less accurate than per-channel).",
+    )
+    optimize.set_defaults(handler=_export_optimize)
+
+    tensorrt = kinds.add_parser(
+        "tensorrt",
+        help="Build a TensorRT plan whose shape profile follows the batcher's limits.",
+        description="Needs an NVIDIA GPU. Without one, prints the trtexec command to run on a "
+        "GPU host and exits with code 3.",
+    )
+    tensorrt.add_argument("--model-dir", type=Path, required=True, help="A Ferry ONNX export.")
+    tensorrt.add_argument("--out", type=Path, required=True, help="Plan file to write.")
+    tensorrt.add_argument("--no-fp16", action="store_true", help="Build in fp32 only.")
+    _add_batching_args(tensorrt)
+    tensorrt.add_argument(
+        "--max-length", type=int, default=None, help="Longest sequence (default: the manifest's)."
+    )
+    tensorrt.set_defaults(handler=_export_tensorrt)
+
+    triton = kinds.add_parser(
+        "triton",
+        help="Write a Triton model repository whose dynamic batching mirrors Ferry's batcher.",
+    )
+    triton.add_argument("--model-dir", type=Path, required=True, help="A Ferry ONNX export.")
+    triton.add_argument(
+        "--repository", type=Path, required=True, help="Triton model repository folder."
+    )
+    triton.add_argument(
+        "--flavour",
+        choices=["python", "onnxruntime", "tensorrt"],
+        default="python",
+        help="python: CPU, ONNX Runtime inside Triton's python backend; onnxruntime / tensorrt: "
+        "Triton's GPU backends (tensorrt takes --plan from `ferry export tensorrt`).",
+    )
+    triton.add_argument("--name", default=None, help="Model name in Triton (default: folder).")
+    triton.add_argument("--plan", type=Path, default=None, help="TensorRT plan to copy in.")
+    triton.add_argument(
+        "--config-only",
+        action="store_true",
+        help="Write config.pbtxt (and model.py) but not the weights, as triton_models/ commits.",
+    )
+    triton.add_argument("--instances", type=int, default=1, help="Model instances in Triton.")
+    _add_batching_args(triton)
+    triton.set_defaults(handler=_export_triton)
+
+
+def _add_batching_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "batching", "Taken from a model of a Ferry config file; flags override it."
+    )
+    group.add_argument("--config", type=Path, default=None, help="Ferry config (TOML or YAML).")
+    group.add_argument("--model", default=None, help="Model name in --config (default: first).")
+    group.add_argument("--max-batch-size", type=int, default=None)
+    group.add_argument("--max-queue-delay-ms", type=float, default=None)
+
+
+@contextmanager
+def step(label: str) -> Iterator[None]:
+    """The progress of a long step: its name at once, its duration when it ends."""
+    print(f"{label} ...", end="", flush=True, file=sys.stderr)
+    started = time.perf_counter()
+    try:
+        yield
+    except BaseException:
+        print(" failed", file=sys.stderr)
+        raise
+    print(f" done ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
+
 
 def _report(report) -> int:
     print(f"wrote {report.onnx_path} (parity vs PyTorch: max abs diff {report.max_abs_diff:.2e})")
@@ -51,3 +133,74 @@ def _export_onnx(args: argparse.Namespace) -> int:
     from exporters.onnx_export import export_encoder
 
     return _report(export_encoder(args.model_dir, args.out, args.task, args.max_length))
+
+
+def _batching(args: argparse.Namespace):
+    from exporters.triton_repo import Batching
+
+    batching = Batching()
+    if args.config is not None:
+        from server.settings import load_settings
+
+        settings = load_settings(args.config, environ={})
+        name = args.model or settings.default_model_name
+        model = next((m for m in settings.models if m.name == name), None)
+        if model is None:
+            raise SystemExit(f"model {name!r} is not in {args.config}")
+        batching = Batching(model.max_batch_size, model.max_queue_delay_ms)
+    return Batching(
+        args.max_batch_size or batching.max_batch_size,
+        batching.max_queue_delay_ms if args.max_queue_delay_ms is None else args.max_queue_delay_ms,
+        getattr(args, "instances", 1),
+    )
+
+
+def _export_optimize(args: argparse.Namespace) -> int:
+    from exporters import quantize
+
+    with step(f"converting to {args.precision}"):
+        if args.precision == "int8":
+            model = quantize.quantize_int8(args.model_dir, args.out, not args.per_tensor)
+        else:
+            model = quantize.convert_fp16(args.model_dir, args.out)
+    with step("measuring accuracy and speed on sample sentences"):
+        feeds = quantize.sample_batch(args.model_dir)
+        comparison = quantize.compare(args.model_dir / "model.onnx", model, feeds)
+    print(f"wrote {model}")
+    print(comparison.describe())
+    return 0
+
+
+def _export_tensorrt(args: argparse.Namespace) -> int:
+    from exporters.manifest import ModelManifest
+    from exporters.tensorrt import EXIT_NO_GPU, NoGpu, build_plan, derive_profile
+
+    max_length = args.max_length or ModelManifest.read(args.model_dir).max_length
+    profile = derive_profile(_batching(args).max_batch_size, max_length)
+    try:
+        with step(f"building TensorRT plan (profile {profile})"):
+            plan = build_plan(args.model_dir / "model.onnx", args.out, profile, not args.no_fp16)
+    except NoGpu as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_NO_GPU
+    print(f"wrote {plan}")
+    return 0
+
+
+def _export_triton(args: argparse.Namespace) -> int:
+    from exporters.triton_repo import write_repository
+
+    with step(f"writing the {args.flavour} model to {args.repository}"):
+        folder = write_repository(
+            args.model_dir,
+            args.repository,
+            args.flavour,
+            _batching(args),
+            name=args.name,
+            plan=args.plan,
+            copy_model=not args.config_only,
+        )
+    print(f"wrote {folder / 'config.pbtxt'}")
+    if args.flavour == "tensorrt" and args.plan is None and not args.config_only:
+        print(f"no --plan given: put the plan at {folder / '1' / 'model.plan'}")
+    return 0

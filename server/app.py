@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -12,15 +13,17 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from server.drain import DrainState
 from server.errors import install_error_handlers
-from server.metrics import FerryMetrics
+from server.llm_engines import build_llm_engine
+from server.metrics import FerryMetrics, LLMMetricsObserver
 from server.middleware import (
     ApiKeyMiddleware,
     BodySizeLimitMiddleware,
     DrainMiddleware,
     RequestMetricsMiddleware,
 )
+from server.openai.serving import OpenAIServing
 from server.registry import ModelRegistry
-from server.routes import embeddings, health, kserve_v2, models, predict
+from server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -33,13 +36,16 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry = ModelRegistry(settings, metrics)
         app.state.registry = registry
-        await registry.start()
-        logger.info("ferry: serving %s", ", ".join(registry.models))
+        engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
+        app.state.openai = OpenAIServing(engines, observer=app.state.llm_observer)
+        await asyncio.gather(registry.start(), *(e.start() for e in engines.values()))
+        logger.info("ferry: serving %s", ", ".join([*registry.models, *engines]))
         try:
             yield
         finally:
             app.state.drain.begin()
             await registry.close(settings.drain_timeout_s)
+            await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
 
     app = FastAPI(
         title="Ferry",
@@ -49,12 +55,14 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.llm_observer = LLMMetricsObserver(metrics)
     app.state.drain = DrainState()
     app.state.started_at = int(time.time())
     install_error_handlers(app)
     app.include_router(predict.router)
     app.include_router(models.router)
     app.include_router(embeddings.router)
+    app.include_router(openai_chat.router)
     app.include_router(health.router)
     app.include_router(kserve_v2.router)
     # Added innermost first: metrics (outermost) see every response, the 401/413/503s included.

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
 
 from starlette.requests import Request
+
+T = TypeVar("T")
 
 
 class ClientDisconnected(Exception):
@@ -41,3 +43,19 @@ async def gather_unless_disconnected(
         # Retrieve gather's exception, if any, so asyncio does not log it as never retrieved.
         if results.done() and not results.cancelled():
             results.exception()
+
+
+async def run_unless_disconnected(request: Request, coro: Awaitable[T]) -> T:
+    """Await `coro`; if the client goes away first, cancel it (aborting its work) instead."""
+    work = asyncio.ensure_future(coro)
+    watcher = asyncio.create_task(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work.done():
+            return work.result()
+        raise ClientDisconnected()
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)

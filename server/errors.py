@@ -23,6 +23,14 @@ from batcher.errors import (
     InvalidInput,
     QueueFull,
 )
+from llm.errors import (
+    EngineDead,
+    EngineOverloaded,
+    GenerationFailed,
+    InvalidSampling,
+    ModelNotFound,
+    PromptTooLong,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +76,12 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (BackendTimeout, ErrorKind(504, "timeout_error")),
     (BatchAbandoned, ErrorKind(503, "unavailable_error", retry_after=True)),
     (InferenceFailed, ErrorKind(500, "internal_error")),
+    (InvalidSampling, ErrorKind(400, "invalid_request_error")),
+    (PromptTooLong, ErrorKind(400, "invalid_request_error")),
+    (ModelNotFound, ErrorKind(404, "not_found_error")),
+    (EngineOverloaded, ErrorKind(429, "overloaded_error", retry_after=True)),
+    (EngineDead, ErrorKind(503, "unavailable_error", retry_after=True)),
+    (GenerationFailed, ErrorKind(500, "internal_error")),
 )
 INTERNAL = ErrorKind(500, "internal_error")
 

@@ -114,9 +114,75 @@ class FerryMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.cost_coefficient = Gauge(
+            "ferry_cost_model_coefficient",
+            "Learned batch cost: seconds = fixed + per_request*n + per_token*n*L "
+            "+ per_token_squared*n*L^2.",
+            ["model", "term"],
+            registry=r,
+        )
+        self.cost_error = Histogram(
+            "ferry_cost_model_error_ratio",
+            "|predicted - actual| / actual batch duration of the learned cost model.",
+            ["model"],
+            buckets=(*RATIO_BUCKETS, 1.5, 2.0, 5.0),
+            registry=r,
+        )
         self.model_ready = Gauge(
             "ferry_model_ready",
             "1 when the model is loaded, warm and its backend healthy.",
+            ["model"],
+            registry=r,
+        )
+
+        self.llm_ttft = Histogram(
+            "ferry_llm_time_to_first_token_seconds",
+            "Time from request to its first token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.llm_itl = Histogram(
+            "ferry_llm_inter_token_latency_seconds",
+            "Time between consecutive tokens.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.llm_duration = Histogram(
+            "ferry_llm_request_duration_seconds",
+            "Time from request to its last token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.llm_prompt_tokens = Counter(
+            "ferry_llm_prompt_tokens_total",
+            "Prompt tokens of finished generations.",
+            ["model"],
+            registry=r,
+        )
+        self.llm_generation_tokens = Counter(
+            "ferry_llm_generation_tokens_total",
+            "Tokens generated, counted as they stream.",
+            ["model"],
+            registry=r,
+        )
+        self.llm_finished = Counter(
+            "ferry_llm_requests_finished_total",
+            "Finished generations by finish reason (stop, length, abort, error).",
+            ["model", "finish_reason"],
+            registry=r,
+        )
+        self.llm_running = Gauge(
+            "ferry_llm_requests_running",
+            "Generations the engine is running now.",
+            ["model"],
+            registry=r,
+        )
+        self.llm_waiting = Gauge(
+            "ferry_llm_requests_waiting",
+            "Generations waiting for a place in the engine.",
             ["model"],
             registry=r,
         )
@@ -137,6 +203,8 @@ class ModelBatchObserver:
         self._duration = metrics.backend_duration.labels(model, backend)
         self._failures = metrics.backend_failures.labels(model, backend)
         self._rejections = metrics.rejections
+        self._cost_coefficient = metrics.cost_coefficient
+        self._cost_error = metrics.cost_error.labels(model)
         self._model = model
 
     def queue_depth(self, depth: int) -> None:
@@ -154,7 +222,44 @@ class ModelBatchObserver:
         for wait in queue_waits_s:
             self._wait.observe(wait)
 
-    def batch_finished(self, seconds: float, failed: bool) -> None:
+    def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
         self._duration.observe(seconds)
         if failed:
             self._failures.inc()
+        elif predicted_s is not None and seconds > 0:
+            self._cost_error.observe(abs(predicted_s - seconds) / seconds)
+
+    def cost_model(self, coefficients: dict[str, float]) -> None:
+        for term, value in coefficients.items():
+            self._cost_coefficient.labels(self._model, term).set(value)
+
+
+class LLMMetricsObserver:
+    """The OpenAI serving layer's `LLMObserver`, writing the ferry_llm_* series."""
+
+    def __init__(self, metrics: FerryMetrics) -> None:
+        self._m = metrics
+
+    def on_first_token(self, model: str, seconds: float) -> None:
+        self._m.llm_ttft.labels(model).observe(seconds)
+        self._m.llm_generation_tokens.labels(model).inc()
+
+    def on_token(self, model: str, seconds_since_last: float) -> None:
+        self._m.llm_itl.labels(model).observe(seconds_since_last)
+        self._m.llm_generation_tokens.labels(model).inc()
+
+    def on_finished(
+        self,
+        model: str,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        seconds: float,
+    ) -> None:
+        self._m.llm_duration.labels(model).observe(seconds)
+        self._m.llm_prompt_tokens.labels(model).inc(prompt_tokens)
+        self._m.llm_finished.labels(model, finish_reason).inc()
+
+    def engine_counts(self, model: str, running: int, waiting: int) -> None:
+        self._m.llm_running.labels(model).set(running)
+        self._m.llm_waiting.labels(model).set(waiting)

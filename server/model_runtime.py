@@ -65,6 +65,7 @@ class ModelRuntime:
             observer=self._metrics.batch_observer(self.name, self.backend.name),
         )
         self._metrics.queue_capacity.labels(self.name).set(self.settings.max_queue_size)
+        await self.batcher.calibrate()
         self.batcher.start()
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)

@@ -42,6 +42,8 @@ class ModelSettings(_Strict):
     group_by_length: bool = True
     dispatch_when_idle: bool = True
     timeout_s: float = Field(default=30.0, gt=0)
+    # p99 latency objective; when set, the learned cost model sizes batches and waits.
+    latency_objective_ms: float | None = Field(default=None, gt=0)
     # Triton backend only.
     triton_url: str = "127.0.0.1:8001"
     triton_protocol: Literal["http", "grpc"] = "grpc"
@@ -58,7 +60,22 @@ class ModelSettings(_Strict):
             max_concurrent_batches=self.sessions,
             group_by_length=self.group_by_length,
             dispatch_when_idle=self.dispatch_when_idle,
+            latency_objective_s=(
+                None if self.latency_objective_ms is None else self.latency_objective_ms / 1000
+            ),
         )
+
+
+class LLMSettings(_Strict):
+    """A chat/completions model behind the OpenAI-compatible routes."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+$")
+    # ortgenai: an onnxruntime-genai model folder (CPU); vllm: a Hugging Face folder (GPU hosts).
+    engine: Literal["ortgenai", "vllm"] = "ortgenai"
+    path: Path
+    max_running: int | None = Field(default=None, ge=1)
+    max_waiting: int = Field(default=64, ge=0)
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
 
 
 class Settings(_Strict):
@@ -77,10 +94,11 @@ class Settings(_Strict):
     cors_allow_origins: tuple[str, ...] = ()
     max_tokens_per_request: int = Field(default=65536, ge=1)
     models: tuple[ModelSettings, ...] = ()
+    llm_models: tuple[LLMSettings, ...] = ()
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
-        names = [m.name for m in self.models]
+        names = [m.name for m in self.models] + [m.name for m in self.llm_models]
         if len(names) != len(set(names)):
             raise ValueError(f"model names must be unique, got {names}")
         if self.default_model and self.default_model not in names:
@@ -103,12 +121,13 @@ def load_settings(
     base_dir = path.parent if path else Path.cwd()
     server = dict(raw.get("server", {}))
     models = [dict(m) for m in raw.get("models", [])]
-    for model in models:
+    llm_models = [dict(m) for m in raw.get("llm_models", [])]
+    for model in models + llm_models:
         if "path" in model and not Path(model["path"]).is_absolute():
             model["path"] = str(base_dir / model["path"])
-    _apply_env(server, models, environ)
+    _apply_env(server, models + llm_models, environ)
     server.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**server, models=tuple(models))
+    return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -126,7 +145,7 @@ def _apply_env(
     server: dict[str, Any], models: list[dict[str, Any]], environ: Mapping[str, str]
 ) -> None:
     for field in Settings.model_fields:
-        if field != "models" and f"FERRY_{field.upper()}" in environ:
+        if field not in ("models", "llm_models") and f"FERRY_{field.upper()}" in environ:
             value = environ[f"FERRY_{field.upper()}"]
             server[field] = value.split(",") if field == "cors_allow_origins" else value
     for model in models:

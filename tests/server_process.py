@@ -19,6 +19,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO / "artifacts" / "models" / "all-MiniLM-L6-v2"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+TINY_LLM_DIR = REPO / "models" / "tiny-llm" / "onnx"
+TINY_LLM = "tiny-llm"
+
+
+def tiny_llm_config(**overrides: Any) -> dict[str, Any]:
+    return {"name": TINY_LLM, "engine": "ortgenai", "path": str(TINY_LLM_DIR), **overrides}
 
 
 def free_port() -> int:
@@ -38,13 +44,17 @@ def _toml_value(value: Any) -> str:
 
 
 def write_config(
-    path: Path, models: list[dict[str, Any]], server: dict[str, Any] | None = None
+    path: Path,
+    models: list[dict[str, Any]],
+    server: dict[str, Any] | None = None,
+    llm_models: list[dict[str, Any]] | None = None,
 ) -> Path:
     lines = ["[server]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in (server or {}).items()]
-    for model in models:
-        lines.append("\n[[models]]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in model.items()]
+    for table, entries in (("models", models), ("llm_models", llm_models or [])):
+        for model in entries:
+            lines.append(f"\n[[{table}]]")
+            lines += [f"{k} = {_toml_value(v)}" for k, v in model.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -66,9 +76,15 @@ def ferry_server(
     server: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 60.0,
+    llm_models: list[dict[str, Any]] | None = None,
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
-        config = write_config(Path(tmp) / "ferry.toml", models or [default_model_config()], server)
+        config = write_config(
+            Path(tmp) / "ferry.toml",
+            [default_model_config()] if models is None else models,
+            server,
+            llm_models,
+        )
         port = free_port()
         log = open(Path(tmp) / "server.log", "w+")  # noqa: SIM115 - closed below
         process = subprocess.Popen(

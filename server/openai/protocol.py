@@ -232,6 +232,12 @@ def new_completion_id() -> str:
     return _id("cmpl")
 
 
-def dump_chunk(chunk: BaseModel) -> dict[str, Any]:
-    """Chunks drop null fields (usage, role after the first delta), as OpenAI's stream does."""
-    return chunk.model_dump(exclude_none=True)
+def dump_chunk(chunk: ChatCompletionChunk | CompletionChunk) -> dict[str, Any]:
+    """A chunk as OpenAI streams it: usage only when present, deltas without null fields."""
+    body = chunk.model_dump()
+    if body["usage"] is None:
+        del body["usage"]
+    for choice in body["choices"]:
+        if "delta" in choice:
+            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    return body

@@ -66,9 +66,13 @@ class NullObserver:
         pass
 
     def on_finished(
-        self, model: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+        self,
+        model: str,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
         seconds: float,
-    ) -> None:  # fmt: skip
+    ) -> None:
         pass
 
 
@@ -161,9 +165,11 @@ class OpenAIServing:
         stream, first = await self._start(engine, request.model, response_id, jobs, sampling)
 
         def chunk(
-            index: int | None, delta: DeltaMessage | None = None, finish: str | None = None,
+            index: int | None,
+            delta: DeltaMessage | None = None,
+            finish: str | None = None,
             usage: UsageInfo | None = None,
-        ) -> str:  # fmt: skip
+        ) -> str:
             choices = []
             if index is not None:
                 choice = ChatCompletionStreamChoice(
@@ -224,9 +230,11 @@ class OpenAIServing:
         stream, first = await self._start(engine, request.model, response_id, jobs, sampling)
 
         def chunk(
-            index: int | None, text: str = "", finish: str | None = None,
+            index: int | None,
+            text: str = "",
+            finish: str | None = None,
             usage: UsageInfo | None = None,
-        ) -> str:  # fmt: skip
+        ) -> str:
             choices = []
             if index is not None:
                 choices.append(CompletionStreamChoice(index=index, text=text, finish_reason=finish))
@@ -304,9 +312,13 @@ class OpenAIServing:
             )
 
     async def _collect(
-        self, engine: LLMEngine, model: str, response_id: str, jobs: list[_Job],
+        self,
+        engine: LLMEngine,
+        model: str,
+        response_id: str,
+        jobs: list[_Job],
         sampling: SamplingSettings,
-    ) -> list[_Result]:  # fmt: skip
+    ) -> list[_Result]:
         async def run(job: _Job) -> _Result:
             result = _Result()
             gen = self._observed(engine, model, f"{response_id}-{job.index}", job, sampling)
@@ -327,9 +339,13 @@ class OpenAIServing:
         return [task.result() for task in tasks]
 
     async def _start(
-        self, engine: LLMEngine, model: str, response_id: str, jobs: list[_Job],
+        self,
+        engine: LLMEngine,
+        model: str,
+        response_id: str,
+        jobs: list[_Job],
         sampling: SamplingSettings,
-    ) -> tuple[_Stream, tuple[int, GenerationDelta]]:  # fmt: skip
+    ) -> tuple[_Stream, tuple[int, GenerationDelta]]:
         """Start every generation and wait for the first delta, so early errors raise here."""
         streams = [
             self._observed(engine, model, f"{response_id}-{job.index}", job, sampling)
@@ -344,9 +360,12 @@ class OpenAIServing:
         return merged, first
 
     async def _relay(
-        self, stream: _Stream, first: tuple[int, GenerationDelta], prompt_tokens: int,
+        self,
+        stream: _Stream,
+        first: tuple[int, GenerationDelta],
+        prompt_tokens: int,
         request: ChatCompletionRequest | CompletionRequest,
-    ) -> AsyncIterator[_Out]:  # fmt: skip
+    ) -> AsyncIterator[_Out]:
         """Every delta, then the usage if asked for; an error after streaming began is relayed
         as one error item, since the HTTP status has already been sent."""
         completion_tokens = 0

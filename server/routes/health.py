@@ -20,7 +20,10 @@ async def live() -> dict[str, str]:
 )
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
-    models_ready = await state.registry.ready()
+    engines_ready = all(
+        state.openai.engine_for(name).is_ready() for name in state.openai.model_names()
+    )
+    models_ready = engines_ready and await state.registry.ready()
     draining = state.drain.draining
     ok = models_ready and not draining
     status = "ready" if ok else ("draining" if draining else "starting")
@@ -37,6 +40,10 @@ async def ready(request: Request) -> JSONResponse:
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "Metrics"}},
 )
 async def metrics(request: Request) -> Response:
+    state = request.app.state
+    # Engine gauges are read at scrape time: exact whenever Prometheus looks.
+    for name, stats in state.openai.engine_stats().items():
+        state.llm_observer.engine_counts(name, stats.running, stats.waiting)
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
     )

@@ -30,4 +30,8 @@ async def list_models(request: Request) -> ModelList:
         ModelCard(id=name, created=state.started_at, task=model.manifest.task)
         for name, model in state.registry.models.items()
     ]
+    cards += [
+        ModelCard(id=name, created=state.started_at, task="chat")
+        for name in state.openai.model_names()
+    ]
     return ModelList(data=cards)

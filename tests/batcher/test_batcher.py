@@ -209,3 +209,43 @@ async def test_close_after_drain_timeout_fails_what_is_left():
     await asyncio.wait_for(batcher.close(0.05), 5)
     results = await asyncio.gather(*futures, return_exceptions=True)
     assert all(isinstance(r, BatchAbandoned) for r in results)
+
+
+async def test_calibration_seeds_the_cost_model_and_live_batches_refine_it():
+    backend = RecordingBackend()
+    batcher = make(backend, max_batch_size=8, max_batch_tokens=512)
+    await batcher.calibrate()
+    assert batcher.cost_model.ready
+    calibration_batches = len(backend.batches)
+    futures = batcher.submit([seq(1, 2), seq(3)])
+    await asyncio.wait_for(asyncio.gather(*futures), 5)
+    assert len(backend.batches) > calibration_batches
+
+
+async def test_latency_objective_keeps_predicted_batches_inside_it():
+    async def slow(batch: PaddedBatch) -> dict[str, np.ndarray]:
+        # 10 ms per request: a batch of n takes n * 10 ms.
+        await asyncio.sleep(0.01 * batch.size)
+        return {"total": np.zeros((batch.size, 1))}
+
+    batcher = MicroBatcher(
+        "m",
+        slow,
+        BatchLimits(max_batch_size=32, latency_objective_s=0.06, dispatch_when_idle=False),
+        LIMITS,
+    )
+    await batcher.calibrate([(1, 8), (2, 8), (4, 8), (8, 8), (1, 16), (4, 16)])
+    sizes: list[int] = []
+    original = batcher._infer
+
+    async def recording(batch: PaddedBatch):
+        sizes.append(batch.size)
+        return await original(batch)
+
+    batcher._infer = recording
+    batcher.start()
+    futures = [f for i in range(20) for f in batcher.submit([seq(i + 1)])]
+    await asyncio.wait_for(asyncio.gather(*futures), 10)
+    # The cost model knows 32 at once would take ~320 ms: batches stay within the 60 ms objective.
+    assert sizes and max(sizes) <= 6
+    await batcher.close(1)

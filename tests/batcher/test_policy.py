@@ -48,3 +48,27 @@ def test_batch_is_full_by_count_or_tokens():
     assert not batch_is_full([Item(10)] * 3, limits)
     assert batch_is_full([Item(10)] * 4, limits)
     assert batch_is_full([Item(60), Item(50)], limits)
+
+
+def test_growth_order_starts_with_the_oldest_and_every_prefix_is_a_batch():
+    from batcher.policy import growth_order
+
+    queued = [Item(n) for n in (64, 8, 60, 70, 9)]
+    order = growth_order(queued, BatchLimits(max_batch_size=3))
+    assert order[0] == 0
+    assert [queued[i].length for i in order] == [64, 60, 70]
+
+
+def test_best_prefix_maximises_sequences_per_second_within_the_budget():
+    from batcher.policy import best_prefix
+
+    def predict(n, length):
+        return 0.01 + 0.001 * n * length
+
+    lengths = [10, 10, 10, 120]
+    # Taking the 120-token request would pad everything to 120: slower per sequence.
+    assert best_prefix(lengths, predict, budget_s=None) == 3
+    # A tight budget keeps the batch small.
+    assert best_prefix(lengths, predict, budget_s=0.025) == 1
+    # Nothing fits: the smallest batch still goes.
+    assert best_prefix(lengths, predict, budget_s=0.001) == 1

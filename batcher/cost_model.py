@@ -1,0 +1,71 @@
+"""How long a batch takes, learned online from its padded shape.
+
+BentoML fits `duration = a * n + b`; padding makes the length matter as much as the count, and
+attention makes it super-linear, so Ferry fits
+
+    seconds ~= c0 + c1 * n + c2 * n * L + c3 * n * L**2     (n requests padded to L tokens)
+
+by least squares over a window of recent batches (warm-up runs seed it), refitting every few
+observations. Coefficients are kept non-negative so predictions stay monotone in n and L.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+TERMS = ("fixed", "per_request", "per_token", "per_token_squared")
+
+
+def _features(n: int, length: int) -> np.ndarray:
+    return np.array([1.0, n, n * length, n * length * length], dtype=np.float64)
+
+
+class BatchCostModel:
+    def __init__(self, window: int = 512, refit_every: int = 8, min_observations: int = 6) -> None:
+        self._rows: deque[np.ndarray] = deque(maxlen=window)
+        self._seconds: deque[float] = deque(maxlen=window)
+        self._refit_every = refit_every
+        self._min_observations = min_observations
+        self._since_fit = 0
+        self.coefficients = np.zeros(len(TERMS))
+
+    @property
+    def ready(self) -> bool:
+        return len(self._rows) >= self._min_observations and bool(self.coefficients.any())
+
+    def observe(self, n: int, length: int, seconds: float) -> None:
+        self._rows.append(_features(n, length))
+        self._seconds.append(seconds)
+        self._since_fit += 1
+        if self._since_fit >= self._refit_every and len(self._rows) >= self._min_observations:
+            self.refit()
+
+    def refit(self) -> None:
+        x = np.stack(self._rows)
+        y = np.asarray(self._seconds)
+        # Scale columns so the squared term does not dominate the solve numerically.
+        scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
+        coefficients = _nonnegative_least_squares(x / scale, y) / scale
+        self.coefficients = coefficients
+        self._since_fit = 0
+
+    def predict(self, n: int, length: int) -> float:
+        return float(_features(n, length) @ self.coefficients)
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(TERMS, self.coefficients.tolist(), strict=True))
+
+
+def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0: drop the most negative term and solve again."""
+    active = list(range(x.shape[1]))
+    solution = np.zeros(x.shape[1])
+    while active:
+        coef, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (coef >= 0).all():
+            solution[active] = coef
+            return solution
+        active.pop(int(np.argmin(coef)))
+    return solution

@@ -1,0 +1,1 @@
+"""LLM engines behind one small protocol; nothing here knows about HTTP."""

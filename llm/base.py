@@ -1,0 +1,73 @@
+"""The engine protocol the OpenAI serving layer talks to, and the plain types it passes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from llm.errors import InvalidSampling
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    max_tokens: int = 16
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Raise InvalidSampling naming the first field out of range."""
+        if self.max_tokens < 1:
+            raise InvalidSampling("max_tokens", "max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise InvalidSampling("temperature", "temperature must be non-negative")
+        if not 0 < self.top_p <= 1:
+            raise InvalidSampling("top_p", "top_p must be in (0, 1]")
+        if any(not s for s in self.stop):
+            raise InvalidSampling("stop", "stop strings must be non-empty")
+
+
+@dataclass(frozen=True)
+class GenerationDelta:
+    """What one engine step added to a generation."""
+
+    text: str
+    token_count: int  # tokens generated in this step, including ones held back by a stop match
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int  # requests inside the runtime
+    waiting: int  # admitted, queued in front of the runtime
+
+
+class LLMEngine(Protocol):
+    name: str
+    max_context_tokens: int
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Apply the model's chat template, ending with the assistant's generation prompt."""
+        ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def generate(
+        self, request_id: str, prompt: str, sampling: SamplingSettings
+    ) -> AsyncIterator[GenerationDelta]:
+        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def is_ready(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...

@@ -1,0 +1,56 @@
+"""The prompt side of an LLM: chat template and token counts from the model's own tokenizer files.
+
+Uses `tokenizers` and jinja2 only, so serving never imports transformers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class ChatTokenizer:
+    """Reads tokenizer.json + tokenizer_config.json (or chat_template.jinja) from a model folder."""
+
+    def __init__(self, model_dir: str | Path) -> None:
+        model_dir = Path(model_dir)
+        self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        config_path = model_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.exists() else {}
+        template = config.get("chat_template")
+        jinja_path = model_dir / "chat_template.jinja"
+        if template is None and jinja_path.exists():
+            template = jinja_path.read_text()
+        if not isinstance(template, str):
+            raise ValueError(f"{model_dir} has no chat template")
+        # Same environment settings as transformers' apply_chat_template, so prompts match.
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(template)
+        self._special = {
+            key: config[key]
+            for key in ("bos_token", "eos_token")
+            if isinstance(config.get(key), str)
+        }
+        self.eos_token: str | None = self._special.get("eos_token")
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self._template.render(messages=messages, add_generation_prompt=True, **self._special)
+
+    def encode(self, text: str) -> list[int]:
+        # Special tokens in the rendered template are real tokens; the template adds no BOS itself.
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids)

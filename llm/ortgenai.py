@@ -1,0 +1,395 @@
+"""onnxruntime-genai engine: one owner thread drives `og.Engine`; asyncio callers get deltas.
+
+onnxruntime-genai's Engine must be used only from the thread that created it, so every call into
+it happens on one dedicated thread fed by a `queue.Queue` of commands (add, abort, stop). Deltas
+go back to the event loop with `loop.call_soon_threadsafe` into one asyncio queue per request.
+
+Batching: on CPU (and any model built without paged attention) og.Engine uses its *static* batch
+path: up to `configured_max_batch_size` requests run together and a finished request leaves at
+once, but new requests join only when the whole batch has drained. A model built with
+`use_paged_attention` (CUDA, fp16/bf16) gets true continuous batching with the same code.
+Stop strings are matched here, since og.Engine supports them only on the dynamic path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings
+from llm.chat_tokenizer import ChatTokenizer
+from llm.errors import EngineDead, EngineOverloaded, GenerationFailed, PromptTooLong
+from llm.stops import StopMatcher
+
+log = logging.getLogger(__name__)
+
+_EVENT_BUFFER = 64
+_IDLE_POLL_S = 0.05  # only when og reports no pending work while requests are resident
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class _Add:
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingSettings
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+@dataclass
+class _Job:
+    """One request as the owner thread sees it."""
+
+    add: _Add
+    matcher: StopMatcher
+    og_request: Any = None
+    decoder: Any = None
+    generated: int = field(default=0)
+
+
+class OrtGenAIEngine:
+    """An LLMEngine over onnxruntime-genai's Engine API (see the module docstring)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        name: str = "tiny-llm",
+        max_running: int | None = None,
+        max_waiting: int = 64,
+    ) -> None:
+        self.name = name
+        self._model_dir = Path(model_dir)
+        self._chat = ChatTokenizer(self._model_dir)
+        genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
+        self.max_context_tokens: int = int(genai_config["model"]["context_length"])
+        self._engine_config: dict[str, Any] = genai_config.get("engine", {})
+        self._max_running = max_running  # None: the runtime's own batch size, read at start
+        self._max_waiting = max_waiting
+        self._commands: queue.Queue[object] = queue.Queue()
+        self._streams: dict[str, asyncio.Queue[GenerationDelta | Exception]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._closing = False
+        # Written by the owner thread only; plain ints are safe to read anywhere.
+        self._running = 0
+        self._waiting = 0
+
+    # -- prompt side (event-loop thread; uses the tokenizers library, not og) --------------------
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return self._chat.render_chat(messages)
+
+    def count_tokens(self, text: str) -> int:
+        return self._chat.count_tokens(text)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        started: asyncio.Future[int] = self._loop.create_future()
+        self._thread = threading.Thread(
+            target=self._owner_main, args=(started,), name=f"ortgenai-{self.name}", daemon=True
+        )
+        self._thread.start()
+        max_running = await started
+        log.info("ortgenai engine %s ready (max_running=%d)", self.name, max_running)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._thread is not None and self._thread.is_alive():
+            self._commands.put(_STOP)
+            await asyncio.to_thread(self._thread.join, 30)
+        self._fail_all(EngineDead(f"engine {self.name} is closed"))
+
+    def is_ready(self) -> bool:
+        alive = self._thread is not None and self._thread.is_alive()
+        return alive and self._failure is None and not self._closing
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=self._running, waiting=self._waiting)
+
+    # -- requests (event-loop thread) -------------------------------------------------------------
+
+    async def generate(
+        self, request_id: str, prompt: str, sampling: SamplingSettings
+    ) -> AsyncIterator[GenerationDelta]:
+        sampling.validate()
+        if not self.is_ready():
+            raise EngineDead(f"engine {self.name} is not running") from self._failure
+        prompt_ids = self._chat.encode(prompt)
+        room = self.max_context_tokens - len(prompt_ids)
+        if room < 1:
+            raise PromptTooLong(len(prompt_ids), self.max_context_tokens)
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if len(self._streams) >= self._capacity:
+            raise EngineOverloaded(f"engine {self.name} has {len(self._streams)} requests")
+        stream: asyncio.Queue[GenerationDelta | Exception] = asyncio.Queue()
+        self._streams[request_id] = stream
+        # Clamp to the context instead of failing, the way a finished-by-length reply reads.
+        self._commands.put(_Add(request_id, prompt_ids, min(sampling.max_tokens, room), sampling))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:  # the consumer left early: stop spending compute on it
+                self._commands.put(_Abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._streams:
+            self._commands.put(_Abort(request_id))
+
+    @property
+    def _capacity(self) -> int:
+        return (self._max_running or 0) + self._max_waiting
+
+    def _deliver(self, request_id: str, item: GenerationDelta | Exception) -> None:
+        """Owner thread -> event loop. A stream that is gone (aborted) just drops the item."""
+
+        def put() -> None:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(item)
+
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(put)
+
+    def _fail_all(self, error: Exception) -> None:
+        for stream in self._streams.values():
+            stream.put_nowait(error)
+
+    # -- owner thread -----------------------------------------------------------------------------
+
+    def _owner_main(self, started: asyncio.Future[int]) -> None:
+        loop = self._loop
+        assert loop is not None
+        try:
+            import onnxruntime_genai as og
+
+            model = og.Model(str(self._model_dir))
+            worker = _OwnerLoop(
+                og, model, self._engine_config, self._max_running, self._deliver, self._set_counts
+            )
+            self._max_running = worker.max_running
+        except BaseException as exc:
+            self._failure = exc
+            loop.call_soon_threadsafe(_set_exception, started, EngineDead(f"load failed: {exc}"))
+            return
+        loop.call_soon_threadsafe(_set_result, started, worker.max_running)
+        try:
+            worker.serve(self._commands)
+        except BaseException as exc:
+            log.exception("ortgenai engine %s died", self.name)
+            self._failure = exc  # set before the loop callback so generate() sees it first
+            dead = EngineDead(f"engine {self.name} died: {exc}")
+            loop.call_soon_threadsafe(self._fail_all, dead)
+        finally:
+            worker.release()  # og objects are freed on the thread that owns them
+            self._set_counts(0, 0)
+
+    def _set_counts(self, running: int, waiting: int) -> None:
+        self._running, self._waiting = running, waiting
+
+
+class _OwnerLoop:
+    """Everything that touches og.Engine. Lives and dies on the owner thread."""
+
+    def __init__(
+        self,
+        og: Any,
+        model: Any,
+        dynamic_config: dict[str, Any],
+        max_running: int | None,
+        deliver: Callable[[str, GenerationDelta | Exception], None],
+        set_counts: Callable[[int, int], None],
+    ) -> None:
+        self._og = og
+        self._model = model
+        self._tokenizer = og.Tokenizer(model)
+        self._engine = og.Engine(model)
+        self._buffer = self._engine.create_event_buffer(_EVENT_BUFFER)
+        capacity = self._engine.get_capabilities().configured_max_batch_size
+        self.max_running = max_running or capacity or 4
+        self._dynamic = "dynamic_batching" in dynamic_config
+        self._deliver = deliver
+        self._set_counts = set_counts
+        self._waiting: deque[_Job] = deque()
+        self._running: dict[Any, _Job] = {}  # og.Request -> job; events name the og.Request
+        self._by_id: dict[str, _Job] = {}
+
+    def serve(self, commands: queue.Queue[object]) -> None:
+        while True:
+            idle = not self._running and not self._waiting
+            if not self._drain(commands, block=idle):
+                return
+            self._admit()
+            if self._engine.has_pending_requests():
+                self._step()
+            elif self._running and not self._drain(commands, block=True, timeout=_IDLE_POLL_S):
+                return  # (resident but nothing to run: wait for a command rather than spin)
+
+    def _drain(
+        self, commands: queue.Queue[object], block: bool, timeout: float | None = None
+    ) -> bool:
+        """Apply queued commands; False once told to stop."""
+        try:
+            command = commands.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            if command is _STOP:
+                return False
+            if isinstance(command, _Add):
+                job = _Job(command, StopMatcher(command.sampling.stop))
+                self._by_id[command.request_id] = job
+                self._waiting.append(job)
+            elif isinstance(command, _Abort):
+                self._abort(command.request_id)
+            try:
+                command = commands.get_nowait()
+            except queue.Empty:
+                self._publish_counts()
+                return True
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.max_running:
+            job = self._waiting.popleft()
+            try:
+                job.og_request = self._begin(job.add)
+            except Exception as exc:  # a bad request must not kill the engine
+                self._by_id.pop(job.add.request_id, None)
+                self._deliver(job.add.request_id, GenerationFailed(str(exc)))
+                continue
+            job.decoder = self._tokenizer.create_stream()
+            self._running[job.og_request] = job
+        self._publish_counts()
+
+    def _begin(self, add: _Add) -> Any:
+        og = self._og
+        options = og.RequestOptions()
+        options.set_max_session_tokens(len(add.prompt_ids) + add.max_tokens)
+        request = self._engine.create_request(options=options)
+        turn = og.TurnOptions(request)
+        turn.set_max_generated_tokens(add.max_tokens)
+        sampling = add.sampling
+        if sampling.temperature == 0:
+            turn.set_do_sample(False)
+        else:
+            turn.set_do_sample(True)
+            turn.set_temperature(sampling.temperature)
+            turn.set_top_p(sampling.top_p)
+            turn.set_top_k(0)  # OpenAI semantics: nucleus only, no implicit top-k from the config
+        # og accepts a per-request seed only on the dynamic (paged) path; elsewhere the seed is
+        # best-effort ignored, as OpenAI documents seeds to be.
+        if sampling.seed is not None and self._dynamic:
+            turn.set_seed(sampling.seed)
+        request.begin_turn(np.asarray(add.prompt_ids, dtype=np.int32), turn)
+        return request
+
+    def _step(self) -> None:
+        flags = self._og.EngineEventFlags
+        for event in self._engine.run(self._buffer):
+            if event.request is None:
+                if event.flags & (flags.CAPACITY_BLOCKED | flags.RETRYABLE):
+                    continue  # nothing committed; pending work retries on the next step
+                raise RuntimeError(f"engine event flags={event.flags} error={event.error_code}")
+            job = self._running.get(event.request)
+            if job is None:
+                continue  # an event for a request aborted in this same step
+            if event.flags & flags.FAILED:
+                self._finish(job, GenerationFailed(f"generation failed: {event.error_code}"))
+                continue
+            self._on_event(job, event, flags)
+        self._publish_counts()
+
+    def _on_event(self, job: _Job, event: Any, flags: Any) -> None:
+        text, tokens = "", 0
+        if event.flags & flags.TOKEN:
+            tokens = 1
+            job.generated += 1
+            text = job.matcher.feed(job.decoder.decode(event.token))
+        if job.matcher.stopped:
+            self._finish(job, GenerationDelta(text, tokens, "stop"))
+        elif event.flags & flags.TURN_FINISHED:
+            reason = self._finish_reason(event.finish_reason)
+            self._finish(job, GenerationDelta(text + job.matcher.flush(), tokens, reason))
+        else:
+            self._deliver(job.add.request_id, GenerationDelta(text, tokens))
+
+    def _finish_reason(self, reason: Any) -> FinishReason:
+        og_reason = self._og.FinishReason
+        if reason in (og_reason.MAX_GENERATED_TOKENS, og_reason.MAX_SESSION_TOKENS):
+            return "length"
+        if reason == og_reason.CANCELLED:
+            return "abort"
+        if reason == og_reason.FAILED:
+            raise RuntimeError("turn finished as FAILED without a FAILED event")
+        return "stop"  # EOS, or og's own stop strings
+
+    def _finish(self, job: _Job, last: GenerationDelta | Exception) -> None:
+        self._deliver(job.add.request_id, last)
+        self._release(job)
+
+    def _abort(self, request_id: str) -> None:
+        job = self._by_id.get(request_id)
+        if job is None:
+            return
+        if job.og_request is None:
+            self._waiting.remove(job)
+            self._by_id.pop(request_id, None)
+            self._deliver(request_id, GenerationDelta("", 0, "abort"))
+        else:
+            self._finish(job, GenerationDelta("", 0, "abort"))
+
+    def _release(self, job: _Job) -> None:
+        self._by_id.pop(job.add.request_id, None)
+        if job.og_request is not None:
+            self._running.pop(job.og_request, None)
+            job.og_request.close()  # frees its batch row and purges its undelivered events
+            job.og_request = None
+
+    def _publish_counts(self) -> None:
+        self._set_counts(len(self._running), len(self._waiting))
+
+    def release(self) -> None:
+        for job in list(self._running.values()):
+            self._release(job)
+        self._waiting.clear()
+        self._by_id.clear()
+        del self._engine, self._buffer, self._tokenizer, self._model
+
+
+def _set_result(future: asyncio.Future[int], value: int) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[int], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

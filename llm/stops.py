@@ -1,0 +1,46 @@
+"""Stop-string matching over streamed text: pure, so it is tested without an engine."""
+
+from __future__ import annotations
+
+
+class StopMatcher:
+    """Feed decoded text piece by piece; get back text that is safe to emit.
+
+    Text that could be the start of a stop string is held back until it is ruled out, so a
+    stop string split across tokens is still cut cleanly and never leaks to the client.
+    """
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self._stops = tuple(s for s in stops if s)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        if not self._stops:
+            return text
+        buf = self._held + text
+        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return buf[:cut]
+        keep = self._partial_suffix(buf)
+        self._held = buf[len(buf) - keep :] if keep else ""
+        return buf[: len(buf) - keep]
+
+    def flush(self) -> str:
+        """The held-back text, once the generation ended without a match."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest suffix of buf that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self._stops:
+            for n in range(min(len(stop) - 1, len(buf)), longest, -1):
+                if buf.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest

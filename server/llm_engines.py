@@ -1,0 +1,25 @@
+"""Build the configured LLM engines (the engines themselves live in `llm/`)."""
+
+from __future__ import annotations
+
+from llm.base import LLMEngine
+from server.settings import LLMSettings
+
+
+def build_llm_engine(settings: LLMSettings) -> LLMEngine:
+    if settings.engine == "vllm":
+        from llm.vllm import create_vllm_engine  # imports vllm lazily: GPU hosts only
+
+        return create_vllm_engine(
+            settings.path,
+            name=settings.name,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+        )
+    from llm.ortgenai import OrtGenAIEngine
+
+    return OrtGenAIEngine(
+        settings.path,
+        name=settings.name,
+        max_running=settings.max_running,
+        max_waiting=settings.max_waiting,
+    )

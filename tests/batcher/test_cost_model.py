@@ -1,0 +1,33 @@
+import numpy as np
+
+from batcher.cost_model import BatchCostModel
+
+
+def true_cost(n: int, length: int) -> float:
+    return 0.002 + 0.0005 * n + 2e-6 * n * length + 1e-8 * n * length * length
+
+
+def test_fits_a_known_cost_surface_from_a_few_shapes():
+    model = BatchCostModel(refit_every=1)
+    for n in (1, 4, 16, 32):
+        for length in (16, 64, 128):
+            model.observe(n, length, true_cost(n, length))
+    assert model.ready
+    for n, length in [(8, 100), (2, 20), (32, 256)]:
+        assert abs(model.predict(n, length) - true_cost(n, length)) < 1e-4
+
+
+def test_coefficients_stay_non_negative_on_noisy_data():
+    rng = np.random.default_rng(0)
+    model = BatchCostModel(refit_every=1)
+    for _ in range(200):
+        n, length = int(rng.integers(1, 33)), int(rng.integers(8, 129))
+        model.observe(n, length, max(1e-4, true_cost(n, length) * rng.normal(1, 0.2)))
+    assert (model.coefficients >= 0).all()
+    assert model.predict(32, 128) > model.predict(1, 128) > model.predict(1, 8)
+
+
+def test_not_ready_until_enough_observations():
+    model = BatchCostModel(min_observations=6)
+    model.observe(1, 8, 0.01)
+    assert not model.ready

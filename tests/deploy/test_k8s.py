@@ -1,0 +1,139 @@
+"""deploy/k8s: parsed with PyYAML and cross-checked (no cluster needed)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from server.settings import load_settings
+from tests.deploy.deploy_support import DEPLOY, ROOT, ferry_series_names
+
+K8S = DEPLOY / "k8s"
+
+
+@pytest.fixture(scope="module")
+def manifests() -> dict[str, dict]:
+    """kind -> manifest (one of each kind, except ConfigMaps keyed by name)."""
+    out: dict[str, dict] = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(path.read_text()):
+            key = doc["metadata"]["name"] if doc["kind"] == "ConfigMap" else doc["kind"]
+            assert key not in out, f"two {key} manifests"
+            out[key] = doc
+    return out
+
+
+@pytest.fixture(scope="module")
+def container(manifests) -> dict:
+    (ferry,) = manifests["Deployment"]["spec"]["template"]["spec"]["containers"]
+    return ferry
+
+
+def _routes() -> set[str]:
+    from server.app import create_app
+    from server.settings import Settings
+
+    return set(create_app(Settings()).openapi()["paths"])
+
+
+def test_kustomization_lists_every_manifest():
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+
+
+def test_every_manifest_has_api_version_kind_and_name(manifests):
+    for doc in manifests.values():
+        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"]
+
+
+def test_ports_line_up(manifests, container):
+    (port,) = container["ports"]
+    (service_port,) = manifests["Service"]["spec"]["ports"]
+    (endpoint,) = manifests["ServiceMonitor"]["spec"]["endpoints"]
+    assert port["name"] == service_port["targetPort"] == service_port["name"] == endpoint["port"]
+    assert port["containerPort"] == 8000  # the port in the ConfigMap's ferry.toml
+    assert endpoint["path"] == "/metrics"
+
+
+def test_selectors_match_the_pods(manifests):
+    pod_labels = manifests["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    for selector in (
+        manifests["Deployment"]["spec"]["selector"]["matchLabels"],
+        manifests["Service"]["spec"]["selector"],
+    ):
+        assert selector.items() <= pod_labels.items()
+    service_labels = manifests["Service"]["metadata"]["labels"]
+    assert manifests["ServiceMonitor"]["spec"]["selector"]["matchLabels"].items() <= (
+        service_labels.items()
+    )
+    target = manifests["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == (
+        "Deployment",
+        manifests["Deployment"]["metadata"]["name"],
+    )
+
+
+def test_probes_hit_routes_ferry_serves(container):
+    routes = _routes()
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health/live"
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        http = container[probe]["httpGet"]
+        assert http["path"] in routes, f"{probe}: {http['path']} is not a Ferry route"
+        assert http["port"] == container["ports"][0]["name"]
+    assert "/metrics" in routes
+
+
+def test_config_map_is_a_valid_ferry_config(manifests, container, tmp_path):
+    config = manifests["ferry-config"]["data"]["ferry.toml"]
+    (tmp_path / "ferry.toml").write_text(config)
+    settings = load_settings(tmp_path / "ferry.toml", environ={})
+    assert settings.host == "0.0.0.0"
+    assert settings.port == container["ports"][0]["containerPort"]
+    repo = tomllib.loads((ROOT / "ferry.toml").read_text())
+    assert settings.drain_timeout_s == repo["server"]["drain_timeout_s"]
+    # The config is mounted where the container's args read it.
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+    config_arg = container["args"][container["args"].index("--config") + 1]
+    assert Path(config_arg).parent == Path(mount["mountPath"])
+    # Model paths are the image's (Dockerfile: /app/artifacts/models/...).
+    for model in settings.models:
+        assert model.path.is_absolute() and str(model.path).startswith("/app/")
+
+
+def test_grace_period_covers_prestop_and_drain(manifests, container):
+    config = tomllib.loads(manifests["ferry-config"]["data"]["ferry.toml"])
+    drain = config["server"]["drain_timeout_s"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pre_stop = float(command[1])
+    grace = manifests["Deployment"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert 2 <= pre_stop <= 15
+    assert grace >= drain + pre_stop + 1, (grace, drain, pre_stop)
+
+
+def test_gpu_limit_and_non_root(manifests, container):
+    assert int(container["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    pod = manifests["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+
+
+def test_hpa_scales_on_a_ferry_metric_through_the_adapter(manifests):
+    (metric,) = manifests["HorizontalPodAutoscaler"]["spec"]["metrics"]
+    assert metric["type"] == "Pods"
+    name = metric["pods"]["metric"]["name"]
+    adapter = yaml.safe_load(manifests["ferry-prometheus-adapter"]["data"]["config.yaml"])
+    (rule,) = [r for r in adapter["rules"] if r["name"]["as"] == name]
+    source = rule["seriesQuery"].split("{")[0]
+    assert source in ferry_series_names(), f"{source} is not a metric Ferry exports"
+    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+    assert "<<.Series>>" in rule["metricsQuery"]
+    spec = manifests["HorizontalPodAutoscaler"]["spec"]
+    assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]

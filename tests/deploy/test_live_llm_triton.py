@@ -1,0 +1,162 @@
+"""The LLM and Triton dashboards' queries, evaluated by a real Prometheus after real traffic.
+
+LLM: `ferry serve` with the repository's ferry.toml (which serves `tiny-llm` once the LLM work is
+integrated), driven through POST /v1/chat/completions, streamed and not.
+Triton: the CPU Triton of tests/triton (tools/triton_env.py) behind Ferry's triton backend.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.deploy.deploy_support import (
+    ROOT,
+    dashboard_queries,
+    finite_values,
+    instant_query,
+    prometheus_server,
+    scraped_total,
+    substitute,
+    wait_until,
+)
+from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("prometheus") is None,
+        reason="prometheus missing: run `bash tools/install_prometheus.sh`",
+    ),
+    pytest.mark.timeout(240),
+]
+LLM_MODEL = "tiny-llm"
+TRITON_MODEL = "minilm"
+
+
+def repo_models() -> list[dict]:
+    """ferry.toml's models, their relative paths made absolute (as `ferry serve` would)."""
+    models = tomllib.loads((ROOT / "ferry.toml").read_text())["models"]
+    return [{**m, "path": str(ROOT / m["path"])} if "path" in m else m for m in models]
+
+
+def chat(client: httpx.Client, i: int, stream: bool) -> int:
+    body = {
+        "model": LLM_MODEL,
+        "messages": [{"role": "user", "content": f"Count to {i % 7 + 2}, please."}],
+        "max_tokens": 8 + i % 8,
+        "stream": stream,
+    }
+    if not stream:
+        return client.post("/v1/chat/completions", json=body).status_code
+    with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        for _ in response.iter_lines():
+            pass
+        return response.status_code
+
+
+def test_llm_dashboard_queries_return_data(tmp_path):
+    with ferry_server(repo_models(), server={"drain_timeout_s": 2}) as ferry:
+        with httpx.Client(base_url=ferry.url, timeout=60) as client:
+            first = chat(client, 0, stream=False)
+        assert first == 200, (
+            f"POST /v1/chat/completions with model {LLM_MODEL!r} answered {first}: "
+            "this test needs the LLM endpoint and `tiny-llm` in ferry.toml"
+        )
+        target = ferry.url.removeprefix("http://")
+        with prometheus_server({"ferry": target}, tmp_path) as prom:
+            wait_until(lambda: scraped_total(prom.url, 'up{job="ferry"}') == 1, 30, "first scrape")
+
+            def worker(seed: int) -> list[int]:
+                with httpx.Client(base_url=ferry.url, timeout=60) as client:
+                    return [chat(client, seed + 4 * k, stream=k % 2 == 0) for k in range(6)]
+
+            with ThreadPoolExecutor(4) as pool:
+                codes = [c for codes in pool.map(worker, range(4)) for c in codes]
+            assert set(codes) == {200}, codes
+            wait_until(
+                lambda: (
+                    scraped_total(
+                        prom.url, "min(count_over_time(ferry_llm_requests_finished_total[1m]))"
+                    )
+                    >= 2
+                ),
+                30,
+                "LLM counters scraped twice",
+            )
+            failures = []
+            for query in dashboard_queries("ferry-llm.json"):
+                expr = substitute(query.expr, LLM_MODEL, "1m")
+                if not finite_values(instant_query(prom.url, expr)):
+                    failures.append(f"{query.panel} / {query.legend}: {expr}")
+            assert not failures, "\n".join(failures)
+
+
+def _triton_layout():
+    from tools.triton_env import DEFAULT_VENV, TritonLayout
+
+    layout = TritonLayout(DEFAULT_VENV)
+    if not layout.is_built():
+        pytest.skip("CPU Triton not built: run `.venv/bin/python tools/triton_env.py`")
+    return layout
+
+
+def test_triton_dashboard_queries_return_data(tmp_path):
+    from exporters.triton_repo import Batching, write_repository
+    from tests.triton.triton_process import triton_server
+
+    layout = _triton_layout()
+    repository = tmp_path / "repo"
+    write_repository(
+        DEFAULT_MODEL_DIR, repository, "python", Batching(max_batch_size=32), name=TRITON_MODEL
+    )
+    with triton_server(layout, repository, tmp_path) as triton:
+        model = default_model_config(
+            name="via-triton",
+            backend="triton",
+            triton_url=triton.url("http"),
+            triton_protocol="http",
+            triton_model=TRITON_MODEL,
+            timeout_s=20,
+        )
+        with ferry_server([model]) as ferry:
+            targets = {
+                "ferry": ferry.url.removeprefix("http://"),
+                "triton": f"127.0.0.1:{triton.metrics_port}",
+            }
+            with prometheus_server(targets, tmp_path) as prom:
+                wait_until(
+                    lambda: scraped_total(prom.url, "sum(up)") == 2, 30, "both targets scraped"
+                )
+
+                def worker(seed: int) -> list[int]:
+                    with httpx.Client(base_url=ferry.url, timeout=60) as client:
+                        body = {"model": "via-triton", "inputs": ["a sentence"] * (1 + seed % 3)}
+                        return [client.post("/predict", json=body).status_code for _ in range(8)]
+
+                with ThreadPoolExecutor(4) as pool:
+                    codes = [c for codes in pool.map(worker, range(4)) for c in codes]
+                assert set(codes) == {200}, codes
+                wait_until(
+                    lambda: (
+                        scraped_total(
+                            prom.url, "min(count_over_time(nv_inference_request_success[1m]))"
+                        )
+                        >= 2
+                    ),
+                    30,
+                    "Triton counters scraped twice",
+                )
+                failures, skipped = [], []
+                for query in dashboard_queries("ferry-triton.json"):
+                    if "nv_gpu_" in query.expr:
+                        skipped.append(query.panel)  # a CPU-only Triton has no DCGM metrics
+                        continue
+                    expr = substitute(query.expr, TRITON_MODEL, "1m")
+                    if not finite_values(instant_query(prom.url, expr)):
+                        failures.append(f"{query.panel} / {query.legend}: {expr}")
+                assert not failures, "\n".join(failures)
+                assert set(skipped) == {"GPU utilisation", "GPU memory"}

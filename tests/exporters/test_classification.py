@@ -1,0 +1,72 @@
+"""Sequence classification end to end: a tiny random BERT made here, exported, served by Ferry."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+
+from exporters.onnx_export import TOKENIZER_FILES, export_encoder
+from tests.server_process import default_model_config, ferry_server
+
+LABELS = {0: "negative", 1: "neutral", 2: "positive"}
+TEXTS = ["what a wonderful ferry ride", "the boat was late again", "it sailed at noon"]
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(default_model_dir, tmp_path_factory):
+    """Random weights, config in code, the default model's tokenizer: nothing downloaded."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+    )
+    model = BertForSequenceClassification(config).eval()
+    source = tmp_path_factory.mktemp("hf")
+    model.save_pretrained(source)
+    for name in TOKENIZER_FILES:
+        if (default_model_dir / name).exists():
+            shutil.copy(default_model_dir / name, source / name)
+    out = tmp_path_factory.mktemp("onnx")
+    report = export_encoder(source, out, task="classification", max_length=128)
+    return model, out, report
+
+
+def torch_probabilities(model, model_dir, text: str) -> np.ndarray:
+    import torch
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.no_padding()
+    ids = torch.tensor([tokenizer.encode(text).ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, token_type_ids=torch.zeros_like(ids)).logits[0]
+    return torch.softmax(logits.double(), dim=-1).numpy()
+
+
+def test_export_matches_pytorch(tiny_classifier):
+    assert tiny_classifier[2].max_abs_diff <= 1e-5
+
+
+def test_predict_returns_label_and_softmax_of_pytorch_logits(tiny_classifier):
+    model, out, _ = tiny_classifier
+    config = default_model_config(name="clf", path=str(out), outputs=["label", "probabilities"])
+    with ferry_server([config]) as server:
+        response = httpx.post(f"{server.url}/predict", json={"inputs": TEXTS}, timeout=30)
+    assert response.status_code == 200, response.text
+    for text, item in zip(TEXTS, response.json()["outputs"], strict=True):
+        want = torch_probabilities(model, out, text)
+        got = np.array([item["probabilities"][LABELS[i]] for i in range(len(LABELS))])
+        assert np.max(np.abs(got - want)) <= 1e-5
+        assert item["label"] == LABELS[int(np.argmax(want))]

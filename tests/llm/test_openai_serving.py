@@ -1,0 +1,280 @@
+"""OpenAIServing + protocol with the real onnxruntime-genai engine (no HTTP, no mocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from llm.chat_tokenizer import ChatTokenizer
+from llm.errors import InvalidSampling, ModelNotFound, PromptTooLong
+from llm.ortgenai import OrtGenAIEngine, _OwnerLoop
+from server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from server.openai.serving import OpenAIServing
+from tests.llm.llm_paths import HF_DIR, MODEL_NAME, WAIT_S
+
+
+@dataclass
+class RecordingObserver:
+    first: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    finished: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def on_first_token(self, model: str, seconds: float) -> None:
+        assert model == MODEL_NAME
+        self.first.append(seconds)
+
+    def on_token(self, model: str, seconds_since_last: float) -> None:
+        self.gaps.append(seconds_since_last)
+
+    def on_finished(
+        self,
+        model: str,
+        finish_reason: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        seconds: float,
+    ) -> None:
+        self.finished.append((finish_reason, prompt_tokens, completion_tokens))
+
+
+@pytest.fixture
+def observer() -> RecordingObserver:
+    return RecordingObserver()
+
+
+@pytest.fixture
+def serving(engine: OrtGenAIEngine, observer: RecordingObserver) -> OpenAIServing:
+    return OpenAIServing({MODEL_NAME: engine}, observer=observer)
+
+
+def chat_request(case: dict[str, Any], **kwargs: Any) -> ChatCompletionRequest:
+    fields = {"model": MODEL_NAME, "messages": case["messages"], "max_tokens": 20}
+    fields.update(temperature=0, **kwargs)
+    return ChatCompletionRequest.model_validate(fields)
+
+
+def reference_text(case: dict[str, Any]) -> str:
+    return ChatTokenizer(HF_DIR).decode(case["new_ids"])
+
+
+async def read_sse(stream: AsyncIterator[str]) -> list[Any]:
+    """Parse SSE lines into JSON payloads; the literal [DONE] marker is kept as a string."""
+
+    async def read() -> list[Any]:
+        events = []
+        async for line in stream:
+            assert line.startswith("data: ") and line.endswith("\n\n"), line
+            data = line[len("data: ") : -2]
+            events.append(data if data == "[DONE]" else json.loads(data))
+        return events
+
+    return await asyncio.wait_for(read(), WAIT_S)
+
+
+async def test_chat_non_streaming(
+    serving: OpenAIServing, reference: dict[str, Any], observer: RecordingObserver
+) -> None:
+    case = reference["cases"][0]
+    response = await asyncio.wait_for(serving.chat(chat_request(case)), WAIT_S)
+    parsed = ChatCompletion.model_validate(response.model_dump())
+    assert parsed.id.startswith("chatcmpl-")
+    assert parsed.choices[0].message.content == reference_text(case)
+    assert parsed.choices[0].finish_reason == "length"
+    prompt_tokens = len(case["prompt_ids"])
+    assert response.usage.model_dump() == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 20,
+        "total_tokens": prompt_tokens + 20,
+    }
+    assert len(observer.first) == 1
+    assert len(observer.gaps) == 19
+    assert observer.finished == [("length", prompt_tokens, 20)]
+
+
+async def test_chat_streaming_with_usage(serving: OpenAIServing, reference: dict[str, Any]) -> None:
+    case = reference["cases"][1]
+    request = chat_request(case, stream=True, stream_options={"include_usage": True})
+    events = await read_sse(await serving.chat_stream(request))
+    assert events[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference_text(case)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and finishes.count("length") == 1
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == 20
+    assert usage_chunk.usage.prompt_tokens == len(case["prompt_ids"])
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+async def test_chat_streaming_without_usage_has_no_usage_chunk(
+    serving: OpenAIServing, reference: dict[str, Any]
+) -> None:
+    events = await read_sse(await serving.chat_stream(chat_request(reference["cases"][0])))
+    assert all(e == "[DONE]" or "usage" not in e for e in events)
+
+
+async def test_chat_n_runs_n_generations(serving: OpenAIServing, reference: dict[str, Any]) -> None:
+    case = reference["cases"][2]
+    response = await asyncio.wait_for(serving.chat(chat_request(case, n=3)), WAIT_S)
+    assert [c.index for c in response.choices] == [0, 1, 2]
+    assert {c.message.content for c in response.choices} == {reference_text(case)}
+    assert response.usage.completion_tokens == 60
+    assert response.usage.prompt_tokens == len(case["prompt_ids"])
+
+
+async def test_chat_streaming_n_interleaves_choices(
+    serving: OpenAIServing, reference: dict[str, Any]
+) -> None:
+    case = reference["cases"][0]
+    events = await read_sse(await serving.chat_stream(chat_request(case, n=2)))
+    chunks = [ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert "".join(c.delta.content or "" for c in mine) == reference_text(case)
+        assert mine[-1].finish_reason == "length"
+
+
+async def test_chat_stop_string(serving: OpenAIServing, reference: dict[str, Any]) -> None:
+    case = reference["cases"][0]
+    full = reference_text(case)
+    response = await serving.chat(chat_request(case, stop=[full[12:16], "never-there"]))
+    assert response.choices[0].message.content == full[:12]
+    assert response.choices[0].finish_reason == "stop"
+
+
+async def test_chat_length(serving: OpenAIServing, reference: dict[str, Any]) -> None:
+    response = await serving.chat(chat_request(reference["cases"][0], max_completion_tokens=4))
+    assert response.choices[0].finish_reason == "length"
+    assert response.usage.completion_tokens == 4
+
+
+async def test_completions_with_prompt_list_and_n(
+    serving: OpenAIServing, engine: OrtGenAIEngine, reference: dict[str, Any]
+) -> None:
+    prompts = [reference["cases"][0]["prompt"], reference["cases"][1]["prompt"]]
+    request = CompletionRequest(model=MODEL_NAME, prompt=prompts, n=2, max_tokens=20, temperature=0)
+    response = await asyncio.wait_for(serving.completion(request), WAIT_S)
+    parsed = Completion.model_validate(response.model_dump())
+    assert parsed.id.startswith("cmpl-")
+    expected = [reference_text(reference["cases"][i // 2]) for i in range(4)]
+    assert [c.text for c in response.choices] == expected
+    assert [c.index for c in response.choices] == [0, 1, 2, 3]
+    assert response.usage.prompt_tokens == sum(engine.count_tokens(p) for p in prompts)
+    assert response.usage.completion_tokens == 80
+
+
+async def test_completion_streaming(serving: OpenAIServing, reference: dict[str, Any]) -> None:
+    case = reference["cases"][2]
+    request = CompletionRequest(
+        model=MODEL_NAME,
+        prompt=case["prompt"],
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    events = await read_sse(await serving.completion_stream(request))
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]  # the SDK parses these unvalidated: finish_reason is null mid-stream
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    choices = [c["choices"][0] for c in chunks if c["choices"]]
+    assert all(set(c) == {"index", "text", "logprobs", "finish_reason"} for c in choices)
+    assert "".join(c["text"] for c in choices) == reference_text(case)
+    assert choices[-1]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 20
+
+
+async def test_errors_before_streaming_raise(
+    serving: OpenAIServing, reference: dict[str, Any]
+) -> None:
+    case = reference["cases"][0]
+    with pytest.raises(ModelNotFound):
+        await serving.chat(chat_request(case, model="no-such-model"))
+    too_long = {"messages": [{"role": "user", "content": "x " * 3000}]}
+    with pytest.raises(PromptTooLong):
+        await serving.chat_stream(chat_request(too_long, stream=True))
+    with pytest.raises(PromptTooLong):
+        await serving.completion(CompletionRequest(model=MODEL_NAME, prompt=["hi", "x " * 3000]))
+    with pytest.raises(InvalidSampling) as err:
+        await serving.chat(chat_request(case, stop=[""]))
+    assert err.value.field == "stop"
+
+
+async def wait_idle(engine: OrtGenAIEngine) -> None:
+    async def idle() -> None:
+        while engine.stats().running or engine.stats().waiting:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(idle(), WAIT_S)
+
+
+async def test_cancelling_a_stream_consumer_aborts_its_generations(
+    serving: OpenAIServing,
+    engine: OrtGenAIEngine,
+    reference: dict[str, Any],
+    observer: RecordingObserver,
+) -> None:
+    request = chat_request(reference["cases"][0], n=2, max_tokens=1500)
+    stream = await serving.chat_stream(request)
+    got_content = asyncio.Event()
+
+    async def consume() -> None:
+        async for line in stream:
+            if '"content":"' in line and '"content":""' not in line:
+                got_content.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_content.wait(), WAIT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_idle(engine)
+    assert sorted(reason for reason, _, _ in observer.finished) == ["abort", "abort"]
+    assert all(tokens < 1500 for _, _, tokens in observer.finished)
+
+
+async def test_cancelling_a_chat_call_aborts_it(
+    serving: OpenAIServing, engine: OrtGenAIEngine, reference: dict[str, Any]
+) -> None:
+    task = asyncio.create_task(serving.chat(chat_request(reference["cases"][0], max_tokens=1500)))
+
+    async def running() -> None:
+        while not engine.stats().running:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(running(), WAIT_S)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_idle(engine)
+
+
+async def test_error_after_streaming_began_is_an_sse_error_event(
+    serving: OpenAIServing, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = await serving.chat_stream(chat_request(reference["cases"][0], max_tokens=200))
+    original = _OwnerLoop._step
+
+    def crash_soon(self: _OwnerLoop, calls: list[int] = []) -> None:  # noqa: B006
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("simulated runtime crash")
+        original(self)
+
+    monkeypatch.setattr(_OwnerLoop, "_step", crash_soon)  # fault injection after the start
+    events = await read_sse(stream)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["type"] == "EngineDead"
+    assert any("choices" in e for e in events[:-2])

@@ -1,0 +1,171 @@
+"""/v1/chat/completions and /v1/completions through the real `openai` SDK against a running Ferry,
+on the tiny onnxruntime-genai model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
+
+MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ferry_server(llm_models=[tiny_llm_config(max_running=4, max_waiting=16)]) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_non_streaming_chat(client):
+    result = client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, max_tokens=12)
+    assert result.id.startswith("chatcmpl-")
+    assert result.object == "chat.completion"
+    choice = result.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    assert result.usage.completion_tokens <= 12
+    assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
+
+
+def test_max_tokens_gives_finish_reason_length(client):
+    result = client.chat.completions.create(
+        model=TINY_LLM, messages=MESSAGES, max_completion_tokens=3, temperature=0
+    )
+    assert result.choices[0].finish_reason == "length"
+    assert result.usage.completion_tokens == 3
+
+
+def test_streaming_with_usage(client):
+    stream = client.chat.completions.create(
+        model=TINY_LLM,
+        messages=MESSAGES,
+        max_tokens=10,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finishes in (["stop"], ["length"])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    full = client.chat.completions.create(
+        model=TINY_LLM, messages=MESSAGES, max_tokens=10, temperature=0
+    )
+    assert text == full.choices[0].message.content
+
+
+def test_stop_sequence_cuts_the_text(client):
+    full = client.completions.create(
+        model=TINY_LLM, prompt="import os\n", max_tokens=20, temperature=0
+    )
+    text = full.choices[0].text
+    assert len(text) > 4
+    stop = text[2:4]
+    cut = client.completions.create(
+        model=TINY_LLM, prompt="import os\n", max_tokens=20, temperature=0, stop=[stop]
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert stop not in cut.choices[0].text
+    assert text.startswith(cut.choices[0].text)
+
+
+def test_n_greater_than_one(client):
+    result = client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, max_tokens=5, n=3)
+    assert [c.index for c in result.choices] == [0, 1, 2]
+
+
+def test_errors_in_openai_shape(client):
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, temperature=-1)
+    assert info.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, max_tokens=0)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, n=99)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=TINY_LLM, prompt="def " * 5000)
+    assert "context" in info.value.message
+
+
+def test_models_lists_chat_and_embedding_models(client):
+    ids = {m.id for m in client.models.list().data}
+    assert {"tiny-llm", "all-MiniLM-L6-v2"} <= ids
+
+
+def test_eight_concurrent_requests_complete_and_run_together(server):
+    async def scenario() -> list[int]:
+        client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        running_seen = 0
+
+        async def watch() -> None:
+            nonlocal running_seen
+            async with httpx.AsyncClient() as http:
+                while True:
+                    text = (await http.get(f"{server.url}/metrics")).text
+                    running_seen = max(
+                        running_seen, metric_value(text, "ferry_llm_requests_running")
+                    )
+                    await asyncio.sleep(0.02)
+
+        watcher = asyncio.create_task(watch())
+        results = await asyncio.gather(
+            *(
+                client.chat.completions.create(
+                    model=TINY_LLM, messages=MESSAGES, max_tokens=40, temperature=0.7
+                )
+                for _ in range(8)
+            )
+        )
+        watcher.cancel()
+        await client.close()
+        return [len(results), running_seen]
+
+    completed, running_seen = asyncio.run(asyncio.wait_for(scenario(), 120))
+    assert completed == 8
+    assert running_seen > 1
+
+
+def test_disconnect_mid_stream_stops_generation(server):
+    def generated() -> float:
+        return metric_value(server.metrics(), "ferry_llm_generation_tokens_total")
+
+    before = generated()
+    with httpx.stream(
+        "POST",
+        f"{server.url}/v1/chat/completions",
+        json={
+            "model": TINY_LLM,
+            "messages": MESSAGES,
+            "max_tokens": 1000,
+            "stream": True,
+            "temperature": 0.8,
+        },
+        timeout=30,
+    ) as response:
+        lines = response.iter_lines()
+        for _ in range(6):
+            next(lines)
+    # The connection is closed: the engine must stop generating soon after.
+    time.sleep(1.0)
+    settled = generated()
+    time.sleep(1.0)
+    assert generated() == settled
+    assert settled - before < 1000
+    text = server.metrics()
+    assert metric_value(text, "ferry_llm_requests_finished_total", finish_reason="abort") >= 1

@@ -1,0 +1,113 @@
+"""Ferry's /predict on the Triton backend: a real `ferry serve`, a real Triton, real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.server_process import default_model_config, ferry_server
+from tests.triton.conftest import TRITON_MODEL
+from tests.triton.triton_process import triton_server
+
+RNG = np.random.default_rng(11)
+
+
+def random_ids(length: int) -> list[int]:
+    return [101, *RNG.integers(2000, 29000, size=length - 2).tolist(), 102]
+
+
+def triton_model(name: str, triton, protocol: str, mode: str = "batch", **extra) -> dict:
+    return default_model_config(
+        name=name,
+        backend="triton",
+        triton_url=triton.url(protocol),
+        triton_protocol=protocol,
+        triton_model=TRITON_MODEL,
+        triton_mode=mode,
+        timeout_s=20,
+        **extra,
+    )
+
+
+@pytest.fixture(scope="module")
+def ferry(triton):
+    models = [
+        default_model_config(name="ort"),
+        triton_model("triton-http", triton, "http"),
+        triton_model("triton-grpc", triton, "grpc"),
+        triton_model("triton-pass", triton, "grpc", mode="passthrough"),
+    ]
+    with ferry_server(models) as handle:
+        yield handle
+
+
+async def predict_all(url: str, model: str, inputs: list[list[int]]) -> list[np.ndarray]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        responses = await asyncio.gather(
+            *(client.post("/predict", json={"model": model, "input_ids": ids}) for ids in inputs)
+        )
+    assert [r.status_code for r in responses] == [200] * len(inputs), responses[0].text
+    return [np.asarray(r.json()["outputs"][0]["sentence_embedding"]) for r in responses]
+
+
+@pytest.mark.parametrize("model", ["triton-http", "triton-grpc", "triton-pass"])
+def test_triton_embeddings_equal_onnxruntime_backend(ferry, model):
+    inputs = [random_ids(int(n)) for n in RNG.integers(6, 100, size=24)]
+    on_ort = asyncio.run(predict_all(ferry.url, "ort", inputs))
+    on_triton = asyncio.run(predict_all(ferry.url, model, inputs))
+    for want, got in zip(on_ort, on_triton, strict=True):
+        assert np.max(np.abs(want - got)) <= 1e-5
+
+
+def triton_counter(text: str, name: str) -> float:
+    # Read by hand: prometheus_client's parser renames counters lacking `_total`.
+    pattern = rf'^{name}{{[^}}]*model="{TRITON_MODEL}"[^}}]*}} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, flags=re.MULTILINE))
+
+
+def test_passthrough_leaves_batching_to_triton(ferry, triton):
+    def counts() -> tuple[float, float]:
+        text = triton.metrics()
+        return (
+            triton_counter(text, "nv_inference_count"),
+            triton_counter(text, "nv_inference_exec_count"),
+        )
+
+    inferences_before, executions_before = counts()
+    inputs = [random_ids(int(n)) for n in RNG.integers(6, 100, size=64)]
+    asyncio.run(predict_all(ferry.url, "triton-pass", inputs))
+    inferences_after, executions_after = counts()
+    inferences = inferences_after - inferences_before
+    executions = executions_after - executions_before
+    # Every row reached Triton as its own request, and Triton ran several in one execution.
+    assert inferences == 64
+    assert executions < inferences
+
+
+def test_triton_down_answers_503_and_recovers(triton_layout, triton_repository, tmp_path):
+    with triton_server(triton_layout, triton_repository, tmp_path) as own_triton:
+        models = [triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_ms=1)]
+        with ferry_server(models) as ferry:
+            body = {"input_ids": random_ids(12)}
+            assert httpx.post(f"{ferry.url}/predict", json=body, timeout=30).status_code == 200
+
+            own_triton.stop()
+            down = httpx.post(f"{ferry.url}/predict", json=body, timeout=30)
+            assert down.status_code == 503
+            assert "Triton model 'minilm'" in down.json()["error"]["message"]
+            assert "unavailable" in down.json()["error"]["message"]
+            assert httpx.get(f"{ferry.url}/health/ready", timeout=10).status_code == 503
+
+            own_triton.start()
+            deadline = time.monotonic() + 30
+            status = None
+            while time.monotonic() < deadline and status != 200:
+                status = httpx.post(f"{ferry.url}/predict", json=body, timeout=30).status_code
+                time.sleep(0.2)
+            assert status == 200
+            assert httpx.get(f"{ferry.url}/health/ready", timeout=10).status_code == 200
