@@ -8,6 +8,7 @@ from batcher.errors import (
     BatchWideFailure,
     DeadlineExceeded,
     InferenceFailed,
+    InferenceTimedOut,
     InvalidInput,
     QueueFull,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "BatcherError",
     "DeadlineExceeded",
     "InferenceFailed",
+    "InferenceTimedOut",
     "InvalidInput",
     "MicroBatcher",
     "PaddedBatch",

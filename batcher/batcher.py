@@ -24,6 +24,7 @@ from batcher.errors import (
     BatchWideFailure,
     DeadlineExceeded,
     InferenceFailed,
+    InferenceTimedOut,
     InvalidInput,
     QueueFull,
 )
@@ -49,6 +50,7 @@ class MicroBatcher:
         sequence_outputs: frozenset[str] = frozenset(),
         pad_token_id: int = 0,
         default_timeout_s: float | None = None,
+        infer_timeout_s: float | None = None,
         observer: BatchObserver | None = None,
     ) -> None:
         self.name = name
@@ -58,6 +60,7 @@ class MicroBatcher:
         self._sequence_outputs = sequence_outputs
         self._pad_token_id = pad_token_id
         self._default_timeout_s = default_timeout_s
+        self._infer_timeout_s = infer_timeout_s
         self._observer = observer or NullObserver()
         # Insertion-ordered, so iteration is arrival order and removal is O(1).
         self._pending: dict[int, QueuedRequest] = {}
@@ -284,7 +287,13 @@ class MicroBatcher:
         started = time.perf_counter()
         failed = True
         try:
-            outputs = await self._infer(padded)
+            try:
+                outputs = await asyncio.wait_for(self._infer(padded), self._infer_timeout_s)
+            except TimeoutError:
+                # A hung backend fails its batch (504) instead of holding its callers forever.
+                raise InferenceTimedOut(
+                    f"the backend did not answer within {self._infer_timeout_s}s"
+                ) from None
             for name, value in outputs.items():
                 if value.shape[0] != padded.size:
                     raise InferenceFailed(

@@ -45,3 +45,7 @@ class BatchWideFailure(Exception):
 
     The batcher fails every member with the error instead of retrying members one by one.
     """
+
+
+class InferenceTimedOut(BatchWideFailure, BatcherError):
+    """The backend did not answer within the model's inference timeout (maps to 504)."""

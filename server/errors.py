@@ -20,6 +20,7 @@ from batcher.errors import (
     BatcherClosed,
     DeadlineExceeded,
     InferenceFailed,
+    InferenceTimedOut,
     InvalidInput,
     QueueFull,
 )
@@ -74,6 +75,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (BackendRejected, ErrorKind(422, "invalid_request_error")),
     (DeadlineExceeded, ErrorKind(504, "timeout_error")),
     (BackendTimeout, ErrorKind(504, "timeout_error")),
+    (InferenceTimedOut, ErrorKind(504, "timeout_error")),
     (BatchAbandoned, ErrorKind(503, "unavailable_error", retry_after=True)),
     (InferenceFailed, ErrorKind(500, "internal_error")),
     (InvalidSampling, ErrorKind(400, "invalid_request_error")),

@@ -62,6 +62,7 @@ class ModelRuntime:
             sequence_outputs=self.backend.sequence_outputs,
             pad_token_id=self.manifest.pad_token_id,
             default_timeout_s=self.settings.timeout_s,
+            infer_timeout_s=self.settings.infer_timeout_s,
             observer=self._metrics.batch_observer(self.name, self.backend.name),
         )
         self._metrics.queue_capacity.labels(self.name).set(self.settings.max_queue_size)

@@ -42,6 +42,8 @@ class ModelSettings(_Strict):
     group_by_length: bool = True
     dispatch_when_idle: bool = True
     timeout_s: float = Field(default=30.0, gt=0)
+    # A batch still running after this fails with 504; the backend is presumed hung.
+    infer_timeout_s: float = Field(default=60.0, gt=0)
     # p99 latency objective; when set, the learned cost model sizes batches and waits.
     latency_objective_ms: float | None = Field(default=None, gt=0)
     # Triton backend only.

@@ -14,6 +14,7 @@ from batcher import (
     BatchLimits,
     DeadlineExceeded,
     InferenceFailed,
+    InferenceTimedOut,
     InvalidInput,
     MicroBatcher,
     PaddedBatch,
@@ -248,4 +249,26 @@ async def test_latency_objective_keeps_predicted_batches_inside_it():
     await asyncio.wait_for(asyncio.gather(*futures), 10)
     # The cost model knows 32 at once would take ~320 ms: batches stay within the 60 ms objective.
     assert sizes and max(sizes) <= 6
+    await batcher.close(1)
+
+
+async def test_hung_backend_fails_its_batch_and_the_batcher_keeps_serving():
+    calls = 0
+
+    async def sometimes_hangs(batch: PaddedBatch) -> dict[str, np.ndarray]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            await asyncio.Event().wait()  # never answers
+        return {"total": np.ones((batch.size, 1))}
+
+    batcher = MicroBatcher(
+        "m", sometimes_hangs, BatchLimits(dispatch_when_idle=True), LIMITS, infer_timeout_s=0.05
+    )
+    batcher.start()
+    (hung,) = batcher.submit([seq(1)])
+    with pytest.raises(InferenceTimedOut):
+        await asyncio.wait_for(hung, 5)
+    (later,) = batcher.submit([seq(2)])
+    assert (await asyncio.wait_for(later, 5))["total"].tolist() == [1.0]
     await batcher.close(1)

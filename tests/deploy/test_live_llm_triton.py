@@ -37,9 +37,9 @@ LLM_MODEL = "tiny-llm"
 TRITON_MODEL = "minilm"
 
 
-def repo_models() -> list[dict]:
+def repo_models(table: str = "models") -> list[dict]:
     """ferry.toml's models, their relative paths made absolute (as `ferry serve` would)."""
-    models = tomllib.loads((ROOT / "ferry.toml").read_text())["models"]
+    models = tomllib.loads((ROOT / "ferry.toml").read_text())[table]
     return [{**m, "path": str(ROOT / m["path"])} if "path" in m else m for m in models]
 
 
@@ -59,7 +59,9 @@ def chat(client: httpx.Client, i: int, stream: bool) -> int:
 
 
 def test_llm_dashboard_queries_return_data(tmp_path):
-    with ferry_server(repo_models(), server={"drain_timeout_s": 2}) as ferry:
+    with ferry_server(
+        repo_models(), server={"drain_timeout_s": 2}, llm_models=repo_models("llm_models")
+    ) as ferry:
         with httpx.Client(base_url=ferry.url, timeout=60) as client:
             first = chat(client, 0, stream=False)
         assert first == 200, (

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server_process import default_model_config, ferry_server
+from tests.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.triton.conftest import TRITON_MODEL
 from tests.triton.triton_process import triton_server
 
@@ -91,7 +91,10 @@ def test_passthrough_leaves_batching_to_triton(ferry, triton):
 
 def test_triton_down_answers_503_and_recovers(triton_layout, triton_repository, tmp_path):
     with triton_server(triton_layout, triton_repository, tmp_path) as own_triton:
-        models = [triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_ms=1)]
+        models = [
+            triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_ms=1),
+            default_model_config(),
+        ]
         with ferry_server(models) as ferry:
             body = {"input_ids": random_ids(12)}
             assert httpx.post(f"{ferry.url}/predict", json=body, timeout=30).status_code == 200
@@ -102,6 +105,9 @@ def test_triton_down_answers_503_and_recovers(triton_layout, triton_repository, 
             assert "Triton model 'minilm'" in down.json()["error"]["message"]
             assert "unavailable" in down.json()["error"]["message"]
             assert httpx.get(f"{ferry.url}/health/ready", timeout=10).status_code == 503
+            # Only the affected model fails: the ONNX Runtime model keeps serving.
+            other = {**body, "model": DEFAULT_MODEL}
+            assert httpx.post(f"{ferry.url}/predict", json=other, timeout=30).status_code == 200
 
             own_triton.start()
             deadline = time.monotonic() + 30
