@@ -40,6 +40,15 @@ class GenerationDelta:
     finish_reason: FinishReason | None = None
 
 
+def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationDelta:
+    """Two consecutive deltas of one generation as one."""
+    return GenerationDelta(
+        text=first.text + second.text,
+        token_count=first.token_count + second.token_count,
+        finish_reason=second.finish_reason,
+    )
+
+
 @dataclass(frozen=True)
 class EngineStats:
     running: int  # requests inside the runtime

@@ -10,6 +10,7 @@ that are sent in-stream as a `data:` error event followed by `[DONE]`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
@@ -38,7 +39,7 @@ from server.openai.protocol import (
     new_chat_id,
     new_completion_id,
 )
-from server.openai.sse import DONE, sse_data
+from server.openai.sse import DONE, TextTemplate, sse_data
 
 
 class LLMObserver(Protocol):
@@ -181,13 +182,21 @@ class OpenAIServing:
             )
             return sse_data(dump_chunk(body))
 
+        templates: dict[int, TextTemplate] = {}
+
+        def content(index: int, text: str) -> str:
+            if index not in templates:
+                body = chunk(index, DeltaMessage(content=TextTemplate.SENTINEL))
+                templates[index] = TextTemplate(json.loads(body[len("data: ") :]))
+            return templates[index].fill(text)
+
         async def events() -> AsyncIterator[str]:
             for job in jobs:  # OpenAI opens every choice with the role
                 yield chunk(job.index, DeltaMessage(role="assistant", content=""))
             async for out in self._relay(stream, first, jobs[0].prompt_tokens, request):
                 if out.delta is not None:
                     if out.delta.text:
-                        yield chunk(out.index, DeltaMessage(content=out.delta.text))
+                        yield content(out.index, out.delta.text)
                     if out.delta.finish_reason is not None:
                         yield chunk(out.index, finish=out.delta.finish_reason)
                 elif out.usage is not None:
@@ -243,13 +252,23 @@ class OpenAIServing:
             )
             return sse_data(dump_chunk(body))
 
+        templates: dict[int, TextTemplate] = {}
+
+        def text_only(index: int, text: str) -> str:
+            if index not in templates:
+                body = chunk(index, TextTemplate.SENTINEL)
+                templates[index] = TextTemplate(json.loads(body[len("data: ") :]))
+            return templates[index].fill(text)
+
         async def events() -> AsyncIterator[str]:
             prompt_tokens = _prompt_tokens(jobs, request.n)
             async for out in self._relay(stream, first, prompt_tokens, request):
                 delta = out.delta
                 if delta is not None:
-                    if delta.text or delta.finish_reason is not None:
+                    if delta.finish_reason is not None:
                         yield chunk(out.index, delta.text, delta.finish_reason)
+                    elif delta.text:
+                        yield text_only(out.index, delta.text)
                 elif out.usage is not None:
                     yield chunk(None, usage=out.usage)
                 elif out.error is not None:
