@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +20,11 @@ from batcher.padding import PaddedBatch
 logger = logging.getLogger(__name__)
 
 WARMUP_SHAPES = ((1, 8), (4, 32))
+# Auto concurrency: a mid-sized batch, timed with 1..N sessions running at once.
+PROBE_SHAPE = (8, 64)
+PROBE_ROUNDS = 3
+# Fewer sessions win ties: they leave cores for the event loop and use less memory.
+PROBE_MARGIN = 1.05
 
 
 def choose_providers(available: list[str]) -> list[str]:
@@ -32,18 +39,21 @@ class OnnxRuntimeBackend:
     def __init__(
         self,
         model_path: Path,
-        sessions: int = 2,
+        sessions: int = 2,  # 0: measure at start how many concurrent batches pay off
         intra_op_threads: int = 1,
         providers: list[str] | None = None,
         spin_threads: bool = False,
     ) -> None:
         self.model_path = model_path
-        self.max_concurrency = sessions
+        self._auto = sessions == 0
+        self.max_concurrency = sessions or max(1, min(os.cpu_count() or 1, 4))
         self._intra_op_threads = intra_op_threads
         self._spin_threads = spin_threads
         self._providers = providers
         self._idle: asyncio.Queue = asyncio.Queue()
-        self._executor = ThreadPoolExecutor(max_workers=sessions, thread_name_prefix="ort")
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.max_concurrency, thread_name_prefix="ort"
+        )
         self._ready = False
         self.output_names: tuple[str, ...] = ()
         self.sequence_outputs: frozenset[str] = frozenset()
@@ -66,6 +76,9 @@ class OnnxRuntimeBackend:
             for o in first.get_outputs()
             if len(o.shape) >= 2 and o.shape[1] == first.get_inputs()[0].shape[1]
         )
+        if self._auto:
+            sessions = sessions[: await self._best_concurrency(sessions)]
+            self.max_concurrency = len(sessions)
         for session in sessions:
             self._idle.put_nowait(session)
         for batch, length in WARMUP_SHAPES:
@@ -75,6 +88,32 @@ class OnnxRuntimeBackend:
             )
         self._ready = True
         logger.info("onnxruntime: %s ready on %s", self.model_path, self.providers)
+
+    async def _best_concurrency(self, sessions: list) -> int:
+        """How many sessions running at once give the most sequences per second here."""
+        loop = asyncio.get_running_loop()
+        n, length = PROBE_SHAPE
+        feeds = {
+            "input_ids": np.ones((n, length), dtype=np.int64),
+            "attention_mask": np.ones((n, length), dtype=np.int64),
+        }
+
+        def rounds(session) -> None:
+            for _ in range(PROBE_ROUNDS):
+                session.run(None, feeds)
+
+        await asyncio.gather(*(loop.run_in_executor(self._executor, rounds, s) for s in sessions))
+        best, best_rate = 1, 0.0
+        for count in range(1, len(sessions) + 1):
+            started = time.perf_counter()
+            await asyncio.gather(
+                *(loop.run_in_executor(self._executor, rounds, s) for s in sessions[:count])
+            )
+            rate = count * n * PROBE_ROUNDS / (time.perf_counter() - started)
+            logger.info("onnxruntime: %d concurrent sessions: %.0f seq/s", count, rate)
+            if rate > best_rate * PROBE_MARGIN:
+                best, best_rate = count, rate
+        return best
 
     def _new_session(self):
         import onnxruntime as ort

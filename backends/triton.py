@@ -119,7 +119,8 @@ class TritonBackend:
             target,
             mode=settings.triton_mode,
             timeout_s=settings.timeout_s,
-            max_concurrency=settings.sessions,
+            # 0 (auto) is an ONNX Runtime notion; Triton runs its own instances.
+            max_concurrency=settings.sessions or 2,
             max_batch_size=settings.max_batch_size,
         )
 

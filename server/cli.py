@@ -39,9 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(handler=_serve)
 
+    from bench.cli import add_bench_command
     from exporters.cli import add_export_commands
 
     add_export_commands(commands)
+    add_bench_command(commands)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,10 @@ class ModelRuntime:
         self.batcher = MicroBatcher(
             self.name,
             self.backend.infer,
-            self.settings.batch_limits(),
+            # The backend knows how many batches may run at once (measured when auto).
+            replace(
+                self.settings.batch_limits(), max_concurrent_batches=self.backend.max_concurrency
+            ),
             SequenceLimits(self.manifest.max_length, self.manifest.vocab_size),
             sequence_outputs=self.backend.sequence_outputs,
             pad_token_id=self.manifest.pad_token_id,

@@ -32,7 +32,8 @@ class ModelSettings(_Strict):
     path: Path
     # Outputs returned by /predict unless the request asks for others.
     outputs: tuple[str, ...] = ("sentence_embedding",)
-    sessions: int = Field(default=2, ge=1, le=64)
+    # ONNX Runtime sessions = batches that may run at once; 0 measures the best count at start.
+    sessions: int = Field(default=0, ge=0, le=64)
     intra_op_threads: int = Field(default=1, ge=1, le=256)
     spin_threads: bool = False
     max_batch_size: int = Field(default=32, ge=1, le=4096)
@@ -59,7 +60,7 @@ class ModelSettings(_Strict):
             max_batch_tokens=self.max_batch_tokens,
             max_queue_delay_s=self.max_queue_delay_ms / 1000,
             max_queue_size=self.max_queue_size,
-            max_concurrent_batches=self.sessions,
+            max_concurrent_batches=self.sessions or 1,
             group_by_length=self.group_by_length,
             dispatch_when_idle=self.dispatch_when_idle,
             latency_objective_s=(

@@ -28,3 +28,14 @@ async def test_backend_reads_outputs_and_runs_padded_batches(default_model_dir, 
             assert np.max(np.abs(outputs["sentence_embedding"][row] - embed_alone(item))) <= 1e-5
     finally:
         await backend.close()
+
+
+async def test_auto_concurrency_measures_and_keeps_the_best_session_count(default_model_dir):
+    backend = OnnxRuntimeBackend(default_model_dir / "model.onnx", sessions=0)
+    await backend.start()
+    try:
+        # A real measurement on this machine: at least one session, at most one per core (<= 4).
+        assert 1 <= backend.max_concurrency <= 4
+        assert backend._idle.qsize() == backend.max_concurrency
+    finally:
+        await backend.close()
