@@ -223,15 +223,17 @@ class MicroBatcher:
         return max(0.0, oldest.enqueued_at + self.limits.max_queue_delay_s - now)
 
     def _batch_count(self, queued: list[QueuedRequest], order: list[int], now: float) -> int:
-        if not self._steered():
+        """How many of the growth order to take: all of it, or what the cost model finds best."""
+        if not (self.limits.cost_model_batching and self.cost_model.ready):
             return len(order)
         oldest = queued[0]
-        objective = self.limits.latency_objective_s or 0.0
-        finish_by = oldest.enqueued_at + objective
-        if oldest.deadline is not None:
-            finish_by = min(finish_by, oldest.deadline)
+        finish_by = oldest.deadline
+        if self.limits.latency_objective_s is not None:
+            objective_end = oldest.enqueued_at + self.limits.latency_objective_s
+            finish_by = objective_end if finish_by is None else min(finish_by, objective_end)
         lengths = [queued[i].length for i in order]
-        return best_prefix(lengths, self.cost_model.predict, finish_by - now)
+        budget = None if finish_by is None else finish_by - now
+        return best_prefix(lengths, self.cost_model.predict, budget)
 
     # -- dispatch ---------------------------------------------------------------------------
 

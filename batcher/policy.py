@@ -31,6 +31,9 @@ class BatchLimits:
     # A p99 latency objective: when set, the learned cost model decides how long to wait and
     # how many requests to take, instead of max_queue_delay_s and the full batch.
     latency_objective_s: float | None = None
+    # Let the learned cost model cut each batch where sequences per second peak (padding a
+    # batch to one long request can cost more than running that request apart).
+    cost_model_batching: bool = True
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
@@ -96,22 +99,33 @@ def growth_order(queued: Sequence[T], limits: BatchLimits) -> list[int]:
 
 
 def best_prefix(
-    lengths: Sequence[int], predict_s: Callable[[int, int], float], budget_s: float | None
+    lengths: Sequence[int],
+    predict_s: Callable[[int, int], float],
+    budget_s: float | None,
+    tolerance: float = 0.97,
 ) -> int:
-    """How many of a growth order to take: the most sequences per second within the budget.
+    """How many of a growth order to take: the batch that wastes least, within the budget.
 
-    `budget_s` is the time left before the tightest member's deadline or latency objective;
-    when no prefix fits it, the smallest batch goes (it is late either way, and small is fastest).
+    A batch's efficiency is the work its members would cost at their own lengths over what the
+    padded batch costs: `sum(cost(1, L_i) - fixed) / cost(n, L_max)`. The fixed per-batch cost
+    rewards size, padding punishes it, and a short request is left for a batch of its own
+    length when joining this one would pad it too much. Near-ties (within `tolerance`) go to
+    the larger batch. `budget_s` is the time left before the tightest member's deadline or
+    objective; when no prefix fits it, the smallest batch goes (small is fastest).
     """
-    best_count, best_rate = 1, 0.0
+    fixed = predict_s(0, 0)
+    best_count, best_efficiency = 1, 0.0
+    useful = 0.0
     longest = 0
     for count, length in enumerate(lengths, start=1):
         longest = max(longest, length)
+        useful += predict_s(1, length) - fixed
         seconds = max(predict_s(count, longest), 1e-9)
         if budget_s is not None and seconds > budget_s:
             break
-        if count / seconds > best_rate:
-            best_count, best_rate = count, count / seconds
+        efficiency = useful / seconds
+        if efficiency >= best_efficiency * tolerance:
+            best_count, best_efficiency = count, max(efficiency, best_efficiency)
     return best_count
 
 

@@ -171,6 +171,6 @@ def _ceiling(model: Path, inputs: list[list[int]]) -> float | None:
 
     result = ceiling(model, inputs)
     for label, value in result.figures.items():
-        print(f"  in-process ORT {label:34s} {value:8.1f} seq/s")
+        print(f"  in-process ORT {label:40s} {value:8.1f} seq/s")
     print(f"ceiling: {result.seq_per_s:.1f} seq/s ({result.strategy})")
     return result.seq_per_s

@@ -12,7 +12,7 @@ If Triton cannot start here, its three rows say why and the rest still run.
 
 Other work on the machine makes absolute figures noisy: read the ratios, taken in one run.
 
-python -m bench.peers [--mixed-requests 800] [--short-requests 2000] [--no-triton]
+python -m bench.peers [--mixed-requests 1500] [--short-requests 4000] [--no-triton]
 """
 
 from __future__ import annotations
@@ -198,10 +198,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--mixed-requests", type=int, default=800, help="Mixed inputs, per peer.")
-    parser.add_argument("--short-requests", type=int, default=2000, help="Short inputs, per peer.")
+    parser.add_argument("--mixed-requests", type=int, default=1500, help="Mixed inputs, per peer.")
+    parser.add_argument("--short-requests", type=int, default=4000, help="Short inputs, per peer.")
     parser.add_argument(
-        "--serial-requests", type=int, default=100, help="One-client requests, per peer."
+        "--serial-requests", type=int, default=200, help="One-client requests, per peer."
     )
     parser.add_argument("--concurrency", type=int, default=64, help="Clients for the loaded runs.")
     parser.add_argument("--warmup", type=int, default=128, help="Requests before each run.")

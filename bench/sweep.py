@@ -102,5 +102,5 @@ def format_table(steps: list[Step], ceiling: float | None = None) -> str:
             row += f" {100 * s.throughput / ceiling:5.0f}%"
         bar = "#" * round(BAR_WIDTH * s.throughput / peak) if peak else ""
         mark = " <- peak" if peak and s.throughput == peak else ""
-        lines.append(f"{row}  {bar:<{BAR_WIDTH}}{mark}")
+        lines.append(f"{row}  {bar:<{BAR_WIDTH}}{mark}".rstrip())
     return "\n".join(lines)

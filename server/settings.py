@@ -42,6 +42,7 @@ class ModelSettings(_Strict):
     max_queue_size: int = Field(default=1024, ge=1)
     group_by_length: bool = True
     dispatch_when_idle: bool = True
+    cost_model_batching: bool = True
     timeout_s: float = Field(default=30.0, gt=0)
     # A batch still running after this fails with 504; the backend is presumed hung.
     infer_timeout_s: float = Field(default=60.0, gt=0)
@@ -63,6 +64,7 @@ class ModelSettings(_Strict):
             max_concurrent_batches=self.sessions or 1,
             group_by_length=self.group_by_length,
             dispatch_when_idle=self.dispatch_when_idle,
+            cost_model_batching=self.cost_model_batching,
             latency_objective_s=(
                 None if self.latency_objective_ms is None else self.latency_objective_ms / 1000
             ),

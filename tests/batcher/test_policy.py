@@ -59,16 +59,16 @@ def test_growth_order_starts_with_the_oldest_and_every_prefix_is_a_batch():
     assert [queued[i].length for i in order] == [64, 60, 70]
 
 
-def test_best_prefix_maximises_sequences_per_second_within_the_budget():
+def test_best_prefix_leaves_out_requests_that_padding_would_waste():
     from batcher.policy import best_prefix
 
     def predict(n, length):
         return 0.01 + 0.001 * n * length
 
-    lengths = [10, 10, 10, 120]
-    # Taking the 120-token request would pad everything to 120: slower per sequence.
-    assert best_prefix(lengths, predict, budget_s=None) == 3
-    # A tight budget keeps the batch small.
-    assert best_prefix(lengths, predict, budget_s=0.025) == 1
-    # Nothing fits: the smallest batch still goes.
-    assert best_prefix(lengths, predict, budget_s=0.001) == 1
+    # Taking the 120-token request would pad the three short ones to 120.
+    assert best_prefix([10, 10, 10, 120], predict, budget_s=None) == 3
+    # Similar lengths batch together: the fixed cost is shared.
+    assert best_prefix([100, 96, 98, 99], predict, budget_s=None) == 4
+    # A tight budget keeps the batch small; when nothing fits, the smallest batch still goes.
+    assert best_prefix([10, 10, 10], predict, budget_s=0.025) == 1
+    assert best_prefix([10, 10, 10], predict, budget_s=0.001) == 1
