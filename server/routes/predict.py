@@ -46,8 +46,10 @@ async def predict(body: PredictRequest, request: Request) -> PredictResponse | R
         # Nobody is listening; 499 is what nginx logs for this.
         return Response(status_code=499)
     tokens = sum(seq.length for seq in sequences)
-    return PredictResponse(
+    body = PredictResponse(
         model=model.name,
         outputs=[model.render(row, outputs) for row in rows],
         usage=Usage(prompt_tokens=tokens, total_tokens=tokens),
     )
+    # Serialized once, in pydantic's Rust core: FastAPI would validate and encode it again.
+    return Response(body.model_dump_json(), media_type="application/json")
