@@ -42,6 +42,9 @@ lint: setup
 
 bench: setup model
 	$(PY) -m bench.predict_load
+	$(PY) -m bench.peers
+	$(PY) -m bench.llm_load
+	$(PY) -m bench.objective
 
 dashboards: setup
 	$(PY) deploy/grafana/build_dashboards.py
