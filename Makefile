@@ -9,7 +9,7 @@ FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
 
-.PHONY: serve test setup model lint bench dashboards clean
+.PHONY: serve test test-gpu setup model lint bench dashboards clean
 
 serve: setup model
 	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
@@ -21,6 +21,13 @@ test: setup model
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) tools/triton_env.py
 	$(PY) -m pytest -q
+
+# GPU hosts: the `gpu`-marked tests, in their own venv (vLLM pins its own torch, which the CPU
+# export wheel would clash with). They skip only where no NVIDIA GPU is present.
+test-gpu: model
+	test -x .venv-gpu/bin/python || $(PYTHON) -m venv .venv-gpu
+	.venv-gpu/bin/python -m pip install -q -e '.[gpu,vllm,test]' tensorrt
+	.venv-gpu/bin/python -m pytest -q -m gpu
 
 setup: $(VENV)/.installed
 

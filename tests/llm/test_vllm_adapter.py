@@ -13,6 +13,7 @@ from llm.base import GenerationDelta, SamplingSettings
 from llm.chat_tokenizer import ChatTokenizer
 from llm.errors import EngineOverloaded, PromptTooLong
 from llm.vllm import VLLMEngine
+from tests.gpu import requires_gpu
 from tests.llm.llm_paths import HF_DIR, WAIT_S
 
 
@@ -176,11 +177,9 @@ async def test_limits_are_checked_before_calling_vllm() -> None:
 
 
 @pytest.mark.gpu
+@requires_gpu
 async def test_real_vllm_on_the_tiny_model() -> None:
-    pytest.importorskip("vllm")
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no GPU")
+    # On a GPU host vllm must be installed (`pip install .[vllm]`): a missing one fails here.
     from llm.vllm import create_vllm_engine
 
     engine = create_vllm_engine(HF_DIR, max_model_len=512, enforce_eager=True)
