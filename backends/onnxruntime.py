@@ -43,6 +43,7 @@ class OnnxRuntimeBackend:
         intra_op_threads: int = 1,
         providers: list[str] | None = None,
         spin_threads: bool = False,
+        solo_session: bool = True,
     ) -> None:
         self.model_path = model_path
         self._auto = sessions == 0
@@ -52,8 +53,14 @@ class OnnxRuntimeBackend:
         self._providers = providers
         self._idle: asyncio.Queue = asyncio.Queue()
         self._executor = ThreadPoolExecutor(
-            max_workers=self.max_concurrency, thread_name_prefix="ort"
+            max_workers=self.max_concurrency + 1, thread_name_prefix="ort"
         )
+        # A batch that runs alone gets a session with every core: the latency of a single call at
+        # low load, while the few-thread sessions keep the throughput of many batches at once.
+        self._want_solo = solo_session and (os.cpu_count() or 1) > intra_op_threads
+        self._solo = None
+        self._solo_busy = False
+        self._in_flight = 0
         self._ready = False
         self.output_names: tuple[str, ...] = ()
         self.sequence_outputs: frozenset[str] = frozenset()
@@ -79,12 +86,18 @@ class OnnxRuntimeBackend:
         if self._auto:
             sessions = sessions[: await self._best_concurrency(sessions)]
             self.max_concurrency = len(sessions)
+        if self._want_solo:
+            self._solo = await loop.run_in_executor(
+                self._executor, self._new_session, os.cpu_count() or 1
+            )
         for session in sessions:
             self._idle.put_nowait(session)
         for batch, length in WARMUP_SHAPES:
             ids = np.ones((batch, length), dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": ids}
+            warm = [*sessions, *([self._solo] if self._solo is not None else [])]
             await asyncio.gather(
-                *(self.infer(PaddedBatch(ids, ids, (length,) * batch)) for _ in sessions)
+                *(loop.run_in_executor(self._executor, s.run, None, feeds) for s in warm)
             )
         self._ready = True
         logger.info("onnxruntime: %s ready on %s", self.model_path, self.providers)
@@ -115,12 +128,12 @@ class OnnxRuntimeBackend:
                 best, best_rate = count, rate
         return best
 
-    def _new_session(self):
+    def _new_session(self, threads: int | None = None):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = self._intra_op_threads
+        options.intra_op_num_threads = threads or self._intra_op_threads
         options.inter_op_num_threads = 1
         # Spinning threads burn the cores that the other sessions need when several batches run
         # at once; without spinning a session may use more threads at low load for free.
@@ -131,13 +144,22 @@ class OnnxRuntimeBackend:
         return ort.InferenceSession(str(self.model_path), options, providers=providers)
 
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
-        session = await self._idle.get()
+        solo = self._solo is not None and self._in_flight == 0 and not self._solo_busy
+        if solo:
+            session, self._solo_busy = self._solo, True
+        else:
+            session = await self._idle.get()
+        self._in_flight += 1
         try:
             feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
             loop = asyncio.get_running_loop()
             values = await loop.run_in_executor(self._executor, session.run, None, feeds)
         finally:
-            self._idle.put_nowait(session)
+            self._in_flight -= 1
+            if solo:
+                self._solo_busy = False
+            else:
+                self._idle.put_nowait(session)
         return dict(zip(self.output_names, values, strict=True))
 
     async def health(self) -> bool:

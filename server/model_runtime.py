@@ -33,6 +33,7 @@ def build_backend(settings: ModelSettings) -> Backend:
         sessions=settings.sessions,
         intra_op_threads=settings.intra_op_threads,
         spin_threads=settings.spin_threads,
+        solo_session=settings.solo_session,
     )
 
 

@@ -36,6 +36,8 @@ class ModelSettings(_Strict):
     sessions: int = Field(default=0, ge=0, le=64)
     intra_op_threads: int = Field(default=1, ge=1, le=256)
     spin_threads: bool = False
+    # One more session, with every core, for a batch that runs alone (low-load latency).
+    solo_session: bool = True
     max_batch_size: int = Field(default=32, ge=1, le=4096)
     max_batch_tokens: int = Field(default=2048, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
