@@ -102,8 +102,16 @@ async def run_load(
                 if (wait := due - time.perf_counter()) > 0:
                     await asyncio.sleep(wait)
                 began = time.perf_counter()
-                writer.write(payload)
-                status, headers = await _read_response(reader)
+                try:
+                    writer.write(payload)
+                    status, headers = await _read_response(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    # The server closed an idle keep-alive connection: reconnect, send again.
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, port)
+                    began = time.perf_counter()
+                    writer.write(payload)
+                    status, headers = await _read_response(reader)
                 result.latencies_s.append(time.perf_counter() - began)
                 result.statuses[status] = result.statuses.get(status, 0) + 1
                 if status in (429, 503) and "retry-after" not in headers:
