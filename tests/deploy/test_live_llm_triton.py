@@ -101,8 +101,8 @@ def _triton_layout():
     from tools.triton_env import DEFAULT_VENV, TritonLayout
 
     layout = TritonLayout(DEFAULT_VENV)
-    if not layout.is_built():
-        pytest.skip("CPU Triton not built: run `.venv/bin/python tools/triton_env.py`")
+    # `make test` builds it first (tools/triton_env.py).
+    assert layout.is_built(), "CPU Triton not built: run `.venv/bin/python tools/triton_env.py`"
     return layout
 
 
