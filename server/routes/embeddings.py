@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from batcher import TokenSequence
 from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
+from server.routes.predict import check_request_size
 from server.schemas import error_responses
 
 router = APIRouter()
@@ -78,11 +79,9 @@ async def create_embeddings(
     request.state.model_name = model.name
     if "sentence_embedding" not in model.servable_outputs:
         raise InvalidInput("model", f"model {model.name!r} does not produce embeddings")
-    limit = request.app.state.settings.max_items_per_request
     try:
         sequences = _sequences(body, model.tokenizer)
-        if len(sequences) > limit:
-            raise InvalidInput("input", f"{len(sequences)} items; at most {limit} per request")
+        check_request_size(sequences, request.app.state.settings, "input")
         futures = model.submit(sequences, None)
     except InvalidInput as exc:
         # Name the field as this endpoint's clients know it.

@@ -24,6 +24,7 @@ from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
 from server.errors import ERROR_TABLE, INTERNAL
 from server.model_runtime import ModelRuntime
+from server.routes.predict import check_request_size
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -138,11 +139,10 @@ async def infer(name: str, request: Request) -> Response:
         request.state.model_name = model.name
         header, tensors = decode_request(await request.body(), request.headers.get(HEADER_LENGTH))
         ids, mask = input_arrays(tensors)
-        limit = request.app.state.settings.max_items_per_request
-        if ids.shape[0] > limit:
-            raise InvalidInput("input_ids", f"{ids.shape[0]} rows; at most {limit} per request")
+        sequences = row_sequences(ids, mask)
+        check_request_size(sequences, request.app.state.settings, "input_ids")
         wanted, binary = requested_outputs(header, model)
-        futures = model.submit(row_sequences(ids, mask), None)
+        futures = model.submit(sequences, None)
         rows = await gather_unless_disconnected(request, futures)
     except ClientDisconnected:
         return Response(status_code=499)

@@ -13,7 +13,11 @@ KEY = "s3cret-key"
 @pytest.fixture(scope="module")
 def server():
     with ferry_server(
-        server={"max_items_per_request": 4, "cors_allow_origins": ["https://app.example"]},
+        server={
+            "max_items_per_request": 4,
+            "max_tokens_per_request": 300,
+            "cors_allow_origins": ["https://app.example"],
+        },
         env={"FERRY_API_KEY": KEY},
     ) as handle:
         yield handle
@@ -74,3 +78,12 @@ def test_no_field_can_name_a_file(server):
         f"{server.url}/predict", json={"inputs": "x", "model": "/etc/passwd"}, headers=auth()
     )
     assert response.status_code == 404
+
+
+def test_tokens_per_request_are_limited(server):
+    ids = [101, *range(2000, 2198), 102]  # 200 tokens: one fits under 300, two do not
+    ok = httpx.post(f"{server.url}/predict", json={"input_ids": [ids]}, headers=auth())
+    assert ok.status_code == 200
+    over = httpx.post(f"{server.url}/predict", json={"input_ids": [ids, ids]}, headers=auth())
+    assert over.status_code == 422
+    assert "at most 300" in over.json()["error"]["message"]
