@@ -186,8 +186,10 @@ def test_alert_rules_load_and_stay_quiet_on_a_healthy_ferry(overview_run):
         for rule in group["rules"]
     ]
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
-    firing = httpx.get(f"{prom}/api/v1/alerts").json()["data"]["alerts"]
-    assert firing == []
+    # Pending is allowed: every rule has a `for:` of minutes, and a loaded CI machine may well
+    # see a slow p99 for a few seconds. Nothing may be firing.
+    alerts = httpx.get(f"{prom}/api/v1/alerts").json()["data"]["alerts"]
+    assert [a["labels"]["alertname"] for a in alerts if a["state"] == "firing"] == []
 
 
 def test_render_dashboard_draws_the_overview(overview_run, tmp_path):
