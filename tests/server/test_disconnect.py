@@ -20,17 +20,17 @@ def test_disconnected_client_work_is_never_run():
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
                 busy = [
                     asyncio.create_task(client.post("/predict", json={"input_ids": LONG}))
-                    for _ in range(8)
+                    for _ in range(16)
                 ]
                 await asyncio.sleep(0.05)
-                # This one queues behind the 8 and gives up long before its turn.
+                # This one queues behind the 16 and gives up long before its turn.
                 async with httpx.AsyncClient(base_url=server.url, timeout=0.05) as impatient:
                     with contextlib.suppress(httpx.TimeoutException):
                         await impatient.post("/predict", json={"input_ids": [101, 7, 102]})
                 return [r.status_code for r in await asyncio.gather(*busy)]
 
-        assert asyncio.run(scenario()) == [200] * 8
+        assert asyncio.run(scenario()) == [200] * 16
         text = server.metrics()
         assert metric_value(text, "ferry_rejections_total", reason="cancelled") == 1
-        # Eight batches of one ran: the impatient client's never did.
-        assert metric_value(text, "ferry_batch_size_requests_count") == 8
+        # Sixteen batches of one ran: the impatient client's never did.
+        assert metric_value(text, "ferry_batch_size_requests_count") == 16
