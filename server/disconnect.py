@@ -26,23 +26,14 @@ async def _until_disconnected(request: Request) -> None:
 async def gather_unless_disconnected(
     request: Request, futures: Sequence[asyncio.Future]
 ) -> list[Any]:
-    results = asyncio.gather(*futures)
-    watcher = asyncio.create_task(_until_disconnected(request))
+    """All the futures' results; a client that leaves first has its queued items dropped."""
     try:
-        await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if results.done():
-            return results.result()
-        raise ClientDisconnected()
+        return await run_unless_disconnected(request, asyncio.gather(*futures))
     finally:
-        watcher.cancel()
-        # Cancelling drops queued items before they reach the backend; finished ones are unaffected.
+        # Cancelling drops queued items before they reach the backend (after one failed, or
+        # the client left); finished ones are unaffected.
         for future in futures:
             future.cancel()
-        if not results.done():
-            results.cancel()
-        # Retrieve gather's exception, if any, so asyncio does not log it as never retrieved.
-        if results.done() and not results.cancelled():
-            results.exception()
 
 
 async def run_unless_disconnected(request: Request, coro: Awaitable[T]) -> T:
