@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from batcher import TokenSequence
 from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
-from server.routes.predict import check_request_size
+from server.request_limits import check_request_size
 from server.schemas import error_responses
 
 router = APIRouter()

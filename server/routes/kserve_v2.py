@@ -24,7 +24,7 @@ from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
 from server.errors import ERROR_TABLE, INTERNAL
 from server.model_runtime import ModelRuntime
-from server.routes.predict import check_request_size
+from server.request_limits import check_request_size
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])

@@ -8,25 +8,12 @@ from batcher import TokenSequence
 from batcher.errors import InvalidInput
 from server.disconnect import ClientDisconnected, gather_unless_disconnected
 from server.model_runtime import ModelRuntime
+from server.request_limits import check_request_size
 from server.schemas import PredictRequest, PredictResponse, Usage, error_responses
-from server.settings import Settings
 
 router = APIRouter()
 
 ERROR_RESPONSES = error_responses(401, 404, 413, 422, 429, 500, 503, 504)
-
-
-def check_request_size(sequences: list[TokenSequence], settings: Settings, field: str) -> None:
-    """Items and tokens per request are bounded, so one request cannot take the whole queue."""
-    if len(sequences) > settings.max_items_per_request:
-        raise InvalidInput(
-            field, f"{len(sequences)} items; at most {settings.max_items_per_request} per request"
-        )
-    tokens = sum(seq.length for seq in sequences)
-    if tokens > settings.max_tokens_per_request:
-        raise InvalidInput(
-            field, f"{tokens} tokens; at most {settings.max_tokens_per_request} per request"
-        )
 
 
 def sequences_for(body: PredictRequest, model: ModelRuntime) -> list[TokenSequence]:
