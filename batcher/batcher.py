@@ -72,6 +72,7 @@ class MicroBatcher:
         self._recent_batch_s = 0.05
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()
+        self._published_fits = 0
 
     # -- public API -------------------------------------------------------------------------
 
@@ -311,7 +312,10 @@ class MicroBatcher:
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self.cost_model.ready else None
             )
-            self._observer.cost_model(self.cost_model.as_dict())
+            if self.cost_model.fits != self._published_fits:
+                # Only after a refit: the coefficients change every few batches, not every one.
+                self._published_fits = self.cost_model.fits
+                self._observer.cost_model(self.cost_model.as_dict())
 
     # -- bookkeeping ------------------------------------------------------------------------
 

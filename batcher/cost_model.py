@@ -30,6 +30,7 @@ class BatchCostModel:
         self._min_observations = min_observations
         self._since_fit = 0
         self.coefficients = np.zeros(len(TERMS))
+        self.fits = 0  # how many times the coefficients changed
 
     @property
     def ready(self) -> bool:
@@ -50,6 +51,7 @@ class BatchCostModel:
         coefficients = _nonnegative_least_squares(x / scale, y) / scale
         self.coefficients = coefficients
         self._since_fit = 0
+        self.fits += 1
 
     def predict(self, n: int, length: int) -> float:
         return float(_features(n, length) @ self.coefficients)
