@@ -49,15 +49,6 @@ def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:
     return sum(item.length for item in queued) >= limits.max_batch_tokens
 
 
-def select_batch(queued: Sequence[T], limits: BatchLimits) -> list[T]:
-    """Pick the next batch: always the oldest request, plus the neighbours that pad least.
-
-    `queued` is in arrival order; the batch comes back in arrival order too.
-    """
-    order = growth_order(queued, limits)
-    return [queued[i] for i in sorted(order)]
-
-
 def growth_order(queued: Sequence[T], limits: BatchLimits) -> list[int]:
     """Indices into `queued` in the order they would join the batch, the oldest first.
 

@@ -1,11 +1,16 @@
 from dataclasses import dataclass
 
-from batcher.policy import BatchLimits, batch_is_full, select_batch
+from batcher.policy import BatchLimits, batch_is_full, growth_order
 
 
 @dataclass
 class Item:
     length: int
+
+
+def select_batch(queued, limits):
+    """The batch the growth order gives, in arrival order."""
+    return [queued[i] for i in sorted(growth_order(queued, limits))]
 
 
 def test_oldest_request_is_always_in_the_batch():
@@ -51,8 +56,6 @@ def test_batch_is_full_by_count_or_tokens():
 
 
 def test_growth_order_starts_with_the_oldest_and_every_prefix_is_a_batch():
-    from batcher.policy import growth_order
-
     queued = [Item(n) for n in (64, 8, 60, 70, 9)]
     order = growth_order(queued, BatchLimits(max_batch_size=3))
     assert order[0] == 0
