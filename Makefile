@@ -48,10 +48,10 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 bench: setup model
-	$(PY) -m bench.predict_load
-	$(PY) -m bench.peers
-	$(PY) -m bench.llm_load
-	$(PY) -m bench.objective
+	$(PY) -m ferry.bench.predict_load
+	$(PY) -m ferry.bench.peers
+	$(PY) -m ferry.bench.llm_load
+	$(PY) -m ferry.bench.objective
 
 dashboards: setup
 	$(PY) deploy/grafana/build_dashboards.py

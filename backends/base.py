@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
-
-from batcher.padding import PaddedBatch
+from ferry.batcher.padding import PaddedBatch
 
 
 class Backend(Protocol):

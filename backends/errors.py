@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from batcher.errors import BatchWideFailure
+from ferry.batcher.errors import BatchWideFailure
 
 
 class BackendUnavailable(BatchWideFailure):

@@ -14,8 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-from batcher.padding import PaddedBatch
+from ferry.batcher.padding import PaddedBatch
 
 logger = logging.getLogger(__name__)
 

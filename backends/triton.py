@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 import numpy as np
+from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
+from ferry.batcher.padding import PaddedBatch
 from tritonclient.utils import InferenceServerException
 
-from backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
-from batcher.padding import PaddedBatch
-
 if TYPE_CHECKING:
-    from server.settings import ModelSettings
+    from ferry.server.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The asyncio micro-batcher: plain request objects in, futures out. Knows nothing of HTTP."""
 
-from batcher.batcher import MicroBatcher
-from batcher.errors import (
+from ferry.batcher.batcher import MicroBatcher
+from ferry.batcher.errors import (
     BatchAbandoned,
     BatcherClosed,
     BatcherError,
@@ -12,10 +12,10 @@ from batcher.errors import (
     InvalidInput,
     QueueFull,
 )
-from batcher.observer import BatchObserver
-from batcher.padding import PaddedBatch, pad_batch, unpad_outputs
-from batcher.policy import BatchLimits
-from batcher.request import SequenceLimits, TokenSequence
+from ferry.batcher.observer import BatchObserver
+from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.policy import BatchLimits
+from ferry.batcher.request import SequenceLimits, TokenSequence
 
 __all__ = [
     "BatchAbandoned",

@@ -15,9 +15,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
-
-from batcher.cost_model import BatchCostModel
-from batcher.errors import (
+from ferry.batcher.cost_model import BatchCostModel
+from ferry.batcher.errors import (
     BatchAbandoned,
     BatcherClosed,
     BatcherError,
@@ -28,10 +27,10 @@ from batcher.errors import (
     InvalidInput,
     QueueFull,
 )
-from batcher.observer import BatchObserver, NullObserver
-from batcher.padding import PaddedBatch, pad_batch, unpad_outputs
-from batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order
-from batcher.request import QueuedRequest, SequenceLimits, TokenSequence
+from ferry.batcher.observer import BatchObserver, NullObserver
+from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order
+from ferry.batcher.request import QueuedRequest, SequenceLimits, TokenSequence
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from batcher.request import TokenSequence
+from ferry.batcher.request import TokenSequence
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from batcher.errors import InvalidInput
+from ferry.batcher.errors import InvalidInput
 
 
 @dataclass(frozen=True)

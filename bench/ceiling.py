@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.inprocess import batch1_latencies_s, session, throughput
+from ferry.bench.inprocess import batch1_latencies_s, session, throughput
 
 # (batch size, sort by length): batch 1 wins on long mixed inputs, batch 8 sorted on short ones.
 WARMUP_RUNS = 10

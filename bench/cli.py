@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from bench.targets import PROTOCOLS
+from ferry.bench.targets import PROTOCOLS
 
 DEFAULT_ONNX = (
     Path(__file__).resolve().parents[1] / "artifacts" / "models" / "all-MiniLM-L6-v2" / "model.onnx"
@@ -112,9 +112,9 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from bench.inputs import token_sequences
-    from bench.sweep import Budget, format_table, sweep
-    from bench.targets import Target
+    from ferry.bench.inputs import token_sequences
+    from ferry.bench.sweep import Budget, format_table, sweep
+    from ferry.bench.targets import Target
 
     if args.min_len < 2 or args.max_len < args.min_len:
         print("error: need 2 <= --min-len <= --max-len ([CLS] and [SEP] count)", file=sys.stderr)
@@ -156,7 +156,7 @@ def run_bench(args: argparse.Namespace) -> int:
             f"{best.throughput / ceiling:.2f} x the in-process ceiling ({ceiling:.1f} seq/s)"
         )
     if not args.no_plot:
-        from bench.plot import plot_latency_vs_throughput
+        from ferry.bench.plot import plot_latency_vs_throughput
 
         title = f"{target.base_url}{target.path}, {args.min_len}-{args.max_len} tokens"
         print(f"wrote {plot_latency_vs_throughput(steps, args.plot, title, ceiling)}")
@@ -167,7 +167,7 @@ def _ceiling(model: Path, inputs: list[list[int]]) -> float | None:
     if not model.exists():
         print(f"in-process ceiling skipped: {model} does not exist (see --onnx)")
         return None
-    from bench.ceiling import ceiling
+    from ferry.bench.ceiling import ceiling
 
     result = ceiling(model, inputs)
     for label, value in result.figures.items():

@@ -1,6 +1,6 @@
 """LLM tokens/s through Ferry's HTTP API vs onnxruntime-genai in-process, on the same prompts.
 
-    python -m bench.llm_load [--requests 16] [--max-tokens 64]
+    python -m ferry.bench.llm_load [--requests 16] [--max-tokens 64]
 
 Both sides use greedy decoding, so they generate the same tokens; the ratio is HTTP / in-process
 at 1 and at 8 concurrent streams.
@@ -15,9 +15,9 @@ import time
 import uuid
 
 import httpx
+from ferry.llm.base import SamplingSettings
+from ferry.llm.ortgenai import OrtGenAIEngine
 
-from llm.base import SamplingSettings
-from llm.ortgenai import OrtGenAIEngine
 from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 
 PROMPTS = [

@@ -1,6 +1,6 @@
 """Does a p99 latency objective hold? Open-loop load at fractions of measured saturation.
 
-    python -m bench.objective [--objective-ms 250] [--seconds 15]
+    python -m ferry.bench.objective [--objective-ms 250] [--seconds 15]
 
 Saturation is measured first (64 closed-loop clients); then requests arrive on a fixed schedule
 at 20 %, 50 % and 80 % of it, against Ferry with `latency_objective_ms` set, and p99 is
@@ -12,8 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from bench.inputs import token_sequences
-from bench.loadgen import run_load
+from ferry.bench.inputs import token_sequences
+from ferry.bench.loadgen import run_load
+
 from tests.server_process import default_model_config, ferry_server
 
 

@@ -12,7 +12,7 @@ If Triton cannot start here, its three rows say why and the rest still run.
 
 Other work on the machine makes absolute figures noisy: read the ratios, taken in one run.
 
-python -m bench.peers [--mixed-requests 1500] [--short-requests 4000] [--no-triton]
+python -m ferry.bench.peers [--mixed-requests 1500] [--short-requests 4000] [--no-triton]
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.ceiling import Ceiling, batch1_p50_ms, ceiling
-from bench.inputs import token_sequences
-from bench.sweep import Budget, Step, measure
-from bench.targets import Target
-from bench.triton_peer import TRITON_MODEL, triton_peer
-from bench.unbatched_server import unbatched_server
+from ferry.bench.ceiling import Ceiling, batch1_p50_ms, ceiling
+from ferry.bench.inputs import token_sequences
+from ferry.bench.sweep import Budget, Step, measure
+from ferry.bench.targets import Target
+from ferry.bench.triton_peer import TRITON_MODEL, triton_peer
+from ferry.bench.unbatched_server import unbatched_server
+
 from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 FERRY = "ferry (onnxruntime)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.sweep import Step
+from ferry.bench.sweep import Step
 
 
 def plot_latency_vs_throughput(

@@ -1,6 +1,6 @@
 """Ferry /predict vs in-process ONNX Runtime on the same inputs, ratios printed from one run.
 
-python -m bench.predict_load [--requests 2000] [--concurrency 64] [--min-len 8 --max-len 128]
+python -m ferry.bench.predict_load [--requests 2000] [--concurrency 64] [--min-len 8 --max-len 128]
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import argparse
 import asyncio
 import statistics
 
-from bench.inprocess import batch1_latencies_s, best_inprocess, session
-from bench.inputs import token_sequences
-from bench.loadgen import run_load
+from ferry.bench.inprocess import batch1_latencies_s, best_inprocess, session
+from ferry.bench.inputs import token_sequences
+from ferry.bench.loadgen import run_load
+
 from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 

@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.loadgen import LoadResult, run_load
-from bench.targets import Target
+from ferry.bench.loadgen import LoadResult, run_load
+from ferry.bench.targets import Target
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 BAR_WIDTH = 30

@@ -4,7 +4,7 @@ What most teams write first: a sync route (so FastAPI runs it in its threadpool)
 ONNX Runtime session, each request's tokens run alone and unpadded. It answers the same
 `/predict` body and response shape as Ferry, so the load generator cannot tell them apart.
 
-python -m bench.unbatched_server --model PATH [--port 8010] [--threads 1]
+python -m ferry.bench.unbatched_server --model PATH [--port 8010] [--threads 1]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def unbatched_server(model: Path, threads: int = 1, ready_timeout_s: float = 60.
     from tests.server_process import free_port
 
     port = free_port()
-    command = [sys.executable, "-m", "bench.unbatched_server", "--model", str(model)]
+    command = [sys.executable, "-m", "ferry.bench.unbatched_server", "--model", str(model)]
     command += ["--port", str(port), "--threads", str(threads)]
     # A file, not a pipe: nobody reads a pipe while the benchmark runs, and a full one blocks.
     with tempfile.TemporaryFile("w+") as log:

@@ -124,23 +124,23 @@ def _report(report) -> int:
 
 
 def _export_default(args: argparse.Namespace) -> int:
-    from exporters.default_model import export_default_model
+    from ferry.exporters.default_model import export_default_model
 
     return _report(export_default_model(args.out))
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    from exporters.onnx_export import export_encoder
+    from ferry.exporters.onnx_export import export_encoder
 
     return _report(export_encoder(args.model_dir, args.out, args.task, args.max_length))
 
 
 def _batching(args: argparse.Namespace):
-    from exporters.triton_repo import Batching
+    from ferry.exporters.triton_repo import Batching
 
     batching = Batching()
     if args.config is not None:
-        from server.settings import load_settings
+        from ferry.server.settings import load_settings
 
         settings = load_settings(args.config, environ={})
         name = args.model or settings.default_model_name
@@ -156,7 +156,7 @@ def _batching(args: argparse.Namespace):
 
 
 def _export_optimize(args: argparse.Namespace) -> int:
-    from exporters import quantize
+    from ferry.exporters import quantize
 
     with step(f"converting to {args.precision}"):
         if args.precision == "int8":
@@ -172,8 +172,8 @@ def _export_optimize(args: argparse.Namespace) -> int:
 
 
 def _export_tensorrt(args: argparse.Namespace) -> int:
-    from exporters.manifest import ModelManifest
-    from exporters.tensorrt import EXIT_NO_GPU, NoGpu, build_plan, derive_profile
+    from ferry.exporters.manifest import ModelManifest
+    from ferry.exporters.tensorrt import EXIT_NO_GPU, NoGpu, build_plan, derive_profile
 
     max_length = args.max_length or ModelManifest.read(args.model_dir).max_length
     profile = derive_profile(_batching(args).max_batch_size, max_length)
@@ -188,7 +188,7 @@ def _export_tensorrt(args: argparse.Namespace) -> int:
 
 
 def _export_triton(args: argparse.Namespace) -> int:
-    from exporters.triton_repo import write_repository
+    from ferry.exporters.triton_repo import write_repository
 
     with step(f"writing the {args.flavour} model to {args.repository}"):
         folder = write_repository(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporters.onnx_export import ExportReport, export_encoder
+from ferry.exporters.onnx_export import ExportReport, export_encoder
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 

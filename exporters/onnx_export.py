@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from exporters.manifest import ModelManifest, Task
+from ferry.exporters.manifest import ModelManifest, Task
 
 OPSET = 17
 INPUT_NAMES = ["input_ids", "attention_mask"]

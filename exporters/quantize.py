@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-
-from exporters.manifest import MANIFEST_NAME
-from exporters.onnx_export import TOKENIZER_FILES
+from ferry.exporters.manifest import MANIFEST_NAME
+from ferry.exporters.onnx_export import TOKENIZER_FILES
 
 Variant = Literal["int8", "fp16"]
 SAMPLE_SENTENCES = (

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from exporters.manifest import ModelManifest
+from ferry.exporters.manifest import ModelManifest
 
 Flavour = Literal["python", "onnxruntime", "tensorrt"]
 FLAVOURS: tuple[Flavour, ...] = ("python", "onnxruntime", "tensorrt")

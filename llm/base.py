@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from llm.errors import InvalidSampling
+from ferry.llm.errors import InvalidSampling
 
 FinishReason = Literal["stop", "length", "abort"]
 

@@ -25,11 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings, merge_deltas
-from llm.chat_tokenizer import ChatTokenizer
-from llm.errors import EngineDead, EngineOverloaded, GenerationFailed, PromptTooLong
-from llm.stops import StopMatcher
+from ferry.llm.base import (
+    EngineStats,
+    FinishReason,
+    GenerationDelta,
+    SamplingSettings,
+    merge_deltas,
+)
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.errors import EngineDead, EngineOverloaded, GenerationFailed, PromptTooLong
+from ferry.llm.stops import StopMatcher
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings
-from llm.chat_tokenizer import ChatTokenizer
-from llm.errors import EngineDead, EngineOverloaded, PromptTooLong
+from ferry.llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.errors import EngineDead, EngineOverloaded, PromptTooLong
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 

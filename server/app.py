@@ -10,21 +10,20 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-
-from server.drain import DrainState
-from server.errors import install_error_handlers
-from server.llm_engines import build_llm_engine
-from server.metrics import FerryMetrics, LLMMetricsObserver
-from server.middleware import (
+from ferry.server.drain import DrainState
+from ferry.server.errors import install_error_handlers
+from ferry.server.llm_engines import build_llm_engine
+from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.middleware import (
     ApiKeyMiddleware,
     BodySizeLimitMiddleware,
     DrainMiddleware,
     RequestMetricsMiddleware,
 )
-from server.openai.serving import OpenAIServing
-from server.registry import ModelRegistry
-from server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
-from server.settings import Settings
+from ferry.server.openai.serving import OpenAIServing
+from ferry.server.registry import ModelRegistry
+from ferry.server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
+from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 

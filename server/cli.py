@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(handler=_serve)
 
-    from bench.cli import add_bench_command
-    from exporters.cli import add_export_commands
+    from ferry.bench.cli import add_bench_command
+    from ferry.exporters.cli import add_export_commands
 
     add_export_commands(commands)
     add_bench_command(commands)
@@ -48,9 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.app import create_app
-    from server.serve import serve
-    from server.settings import load_settings
+    from ferry.server.app import create_app
+    from ferry.server.serve import serve
+    from ferry.server.settings import load_settings
 
     settings = load_settings(args.config, host=args.host, port=args.port, log_level=args.log_level)
     logging.basicConfig(

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
-from batcher.errors import (
+from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
+from ferry.batcher.errors import (
     BatchAbandoned,
     BatcherClosed,
     DeadlineExceeded,
@@ -24,7 +22,7 @@ from batcher.errors import (
     InvalidInput,
     QueueFull,
 )
-from llm.errors import (
+from ferry.llm.errors import (
     EngineDead,
     EngineOverloaded,
     GenerationFailed,
@@ -32,6 +30,7 @@ from llm.errors import (
     ModelNotFound,
     PromptTooLong,
 )
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 

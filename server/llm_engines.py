@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from llm.base import LLMEngine
-from server.settings import LLMSettings
+from ferry.llm.base import LLMEngine
+from ferry.server.settings import LLMSettings
 
 
 def build_llm_engine(settings: LLMSettings) -> LLMEngine:
     if settings.engine == "vllm":
-        from llm.vllm import create_vllm_engine  # imports vllm lazily: GPU hosts only
+        from ferry.llm.vllm import create_vllm_engine  # imports vllm lazily: GPU hosts only
 
         return create_vllm_engine(
             settings.path,
             name=settings.name,
             gpu_memory_utilization=settings.gpu_memory_utilization,
         )
-    from llm.ortgenai import OrtGenAIEngine
+    from ferry.llm.ortgenai import OrtGenAIEngine
 
     return OrtGenAIEngine(
         settings.path,

@@ -6,9 +6,8 @@ series count is bounded by configuration, not by traffic.
 
 from __future__ import annotations
 
+from ferry.batcher.observer import RejectReason
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-
-from batcher.observer import RejectReason
 
 LATENCY_BUCKETS_S = (
     0.001,

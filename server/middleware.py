@@ -5,11 +5,10 @@ from __future__ import annotations
 import hmac
 import time
 
+from ferry.server.drain import DrainState
+from ferry.server.errors import BodyTooLarge, NotReady, Unauthorized, error_response
+from ferry.server.metrics import FerryMetrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from server.drain import DrainState
-from server.errors import BodyTooLarge, NotReady, Unauthorized, error_response
-from server.metrics import FerryMetrics
 
 UNMATCHED = "other"
 

@@ -9,24 +9,25 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-
-from backends.base import Backend
-from batcher import MicroBatcher, SequenceLimits, TokenSequence
-from batcher.errors import InvalidInput
-from exporters.manifest import ModelManifest
-from server.metrics import FerryMetrics
-from server.settings import ModelSettings
-from server.tokenization import TextTokenizer
+from ferry.backends.base import Backend
+from ferry.batcher import MicroBatcher, SequenceLimits, TokenSequence
+from ferry.batcher.errors import InvalidInput
+from ferry.exporters.manifest import ModelManifest
+from ferry.server.metrics import FerryMetrics
+from ferry.server.settings import ModelSettings
+from ferry.server.tokenization import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
 
 def build_backend(settings: ModelSettings) -> Backend:
     if settings.backend == "triton":
-        from backends.triton import TritonBackend  # tritonclient is only needed for this backend
+        from ferry.backends.triton import (
+            TritonBackend,  # tritonclient is only needed for this backend
+        )
 
         return TritonBackend.from_settings(settings)
-    from backends.onnxruntime import OnnxRuntimeBackend
+    from ferry.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(
         settings.path / "model.onnx",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from server.errors import UnknownModel
-from server.metrics import FerryMetrics
-from server.model_runtime import ModelRuntime
-from server.settings import Settings
+from ferry.server.errors import UnknownModel
+from ferry.server.metrics import FerryMetrics
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.settings import Settings
 
 
 class ModelRegistry:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from batcher import TokenSequence
-from batcher.errors import InvalidInput
-from server.settings import Settings
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import InvalidInput
+from ferry.server.settings import Settings
 
 
 def check_request_size(sequences: Sequence[TokenSequence], settings: Settings, field: str) -> None:

@@ -15,8 +15,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
-
-from server.settings import Settings
+from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 

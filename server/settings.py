@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from ferry.batcher.policy import BatchLimits
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from batcher.policy import BatchLimits
 
 
 class _Strict(BaseModel):

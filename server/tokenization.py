@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ferry.batcher.errors import InvalidInput
+from ferry.batcher.request import TokenSequence
 from tokenizers import Tokenizer
-
-from batcher.errors import InvalidInput
-from batcher.request import TokenSequence
 
 
 class TextTokenizer:

@@ -91,7 +91,7 @@ def ferry_server(
             [
                 sys.executable,
                 "-m",
-                "server.cli",
+                "ferry.server.cli",
                 "serve",
                 "--config",
                 str(config),

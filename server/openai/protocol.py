@@ -11,9 +11,8 @@ import time
 import uuid
 from typing import Any, Literal
 
+from ferry.llm.base import SamplingSettings
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from llm.base import SamplingSettings
 
 log = logging.getLogger(__name__)
 

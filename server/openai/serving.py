@@ -17,9 +17,9 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Protocol
 
-from llm.base import EngineStats, GenerationDelta, LLMEngine, SamplingSettings
-from llm.errors import InvalidSampling, LLMError, ModelNotFound, PromptTooLong
-from server.openai.protocol import (
+from ferry.llm.base import EngineStats, GenerationDelta, LLMEngine, SamplingSettings
+from ferry.llm.errors import InvalidSampling, LLMError, ModelNotFound, PromptTooLong
+from ferry.server.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -39,7 +39,7 @@ from server.openai.protocol import (
     new_chat_id,
     new_completion_id,
 )
-from server.openai.sse import DONE, TextTemplate, sse_data
+from ferry.server.openai.sse import DONE, TextTemplate, sse_data
 
 
 class LLMObserver(Protocol):

@@ -7,13 +7,12 @@ from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import InvalidInput
+from ferry.server.disconnect import ClientDisconnected, gather_unless_disconnected
+from ferry.server.request_limits import check_request_size
+from ferry.server.schemas import error_responses
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
-
-from batcher import TokenSequence
-from batcher.errors import InvalidInput
-from server.disconnect import ClientDisconnected, gather_unless_disconnected
-from server.request_limits import check_request_size
-from server.schemas import error_responses
 
 router = APIRouter()
 

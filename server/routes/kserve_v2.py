@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import InvalidInput
+from ferry.server.disconnect import ClientDisconnected, gather_unless_disconnected
+from ferry.server.errors import ERROR_TABLE, INTERNAL
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.request_limits import check_request_size
 from pydantic import BaseModel
-
-from batcher import TokenSequence
-from batcher.errors import InvalidInput
-from server.disconnect import ClientDisconnected, gather_unless_disconnected
-from server.errors import ERROR_TABLE, INTERNAL
-from server.model_runtime import ModelRuntime
-from server.request_limits import check_request_size
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])

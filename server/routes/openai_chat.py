@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and /v1/completions: thin routes over `server.openai.serving`."""
+"""POST /v1/chat/completions and /v1/completions: thin routes over `ferry.server.openai.serving`."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-
-from server.disconnect import ClientDisconnected, run_unless_disconnected
-from server.openai.protocol import (
+from ferry.server.disconnect import ClientDisconnected, run_unless_disconnected
+from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
 )
-from server.schemas import error_responses
+from ferry.server.schemas import error_responses
 
 router = APIRouter()
 

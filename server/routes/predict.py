@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-
-from batcher import TokenSequence
-from batcher.errors import InvalidInput
-from server.disconnect import ClientDisconnected, gather_unless_disconnected
-from server.model_runtime import ModelRuntime
-from server.request_limits import check_request_size
-from server.schemas import PredictRequest, PredictResponse, Usage, error_responses
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import InvalidInput
+from ferry.server.disconnect import ClientDisconnected, gather_unless_disconnected
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.request_limits import check_request_size
+from ferry.server.schemas import PredictRequest, PredictResponse, Usage, error_responses
 
 router = APIRouter()
 

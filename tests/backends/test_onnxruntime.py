@@ -1,7 +1,6 @@
 import numpy as np
-
-from backends.onnxruntime import OnnxRuntimeBackend, choose_providers
-from batcher import TokenSequence, pad_batch
+from ferry.backends.onnxruntime import OnnxRuntimeBackend, choose_providers
+from ferry.batcher import TokenSequence, pad_batch
 
 
 def test_cuda_is_preferred_when_present_and_cpu_is_always_the_fallback():

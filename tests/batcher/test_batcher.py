@@ -6,9 +6,8 @@ import asyncio
 
 import numpy as np
 import pytest
-
-from backends.errors import BackendUnavailable
-from batcher import (
+from ferry.backends.errors import BackendUnavailable
+from ferry.batcher import (
     BatchAbandoned,
     BatcherClosed,
     BatchLimits,

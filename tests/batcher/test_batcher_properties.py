@@ -7,10 +7,9 @@ import asyncio
 from dataclasses import dataclass
 
 import numpy as np
+from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from batcher import BatchLimits, MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
 
 VOCAB = 50
 

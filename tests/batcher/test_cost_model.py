@@ -1,6 +1,5 @@
 import numpy as np
-
-from batcher.cost_model import BatchCostModel
+from ferry.batcher.cost_model import BatchCostModel
 
 
 def true_cost(n: int, length: int) -> float:

@@ -1,7 +1,6 @@
 import numpy as np
-
-from batcher.padding import pad_batch, unpad_outputs
-from batcher.request import TokenSequence
+from ferry.batcher.padding import pad_batch, unpad_outputs
+from ferry.batcher.request import TokenSequence
 
 
 def test_batch_is_padded_to_its_own_longest_sequence():

@@ -1,6 +1,6 @@
 from dataclasses import dataclass
 
-from batcher.policy import BatchLimits, batch_is_full, growth_order
+from ferry.batcher.policy import BatchLimits, batch_is_full, growth_order
 
 
 @dataclass
@@ -63,7 +63,7 @@ def test_growth_order_starts_with_the_oldest_and_every_prefix_is_a_batch():
 
 
 def test_best_prefix_leaves_out_requests_that_padding_would_waste():
-    from batcher.policy import best_prefix
+    from ferry.batcher.policy import best_prefix
 
     def predict(n, length):
         return 0.01 + 0.001 * n * length

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
+from ferry.server.cli import main
 
-from server.cli import main
 from tests.server_process import DEFAULT_MODEL, REPO, default_model_config, ferry_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -21,7 +21,7 @@ def ferry():
 
 def test_help_explains_every_option():
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "bench", "--help"],
+        [sys.executable, "-m", "ferry.server.cli", "bench", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.sweep import BAR_WIDTH, Step, cycle, format_table
+from ferry.bench.sweep import BAR_WIDTH, Step, cycle, format_table
 
 
 def step(concurrency: int, throughput: float, statuses: dict[int, int] | None = None) -> Step:

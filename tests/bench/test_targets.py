@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from bench.targets import Target, kserve_body
+from ferry.bench.targets import Target, kserve_body
 
 
 def test_kserve_body_is_one_row_of_int64_ids_and_mask_asking_for_the_embedding_only():

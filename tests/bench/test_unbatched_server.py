@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
-
-from bench.unbatched_server import unbatched_server
+from ferry.bench.unbatched_server import unbatched_server
 
 
 def test_same_embedding_as_in_process_onnxruntime(default_model_dir, embed_alone):

@@ -80,7 +80,7 @@ def sample_names(family: str, kind: str) -> set[str]:
 
 def ferry_series_names() -> set[str]:
     """Every series name Ferry exports: server/metrics.py's registry, plus the LLM metrics."""
-    from server.metrics import FerryMetrics
+    from ferry.server.metrics import FerryMetrics
 
     names: set[str] = set()
     for family in FerryMetrics().registry.collect():

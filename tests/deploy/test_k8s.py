@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ferry.server.settings import load_settings
 
-from server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT, ferry_series_names
 
 K8S = DEPLOY / "k8s"
@@ -35,8 +35,8 @@ def container(manifests) -> dict:
 
 
 def _routes() -> set[str]:
-    from server.app import create_app
-    from server.settings import Settings
+    from ferry.server.app import create_app
+    from ferry.server.settings import Settings
 
     return set(create_app(Settings()).openapi()["paths"])
 

@@ -5,9 +5,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
-from exporters.default_model import export_default_model
-from exporters.manifest import ModelManifest
+from ferry.exporters.default_model import export_default_model
+from ferry.exporters.manifest import ModelManifest
 
 
 @pytest.fixture(scope="module")

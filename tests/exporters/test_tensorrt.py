@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from exporters.tensorrt import EXIT_NO_GPU, derive_profile, gpu_present, trtexec_command
-from server.cli import main
+from ferry.exporters.tensorrt import EXIT_NO_GPU, derive_profile, gpu_present, trtexec_command
+from ferry.server.cli import main
 
 
 def test_profile_spans_one_token_to_the_batchers_limits():

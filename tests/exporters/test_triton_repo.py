@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from exporters.triton_repo import Batching, write_repository
-from server.cli import main
+from ferry.exporters.triton_repo import Batching, write_repository
+from ferry.server.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 

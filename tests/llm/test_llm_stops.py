@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm.stops import StopMatcher
+from ferry.llm.stops import StopMatcher
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> str:

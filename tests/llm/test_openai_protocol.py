@@ -5,11 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from openai.types.chat import ChatCompletion
-from pydantic import ValidationError
-
-from llm.base import SamplingSettings
-from server.openai.protocol import (
+from ferry.llm.base import SamplingSettings
+from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
@@ -19,6 +16,8 @@ from server.openai.protocol import (
     ErrorResponse,
     UsageInfo,
 )
+from openai.types.chat import ChatCompletion
+from pydantic import ValidationError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -42,7 +41,7 @@ def test_out_of_range_values_name_their_field(field: str, value: float) -> None:
 
 
 def test_unknown_fields_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="server.openai.protocol"):
+    with caplog.at_level(logging.DEBUG, logger="ferry.server.openai.protocol"):
         request = ChatCompletionRequest(model="m", messages=MESSAGES, logit_bias={"1": 2})
     assert request.model_extra == {"logit_bias": {"1": 2}}
     assert "logit_bias" in caplog.text

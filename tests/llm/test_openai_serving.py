@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.errors import InvalidSampling, ModelNotFound, PromptTooLong
+from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
+from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from ferry.server.openai.serving import OpenAIServing
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from llm.chat_tokenizer import ChatTokenizer
-from llm.errors import InvalidSampling, ModelNotFound, PromptTooLong
-from llm.ortgenai import OrtGenAIEngine, _OwnerLoop
-from server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from server.openai.serving import OpenAIServing
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME, WAIT_S
 
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from ferry.llm.base import GenerationDelta, SamplingSettings
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.errors import EngineOverloaded, PromptTooLong
+from ferry.llm.vllm import VLLMEngine
 
-from llm.base import GenerationDelta, SamplingSettings
-from llm.chat_tokenizer import ChatTokenizer
-from llm.errors import EngineOverloaded, PromptTooLong
-from llm.vllm import VLLMEngine
 from tests.gpu import requires_gpu
 from tests.llm.llm_paths import HF_DIR, WAIT_S
 
@@ -180,7 +180,7 @@ async def test_limits_are_checked_before_calling_vllm() -> None:
 @requires_gpu
 async def test_real_vllm_on_the_tiny_model() -> None:
     # On a GPU host vllm must be installed (`pip install .[vllm]`): a missing one fails here.
-    from llm.vllm import create_vllm_engine
+    from ferry.llm.vllm import create_vllm_engine
 
     engine = create_vllm_engine(HF_DIR, max_model_len=512, enforce_eager=True)
     try:

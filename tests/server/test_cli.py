@@ -2,8 +2,7 @@ import subprocess
 import sys
 
 import pytest
-
-from server.cli import build_parser
+from ferry.server.cli import build_parser
 
 
 def test_help_explains_every_serve_option():
@@ -15,12 +14,15 @@ def test_help_explains_every_serve_option():
 @pytest.mark.parametrize("argv", [["--help"], ["serve", "--help"], ["export", "--help"]])
 def test_ferry_command_prints_help(argv):
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", *argv], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "ferry.server.cli", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0
     assert "usage: ferry" in done.stdout
 
 
 def test_server_never_imports_torch():
-    code = "import server.app, server.cli, sys; sys.exit('torch' in sys.modules)"
+    code = "import ferry.server.app, ferry.server.cli, sys; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
