@@ -154,15 +154,16 @@ class OnnxRuntimeBackend:
         self._in_flight += 1
         try:
             feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+            names = list(batch.outputs or self.output_names)
             loop = asyncio.get_running_loop()
-            values = await loop.run_in_executor(self._executor, session.run, None, feeds)
+            values = await loop.run_in_executor(self._executor, session.run, names, feeds)
         finally:
             self._in_flight -= 1
             if solo:
                 self._solo_busy = False
             else:
                 self._idle.put_nowait(session)
-        return dict(zip(self.output_names, values, strict=True))
+        return dict(zip(names, values, strict=True))
 
     async def health(self) -> bool:
         return self._ready

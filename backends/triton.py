@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -205,25 +206,31 @@ class TritonBackend:
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
         if self._client is None:
             raise BackendUnavailable(f"{self.target.describe()}: backend is closed")
+        names = batch.outputs or self.output_names
         if self.mode == "batch":
-            return await self._call(self._infer_arrays(batch.input_ids, batch.attention_mask))
+            return await self._call(
+                self._infer_arrays(batch.input_ids, batch.attention_mask, names)
+            )
         rows = await asyncio.gather(
             *(
                 self._call(
                     self._infer_arrays(
                         batch.input_ids[i : i + 1, :length],
                         batch.attention_mask[i : i + 1, :length],
+                        names,
                     )
                 )
                 for i, length in enumerate(batch.lengths)
             )
         )
-        return self._stack_rows(rows, batch.padded_length)
+        return self._stack_rows(rows, batch.padded_length, names)
 
-    def _stack_rows(self, rows: list[dict[str, np.ndarray]], width: int) -> dict[str, np.ndarray]:
+    def _stack_rows(
+        self, rows: list[dict[str, np.ndarray]], width: int, names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
         """One-row results back into a batch; sequence outputs re-padded for the batcher."""
         stacked = {}
-        for name in self.output_names:
+        for name in names:
             parts = [row[name] for row in rows]
             if name in self.sequence_outputs:
                 parts = [
@@ -233,7 +240,9 @@ class TritonBackend:
             stacked[name] = np.concatenate(parts)
         return stacked
 
-    async def _infer_arrays(self, ids: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    async def _infer_arrays(
+        self, ids: np.ndarray, mask: np.ndarray, names: Sequence[str]
+    ) -> dict[str, np.ndarray]:
         m = self._module
         inputs = []
         for name, value in zip(INPUTS, (ids, mask), strict=True):
@@ -241,11 +250,11 @@ class TritonBackend:
             tensor.set_data_from_numpy(np.ascontiguousarray(value))
             inputs.append(tensor)
         # HTTP would answer in JSON unless each output asks for binary data.
-        outputs = [m.InferRequestedOutput(name) for name in self.output_names]
+        outputs = [m.InferRequestedOutput(name) for name in names]
         result = await self._client.infer(
             self.target.model, inputs, model_version=self.target.version, outputs=outputs
         )
-        return {name: result.as_numpy(name) for name in self.output_names}
+        return {name: result.as_numpy(name) for name in names}
 
     async def _call(self, coroutine):
         """Await one Triton call under the request timeout, its failures mapped to Ferry's."""

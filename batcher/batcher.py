@@ -63,6 +63,7 @@ class MicroBatcher:
         self._observer = observer or NullObserver()
         # Insertion-ordered, so iteration is arrival order and removal is O(1).
         self._pending: dict[int, QueuedRequest] = {}
+        self._pending_tokens = 0
         self._arrival = asyncio.Event()
         self._slots = asyncio.Semaphore(limits.max_concurrent_batches)
         self._running: set[asyncio.Task] = set()
@@ -91,11 +92,17 @@ class MicroBatcher:
         return len(self._running)
 
     def submit(
-        self, sequences: Sequence[TokenSequence], timeout_s: float | None = None
+        self,
+        sequences: Sequence[TokenSequence],
+        timeout_s: float | None = None,
+        outputs: frozenset[str] | None = None,
     ) -> list[asyncio.Future[Result]]:
         """Queue all `sequences` or none of them; one future per sequence.
 
-        Raises InvalidInput (naming the field), QueueFull or BatcherClosed at once.
+        `outputs` names what the caller will read (None: every output); a batch fetches only the
+        union of what its members asked for. Raises InvalidInput (naming the field), QueueFull
+        (also when the queue ahead would make the request miss its deadline) or BatcherClosed
+        at once.
         """
         if self._closed:
             self._observer.rejected("closed")
@@ -105,7 +112,7 @@ class MicroBatcher:
                 self.sequence_limits.validate(seq)
             except InvalidInput as exc:
                 self._observer.rejected("invalid")
-                field = f"[{index}].{exc.field}" if len(sequences) > 1 else exc.field
+                field = f"{exc.field}[{index}]" if len(sequences) > 1 else exc.field
                 raise InvalidInput(field, exc.message) from None
         if len(self._pending) + len(sequences) > self.limits.max_queue_size:
             self._observer.rejected("queue_full")
@@ -114,17 +121,59 @@ class MicroBatcher:
         now = loop.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
+        self._admit_by_predicted_wait(sequences, now, deadline)
         futures = []
         for seq in sequences:
-            request = QueuedRequest(seq, loop.create_future(), enqueued_at=now, deadline=deadline)
+            request = QueuedRequest(
+                seq, loop.create_future(), enqueued_at=now, deadline=deadline, outputs=outputs
+            )
             if deadline is not None:
                 request.expiry = loop.call_at(deadline, self._expire, request)
             request.future.add_done_callback(lambda fut, r=request: self._forget(r))
             self._pending[id(request)] = request
+            self._pending_tokens += seq.length
             futures.append(request.future)
         self._observer.queue_depth(len(self._pending))
         self._arrival.set()
         return futures
+
+    def predicted_wait_s(self, extra: int = 0, extra_tokens: int = 0) -> float | None:
+        """When `extra` more requests would finish if queued now (None until the model is fit).
+
+        The queue ahead runs in full batches of its mean length, `max_concurrent_batches` at a
+        time, after the batches running now.
+        """
+        if not self.cost_model.ready:
+            return None
+        queued = len(self._pending) + extra
+        if queued == 0:
+            return 0.0
+        mean_length = max(1, round((self._pending_tokens + extra_tokens) / queued))
+        size = self.limits.max_batch_size
+        batches = -(-queued // size)
+        rounds = -(-batches // self.limits.max_concurrent_batches)
+        per_batch = self.cost_model.predict(min(size, queued), mean_length)
+        running = self._recent_batch_s if self._running else 0.0
+        return running + rounds * per_batch
+
+    def _admit_by_predicted_wait(
+        self, sequences: Sequence[TokenSequence], now: float, deadline: float | None
+    ) -> None:
+        """Refuse now (429) what the queue ahead would make finish after its deadline (504)."""
+        finish_by = deadline
+        if self.limits.latency_objective_s is not None:
+            objective_end = now + self.limits.latency_objective_s
+            finish_by = objective_end if finish_by is None else min(finish_by, objective_end)
+        if finish_by is None or not self._pending:
+            return
+        tokens = sum(seq.length for seq in sequences)
+        wait = self.predicted_wait_s(len(sequences), tokens)
+        if wait is not None and now + wait > finish_by:
+            self._observer.rejected("predicted_late")
+            raise QueueFull(
+                retry_after_s=max(1.0, wait),
+                message=f"the queue ahead would take {wait:.1f}s, past this request's deadline",
+            )
 
     async def calibrate(self, shapes: Sequence[tuple[int, int]] | None = None) -> None:
         """Seed the cost model with warm-up batches of known shapes (before serving)."""
@@ -199,6 +248,7 @@ class MicroBatcher:
             batch = [queued[i] for i in order[: self._batch_count(queued, order, loop.time())]]
             for request in batch:
                 del self._pending[id(request)]
+                self._pending_tokens -= request.length
             self._observer.queue_depth(len(self._pending))
             return batch
 
@@ -253,7 +303,8 @@ class MicroBatcher:
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         loop = asyncio.get_running_loop()
-        padded = pad_batch([r.sequence for r in batch], self._pad_token_id)
+        wanted = _wanted_outputs(batch)
+        padded = pad_batch([r.sequence for r in batch], self._pad_token_id, wanted)
         now = loop.time()
         self._observer.batch_formed(
             padded.size,
@@ -302,7 +353,7 @@ class MicroBatcher:
                         f"output {name!r} has {value.shape[0]} rows for a batch of {padded.size}"
                     )
             failed = False
-            return unpad_outputs(outputs, padded.lengths, self._sequence_outputs)
+            return unpad_outputs(outputs, padded.lengths, self._sequence_outputs, padded.outputs)
         finally:
             elapsed = time.perf_counter() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
@@ -327,6 +378,7 @@ class MicroBatcher:
         if request.expiry is not None:
             request.expiry.cancel()
         if self._pending.pop(id(request), None) is not None:
+            self._pending_tokens -= request.length
             self._observer.queue_depth(len(self._pending))
         if request.future.cancelled():
             self._observer.rejected("cancelled")
@@ -346,6 +398,16 @@ class MicroBatcher:
         batches_ahead = len(self._pending) / self.limits.max_batch_size
         per_slot = batches_ahead / self.limits.max_concurrent_batches
         return max(1.0, per_slot * self._recent_batch_s)
+
+
+def _wanted_outputs(batch: list[QueuedRequest]) -> tuple[str, ...] | None:
+    """The union of what the members asked for, in a stable order; None if one wants all."""
+    wanted: set[str] = set()
+    for request in batch:
+        if request.outputs is None:
+            return None
+        wanted |= request.outputs
+    return tuple(sorted(wanted))
 
 
 def _resolve_error(request: QueuedRequest, error: BaseException) -> None:

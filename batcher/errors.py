@@ -19,8 +19,10 @@ class InvalidInput(BatcherError):
 class QueueFull(BatcherError):
     """The bounded queue has no room: refused at once rather than left to time out later."""
 
-    def __init__(self, retry_after_s: float) -> None:
-        super().__init__("the model's queue is full; retry later")
+    def __init__(
+        self, retry_after_s: float, message: str = "the model's queue is full; retry later"
+    ) -> None:
+        super().__init__(message)
         self.retry_after_s = retry_after_s
 
 

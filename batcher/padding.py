@@ -14,6 +14,9 @@ class PaddedBatch:
     input_ids: np.ndarray  # (batch, padded_length) int64
     attention_mask: np.ndarray  # (batch, padded_length) int64
     lengths: tuple[int, ...]
+    # Outputs some member asked for; None: all of them. Backends fetch only these, so an output
+    # nobody wants (an L x 384 hidden state) is never copied out of the runtime.
+    outputs: tuple[str, ...] | None = None
 
     @property
     def size(self) -> int:
@@ -32,7 +35,11 @@ class PaddedBatch:
         return sum(self.lengths)
 
 
-def pad_batch(sequences: Sequence[TokenSequence], pad_token_id: int = 0) -> PaddedBatch:
+def pad_batch(
+    sequences: Sequence[TokenSequence],
+    pad_token_id: int = 0,
+    outputs: tuple[str, ...] | None = None,
+) -> PaddedBatch:
     """Right-pad to the longest sequence in *this* batch, never to the model's maximum."""
     lengths = tuple(seq.length for seq in sequences)
     width = max(lengths)
@@ -41,15 +48,23 @@ def pad_batch(sequences: Sequence[TokenSequence], pad_token_id: int = 0) -> Padd
     for row, seq in enumerate(sequences):
         input_ids[row, : seq.length] = seq.input_ids
         attention_mask[row, : seq.length] = seq.attention_mask
-    return PaddedBatch(input_ids, attention_mask, lengths)
+    return PaddedBatch(input_ids, attention_mask, lengths, outputs)
 
 
 def unpad_outputs(
-    outputs: dict[str, np.ndarray], lengths: Sequence[int], sequence_outputs: frozenset[str]
+    outputs: dict[str, np.ndarray],
+    lengths: Sequence[int],
+    sequence_outputs: frozenset[str],
+    wanted: tuple[str, ...] | None = None,
 ) -> list[dict[str, np.ndarray]]:
-    """Split batch outputs per request; outputs with a sequence axis lose their padding."""
+    """Split batch outputs per request; outputs with a sequence axis lose their padding.
+
+    Only the `wanted` outputs (all when None) are split: a backend may return more.
+    """
     rows: list[dict[str, np.ndarray]] = [{} for _ in lengths]
     for name, value in outputs.items():
+        if wanted is not None and name not in wanted:
+            continue
         for row, length in enumerate(lengths):
             rows[row][name] = value[row, :length] if name in sequence_outputs else value[row]
     return rows

@@ -18,10 +18,17 @@ class TokenSequence:
 
     @classmethod
     def from_ids(cls, ids: list[int], mask: list[int] | None = None) -> TokenSequence:
-        input_ids = np.asarray(ids, dtype=np.int64)
-        attention_mask = (
-            np.ones_like(input_ids) if mask is None else np.asarray(mask, dtype=np.int64)
-        )
+        """From JSON lists; a value no int64 holds is invalid input, not an overflow."""
+        try:
+            input_ids = np.asarray(ids, dtype=np.int64)
+        except (OverflowError, ValueError, TypeError):
+            raise InvalidInput("input_ids", "token ids must be integers in [0, 2**63)") from None
+        if mask is None:
+            return cls(input_ids, np.ones_like(input_ids))
+        try:
+            attention_mask = np.asarray(mask, dtype=np.int64)
+        except (OverflowError, ValueError, TypeError):
+            raise InvalidInput("attention_mask", "attention_mask values must be 0 or 1") from None
         return cls(input_ids, attention_mask)
 
     @property
@@ -72,6 +79,8 @@ class QueuedRequest:
     future: asyncio.Future
     enqueued_at: float
     deadline: float | None
+    # The outputs this caller wants; None: all of the backend's.
+    outputs: frozenset[str] | None = None
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property

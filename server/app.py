@@ -11,15 +11,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from ferry.server.drain import DrainState
+from ferry.server.encoder import EncoderServing
 from ferry.server.errors import install_error_handlers
+from ferry.server.gateway import Gateway
+from ferry.server.hot import HotRoutes
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
-from ferry.server.middleware import (
-    ApiKeyMiddleware,
-    BodySizeLimitMiddleware,
-    DrainMiddleware,
-    RequestMetricsMiddleware,
-)
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
 from ferry.server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
@@ -57,23 +54,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.llm_observer = LLMMetricsObserver(metrics)
     app.state.drain = DrainState()
     app.state.started_at = int(time.time())
+    app.state.encoder = EncoderServing(settings)
     install_error_handlers(app)
-    app.include_router(predict.router)
+    hot = HotRoutes()
+    predict.register(app.router, hot)
     app.include_router(models.router)
-    app.include_router(embeddings.router)
+    embeddings.register(app.router, hot)
     app.include_router(openai_chat.router)
     app.include_router(health.router)
+    kserve_v2.register(kserve_v2.router, hot)
     app.include_router(kserve_v2.router)
-    # Added innermost first: metrics (outermost) see every response, the 401/413/503s included.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(DrainMiddleware, drain=app.state.drain)
-    if settings.api_key:
-        app.add_middleware(
-            ApiKeyMiddleware,
-            api_key=settings.api_key,
-            protect_health=settings.api_key_protects_health,
-            protect_metrics=settings.api_key_protects_metrics,
-        )
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -81,5 +71,13 @@ def create_app(settings: Settings) -> FastAPI:
             allow_methods=["GET", "POST"],
             allow_headers=["Authorization", "Content-Type"],
         )
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    # Outermost: it sees every request and answers the 401/413/503s itself.
+    app.add_middleware(
+        Gateway,
+        settings=settings,
+        metrics=metrics,
+        drain=app.state.drain,
+        hot=hot,
+        state=app.state,
+    )
     return app

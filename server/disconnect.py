@@ -1,10 +1,10 @@
-"""Wait for batcher futures, but give up (and drop the queued work) if the client goes away."""
+"""Await work, but give up (and drop the queued work) if the client goes away."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from starlette.requests import Request
 
@@ -12,7 +12,7 @@ T = TypeVar("T")
 
 
 class ClientDisconnected(Exception):
-    pass
+    """The client went away before its answer was ready; its queued work was dropped."""
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -21,19 +21,6 @@ async def _until_disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-async def gather_unless_disconnected(
-    request: Request, futures: Sequence[asyncio.Future]
-) -> list[Any]:
-    """All the futures' results; a client that leaves first has its queued items dropped."""
-    try:
-        return await run_unless_disconnected(request, asyncio.gather(*futures))
-    finally:
-        # Cancelling drops queued items before they reach the backend (after one failed, or
-        # the client left); finished ones are unaffected.
-        for future in futures:
-            future.cancel()
 
 
 async def run_unless_disconnected(request: Request, coro: Awaitable[T]) -> T:

@@ -9,7 +9,11 @@ import time
 class DrainState:
     def __init__(self) -> None:
         self.draining = False
+        # The drain deadline passed: what still runs is cancelled and answered 503 (or its stream
+        # ended with an error event), never left to the server's bare 500.
+        self.expired = False
         self.in_flight = 0
+        self._tasks: set[asyncio.Task] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -19,11 +23,21 @@ class DrainState:
     def enter(self) -> None:
         self.in_flight += 1
         self._idle.clear()
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
 
     def leave(self) -> None:
         self.in_flight -= 1
+        self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
         if self.in_flight == 0:
             self._idle.set()
+
+    def expire(self) -> None:
+        """Cancel every request still in flight; each answers for itself as it unwinds."""
+        self.expired = True
+        for task in list(self._tasks):
+            task.cancel()
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """True when every accepted request finished within the timeout."""

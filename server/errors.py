@@ -5,13 +5,16 @@ Everything below the routes raises its own exceptions; only this module knows st
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.batcher.errors import (
     BatchAbandoned,
@@ -30,6 +33,8 @@ from ferry.llm.errors import (
     ModelNotFound,
     PromptTooLong,
 )
+from ferry.server.disconnect import ClientDisconnected
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -49,6 +54,10 @@ class Unauthorized(Exception):
         super().__init__("missing or wrong API key: send 'Authorization: Bearer <key>'")
 
 
+class MalformedRequest(Exception):
+    """A body that is not the protocol's shape at all (not JSON, tensors that do not fit): 400."""
+
+
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than the {limit}-byte limit")
@@ -64,6 +73,9 @@ class ErrorKind:
 # The one table: exception class -> status and error type. First match wins (subclasses first).
 ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidInput, ErrorKind(422, "invalid_request_error")),
+    (MalformedRequest, ErrorKind(400, "invalid_request_error")),
+    # nginx's status for a client that closed the connection first; nobody reads the body.
+    (ClientDisconnected, ErrorKind(499, "cancelled_error")),
     (UnknownModel, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
     (Unauthorized, ErrorKind(401, "authentication_error")),
@@ -96,11 +108,17 @@ def _openai_status(path: str, status: int) -> int:
     return 400 if status == 422 and path.startswith("/v1/") else status
 
 
-def error_response(exc: BaseException, path: str = "") -> JSONResponse:
-    kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
-    kind = ErrorKind(_openai_status(path, kind.status), kind.type, kind.retry_after)
-    if kind is INTERNAL:
-        logger.exception("unhandled error", exc_info=exc)
+def error_parts(exc: BaseException, path: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Status, body and headers for an exception: the one table, in the path's error shape.
+
+    KServe v2 paths answer `{"error": "..."}`, every other path the OpenAI shape.
+    """
+    if isinstance(exc, ValidationError):
+        return _validation_parts(exc.errors(), path)
+    base = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
+    if base is INTERNAL:
+        logger.error("unhandled error", exc_info=exc)
+    kind = ErrorKind(_openai_status(path, base.status), base.type, base.retry_after)
     param = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
     headers = {}
@@ -108,17 +126,37 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if kind.retry_after:
         headers["Retry-After"] = str(math.ceil(getattr(exc, "retry_after_s", 1.0)))
-    return JSONResponse(
-        error_body(message, kind.type, param, kind.status), kind.status, headers=headers
-    )
+    return kind.status, _shaped(path, message, kind.type, param, kind.status), headers
 
 
-def _validation_response(exc: RequestValidationError, path: str) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+def _shaped(path: str, message: str, type_: str, param: str | None, status: int) -> dict:
+    if path.startswith("/v2/"):
+        return {"error": f"{param}: {message}" if param else message}
+    return error_body(message, type_, param, status)
+
+
+def error_response(exc: BaseException, path: str = "") -> Response:
+    status, body, headers = error_parts(exc, path)
+    return _json(body, status, headers)
+
+
+def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
+    # ASCII-escaped: a message may quote client text with lone surrogates, which UTF-8 cannot
+    # encode; the answer must still go out (and not as a 500).
+    text = json.dumps(body, ensure_ascii=True)
+    return Response(text, status, headers, media_type="application/json")
+
+
+def _validation_parts(
+    errors: Sequence[Any], path: str
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     param = _param_from_loc(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        param = None
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     status = _openai_status(path, 422)
-    return JSONResponse(error_body(message, "invalid_request_error", param, status), status)
+    return status, _shaped(path, message, "invalid_request_error", param, status), {}
 
 
 def _param_from_loc(loc: tuple) -> str | None:
@@ -134,18 +172,18 @@ def _param_from_loc(loc: tuple) -> str | None:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_domain_error(request: Request, exc: Exception) -> JSONResponse:
+    async def on_domain_error(request: Request, exc: Exception) -> Response:
         return error_response(exc, request.url.path)
 
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_response(exc, request.url.path)
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        status, body, headers = _validation_parts(exc.errors(), request.url.path)
+        return _json(body, status, headers)
 
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(str(exc.detail), "invalid_request_error", None, exc.status_code),
-            exc.status_code,
-            headers=exc.headers,
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        body = _shaped(
+            request.url.path, str(exc.detail), "invalid_request_error", None, exc.status_code
         )
+        return _json(body, exc.status_code, exc.headers)
 
     for cls, _kind in ERROR_TABLE:
         app.add_exception_handler(cls, on_domain_error)

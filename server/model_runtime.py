@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 from ferry.backends.base import Backend
-from ferry.batcher import MicroBatcher, SequenceLimits, TokenSequence
+from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
 from ferry.batcher.errors import InvalidInput
 from ferry.exporters.manifest import ModelManifest
 from ferry.server.metrics import FerryMetrics
@@ -18,6 +18,9 @@ from ferry.server.settings import ModelSettings
 from ferry.server.tokenization import TextTokenizer
 
 logger = logging.getLogger(__name__)
+
+# Outputs computed from `logits` for classification models (not the backend's own).
+DERIVED_OUTPUTS = ("label", "probabilities")
 
 
 def build_backend(settings: ModelSettings) -> Backend:
@@ -47,6 +50,8 @@ class ModelRuntime:
         self.backend = build_backend(settings)
         self._metrics = metrics
         self.batcher: MicroBatcher | None = None
+        # Floats per item (pooled) or per token (sequence outputs), learned at start.
+        self._widths: dict[str, int] = {}
         self.ready = False
 
     async def start(self) -> None:
@@ -72,6 +77,7 @@ class ModelRuntime:
             observer=self._metrics.batch_observer(self.name, self.backend.name),
         )
         self._metrics.queue_capacity.labels(self.name).set(self.settings.max_queue_size)
+        await self._learn_output_widths()
         await self.batcher.calibrate()
         self.batcher.start()
         self.ready = True
@@ -81,8 +87,24 @@ class ModelRuntime:
     def servable_outputs(self) -> tuple[str, ...]:
         names = self.backend.output_names
         if self.manifest.task == "classification":
-            return (*names, "label", "probabilities")
+            return (*names, *DERIVED_OUTPUTS)
         return names
+
+    async def _learn_output_widths(self) -> None:
+        ids = np.ones((1, 2), dtype=np.int64)
+        outputs = await self.backend.infer(PaddedBatch(ids, ids, (2,)))
+        for name, value in outputs.items():
+            inner = value.shape[2:] if name in self.backend.sequence_outputs else value.shape[1:]
+            self._widths[name] = int(np.prod(inner))
+        if "logits" in self._widths:
+            self._widths["label"] = 1
+            self._widths["probabilities"] = 2 * self._widths["logits"]
+
+    def output_width(self, name: str) -> int:
+        return self._widths.get(name, 1)
+
+    def is_sequence_output(self, name: str) -> bool:
+        return name in self.backend.sequence_outputs
 
     async def healthy(self) -> bool:
         ok = self.ready and await self.backend.health()
@@ -90,19 +112,30 @@ class ModelRuntime:
         return ok
 
     def submit(
-        self, sequences: Sequence[TokenSequence], timeout_s: float | None
+        self,
+        sequences: Sequence[TokenSequence],
+        timeout_s: float | None,
+        outputs: frozenset[str] | None = None,
     ) -> list[asyncio.Future]:
         assert self.batcher is not None, "submit before start"
-        return self.batcher.submit(sequences, timeout_s)
+        return self.batcher.submit(sequences, timeout_s, outputs)
 
     def select_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
+        """The outputs a request wants: the ones it names, else the configured ones."""
         wanted = tuple(requested) if requested else self.settings.outputs
-        for name in wanted:
+        self.check_outputs(wanted)
+        return wanted
+
+    def check_outputs(self, names: Sequence[str]) -> None:
+        for name in names:
             if name not in self.servable_outputs:
                 raise InvalidInput(
                     "outputs", f"unknown output {name!r}; choose from {list(self.servable_outputs)}"
                 )
-        return wanted
+
+    def backend_outputs(self, names: Sequence[str]) -> frozenset[str]:
+        """What the backend must fetch for `names`: derived outputs come from the logits."""
+        return frozenset("logits" if name in DERIVED_OUTPUTS else name for name in names)
 
     def render(self, row: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, Any]:
         """One request's raw outputs -> the JSON-ready values it asked for."""
@@ -118,8 +151,7 @@ class ModelRuntime:
             }
             row = {**row, **derived}
         for name in outputs:
-            value = row[name]
-            rendered[name] = value.tolist() if isinstance(value, np.ndarray) else value
+            rendered[name] = row[name]  # arrays stay arrays: the JSON encoder writes them
         return rendered
 
     async def close(self, drain_timeout_s: float) -> None:

@@ -15,6 +15,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from ferry.server.connection_limits import ConnectionLimits, protocol_class
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ class DrainingServer(uvicorn.Server):
             finished = await drain.wait_idle(self._drain_timeout_s)
             if not finished:
                 logger.warning("drain timeout: %d requests still in flight", drain.in_flight)
+                # Each answers 503 (a stream: an error event and [DONE]) as it unwinds.
+                drain.expire()
+                await drain.wait_idle(1.0)
             # Set directly, not through uvicorn's handle_exit, which would re-raise the signal
             # after shutdown: a drained stop is a clean exit (status 0).
             self.should_exit = True
@@ -50,11 +54,21 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(app: FastAPI, settings: Settings) -> None:
+    limits = ConnectionLimits(
+        max_connections=settings.max_connections,
+        header_timeout_s=settings.header_timeout_s,
+        body_timeout_s=settings.body_timeout_s,
+        max_header_bytes=settings.max_header_bytes,
+        max_headers=settings.max_headers,
+    )
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        access_log=settings.access_log,
+        http=protocol_class(limits),
+        timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
         # A backstop after the drain: connections still open then are closed.
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
     )

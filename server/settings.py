@@ -88,8 +88,21 @@ class Settings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Per-request bounds, checked before any work (see the README's limits table).
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_items_per_request: int = Field(default=256, ge=1)
+    max_chars_per_text: int = Field(default=100_000, ge=1)
+    # Estimated JSON size of an answer (e.g. last_hidden_state for many long items).
+    max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # Connections: beyond `max_connections` new ones get 503; slow or idle clients are closed.
+    max_connections: int = Field(default=2048, ge=1)
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_headers: int = Field(default=100, ge=8)
+    # uvicorn's per-request access log costs the event loop ~7% of its time; off unless asked.
+    access_log: bool = False
     drain_timeout_s: float = Field(default=20.0, ge=0)
     default_model: str = ""
     # Security: a Bearer key for inference endpoints (as vLLM's and TGI's --api-key); health and

@@ -6,15 +6,14 @@ import base64
 from typing import Literal
 
 import numpy as np
-from fastapi import APIRouter, Request, Response
-from ferry.batcher import TokenSequence
+from fastapi import APIRouter
 from ferry.batcher.errors import InvalidInput
-from ferry.server.disconnect import ClientDisconnected, gather_unless_disconnected
-from ferry.server.request_limits import check_request_size
+from ferry.server.encoder import EncoderInputs
+from ferry.server.hot import HotCall, HotRoutes, Reply, as_route, json_reply, request_body
 from ferry.server.schemas import error_responses
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-router = APIRouter()
+PATH = "/v1/embeddings"
 
 
 class EmbeddingRequest(BaseModel):
@@ -46,61 +45,72 @@ class EmbeddingResponse(BaseModel):
     usage: EmbeddingUsage
 
 
-def _sequences(body: EmbeddingRequest, tokenizer) -> list[TokenSequence]:
+def _inputs(body: EmbeddingRequest) -> EncoderInputs:
     items = body.input
     if items == [] or items == "":
         raise InvalidInput("input", "input must not be empty")
     if isinstance(items, str):
-        return tokenizer.encode([items])
+        return EncoderInputs(texts=[items])
     if isinstance(items[0], str):
-        return tokenizer.encode(list(items))  # type: ignore[arg-type]
+        return EncoderInputs(texts=items)  # type: ignore[arg-type]
     if isinstance(items[0], int):
-        return [TokenSequence.from_ids(items)]  # type: ignore[arg-type]
-    return [TokenSequence.from_ids(ids) for ids in items]  # type: ignore[union-attr]
+        return EncoderInputs(token_ids=[items])  # type: ignore[list-item]
+    return EncoderInputs(token_ids=items)  # type: ignore[arg-type]
 
 
-def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
+def _encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
     if encoding_format == "base64":
         # What the openai SDK decodes: little-endian float32 bytes, base64.
         return base64.b64encode(vector.astype("<f4").tobytes()).decode()
-    return vector.tolist()
+    return vector
 
 
-@router.post(
-    "/v1/embeddings",
-    response_model=EmbeddingResponse,
-    responses=error_responses(400, 401, 404, 413, 429, 500, 503, 504),
-)
-async def create_embeddings(
-    body: EmbeddingRequest, request: Request
-) -> EmbeddingResponse | Response:
-    model = request.app.state.registry.get(body.model)
-    request.state.model_name = model.name
+async def create_embeddings(call: HotCall) -> Reply:
+    body = EmbeddingRequest.model_validate_json(call.body)
+    registry = call.app_state.registry
+    model = registry.get(body.model)
+    call.state["model_name"] = model.name
     if "sentence_embedding" not in model.servable_outputs:
         raise InvalidInput("model", f"model {model.name!r} does not produce embeddings")
+    if body.dimensions is not None and body.dimensions != model.output_width("sentence_embedding"):
+        raise InvalidInput(
+            "dimensions",
+            f"model {model.name!r} has {model.output_width('sentence_embedding')} dimensions",
+        )
     try:
-        sequences = _sequences(body, model.tokenizer)
-        check_request_size(sequences, request.app.state.settings, "input")
-        futures = model.submit(sequences, None)
+        result = await call.app_state.encoder.run(
+            model, _inputs(body), ("sentence_embedding",), None, call.disconnected()
+        )
     except InvalidInput as exc:
         # Name the field as this endpoint's clients know it.
         field = exc.field.replace("input_ids", "input").replace("inputs", "input")
         raise InvalidInput(field, exc.message) from None
-    try:
-        rows = await gather_unless_disconnected(request, futures)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    vectors = [row["sentence_embedding"] for row in rows]
-    if body.dimensions is not None and body.dimensions != vectors[0].shape[0]:
-        raise InvalidInput(
-            "dimensions", f"model {model.name!r} has {vectors[0].shape[0]} dimensions"
-        )
-    tokens = sum(seq.length for seq in sequences)
-    return EmbeddingResponse(
-        data=[
-            EmbeddingData(index=i, embedding=_encode(v, body.encoding_format))
-            for i, v in enumerate(vectors)
-        ],
-        model=model.name,
-        usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens),
+    tokens = result.prompt_tokens
+    return json_reply(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": _encode(row["sentence_embedding"], body.encoding_format),
+                }
+                for i, row in enumerate(result.rows)
+            ],
+            "model": model.name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+def register(router: APIRouter, hot: HotRoutes) -> None:
+    route = hot.add("POST", PATH, create_embeddings)
+    router.add_api_route(
+        PATH,
+        as_route(route),
+        methods=["POST"],
+        response_model=EmbeddingResponse,
+        responses=error_responses(400, 401, 404, 413, 429, 500, 503, 504),
+        openapi_extra=request_body(EmbeddingRequest),
+        summary="Create Embeddings",
     )

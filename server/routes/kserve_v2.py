@@ -10,22 +10,20 @@ outputs padded back to the request's width. Errors use KServe's `{"error": "..."
 
 from __future__ import annotations
 
-import json
-import logging
 from typing import Any
 
 import numpy as np
+import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from ferry.batcher import TokenSequence
 from ferry.batcher.errors import InvalidInput
-from ferry.server.disconnect import ClientDisconnected, gather_unless_disconnected
-from ferry.server.errors import ERROR_TABLE, INTERNAL
+from ferry.server.encoder import EncoderInputs
+from ferry.server.errors import MalformedRequest, error_response
+from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, as_route, dumps
 from ferry.server.model_runtime import ModelRuntime
-from ferry.server.request_limits import check_request_size
 from pydantic import BaseModel
 
-logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -52,20 +50,9 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
 
 
-class ProtocolError(Exception):
-    """A request that does not follow the protocol (400)."""
-
-
-def kserve_error(exc: BaseException) -> JSONResponse:
-    """The status from Ferry's one error table; the body in KServe's shape."""
-    if isinstance(exc, ProtocolError):
-        return JSONResponse({"error": str(exc)}, 400)
-    kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
-    if kind is INTERNAL:
-        logger.exception("kserve v2: unhandled error", exc_info=exc)
-    message = getattr(exc, "message", None) or str(exc)
-    field = getattr(exc, "field", None)
-    return JSONResponse({"error": f"{field}: {message}" if field else message}, kind.status)
+def kserve_error(exc: BaseException, request: Request) -> Response:
+    """The status from Ferry's one error table; the body in KServe's shape (by the path)."""
+    return error_response(exc, request.url.path)
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -94,7 +81,7 @@ async def model_metadata(name: str, request: Request) -> Response:
     try:
         model = request.app.state.registry.get(name)
     except Exception as exc:
-        return kserve_error(exc)
+        return kserve_error(exc, request)
     backend = model.backend
     # Only the axes Ferry knows are given sizes; the rest vary (-1), as the protocol allows.
     outputs = [
@@ -122,7 +109,7 @@ async def model_ready(name: str, request: Request) -> Response:
     try:
         model = request.app.state.registry.get(name)
     except Exception as exc:
-        return kserve_error(exc)
+        return kserve_error(exc, request)
     ok = not request.app.state.drain.draining and await model.healthy()
     return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503)
 
@@ -130,46 +117,58 @@ async def model_ready(name: str, request: Request) -> Response:
 # -- infer ------------------------------------------------------------------------------------
 
 
-@router.post("/models/{name}/infer", responses=error_docs(400, 404, 422, 429, 500, 503, 504))
-@router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
-async def infer(name: str, request: Request) -> Response:
-    try:
-        model = request.app.state.registry.get(name)
-        request.state.model_name = model.name
-        header, tensors = decode_request(await request.body(), request.headers.get(HEADER_LENGTH))
-        ids, mask = input_arrays(tensors)
-        sequences = row_sequences(ids, mask)
-        check_request_size(sequences, request.app.state.settings, "input_ids")
-        wanted, binary = requested_outputs(header, model)
-        futures = model.submit(sequences, None)
-        rows = await gather_unless_disconnected(request, futures)
-    except ClientDisconnected:
-        return Response(status_code=499)
-    except Exception as exc:
-        return kserve_error(exc)
+INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/infer")
+
+
+async def infer(call: HotCall) -> Reply:
+    name = call.path.split("/")[3]
+    model = call.app_state.registry.get(name)
+    call.state["model_name"] = model.name
+    header_length = call.header(HEADER_LENGTH.lower().encode())
+    header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
+    ids, mask = input_arrays(tensors)
+    wanted, binary = requested_outputs(header, model)
+    result = await call.app_state.encoder.run(
+        model, EncoderInputs(sequences=row_sequences(ids, mask)), wanted, None, call.disconnected()
+    )
     sequence = model.backend.sequence_outputs
     outputs = {
-        n: stack_rows([r[n] for r in rows], ids.shape[1] if n in sequence else None) for n in wanted
+        n: stack_rows([r[n] for r in result.rows], ids.shape[1] if n in sequence else None)
+        for n in wanted
     }
     return encode_response(model.name, header.get("id"), outputs, binary)
+
+
+def register(router: APIRouter, hot: HotRoutes) -> None:
+    for path in INFER_PATHS:
+        route = hot.add("POST", path, infer)
+        router.add_api_route(
+            path.removeprefix("/v2"),
+            as_route(route),
+            methods=["POST"],
+            responses=error_docs(400, 404, 422, 429, 500, 503, 504),
+            include_in_schema="version" not in path,
+            summary="Infer",
+        )
 
 
 def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
     """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
     try:
         size = int(header_length) if header_length is not None else len(body)
-        header = json.loads(body[:size])
+        # orjson: bounded nesting depth, and no lone surrogates in strings.
+        header = orjson.loads(body[:size])
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"request is not valid JSON: {exc}") from None
+        raise MalformedRequest(f"request is not valid JSON: {exc}") from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
-        raise ProtocolError("request must be an object with an 'inputs' list")
+        raise MalformedRequest("request must be an object with an 'inputs' list")
     tensors: dict[str, np.ndarray] = {}
     offset = size
     for spec in header["inputs"]:
         try:
             name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
         except (KeyError, TypeError, ValueError):
-            raise ProtocolError("each input needs 'name', 'shape' and 'datatype'") from None
+            raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
         if datatype not in INT_TYPES:
             raise InvalidInput(name, f"datatype must be INT64, got {datatype}")
         dtype = INT_TYPES[datatype]
@@ -182,7 +181,7 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
             else:
                 array = np.asarray(spec["data"], dtype=dtype)
             tensors[name] = array.reshape(shape).astype(np.int64)
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
             raise InvalidInput(name, f"data does not fit shape {shape}: {exc}") from None
     return header, tensors
 
@@ -190,7 +189,7 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
 def parameters(entry: dict) -> dict:
     value = entry.get("parameters") or {}
     if not isinstance(value, dict):
-        raise ProtocolError("'parameters' must be an object")
+        raise MalformedRequest("'parameters' must be an object")
     return value
 
 
@@ -227,6 +226,8 @@ def requested_outputs(header: dict, model: ModelRuntime) -> tuple[list[str], set
     available = model.backend.output_names
     all_binary = bool(parameters(header).get("binary_data_output", False))
     specs = header.get("outputs") or [{"name": n} for n in available]
+    if not isinstance(specs, list):
+        raise MalformedRequest("'outputs' must be a list of {name} objects")
     names, binary = [], set()
     for spec in specs:
         name = spec.get("name") if isinstance(spec, dict) else None
@@ -247,7 +248,7 @@ def stack_rows(parts: list[np.ndarray], width: int | None) -> np.ndarray:
 
 def encode_response(
     model: str, request_id: Any, outputs: dict[str, np.ndarray], binary: set[str]
-) -> Response:
+) -> Reply:
     entries, blobs = [], []
     for name, value in outputs.items():
         entry: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(value.shape)}
@@ -256,16 +257,17 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = value.ravel().tolist()
+            entry["data"] = value.ravel()
         entries.append(entry)
     header: dict[str, Any] = {"model_name": model, "model_version": VERSION, "outputs": entries}
     if request_id is not None:
         header["id"] = request_id
-    head = json.dumps(header).encode()
+    head = dumps(header)
     if not blobs:
-        return Response(head, media_type="application/json")
-    return Response(
+        return Reply(200, head, JSON)
+    return Reply(
+        200,
         head + b"".join(blobs),
-        media_type="application/octet-stream",
-        headers={HEADER_LENGTH: str(len(head))},
+        b"application/octet-stream",
+        ((HEADER_LENGTH.lower().encode(), str(len(head)).encode()),),
     )

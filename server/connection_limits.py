@@ -1,0 +1,139 @@
+"""uvicorn's httptools protocol with the bounds it lacks against slow, idle and bloated clients.
+
+uvicorn (httptools) accepts headers of any size and count, never times out a connection that
+has not finished sending its request, and counts its concurrency limit only once a request's
+head is in. So here:
+- the request head must arrive within `header_timeout_s` and the body within `body_timeout_s`
+  (408 and close), which also closes connections opened and never used;
+- a head over `max_header_bytes` or with more than `max_headers` lines gets 431 and a close,
+  before it is buffered further;
+- beyond `max_connections` open connections a new one gets 503 with Retry-After at once.
+Idle keep-alive connections are closed by uvicorn's own `timeout_keep_alive`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Literal
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+Phase = Literal["idle", "head", "body"]
+REASONS = {
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+    body_timeout_s: float
+    max_header_bytes: int
+    max_headers: int
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    limits: ConnectionLimits  # set on the subclass that `protocol_class` makes
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._phase: Phase = "idle"
+        self._head_bytes = 0
+        self._header_count = 0
+        self._closed_by_us = False
+        self._timer: asyncio.TimerHandle | None = None
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, "too many open connections; retry later", retry_after=True)
+            return
+        # Also the deadline for a connection that never sends a byte.
+        self._arm(self.limits.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closed_by_us:
+            return
+        if self._phase != "body":
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._phase == "head" and self._head_bytes > self.limits.max_header_bytes:
+            self._refuse(431, f"request head over {self.limits.max_header_bytes} bytes")
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._phase = "head"
+        self._header_count = 0
+        self._arm(self.limits.header_timeout_s)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count <= self.limits.max_headers:
+            super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._header_count > self.limits.max_headers:
+            self._refuse(431, f"more than {self.limits.max_headers} header lines")
+            return
+        self._phase = "body"
+        self._head_bytes = 0
+        self._arm(self.limits.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._closed_by_us:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._closed_by_us:
+            return
+        self._phase = "idle"
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, self._timed_out)
+
+    def _disarm(self) -> None:
+        if getattr(self, "_timer", None) is not None:
+            self._timer.cancel()  # type: ignore[union-attr]
+            self._timer = None
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        what = "request body" if self._phase == "body" else "request head"
+        self._refuse(408, f"the {what} did not arrive in time")
+
+    def _refuse(self, status: int, message: str, retry_after: bool = False) -> None:
+        """Answer and close; a request already handed to the app sees a disconnect."""
+        if self._closed_by_us:
+            return
+        self._closed_by_us = True
+        self._disarm()
+        body = json.dumps(
+            {"error": {"message": message, "type": "invalid_request_error", "code": status}}
+        ).encode()
+        head = [
+            b"HTTP/1.1 %d %s" % (status, REASONS[status]),
+            b"content-type: application/json",
+            b"content-length: %d" % len(body),
+            b"connection: close",
+        ]
+        if retry_after:
+            head.append(b"retry-after: 1")
+        # Only if no response has started on this connection: never two heads in one stream.
+        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+            self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        self.transport.close()
+
+
+def protocol_class(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
+    """The protocol class uvicorn instantiates per connection, with these limits."""
+    return type("FerryHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})
