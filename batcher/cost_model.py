@@ -30,6 +30,7 @@ class BatchCostModel:
         self._min_observations = min_observations
         self._since_fit = 0
         self.coefficients = np.zeros(len(TERMS))
+        self._coefficient_list = [0.0] * len(TERMS)
         self.fits = 0  # how many times the coefficients changed
 
     @property
@@ -50,11 +51,14 @@ class BatchCostModel:
         scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
         coefficients = _nonnegative_least_squares(x / scale, y) / scale
         self.coefficients = coefficients
+        self._coefficient_list = coefficients.tolist()
         self._since_fit = 0
         self.fits += 1
 
     def predict(self, n: int, length: int) -> float:
-        return float(_features(n, length) @ self.coefficients)
+        # Plain floats, not numpy: called once per request and per prefix of every batch.
+        fixed, per_request, per_token, per_token_squared = self._coefficient_list
+        return fixed + n * (per_request + length * (per_token + length * per_token_squared))
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(TERMS, self.coefficients.tolist(), strict=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -21,6 +21,7 @@ from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
 from ferry.server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
 from ferry.server.settings import Settings
+from starlette.types import ASGIApp
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def create_app(settings: Settings) -> FastAPI:
             await registry.close(settings.drain_timeout_s)
             await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
 
-    app = FastAPI(
+    app = FerryAPI(
         title="Ferry",
         summary="Dynamic micro-batching model server.",
         version="0.1.0",
@@ -64,20 +65,36 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     kserve_v2.register(kserve_v2.router, hot)
     app.include_router(kserve_v2.router)
-    if settings.cors_allow_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_allow_origins),
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
-        )
-    # Outermost: it sees every request and answers the 401/413/503s itself.
-    app.add_middleware(
-        Gateway,
+    app.outer_layers = lambda inner: _outer_layers(inner, app, settings, hot)
+    return app
+
+
+class FerryAPI(FastAPI):
+    """FastAPI with Ferry's gateway outside the framework's own layers (server error, telemetry,
+    body limit): hot routes never pass through them, every other request still does."""
+
+    outer_layers: Callable[[ASGIApp], ASGIApp] = staticmethod(lambda inner: inner)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self.outer_layers(super().build_middleware_stack())
+
+
+def _outer_layers(inner: ASGIApp, app: FastAPI, settings: Settings, hot: HotRoutes) -> ASGIApp:
+    # The gateway sees every request and answers the 401/413/503s itself.
+    outer: ASGIApp = Gateway(
+        inner,
         settings=settings,
-        metrics=metrics,
+        metrics=app.state.metrics,
         drain=app.state.drain,
         hot=hot,
         state=app.state,
     )
-    return app
+    if settings.cors_allow_origins:
+        # Outside the gateway, so that hot routes' answers carry the CORS headers too.
+        outer = CORSMiddleware(
+            outer,
+            allow_origins=list(settings.cors_allow_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+    return outer

@@ -9,6 +9,10 @@ head is in. So here:
   before it is buffered further;
 - beyond `max_connections` open connections a new one gets 503 with Retry-After at once.
 Idle keep-alive connections are closed by uvicorn's own `timeout_keep_alive`.
+
+It also hands each request a future that resolves when the client disconnects
+(`scope["extensions"]["ferry.disconnected"]`), so that waiting for an answer costs no task
+listening on `receive()`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Literal
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 Phase = Literal["idle", "head", "body"]
+DISCONNECTED = "ferry.disconnected"
 REASONS = {
     408: b"Request Timeout",
     431: b"Request Header Fields Too Large",
@@ -55,6 +60,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        if self.cycle is not None and not self.cycle.response_complete:
+            gone = self.cycle.scope.get("extensions", {}).get(DISCONNECTED)
+            if gone is not None and not gone.done():
+                gone.set_result(None)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -84,6 +93,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = "body"
         self._head_bytes = 0
         self._arm(self.limits.body_timeout_s)
+        self.scope["extensions"] = {DISCONNECTED: self.loop.create_future()}
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:

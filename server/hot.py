@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from ferry.server.connection_limits import DISCONNECTED
 from ferry.server.errors import BodyTooLarge, error_parts
 from starlette.requests import Request
 from starlette.responses import Response
@@ -90,6 +91,9 @@ class HotCall:
 
     def disconnected(self) -> asyncio.Future:
         """Resolves when the client goes away (the body is read: only that can arrive now)."""
+        given = self.scope.get("extensions", {}).get(DISCONNECTED)
+        if given is not None:
+            return given  # set by Ferry's HTTP protocol: no listening task needed
         if self._watcher is None:
             self._watcher = asyncio.ensure_future(_until_disconnect(self.receive))
         return self._watcher
