@@ -9,14 +9,20 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from ferry.llm.base import SamplingSettings
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 log = logging.getLogger(__name__)
 
 MAX_N = 8
+# Stop strings are matched against every decoded delta of a stream: bounded so that one request
+# cannot slow every other stream in the engine step (vLLM has no bound; OpenAI allows 4).
+MAX_STOP = 16
+MAX_STOP_CHARS = 256
+StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
+Prompt = Annotated[str, StringConstraints(min_length=1)]
 
 
 def _id(prefix: str) -> str:
@@ -68,7 +74,7 @@ class _SamplingFields(OpenAIRequestModel):
 
     n: int = Field(default=1, ge=1, le=MAX_N)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
@@ -108,7 +114,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     model: str
-    prompt: str | list[str] = Field(min_length=1)
+    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1)]
     max_tokens: int = Field(default=16, ge=1)  # OpenAI's legacy default
 
     def prompts(self) -> list[str]:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+from ferry.batcher.errors import InvalidInput
 from ferry.server.disconnect import ClientDisconnected, run_unless_disconnected
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
@@ -41,14 +42,37 @@ async def _respond(
         return Response(status_code=499)
 
 
+def _label_and_bound(request: Request, model: str, texts: list[str], items: int) -> None:
+    """The metrics label, only from a configured name; bounds checked before tokenizing."""
+    if model in request.app.state.openai.model_names():
+        request.state.model_name = model
+    settings = request.app.state.settings
+    field = "messages" if request.url.path.endswith("/chat/completions") else "prompt"
+    if items > settings.max_items_per_request:
+        raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
+    for index, text in enumerate(texts):
+        if len(text) > settings.max_chars_per_text:
+            raise InvalidInput(
+                f"{field}[{index}]",
+                f"{len(text)} characters; at most {settings.max_chars_per_text}",
+            )
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidInput(
+                    f"{field}[{index}]", "text is not valid Unicode (lone surrogate)"
+                ) from None
+
+
 @router.post(
     "/v1/chat/completions",
     response_model=ChatCompletionResponse,
     responses={**ERRORS, **STREAM_DOC},
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    request.state.model_name = body.model
     serving = request.app.state.openai
+    _label_and_bound(request, body.model, [m.text() for m in body.messages], len(body.messages))
     return await _respond(
         request, body.stream, lambda: serving.chat(body), lambda: serving.chat_stream(body)
     )
@@ -60,8 +84,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     responses={**ERRORS, **STREAM_DOC},
 )
 async def completions(body: CompletionRequest, request: Request):
-    request.state.model_name = body.model
     serving = request.app.state.openai
+    prompts = body.prompts()
+    _label_and_bound(request, body.model, prompts, len(prompts))
     return await _respond(
         request,
         body.stream,

@@ -1,0 +1,233 @@
+"""Nothing one client sends can break Ferry for the others: a real server, hostile inputs.
+
+Each probe is followed by the check that matters to everyone else: /metrics still answers and
+parses with a bounded series count, and a normal /predict still returns the reference embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+
+import httpx
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server_process import (
+    DEFAULT_MODEL,
+    TINY_LLM,
+    default_model_config,
+    ferry_server,
+    tiny_llm_config,
+)
+
+REFERENCE_IDS = [101, 7592, 2088, 102]
+POST_ROUTES = (
+    "/predict",
+    "/v1/embeddings",
+    "/v1/chat/completions",
+    "/v1/completions",
+    f"/v2/models/{DEFAULT_MODEL}/infer",
+)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ferry_server(
+        [default_model_config()],
+        llm_models=[tiny_llm_config(max_running=2, max_waiting=8)],
+    ) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def reference(client) -> np.ndarray:
+    answer = client.post("/predict", json={"input_ids": REFERENCE_IDS})
+    assert answer.status_code == 200
+    return np.asarray(answer.json()["outputs"][0]["sentence_embedding"])
+
+
+def post_raw(client: httpx.Client, path: str, body: bytes) -> httpx.Response:
+    return client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def series(client: httpx.Client) -> int:
+    answer = client.get("/metrics")
+    assert answer.status_code == 200
+    families = list(text_string_to_metric_families(answer.text))  # raises if unparseable
+    return sum(len(f.samples) for f in families)
+
+
+def assert_others_unharmed(client: httpx.Client, reference: np.ndarray) -> None:
+    answer = client.post("/predict", json={"input_ids": REFERENCE_IDS})
+    assert answer.status_code == 200
+    got = np.asarray(answer.json()["outputs"][0]["sentence_embedding"])
+    np.testing.assert_allclose(got, reference, atol=1e-6)
+    assert client.get("/health/ready").status_code == 200
+
+
+def send_named(client: httpx.Client, names: list[str]) -> None:
+    for index, name in enumerate(names):
+        path = POST_ROUTES[index % 4]
+        field = {"/predict": "inputs", "/v1/embeddings": "input"}.get(path, "prompt")
+        value = '"hi"'
+        if "chat" in path:
+            field, value = "messages", '[{"role": "user", "content": "hi"}]'
+        body = f'{{"model": {name}, "{field}": {value}}}'.encode()
+        answer = post_raw(client, path, body)
+        assert 400 <= answer.status_code < 500, (path, answer.status_code, answer.text[:200])
+
+
+def test_metrics_survive_any_model_name(client, reference):
+    rng = random.Random(0)
+
+    def random_names(count: int) -> list[str]:
+        return [json.dumps("".join(rng.choices(string.printable, k=12))) for _ in range(count)]
+
+    hostile = ['"\\ud800"', '"a\\u0000b"', json.dumps("x" * 2 * 2**20)]
+    send_named(client, hostile + random_names(100))
+    series(client)  # a scrape counts itself after answering: the first one adds its own series
+    settled = series(client)
+    # Every route and status has been seen: a new name must add no series at all.
+    send_named(client, random_names(200))
+    assert series(client) == settled
+    text = client.get("/metrics").text
+    assert "\\ud800" not in text and "xxxxxxxx" not in text
+    assert_others_unharmed(client, reference)
+
+
+BAD_INPUTS = [
+    ("/predict", {"input_ids": [101, 2**63, 102]}, "input_ids"),
+    ("/predict", {"input_ids": [[101, 102], [101, 2**64 + 5]]}, "input_ids[1]"),
+    ("/predict", {"input_ids": [101, 102], "attention_mask": [1, 2**63]}, "attention_mask"),
+    ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": [101, 2**63]}, "input"),
+    # The hot routes' JSON parser refuses lone surrogates outright (no field to name).
+    ("/predict", {"inputs": "\ud800 lone"}, None),
+    ("/predict", {"inputs": ["fine", "\udfff"]}, None),
+    ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": "\ud800"}, None),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": ["", "x"]}, "prompt"),
+    (
+        "/v1/chat/completions",
+        {"model": TINY_LLM, "messages": [{"role": "user", "content": "\ud800"}]},
+        "messages[0]",
+    ),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": "x", "stop": ["s"] * 1000}, "stop"),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": ["x"] * 5000}, "prompt"),
+    ("/predict", {"inputs": "word " * 30_000}, "inputs"),
+    (
+        "/predict",
+        {"input_ids": [[101] * 256] * 256, "outputs": ["last_hidden_state"]},
+        "outputs",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD_INPUTS)
+def test_bad_input_gets_a_4xx_naming_the_field(client, reference, path, body, param):
+    # Lone surrogates cannot be sent through httpx's json=: written as JSON escapes by hand.
+    answer = post_raw(client, path, json.dumps(body).encode())
+    assert 400 <= answer.status_code < 500, answer.text[:300]
+    error = answer.json()["error"]
+    if param is None:
+        assert error["param"] is None and "Invalid JSON" in error["message"], error
+    else:
+        assert (error["param"] or "").startswith(param), error
+
+
+def test_kserve_bad_input_gets_a_4xx(client, reference):
+    path = f"/v2/models/{DEFAULT_MODEL}/infer"
+    huge = {
+        "inputs": [
+            {"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [101, 2**70]}
+        ]
+    }
+    deep = b"[" * 10_000 + b"]" * 10_000
+    outputs = {
+        "inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [101, 102]}],
+        "outputs": 5,
+    }
+    for body in (json.dumps(huge).encode(), deep, json.dumps(outputs).encode()):
+        answer = post_raw(client, path, body)
+        assert 400 <= answer.status_code < 500, answer.text[:300]
+        assert isinstance(answer.json()["error"], str)  # KServe's error shape
+    assert_others_unharmed(client, reference)
+
+
+def test_texts_over_the_character_bound_are_refused_before_tokenizing(client, reference):
+    # ~3.9 MB: under the body limit, over max_chars_per_text.
+    answer = client.post("/predict", json={"inputs": ["ok", "a " * 1_950_000]})
+    assert answer.status_code == 422
+    assert answer.json()["error"]["param"] == "inputs[1]"
+    assert "characters" in answer.json()["error"]["message"]
+    # A long text under the bound is tokenized (off the loop) and truncated on request.
+    long_text = client.post("/predict", json={"inputs": "word " * 19_000, "truncate": True})
+    assert long_text.status_code == 200
+    assert long_text.json()["usage"]["prompt_tokens"] == 256
+    assert_others_unharmed(client, reference)
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False)
+    | st.text(alphabet=st.characters(exclude_categories=()), max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "model",
+                    "input",
+                    "inputs",
+                    "input_ids",
+                    "attention_mask",
+                    "prompt",
+                    "messages",
+                    "outputs",
+                    "stop",
+                    "max_tokens",
+                    "n",
+                    "role",
+                    "content",
+                    "name",
+                    "shape",
+                    "datatype",
+                    "data",
+                    "truncate",
+                    "timeout_ms",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(route=st.sampled_from(POST_ROUTES), value=JSON_VALUES)
+def test_any_json_at_any_route_is_never_a_5xx(client, route, value):
+    # ensure_ascii: lone surrogates travel as escapes, as a hostile client would send them.
+    answer = post_raw(client, route, json.dumps(value, ensure_ascii=True).encode())
+    assert answer.status_code < 500, (route, value, answer.text[:300])
+
+
+def test_server_healthy_after_fuzzing(client, reference):
+    assert_others_unharmed(client, reference)
+    assert series(client) < 2000
