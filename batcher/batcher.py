@@ -70,6 +70,8 @@ class MicroBatcher:
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._recent_batch_s = 0.05
+        # Recent batch time over the cost model's prediction (moving average).
+        self._slowdown = 1.0
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()
         self._published_fits = 0
@@ -152,23 +154,25 @@ class MicroBatcher:
         size = self.limits.max_batch_size
         batches = -(-queued // size)
         rounds = -(-batches // self.limits.max_concurrent_batches)
-        per_batch = self.cost_model.predict(min(size, queued), mean_length)
+        # The model is fit on batches run alone and together; scaled by how far the recent ones
+        # ran over or under it (other batches at once, a busy machine).
+        per_batch = self.cost_model.predict(min(size, queued), mean_length) * self._slowdown
         running = self._recent_batch_s if self._running else 0.0
         return running + rounds * per_batch
 
     def _admit_by_predicted_wait(
         self, sequences: Sequence[TokenSequence], now: float, deadline: float | None
     ) -> None:
-        """Refuse now (429) what the queue ahead would make finish after its deadline (504)."""
-        finish_by = deadline
-        if self.limits.latency_objective_s is not None:
-            objective_end = now + self.limits.latency_objective_s
-            finish_by = objective_end if finish_by is None else min(finish_by, objective_end)
-        if finish_by is None or not self._pending:
+        """Refuse now (429) what the queue ahead would make finish after its deadline (504).
+
+        Only the deadline counts: a latency objective is a target that steers batch sizes, and
+        refusing at it would turn every burst into 429s.
+        """
+        if deadline is None or not self._pending:
             return
         tokens = sum(seq.length for seq in sequences)
         wait = self.predicted_wait_s(len(sequences), tokens)
-        if wait is not None and now + wait > finish_by:
+        if wait is not None and now + wait > deadline:
             self._observer.rejected("predicted_late")
             raise QueueFull(
                 retry_after_s=max(1.0, wait),
@@ -358,6 +362,8 @@ class MicroBatcher:
             elapsed = time.perf_counter() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
             if not failed:
+                if self.cost_model.ready and predicted_s > 0:
+                    self._slowdown = 0.8 * self._slowdown + 0.2 * (elapsed / predicted_s)
                 self.cost_model.observe(padded.size, padded.padded_length, elapsed)
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self.cost_model.ready else None

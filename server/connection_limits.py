@@ -79,16 +79,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._phase = "head"
         self._header_count = 0
+        self._head_size = 0
         self._arm(self.limits.header_timeout_s)
 
+    def on_url(self, url: bytes) -> None:
+        self._head_size += len(url)
+        super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        # A head that arrived whole in one read is measured here; a partial one in data_received.
         self._header_count += 1
+        self._head_size += len(name) + len(value) + 4
         if self._header_count <= self.limits.max_headers:
             super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self._header_count > self.limits.max_headers:
             self._refuse(431, f"more than {self.limits.max_headers} header lines")
+            return
+        if self._head_size > self.limits.max_header_bytes:
+            self._refuse(431, f"request head over {self.limits.max_header_bytes} bytes")
             return
         self._phase = "body"
         self._head_bytes = 0

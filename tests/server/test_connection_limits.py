@@ -1,0 +1,110 @@
+"""Slow, idle and bloated clients on raw sockets against a real server: cut off, never piled up."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from tests.server_process import default_model_config, ferry_server
+
+LIMITS = {
+    "header_timeout_s": 1.0,
+    "body_timeout_s": 1.0,
+    "keep_alive_timeout_s": 1.0,
+    "max_connections": 40,
+    "max_header_bytes": 16384,
+    "max_headers": 50,
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ferry_server([default_model_config()], server=LIMITS) as handle:
+        yield handle
+
+
+def connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=15)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (socket timeout: 15 s)."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+def predict_ok(url: str) -> bool:
+    return httpx.post(f"{url}/predict", json={"input_ids": [101, 102]}, timeout=30).is_success
+
+
+def test_idle_connections_are_closed_and_capped(server):
+    idle = [connect(server.url) for _ in range(50)]
+    answers = [read_until_closed(sock) for sock in idle]
+    for sock in idle:
+        sock.close()
+    statuses = sorted(status_of(a) for a in answers)
+    # Beyond the cap: 503 with Retry-After at once; the rest closed by the header timeout.
+    assert statuses.count(503) >= 10, statuses
+    assert set(statuses) <= {408, 503}, statuses
+    assert all(b"retry-after: 1" in a for a in answers if status_of(a) == 503)
+    assert predict_ok(server.url)
+
+
+def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(server):
+    sock = connect(server.url)
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sent = 0
+    try:
+        for byte in head:
+            sock.send(bytes([byte]))
+            sent += 1
+            time.sleep(0.1)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    answer = read_until_closed(sock)
+    sock.close()
+    assert status_of(answer) == 408
+    assert sent < len(head)  # closed before the slow client finished its head
+    assert predict_ok(server.url)
+
+
+def test_a_body_that_never_arrives_is_cut_off(server):
+    sock = connect(server.url)
+    sock.sendall(
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 20000\r\n\r\n" + b'{"inputs": "' + b"a" * 100
+    )
+    answer = read_until_closed(sock)
+    sock.close()
+    assert status_of(answer) == 408
+    assert predict_ok(server.url)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"X-Big: " + b"a" * 100_000 + b"\r\n",  # one huge value
+        b"".join(b"X-Many-%d: v\r\n" % i for i in range(200)),  # too many lines
+    ],
+)
+def test_oversized_request_heads_get_431(server, headers):
+    sock = connect(server.url)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    answer = read_until_closed(sock)
+    sock.close()
+    assert status_of(answer) == 431
+    assert predict_ok(server.url)
