@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 from ferry.batcher.cost_model import BatchCostModel
@@ -309,6 +310,8 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         wanted = _wanted_outputs(batch)
         padded = pad_batch([r.sequence for r in batch], self._pad_token_id, wanted)
+        if not self._pending and len(self._running) <= 1:  # this batch's own task only
+            padded = replace(padded, runs_alone=True)
         now = loop.time()
         self._observer.batch_formed(
             padded.size,

@@ -17,6 +17,8 @@ class PaddedBatch:
     # Outputs some member asked for; None: all of them. Backends fetch only these, so an output
     # nobody wants (an L x 384 hidden state) is never copied out of the runtime.
     outputs: tuple[str, ...] | None = None
+    # Nothing else queued or running when it was formed: a backend may give it every core.
+    runs_alone: bool = False
 
     @property
     def size(self) -> int:
