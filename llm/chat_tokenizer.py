@@ -20,7 +20,7 @@ def _raise(message: str) -> None:
 class ChatTokenizer:
     """Reads tokenizer.json + tokenizer_config.json (or chat_template.jinja) from a model folder."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, escape_special_tokens: bool = True) -> None:
         model_dir = Path(model_dir)
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         config_path = model_dir / "tokenizer_config.json"
@@ -41,9 +41,48 @@ class ChatTokenizer:
             if isinstance(config.get(key), str)
         }
         self.eos_token: str | None = self._special.get("eos_token")
+        # Special tokens typed by a user are text, not control tokens (no role injection),
+        # unless the model's config allows them in message content.
+        self._escape_specials = escape_special_tokens
+        self._special_texts = tuple(
+            token.content
+            for token in self._tokenizer.get_added_tokens_decoder().values()
+            if token.special
+        )
+        self._as_text = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self._as_text.encode_special_tokens = True
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return self._template.render(messages=messages, add_generation_prompt=True, **self._special)
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The chat prompt's token ids, each message's content encoded as plain text.
+
+        Only when some content holds a special token's text does this differ from
+        `encode(render_chat(messages))`: the template is then rendered around placeholders, its
+        own parts keep their control tokens and the contents are encoded with special tokens
+        read as text.
+        """
+        if not self._escape_specials or not any(
+            special in message.get("content", "")
+            for message in messages
+            for special in self._special_texts
+        ):
+            return self.encode(self.render_chat(messages))
+        placeholders = [f"\x00ferry-content-{i}\x00" for i in range(len(messages))]
+        rendered = self.render_chat(
+            [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)]
+        )
+        ids: list[int] = []
+        rest = rendered
+        for message, placeholder in zip(messages, placeholders, strict=True):
+            before, found, after = rest.partition(placeholder)
+            if not found:
+                continue  # the template left this message out
+            ids += self.encode(before)
+            ids += self._as_text.encode(message["content"], add_special_tokens=False).ids
+            rest = after
+        return ids + self.encode(rest)
 
     def encode(self, text: str) -> list[int]:
         # Special tokens in the rendered template are real tokens; the template adds no BOS itself.
