@@ -124,8 +124,8 @@ OVERVIEW = (
         "Rejections by reason",
         (("{{reason}}", f"sum by (reason) (rate(ferry_rejections_total{{{M}}}{RATE}))"),),
         unit="reqps",
-        description="Requests the batcher refused: queue_full, deadline, invalid, cancelled, "
-        "closed.",
+        description="Requests the batcher refused: queue_full, predicted_late, deadline, invalid, "
+        "cancelled, closed.",
     ),
     Panel(
         "Request latency",
