@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
@@ -34,6 +35,11 @@ from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth
 from ferry.batcher.request import QueuedRequest, SequenceLimits, TokenSequence
 
 logger = logging.getLogger(__name__)
+
+# How far back finished batches count towards the queue's drain rate.
+RATE_WINDOW_S = 2.0
+# Predictions on a shared machine err both ways: admit only what fits with this much to spare.
+ADMISSION_MARGIN = 1.25
 
 InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
 Result = dict[str, np.ndarray]
@@ -71,8 +77,8 @@ class MicroBatcher:
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._recent_batch_s = 0.05
-        # Recent batch time over the cost model's prediction (moving average).
-        self._slowdown = 1.0
+        # (finish time, requests) of recent batches: the queue's real drain rate under load.
+        self._completions: deque[tuple[float, int]] = deque()
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()
         self._published_fits = 0
@@ -141,25 +147,39 @@ class MicroBatcher:
         return futures
 
     def predicted_wait_s(self, extra: int = 0, extra_tokens: int = 0) -> float | None:
-        """When `extra` more requests would finish if queued now (None until the model is fit).
+        """When `extra` more requests would finish if queued now (None: nothing to go by yet).
 
-        The queue ahead runs in full batches of its mean length, `max_concurrent_batches` at a
-        time, after the batches running now.
+        Under load, from the rate at which requests have been finishing over the last
+        RATE_WINDOW_S: it already holds the machine's real speed (other batches at once, other
+        processes). Otherwise from the cost model: the queue in full batches of its mean
+        length, `max_concurrent_batches` at a time, after the batches running now.
         """
-        if not self.cost_model.ready:
-            return None
         queued = len(self._pending) + extra
         if queued == 0:
             return 0.0
+        rate = self._completion_rate()
+        if rate is not None:
+            return queued / rate
+        if not self.cost_model.ready:
+            return None
         mean_length = max(1, round((self._pending_tokens + extra_tokens) / queued))
-        size = self.limits.max_batch_size
+        size = min(self.limits.max_batch_size, max(1, self.limits.max_batch_tokens // mean_length))
         batches = -(-queued // size)
         rounds = -(-batches // self.limits.max_concurrent_batches)
-        # The model is fit on batches run alone and together; scaled by how far the recent ones
-        # ran over or under it (other batches at once, a busy machine).
-        per_batch = self.cost_model.predict(min(size, queued), mean_length) * self._slowdown
+        per_batch = self.cost_model.predict(min(size, queued), mean_length)
         running = self._recent_batch_s if self._running else 0.0
         return running + rounds * per_batch
+
+    def _completion_rate(self) -> float | None:
+        """Requests finished per second over the recent window, if batches kept finishing."""
+        now = time.perf_counter()
+        while self._completions and self._completions[0][0] < now - RATE_WINDOW_S:
+            self._completions.popleft()
+        if len(self._completions) < 2:
+            return None
+        span = now - self._completions[0][0]
+        done = sum(count for _, count in list(self._completions)[1:])
+        return done / span if span > 0 and done else None
 
     def _admit_by_predicted_wait(
         self, sequences: Sequence[TokenSequence], now: float, deadline: float | None
@@ -173,7 +193,7 @@ class MicroBatcher:
             return
         tokens = sum(seq.length for seq in sequences)
         wait = self.predicted_wait_s(len(sequences), tokens)
-        if wait is not None and now + wait > deadline:
+        if wait is not None and now + wait * ADMISSION_MARGIN > deadline:
             self._observer.rejected("predicted_late")
             raise QueueFull(
                 retry_after_s=max(1.0, wait),
@@ -365,8 +385,7 @@ class MicroBatcher:
             elapsed = time.perf_counter() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
             if not failed:
-                if self.cost_model.ready and predicted_s > 0:
-                    self._slowdown = 0.8 * self._slowdown + 0.2 * (elapsed / predicted_s)
+                self._completions.append((time.perf_counter(), padded.size))
                 self.cost_model.observe(padded.size, padded.padded_length, elapsed)
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self.cost_model.ready else None
