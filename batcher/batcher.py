@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 # How far back finished batches count towards the queue's drain rate.
 RATE_WINDOW_S = 2.0
 # Predictions on a shared machine err both ways: admit only what fits with this much to spare.
-ADMISSION_MARGIN = 1.25
+ADMISSION_MARGIN = 1.5
 
 InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
 Result = dict[str, np.ndarray]

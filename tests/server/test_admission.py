@@ -31,10 +31,11 @@ def test_a_burst_past_its_deadline_is_refused_at_once_not_timed_out():
         f"burst of {BURST} x 120-128 tokens, {TIMEOUT_MS} ms deadline: {result.summary()}; "
         f"goodput {goodput:.0f} req/s = {goodput / saturation:.2f} x saturation {saturation:.0f}"
     )
-    # Every answer is a result or an immediate refusal; a prediction on a shared 2-core box can
-    # still be wrong for a few (without admission: every request past the ~5 s mark is a 504).
+    # Every answer is a result or an immediate refusal. Without admission every request past
+    # what ~5 s of saturation serves is a 504 (here ~90 % of the burst); a prediction on a shared
+    # 2-core box, with the load generator on the same cores, can still be wrong for a few.
     assert set(result.statuses) <= {200, 429, 504}, result.statuses
-    assert late <= 0.1 * (served + late), result.statuses
+    assert late <= 0.1 * BURST, result.statuses
     assert served > 0 and refused > 0, result.statuses
     assert result.refusals_without_retry_after == 0
     assert metric_value(text, "ferry_rejections_total", reason="predicted_late") > 0
