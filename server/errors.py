@@ -91,6 +91,28 @@ def error_body(message: str, type_: str, param: str | None = None, code: int | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def is_kserve(path: str) -> bool:
+    """KServe v2 clients (tritonclient, perf_analyzer) read `{"error": "..."}`, not OpenAI's."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def render_error(
+    path: str,
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """The error body in the shape the path's clients expect."""
+    if is_kserve(path):
+        named = not param or message.startswith(f"{param}:")
+        body: dict = {"error": message if named else f"{param}: {message}"}
+    else:
+        body = error_body(message, type_, param, status)
+    return JSONResponse(body, status, headers=headers)
+
+
 def _openai_status(path: str, status: int) -> int:
     # OpenAI (and vLLM) answer 400 where FastAPI's convention is 422.
     return 400 if status == 422 and path.startswith("/v1/") else status
@@ -108,9 +130,7 @@ def error_response(exc: BaseException, path: str = "") -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if kind.retry_after:
         headers["Retry-After"] = str(math.ceil(getattr(exc, "retry_after_s", 1.0)))
-    return JSONResponse(
-        error_body(message, kind.type, param, kind.status), kind.status, headers=headers
-    )
+    return render_error(path, kind.status, message, kind.type, param, headers)
 
 
 def _validation_response(exc: RequestValidationError, path: str) -> JSONResponse:
@@ -118,7 +138,7 @@ def _validation_response(exc: RequestValidationError, path: str) -> JSONResponse
     param = _param_from_loc(first.get("loc", ()))
     message = f"{param}: {first['msg']}" if param else str(first["msg"])
     status = _openai_status(path, 422)
-    return JSONResponse(error_body(message, "invalid_request_error", param, status), status)
+    return render_error(path, status, message, "invalid_request_error", param)
 
 
 def _param_from_loc(loc: tuple) -> str | None:
@@ -140,10 +160,12 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _validation_response(exc, request.url.path)
 
-    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(
-            error_body(str(exc.detail), "invalid_request_error", None, exc.status_code),
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return render_error(
+            request.url.path,
             exc.status_code,
+            str(exc.detail),
+            "invalid_request_error",
             headers=exc.headers,
         )
 

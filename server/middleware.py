@@ -69,7 +69,8 @@ class BodySizeLimitMiddleware:
         limit = self.max_body_bytes
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await error_response(BodyTooLarge(limit))(scope, receive, send)
+            response = error_response(BodyTooLarge(limit), scope["path"])
+            await response(scope, receive, send)
             return
         received = 0
 
@@ -118,7 +119,7 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and self._protected(scope["path"]):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
-                await error_response(Unauthorized())(scope, receive, send)
+                await error_response(Unauthorized(), scope["path"])(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -135,7 +136,8 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            await error_response(NotReady("the server is shutting down"))(scope, receive, send)
+            response = error_response(NotReady("the server is shutting down"), scope["path"])
+            await response(scope, receive, send)
             return
         self.drain.enter()
         try:

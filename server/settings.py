@@ -99,6 +99,8 @@ class Settings(_Strict):
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
     max_tokens_per_request: int = Field(default=65536, ge=1)
+    # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
 

@@ -87,7 +87,7 @@ async def test_invalid_input_is_rejected_before_queueing_and_names_the_field():
     batcher = make(RecordingBackend())
     with pytest.raises(InvalidInput) as info:
         batcher.submit([seq(1), seq(5000)])
-    assert info.value.field == "[1].input_ids"
+    assert info.value.field == "input_ids[1]"
     with pytest.raises(InvalidInput, match="at most 64"):
         batcher.submit([seq(*range(1, 70))])
     with pytest.raises(InvalidInput) as info:
