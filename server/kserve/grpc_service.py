@@ -136,8 +136,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             endpoint = f"{SERVICE}/{method}"
             metrics = self.state.metrics
-            # Only served names become label values (bounded series), as on HTTP.
-            model = model_name if model_name in self.state.registry.models else ""
+            # As on HTTP, only inference is labelled with its model (statistics count those), and
+            # only served names become label values (bounded series).
+            served = method == "ModelInfer" and model_name in self.state.registry.models
+            model = model_name if served else ""
             metrics.requests.labels(model, endpoint, str(status)).inc()
             metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 

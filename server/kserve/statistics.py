@@ -3,7 +3,8 @@
 Per model: requests answered (`success`/`fail` by status class, from `ferry_requests_total`, on
 every route and protocol), request time (`ferry_request_duration_seconds`, which is not split by
 outcome, so `success.ns` covers all requests), queue wait (`ferry_queue_wait_seconds`), backend
-time (`compute_infer`, per batch: `ferry_backend_inference_seconds`), sequences inferred
+time (`compute_infer`, counted per batch: `ferry_backend_inference_seconds`; input and output
+preparation are not measured apart, so their counts follow it with 0 ns), sequences inferred
 (`inference_count`) and batches run (`execution_count`). Durations are integers in nanoseconds.
 """
 
@@ -43,13 +44,14 @@ def model_statistics(registry: CollectorRegistry, names: list[str]) -> dict[str,
     for name in names:
         ok = v["ferry_requests_total:ok"][name]
         failed = v["ferry_requests_total:fail"][name]
+        batches = v["ferry_backend_inference_seconds_count"][name]
         stats.append(
             {
                 "name": name,
                 "version": VERSION,
                 "last_inference": 0,
                 "inference_count": int(v["ferry_batch_size_requests_sum"][name]),
-                "execution_count": int(v["ferry_backend_inference_seconds_count"][name]),
+                "execution_count": int(batches),
                 "inference_stats": {
                     "success": _stat(ok, v["ferry_request_duration_seconds_sum"][name]),
                     "fail": _stat(failed),
@@ -57,12 +59,10 @@ def model_statistics(registry: CollectorRegistry, names: list[str]) -> dict[str,
                         v["ferry_queue_wait_seconds_count"][name],
                         v["ferry_queue_wait_seconds_sum"][name],
                     ),
-                    "compute_input": _stat(0),
-                    "compute_infer": _stat(
-                        v["ferry_backend_inference_seconds_count"][name],
-                        v["ferry_backend_inference_seconds_sum"][name],
-                    ),
-                    "compute_output": _stat(0),
+                    # perf_analyzer requires the three compute counts to agree.
+                    "compute_input": _stat(batches),
+                    "compute_infer": _stat(batches, v["ferry_backend_inference_seconds_sum"][name]),
+                    "compute_output": _stat(batches),
                     "cache_hit": _stat(0),
                     "cache_miss": _stat(0),
                 },
