@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import InvalidSampling
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -56,22 +57,18 @@ class EngineStats:
 
 
 class LLMEngine(Protocol):
+    """Runs already-checked generations: the serving layer tokenizes the prompt, validates the
+    settings and clamps max_tokens to the context once; engines trust what they are given."""
+
     name: str
     max_context_tokens: int
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Apply the model's chat template, ending with the assistant's generation prompt."""
-        ...
-
-    def count_tokens(self, text: str) -> int: ...
+    tokenizer: ChatTokenizer  # the prompt side: chat template, encode, decode
 
     def generate(
-        self, request_id: str, prompt: str, sampling: SamplingSettings
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings
     ) -> AsyncIterator[GenerationDelta]:
         """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts."""
         ...
-
-    async def abort(self, request_id: str) -> None: ...
 
     async def start(self) -> None: ...
 

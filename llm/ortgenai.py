@@ -33,7 +33,7 @@ from ferry.llm.base import (
     merge_deltas,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, GenerationFailed, PromptTooLong
+from ferry.llm.errors import EngineDead, EngineOverloaded, GenerationFailed
 from ferry.llm.stops import StopMatcher
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,7 @@ _STOP = object()
 class _Add:
     request_id: str
     prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingSettings
+    sampling: SamplingSettings  # max_tokens already fits the context
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ class OrtGenAIEngine:
     ) -> None:
         self.name = name
         self._model_dir = Path(model_dir)
-        self._chat = ChatTokenizer(self._model_dir)
+        # The prompt side runs on the event loop with the tokenizers library, never through og.
+        self.tokenizer = ChatTokenizer(self._model_dir)
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
         self._engine_config: dict[str, Any] = genai_config.get("engine", {})
@@ -96,14 +96,6 @@ class OrtGenAIEngine:
         self._running = 0
         self._waiting = 0
         self._outbox: list[tuple[str, GenerationDelta | Exception]] = []  # owner thread only
-
-    # -- prompt side (event-loop thread; uses the tokenizers library, not og) --------------------
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._chat.render_chat(messages)
-
-    def count_tokens(self, text: str) -> int:
-        return self._chat.count_tokens(text)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -136,23 +128,17 @@ class OrtGenAIEngine:
     # -- requests (event-loop thread) -------------------------------------------------------------
 
     async def generate(
-        self, request_id: str, prompt: str, sampling: SamplingSettings
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings
     ) -> AsyncIterator[GenerationDelta]:
-        sampling.validate()
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running") from self._failure
-        prompt_ids = self._chat.encode(prompt)
-        room = self.max_context_tokens - len(prompt_ids)
-        if room < 1:
-            raise PromptTooLong(len(prompt_ids), self.max_context_tokens)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         if len(self._streams) >= self._capacity:
             raise EngineOverloaded(f"engine {self.name} has {len(self._streams)} requests")
         stream: asyncio.Queue[GenerationDelta | Exception] = asyncio.Queue()
         self._streams[request_id] = stream
-        # Clamp to the context instead of failing, the way a finished-by-length reply reads.
-        self._commands.put(_Add(request_id, prompt_ids, min(sampling.max_tokens, room), sampling))
+        self._commands.put(_Add(request_id, prompt_ids, sampling))
         finished = False
         try:
             while not finished:
@@ -174,10 +160,6 @@ class OrtGenAIEngine:
             self._streams.pop(request_id, None)
             if not finished:  # the consumer left early: stop spending compute on it
                 self._commands.put(_Abort(request_id))
-
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._streams:
-            self._commands.put(_Abort(request_id))
 
     @property
     def _capacity(self) -> int:
@@ -326,11 +308,11 @@ class _OwnerLoop:
     def _begin(self, add: _Add) -> Any:
         og = self._og
         options = og.RequestOptions()
-        options.set_max_session_tokens(len(add.prompt_ids) + add.max_tokens)
+        sampling = add.sampling
+        options.set_max_session_tokens(len(add.prompt_ids) + sampling.max_tokens)
         request = self._engine.create_request(options=options)
         turn = og.TurnOptions(request)
-        turn.set_max_generated_tokens(add.max_tokens)
-        sampling = add.sampling
+        turn.set_max_generated_tokens(sampling.max_tokens)
         if sampling.temperature == 0:
             turn.set_do_sample(False)
         else:

@@ -1,8 +1,9 @@
 """vLLM adapter: AsyncLLM's RequestOutput stream turned into Ferry's GenerationDeltas.
 
 vllm is imported only inside `create_vllm_engine`, so this module imports (and its adapter logic
-is tested) on machines without vllm or a GPU. The prompt side uses the model's own tokenizer files
-through ChatTokenizer, and vLLM receives token ids, so usage counts match what the model saw.
+is tested) on machines without vllm or a GPU. The serving layer tokenizes with the
+model's own tokenizer files (ChatTokenizer) and vLLM receives token ids, so usage counts match
+what the model saw.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from ferry.llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, PromptTooLong
+from ferry.llm.errors import EngineDead, EngineOverloaded
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -47,17 +48,11 @@ class VLLMEngine:
         self.name = name
         self.max_context_tokens = max_context_tokens
         self._engine = engine
-        self._chat = chat
+        self.tokenizer = chat
         self._params_cls = sampling_params_cls
         self._max_concurrency = max_concurrency
         self._active: set[str] = set()
         self._closed = False
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._chat.render_chat(messages)
-
-    def count_tokens(self, text: str) -> int:
-        return self._chat.count_tokens(text)
 
     async def start(self) -> None:
         """AsyncLLM starts its engine core on construction; nothing to do."""
@@ -78,29 +73,18 @@ class VLLMEngine:
         return EngineStats(running=len(self._active), waiting=0)
 
     async def generate(
-        self, request_id: str, prompt: str, sampling: SamplingSettings
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings
     ) -> AsyncIterator[GenerationDelta]:
-        sampling.validate()
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running")
-        prompt_ids = self._chat.encode(prompt)
-        room = self.max_context_tokens - len(prompt_ids)
-        if room < 1:
-            raise PromptTooLong(len(prompt_ids), self.max_context_tokens)
         if len(self._active) >= self._max_concurrency:
             raise EngineOverloaded(f"engine {self.name} has {len(self._active)} requests")
-        clamped = SamplingSettings(
-            max_tokens=min(sampling.max_tokens, room),
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            stop=sampling.stop,
-        )
-        params = to_sampling_params(clamped, self._params_cls)
+        params = to_sampling_params(sampling, self._params_cls)
         self._active.add(request_id)
         finished = False
         text_len = token_len = 0
         try:
+            # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
             stream = self._engine.generate(
                 {"prompt_token_ids": prompt_ids}, params, request_id=request_id
             )
@@ -119,12 +103,9 @@ class VLLMEngine:
         finally:
             self._active.discard(request_id)
             if not finished:  # cancelled or closed early: free the engine's slot
-                await self.abort(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        result = self._engine.abort(request_id)
-        if inspect.isawaitable(result):
-            await result
+                result = self._engine.abort(request_id)
+                if inspect.isawaitable(result):
+                    await result
 
 
 def create_vllm_engine(

@@ -105,12 +105,17 @@ def render_error(
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
     """The error body in the shape the path's clients expect."""
-    if is_kserve(path):
-        named = not param or message.startswith(f"{param}:")
-        body: dict = {"error": message if named else f"{param}: {message}"}
-    else:
-        body = error_body(message, type_, param, status)
+    body = (
+        kserve_body(message, param)
+        if is_kserve(path)
+        else error_body(message, type_, param, status)
+    )
     return JSONResponse(body, status, headers=headers)
+
+
+def kserve_body(message: str, param: str | None) -> dict[str, str]:
+    named = not param or message.startswith(f"{param}:")
+    return {"error": message if named else f"{param}: {message}"}
 
 
 def _openai_status(path: str, status: int) -> int:
@@ -118,19 +123,28 @@ def _openai_status(path: str, status: int) -> int:
     return 400 if status == 422 and path.startswith("/v1/") else status
 
 
-def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+def error_payload(exc: BaseException, path: str = "") -> tuple[ErrorKind, dict]:
+    """The table's status and OpenAI-shaped body for an exception: HTTP answers and in-stream
+    SSE error events both come from here."""
     kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
-    kind = ErrorKind(_openai_status(path, kind.status), kind.type, kind.retry_after)
     if kind is INTERNAL:
         logger.exception("unhandled error", exc_info=exc)
+    kind = ErrorKind(_openai_status(path, kind.status), kind.type, kind.retry_after)
     param = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return kind, error_body(message, kind.type, param, kind.status)
+
+
+def error_response(exc: BaseException, path: str = "") -> JSONResponse:
+    kind, body = error_payload(exc, path)
     headers = {}
     if kind.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     if kind.retry_after:
         headers["Retry-After"] = str(math.ceil(getattr(exc, "retry_after_s", 1.0)))
-    return render_error(path, kind.status, message, kind.type, param, headers)
+    if is_kserve(path):
+        body = kserve_body(body["error"]["message"], body["error"]["param"])
+    return JSONResponse(body, kind.status, headers=headers)
 
 
 def _validation_response(exc: RequestValidationError, path: str) -> JSONResponse:
