@@ -19,6 +19,10 @@ class SamplingSettings:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Log probabilities of the generated tokens with this many alternatives each; None: none.
+    logprobs: int | None = None
+    # The prompt's tokens with their log probabilities as well (completions' `echo`).
+    echo: bool = False
 
     def validate(self) -> None:
         """Raise InvalidSampling naming the first field out of range."""
@@ -33,12 +37,24 @@ class SamplingSettings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's natural-log probability under the model, and the likeliest at its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), likeliest first
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """What one engine step added to a generation."""
 
     text: str
     token_count: int  # tokens generated in this step, including ones held back by a stop match
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when sampling.logprobs is set
+    # On the first delta when sampling.echo: one per prompt token (None for the first).
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationDelta:
@@ -47,6 +63,8 @@ def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationD
         text=first.text + second.text,
         token_count=first.token_count + second.token_count,
         finish_reason=second.finish_reason,
+        logprobs=first.logprobs + second.logprobs,
+        prompt_logprobs=first.prompt_logprobs or second.prompt_logprobs,
     )
 
 

@@ -34,6 +34,7 @@ from ferry.llm.base import (
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded, GenerationFailed
+from ferry.llm.ortgenai_scored import run_scored
 from ferry.llm.stops import StopMatcher
 
 log = logging.getLogger(__name__)
@@ -280,7 +281,9 @@ class _OwnerLoop:
         while True:
             if command is _STOP:
                 return False
-            if isinstance(command, _Add):
+            if isinstance(command, _Add) and _needs_logits(command.sampling):
+                self._scored(command)
+            elif isinstance(command, _Add):
                 job = _Job(command, StopMatcher(command.sampling.stop))
                 self._by_id[command.request_id] = job
                 self._waiting.append(job)
@@ -291,6 +294,18 @@ class _OwnerLoop:
             except queue.Empty:
                 self._publish_counts()
                 return True
+
+    def _scored(self, add: _Add) -> None:
+        """A generation with log probabilities, on the Generator API (see ortgenai_scored)."""
+
+        def emit(delta: GenerationDelta) -> None:
+            self._deliver(add.request_id, delta)
+            self._flush()
+
+        try:
+            run_scored(self._og, self._model, self._tokenizer, add.prompt_ids, add.sampling, emit)
+        except Exception as exc:  # a bad request must not kill the engine
+            self._deliver(add.request_id, GenerationFailed(str(exc)))
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self.max_running:
@@ -398,6 +413,10 @@ class _OwnerLoop:
         self._waiting.clear()
         self._by_id.clear()
         del self._engine, self._buffer, self._tokenizer, self._model
+
+
+def _needs_logits(sampling: SamplingSettings) -> bool:
+    return sampling.logprobs is not None or sampling.echo
 
 
 def _set_result(future: asyncio.Future[int], value: int) -> None:

@@ -15,13 +15,20 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ferry.llm.base import EngineStats, GenerationDelta, LLMEngine, SamplingSettings
-from ferry.llm.errors import ModelNotFound, PromptTooLong
+from ferry.llm.base import (
+    EngineStats,
+    GenerationDelta,
+    LLMEngine,
+    SamplingSettings,
+    TokenLogprob,
+)
+from ferry.llm.errors import InvalidSampling, ModelNotFound, PromptTooLong
 from ferry.server.errors import error_payload
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
+from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -79,6 +86,7 @@ class _Choice:
     index: int
     prompt_ids: list[int]
     sampling: SamplingSettings  # max_tokens fitted to this prompt's room in the context
+    prompt_text: str = ""  # for `echo`
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,8 @@ class _Result:
     text: str = ""
     finish_reason: str | None = None
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
 _Deltas = AsyncIterator[tuple[int, GenerationDelta]]
@@ -132,9 +142,13 @@ class OpenAIServing:
     async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
         plan = self._plan_chat(request)
         results = await self._collect(plan)
+        decode = plan.engine.tokenizer.decode
         choices = [
             ChatCompletionResponseChoice(
-                index=i, message=ChatMessage(content=r.text), finish_reason=r.finish_reason
+                index=i,
+                message=ChatMessage(content=r.text),
+                logprobs=chat_logprobs(r.logprobs, decode) if request.logprobs else None,
+                finish_reason=r.finish_reason,
             )
             for i, r in enumerate(results)
         ]
@@ -151,8 +165,8 @@ class OpenAIServing:
         plan = self._plan_completion(request)
         results = await self._collect(plan)
         choices = [
-            CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason)
-            for i, r in enumerate(results)
+            _completion_choice(request, plan, choice, result)
+            for choice, result in zip(plan.choices, results, strict=True)
         ]
         return CompletionResponse(
             id=plan.response_id, model=request.model, choices=choices, usage=_usage(plan, results)
@@ -166,6 +180,7 @@ class OpenAIServing:
     # -- planning: everything checked once, before the engine sees the request -----------------
 
     def _plan_chat(self, request: ChatCompletionRequest) -> _Plan:
+        request.check_supported()
         engine = self.engine_for(request.model)
         tokenizer = engine.tokenizer
         prompt_ids = tokenizer.encode(tokenizer.render_chat(request.chat_messages()))
@@ -173,10 +188,25 @@ class OpenAIServing:
         return self._plan(engine, request.model, new_chat_id(), [prompt_ids], request.n, sampling)
 
     def _plan_completion(self, request: CompletionRequest) -> _Plan:
+        request.check_supported()
         engine = self.engine_for(request.model)
-        prompts = [engine.tokenizer.encode(prompt) for prompt in request.prompts()]
+        tokenizer = engine.tokenizer
+        many = len(request.prompts()) > 1
+        prompts, texts = [], []
+        for i, prompt in enumerate(request.prompts()):
+            if isinstance(prompt, str):
+                prompts.append(tokenizer.encode(prompt))
+                texts.append(prompt)
+            else:
+                prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
+                texts.append(tokenizer.decode(prompt) if request.echo else "")
         sampling = request.to_sampling(engine.max_context_tokens)
-        return self._plan(engine, request.model, new_completion_id(), prompts, request.n, sampling)
+        plan = self._plan(engine, request.model, new_completion_id(), prompts, request.n, sampling)
+        if request.echo:
+            n = request.n
+            choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
+            plan = replace(plan, choices=choices)
+        return plan
 
     @staticmethod
     def _plan(
@@ -246,6 +276,8 @@ class OpenAIServing:
                 result.text += delta.text
                 result.completion_tokens += delta.token_count
                 result.finish_reason = delta.finish_reason or result.finish_reason
+                result.logprobs += delta.logprobs
+                result.prompt_logprobs = delta.prompt_logprobs or result.prompt_logprobs
         return results
 
     async def _stream(
@@ -287,6 +319,41 @@ async def _events(
     if usage_prompt_tokens is not None:
         yield chunks.usage(usage_prompt_tokens, completion_tokens)
     yield DONE
+
+
+def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
+    """A prompt given as token ids must be this model's (see the README on foreign ids)."""
+    param = "prompt" if index is None else f"prompt[{index}]"
+    if not ids:
+        raise InvalidSampling(param, "a prompt of token ids must not be empty")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidSampling(
+            param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+        )
+    return ids
+
+
+def _completion_choice(
+    request: CompletionRequest, plan: _Plan, choice: _Choice, result: _Result
+) -> CompletionChoice:
+    """The choice's text (after its prompt with `echo`) and, when asked, its log probabilities."""
+    prefix = choice.prompt_text if request.echo else ""
+    logprobs = None
+    if request.logprobs is not None:
+        generated = [e.token_id for e in result.logprobs]
+        ids, entries = generated, list(result.logprobs)
+        if request.echo:
+            ids = choice.prompt_ids + generated
+            entries = [*(result.prompt_logprobs or [None] * len(choice.prompt_ids)), *entries]
+        decode = plan.engine.tokenizer.decode
+        logprobs = completion_logprobs(ids, entries, decode, 0 if request.echo else len(prefix))
+    return CompletionChoice(
+        index=choice.index,
+        text=prefix + result.text,
+        logprobs=logprobs,
+        finish_reason=result.finish_reason,
+    )
 
 
 def _usage(plan: _Plan, results: list[_Result]) -> UsageInfo:

@@ -94,12 +94,20 @@ async def server_metadata() -> dict[str, Any]:
 
 
 @router.get("/models/stats")
+async def get_all_statistics(request: Request) -> Response:
+    return _statistics(request, None)
+
+
 @router.get("/models/{name}/stats", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}/stats", include_in_schema=False)
-async def get_model_statistics(request: Request, name: str = "") -> Response:
+async def get_model_statistics(name: str, request: Request) -> Response:
+    return _statistics(request, name)
+
+
+def _statistics(request: Request, name: str | None) -> Response:
     registry = request.app.state.registry
     try:
-        names = [_model(request, name).name] if name else list(registry.models)
+        names = list(registry.models) if name is None else [_model(request, name).name]
     except Exception as exc:
         return kserve_error(exc)
     return JSONResponse(model_statistics(request.app.state.metrics.registry, names))
