@@ -13,7 +13,13 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from ferry.llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings
+from ferry.llm.base import (
+    EngineStats,
+    FinishReason,
+    GenerationDelta,
+    SamplingSettings,
+    TokenLogprob,
+)
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded
 
@@ -29,6 +35,30 @@ def to_sampling_params(settings: SamplingSettings, params_cls: Callable[..., Any
         top_p=settings.top_p,
         seed=settings.seed,
         stop=list(settings.stop),
+        logprobs=settings.logprobs,
+        prompt_logprobs=settings.logprobs if settings.echo else None,
+    )
+
+
+def to_token_logprob(token_id: int, candidates: dict[int, Any], top: int) -> TokenLogprob:
+    """vLLM's {token id: Logprob(logprob, rank)} at one position -> Ferry's entry: the chosen
+    token (always present) and the `top` best by rank (1 = likeliest)."""
+    ranked = sorted(
+        (c.rank, i, c.logprob)
+        for i, c in candidates.items()
+        if c.rank is not None and c.rank <= top
+    )
+    return TokenLogprob(
+        token_id, candidates[token_id].logprob, tuple((i, lp) for _, i, lp in ranked)
+    )
+
+
+def prompt_entries(
+    prompt_ids: list[int], positions: list[dict[int, Any] | None], top: int
+) -> tuple[TokenLogprob | None, ...]:
+    return tuple(
+        None if p is None else to_token_logprob(t, p, top)
+        for t, p in zip(prompt_ids, positions, strict=True)
     )
 
 
@@ -91,13 +121,23 @@ class VLLMEngine:
             async for output in stream:
                 completion = output.outputs[0]
                 text = completion.text[text_len:]  # vLLM reports cumulative text and ids
-                tokens = len(completion.token_ids) - token_len
+                new_ids = list(completion.token_ids[token_len:])
+                tokens = len(new_ids)
+                logprobs, echoed = (), None
+                if sampling.logprobs is not None:
+                    top = sampling.logprobs
+                    positions = completion.logprobs[token_len : token_len + tokens]
+                    logprobs = tuple(
+                        to_token_logprob(t, p, top) for t, p in zip(new_ids, positions, strict=True)
+                    )
+                    if sampling.echo and token_len == 0:
+                        echoed = prompt_entries(prompt_ids, output.prompt_logprobs, top)
                 text_len, token_len = len(completion.text), len(completion.token_ids)
                 reason = None
                 if completion.finish_reason is not None or output.finished:
                     reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
                 finished = reason is not None
-                yield GenerationDelta(text, tokens, reason)
+                yield GenerationDelta(text, tokens, reason, logprobs, echoed)
                 if finished:
                     return
         finally:

@@ -137,6 +137,8 @@ async def test_sampling_settings_become_sampling_params() -> None:
         "top_p": 0.8,
         "seed": 3,
         "stop": ["\n"],
+        "logprobs": None,
+        "prompt_logprobs": None,
     }
 
 
