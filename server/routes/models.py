@@ -16,6 +16,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "ferry"
     task: str
+    parent: str | None = None  # a LoRA adapter's base model, as vLLM lists it
 
 
 class ModelList(BaseModel):
@@ -31,7 +32,7 @@ async def list_models(request: Request) -> ModelList:
         for name, model in state.registry.models.items()
     ]
     cards += [
-        ModelCard(id=name, created=state.started_at, task="chat")
-        for name in state.openai.model_names()
+        ModelCard(id=m.name, created=state.started_at, task="chat", parent=m.parent)
+        for m in state.openai.served_models()
     ]
     return ModelList(data=cards)
