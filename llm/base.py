@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
@@ -83,9 +84,24 @@ class LLMEngine(Protocol):
     tokenizer: ChatTokenizer  # the prompt side: chat template, encode, decode
 
     def generate(
-        self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts."""
+        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
+        `adapter` names a loaded LoRA adapter (ModelNotFound if it is not); None: the base."""
+        ...
+
+    def adapter_names(self) -> list[str]: ...
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Raise InvalidAdapter if the name is taken, the limit reached or the file bad."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """New requests on it fail at once; returns once the requests using it finished."""
         ...
 
     async def start(self) -> None: ...

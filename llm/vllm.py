@@ -9,10 +9,11 @@ what the model saw.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
     EngineStats,
     FinishReason,
@@ -21,7 +22,7 @@ from ferry.llm.base import (
     TokenLogprob,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded
+from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -74,6 +75,9 @@ class VLLMEngine:
         max_context_tokens: int,
         sampling_params_cls: Callable[..., Any],
         max_concurrency: int = 256,
+        lora_request_cls: Callable[..., Any] | None = None,
+        adapters: Mapping[str, Path] | None = None,
+        max_adapters: int = 4,
     ) -> None:
         self.name = name
         self.max_context_tokens = max_context_tokens
@@ -83,9 +87,39 @@ class VLLMEngine:
         self._max_concurrency = max_concurrency
         self._active: set[str] = set()
         self._closed = False
+        self._lora_cls = lora_request_cls  # vllm.lora.request.LoRARequest; None: LoRA is off
+        self._initial_adapters = dict(adapters or {})
+        self._adapters = AdapterTable(max_adapters)
+        self._lora_requests: dict[int, Any] = {}  # adapter id (vLLM's lora_int_id) -> LoRARequest
 
     async def start(self) -> None:
-        """AsyncLLM starts its engine core on construction; nothing to do."""
+        """AsyncLLM starts its engine core on construction; only the adapters are left."""
+        for name, path in self._initial_adapters.items():
+            await self.load_adapter(name, path)
+
+    def adapter_names(self) -> list[str]:
+        return self._adapters.names()
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        if self._lora_cls is None:
+            raise InvalidAdapter("lora_name", f"LoRA is not enabled on {self.name}")
+        adapter_id = self._adapters.reserve(name)
+        request = self._lora_cls(lora_name=name, lora_int_id=adapter_id, lora_path=str(path))
+        try:
+            # Loaded now rather than on its first request, so a bad adapter fails here.
+            if not await self._engine.add_lora(request):
+                raise RuntimeError("vLLM refused it")
+        except Exception as exc:
+            self._adapters.cancel(name)
+            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+        self._lora_requests[adapter_id] = request
+        self._adapters.commit(name, adapter_id)
+
+    async def unload_adapter(self, name: str) -> None:
+        """New requests on `name` fail at once; vLLM drops it once its requests finished."""
+        adapter_id = await self._adapters.retire(name)
+        del self._lora_requests[adapter_id]
+        await self._engine.remove_lora(adapter_id)
 
     async def close(self) -> None:
         self._closed = True
@@ -103,20 +137,26 @@ class VLLMEngine:
         return EngineStats(running=len(self._active), waiting=0)
 
     async def generate(
-        self, request_id: str, prompt_ids: list[int], sampling: SamplingSettings
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running")
         if len(self._active) >= self._max_concurrency:
             raise EngineOverloaded(f"engine {self.name} has {len(self._active)} requests")
         params = to_sampling_params(sampling, self._params_cls)
+        adapter_id = self._adapters.acquire(adapter) if adapter is not None else None
+        lora = None if adapter_id is None else self._lora_requests[adapter_id]
         self._active.add(request_id)
         finished = False
         text_len = token_len = 0
         try:
             # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
             stream = self._engine.generate(
-                {"prompt_token_ids": prompt_ids}, params, request_id=request_id
+                {"prompt_token_ids": prompt_ids}, params, request_id=request_id, lora_request=lora
             )
             async for output in stream:
                 completion = output.outputs[0]
@@ -146,6 +186,8 @@ class VLLMEngine:
                 result = self._engine.abort(request_id)
                 if inspect.isawaitable(result):
                     await result
+            if adapter_id is not None:
+                self._adapters.release(adapter_id)
 
 
 def create_vllm_engine(
@@ -154,13 +196,25 @@ def create_vllm_engine(
     name: str = "tiny-llm",
     max_model_len: int | None = None,
     gpu_memory_utilization: float = 0.3,
+    adapters: Mapping[str, Path] | None = None,
+    enable_lora: bool = False,
+    max_adapters: int = 4,
+    max_lora_rank: int = 16,
     **engine_kwargs: Any,
 ) -> VLLMEngine:
-    """Build a VLLMEngine from a Hugging Face model folder; needs vllm (and a GPU) installed."""
+    """Build a VLLMEngine from a Hugging Face model folder; needs vllm (and a GPU) installed.
+
+    With LoRA on (`enable_lora`, or configured adapters), `max_adapters` is vLLM's `max_loras`
+    (adapters in one batch) and also how many Ferry keeps loaded, so every loaded adapter can
+    run at once."""
     from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
 
     chat = ChatTokenizer(model_dir)
+    lora = enable_lora or bool(adapters)
+    if lora:
+        engine_kwargs.update(enable_lora=True, max_loras=max_adapters, max_lora_rank=max_lora_rank)
     args = AsyncEngineArgs(
         model=str(model_dir),
         max_model_len=max_model_len,
@@ -170,5 +224,12 @@ def create_vllm_engine(
     engine = AsyncLLM.from_engine_args(args)
     context = engine.model_config.max_model_len
     return VLLMEngine(
-        engine, chat, name=name, max_context_tokens=context, sampling_params_cls=SamplingParams
+        engine,
+        chat,
+        name=name,
+        max_context_tokens=context,
+        sampling_params_cls=SamplingParams,
+        lora_request_cls=LoRARequest if lora else None,
+        adapters=adapters,
+        max_adapters=max_adapters,
     )

@@ -22,7 +22,15 @@ from ferry.server.middleware import (
 )
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
-from ferry.server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
+from ferry.server.routes import (
+    embeddings,
+    health,
+    kserve_v2,
+    lora_adapters,
+    models,
+    openai_chat,
+    predict,
+)
 from ferry.server.routes.head import HeadAsGetMiddleware
 from ferry.server.settings import Settings
 
@@ -78,6 +86,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(models.router)
     app.include_router(embeddings.router)
     app.include_router(openai_chat.router)
+    app.include_router(lora_adapters.router)
     app.include_router(health.router)
     app.include_router(kserve_v2.router)
     # Added innermost first: metrics (outermost) see every response, the 401/413/503s included.

@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 from ferry.llm.base import (
@@ -25,7 +26,7 @@ from ferry.llm.base import (
     SamplingSettings,
     TokenLogprob,
 )
-from ferry.llm.errors import InvalidSampling, ModelNotFound, PromptTooLong
+from ferry.llm.errors import InvalidAdapter, InvalidSampling, ModelNotFound, PromptTooLong
 from ferry.server.errors import error_payload
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
@@ -80,6 +81,20 @@ class NullObserver:
 
 
 @dataclass(frozen=True)
+class ServedModel:
+    """A name requests can ask for: a base model, or a LoRA adapter on one."""
+
+    name: str
+    engine: LLMEngine
+    base: str  # the engine's configured name
+    adapter: str | None = None
+
+    @property
+    def parent(self) -> str | None:
+        return self.base if self.adapter is not None else None
+
+
+@dataclass(frozen=True)
 class _Choice:
     """One generation: choice `index` of the response."""
 
@@ -93,8 +108,7 @@ class _Choice:
 class _Plan:
     """A checked request, ready to run."""
 
-    engine: LLMEngine
-    model: str  # the configured name that served it, for metrics
+    served: ServedModel  # resolved from the request's model: its name is a configured one
     response_id: str
     choices: list[_Choice]
     prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
@@ -123,26 +137,58 @@ class OpenAIServing:
         self._engines = dict(engines)
         self._observer: LLMObserver = observer or NullObserver()
         self._clock = clock
+        self._unloads: set[asyncio.Task[None]] = set()
+
+    def served_models(self) -> list[ServedModel]:
+        """Every base model and every loaded adapter, by name."""
+        served = [ServedModel(name, engine, name) for name, engine in self._engines.items()]
+        for base, engine in self._engines.items():
+            served += [ServedModel(a, engine, base, a) for a in engine.adapter_names()]
+        return sorted(served, key=lambda m: m.name)
 
     def model_names(self) -> list[str]:
-        return sorted(self._engines)
+        return [m.name for m in self.served_models()]
 
     def engine_stats(self) -> dict[str, EngineStats]:
-        """Per-model running/waiting counts, for the metrics gauges."""
+        """Per-engine running/waiting counts (adapters included), for the metrics gauges."""
         return {name: engine.stats() for name, engine in self._engines.items()}
 
+    def resolve(self, model: str) -> ServedModel:
+        engine = self._engines.get(model)
+        if engine is not None:
+            return ServedModel(model, engine, model)
+        for base, engine in self._engines.items():
+            if model in engine.adapter_names():
+                return ServedModel(model, engine, base, model)
+        raise ModelNotFound(model)
+
     def engine_for(self, model: str) -> LLMEngine:
-        try:
-            return self._engines[model]
-        except KeyError:
-            raise ModelNotFound(model) from None
+        return self.resolve(model).engine
+
+    # -- adapters ---------------------------------------------------------------------------------
+
+    async def load_adapter(self, name: str, path: Path, base: str) -> None:
+        if name in self.model_names():
+            raise InvalidAdapter("lora_name", f"The model `{name}` is already served.")
+        await self.resolve(base).engine.load_adapter(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Returns once the requests on `name` finished and it is freed; new ones fail now.
+        The unload itself runs on even if the caller goes away, so nothing is left half-done."""
+        served = self.resolve(name)
+        if served.adapter is None:
+            raise InvalidAdapter("lora_name", f"`{name}` is a base model, not a LoRA adapter.")
+        task = asyncio.create_task(served.engine.unload_adapter(name))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+        await asyncio.shield(task)
 
     # -- endpoints --------------------------------------------------------------------------------
 
     async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
         plan = self._plan_chat(request)
         results = await self._collect(plan)
-        decode = plan.engine.tokenizer.decode
+        decode = plan.served.engine.tokenizer.decode
         choices = [
             ChatCompletionResponseChoice(
                 index=i,
@@ -153,12 +199,15 @@ class OpenAIServing:
             for i, r in enumerate(results)
         ]
         return ChatCompletionResponse(
-            id=plan.response_id, model=request.model, choices=choices, usage=_usage(plan, results)
+            id=plan.response_id,
+            model=plan.served.name,
+            choices=choices,
+            usage=_usage(plan, results),
         )
 
     async def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
         plan = self._plan_chat(request)
-        chunks = chat_chunks(plan.response_id, request.model, request.n)
+        chunks = chat_chunks(plan.response_id, plan.served.name, request.n)
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(self, request: CompletionRequest) -> CompletionResponse:
@@ -169,27 +218,31 @@ class OpenAIServing:
             for choice, result in zip(plan.choices, results, strict=True)
         ]
         return CompletionResponse(
-            id=plan.response_id, model=request.model, choices=choices, usage=_usage(plan, results)
+            id=plan.response_id,
+            model=plan.served.name,
+            choices=choices,
+            usage=_usage(plan, results),
         )
 
     async def completion_stream(self, request: CompletionRequest) -> AsyncIterator[str]:
         plan = self._plan_completion(request)
-        chunks = completion_chunks(plan.response_id, request.model)
+        chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 
     # -- planning: everything checked once, before the engine sees the request -----------------
 
     def _plan_chat(self, request: ChatCompletionRequest) -> _Plan:
         request.check_supported()
-        engine = self.engine_for(request.model)
-        tokenizer = engine.tokenizer
+        served = self.resolve(request.model)
+        tokenizer = served.engine.tokenizer
         prompt_ids = tokenizer.encode(tokenizer.render_chat(request.chat_messages()))
-        sampling = request.to_sampling(engine.max_context_tokens)
-        return self._plan(engine, request.model, new_chat_id(), [prompt_ids], request.n, sampling)
+        sampling = request.to_sampling(served.engine.max_context_tokens)
+        return self._plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
 
     def _plan_completion(self, request: CompletionRequest) -> _Plan:
         request.check_supported()
-        engine = self.engine_for(request.model)
+        served = self.resolve(request.model)
+        engine = served.engine
         tokenizer = engine.tokenizer
         many = len(request.prompts()) > 1
         prompts, texts = [], []
@@ -201,7 +254,7 @@ class OpenAIServing:
                 prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
                 texts.append(tokenizer.decode(prompt) if request.echo else "")
         sampling = request.to_sampling(engine.max_context_tokens)
-        plan = self._plan(engine, request.model, new_completion_id(), prompts, request.n, sampling)
+        plan = self._plan(served, new_completion_id(), prompts, request.n, sampling)
         if request.echo:
             n = request.n
             choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
@@ -210,14 +263,14 @@ class OpenAIServing:
 
     @staticmethod
     def _plan(
-        engine: LLMEngine,
-        model: str,
+        served: ServedModel,
         response_id: str,
         prompts: list[list[int]],
         n: int,
         sampling: SamplingSettings,
     ) -> _Plan:
         sampling.validate()
+        engine = served.engine
         choices = []
         for p, prompt_ids in enumerate(prompts):
             room = engine.max_context_tokens - len(prompt_ids)
@@ -227,7 +280,7 @@ class OpenAIServing:
             fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
             choices += [_Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
         prompt_tokens = sum(len(ids) for ids in prompts)
-        return _Plan(engine, model, response_id, choices, prompt_tokens)
+        return _Plan(served, response_id, choices, prompt_tokens)
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -239,13 +292,16 @@ class OpenAIServing:
 
     async def _generate(self, plan: _Plan, choice: _Choice) -> _Deltas:
         """One engine generation, timed for the observer as it passes."""
-        observer, clock, model = self._observer, self._clock, plan.model
+        observer, clock, served = self._observer, self._clock, plan.served
+        model = served.name
         started = last = clock()
         first_seen = False
         completion_tokens, reason = 0, "abort"
         request_id = f"{plan.response_id}-{choice.index}"
         try:
-            generation = plan.engine.generate(request_id, choice.prompt_ids, choice.sampling)
+            generation = served.engine.generate(
+                request_id, choice.prompt_ids, choice.sampling, adapter=served.adapter
+            )
             async with aclosing(generation) as deltas:
                 async for delta in deltas:
                     if delta.token_count:
@@ -346,7 +402,7 @@ def _completion_choice(
         if request.echo:
             ids = choice.prompt_ids + generated
             entries = [*(result.prompt_logprobs or [None] * len(choice.prompt_ids)), *entries]
-        decode = plan.engine.tokenizer.decode
+        decode = plan.served.engine.tokenizer.decode
         logprobs = completion_logprobs(ids, entries, decode, 0 if request.echo else len(prefix))
     return CompletionChoice(
         index=choice.index,

@@ -18,6 +18,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "ferry"
     task: str
+    parent: str | None = None  # a LoRA adapter's base model, as vLLM lists it
 
 
 class ModelList(BaseModel):
@@ -32,8 +33,8 @@ def model_cards(request: Request) -> list[ModelCard]:
         for name, model in state.registry.models.items()
     ]
     cards += [
-        ModelCard(id=name, created=state.started_at, task="chat")
-        for name in state.openai.model_names()
+        ModelCard(id=m.name, created=state.started_at, task="chat", parent=m.parent)
+        for m in state.openai.served_models()
     ]
     return cards
 

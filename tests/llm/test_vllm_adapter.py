@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,11 +54,17 @@ class FakeAsyncLLM:
     hold: asyncio.Event | None = None  # when set, stream pauses after the first output
     aborted: list[str] = field(default_factory=list)
     calls: list[tuple[Any, Any, str]] = field(default_factory=list)
+    loras: list[Any] = field(default_factory=list)  # the lora_request of each generate call
+    added: dict[int, Any] = field(default_factory=dict)  # as AsyncLLM.add_lora keeps them
+    removed: list[int] = field(default_factory=list)
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str
+        self, prompt: Any, params: Any, request_id: str, lora_request: Any = None
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append((prompt, params, request_id))
+        self.loras.append(lora_request)
+        if lora_request is not None:
+            assert self.added.get(lora_request.lora_int_id) == lora_request  # loaded first
         text, ids = "", []
         for i, (piece, piece_ids) in enumerate(self.steps):
             text, ids = text + piece, ids + piece_ids
@@ -69,6 +76,16 @@ class FakeAsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        if not Path(lora_request.lora_path, "adapter_config.json").is_file():
+            raise ValueError(f"no adapter at {lora_request.lora_path}")
+        self.added[lora_request.lora_int_id] = lora_request
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return self.added.pop(lora_id, None) is not None
 
 
 def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:

@@ -60,7 +60,9 @@ class FakeAsyncLLM:
 
     calls: list[dict[str, Any]] = field(default_factory=list)
 
-    async def generate(self, prompt: Any, params: Any, request_id: str) -> AsyncIterator[Output]:
+    async def generate(
+        self, prompt: Any, params: Any, request_id: str, lora_request: Any = None
+    ) -> AsyncIterator[Output]:
         self.calls.append(params)
         ids = prompt["prompt_token_ids"]
         wanted = params["logprobs"] is not None

@@ -1,4 +1,4 @@
-"""Log probabilities on the real tiny model through OrtGenAIEngine (the Generator API path)."""
+"""Log probabilities on the real tiny model through OrtGenAIEngine (its Generator lane)."""
 
 from __future__ import annotations
 
