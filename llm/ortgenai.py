@@ -466,9 +466,11 @@ class _OwnerLoop:
             tokens = 1
             job.generated += 1
             text = job.matcher.feed(job.decoder.decode(token))
-        # Log probabilities, when asked for, were noted on the job by the lane (ortgenai_lora).
-        logprobs = (job.logprob,) if token is not None and job.logprob is not None else ()
-        echoed, job.prompt_logprobs = job.prompt_logprobs, None
+        # Log probabilities, when asked for, were noted on the job by the lane (ortgenai_lora);
+        # an end-of-sequence token has one too (lm-eval's loglikelihood expects one per token
+        # generated), though it adds no text and no count, as on the engine path.
+        logprobs = () if job.logprob is None else (job.logprob,)
+        echoed, job.prompt_logprobs, job.logprob = job.prompt_logprobs, None, None
         if job.matcher.stopped:
             delta = GenerationDelta(text, tokens, "stop", logprobs, echoed)
             self._finish(job, delta)
