@@ -72,7 +72,7 @@ def model_config(model: ModelRuntime) -> dict[str, Any]:
             },
         },
         "instance_group": [
-            {"name": model.name, "kind": "KIND_CPU", "count": backend.max_concurrency}
+            {"name": model.name, "kind": _instance_kind(backend), "count": backend.max_concurrency}
         ],
         "parameters": {
             "max_sequence_length": {"string_value": str(model.manifest.max_length)},
@@ -80,3 +80,9 @@ def model_config(model: ModelRuntime) -> dict[str, Any]:
             "vocab_size": {"string_value": str(model.manifest.vocab_size)},
         },
     }
+
+
+def _instance_kind(backend: object) -> str:
+    # ONNX Runtime names its providers; a GPU one (CUDA, TensorRT) means the batches run there.
+    providers = getattr(backend, "providers", None) or []
+    return "KIND_GPU" if any(p != "CPUExecutionProvider" for p in providers) else "KIND_CPU"

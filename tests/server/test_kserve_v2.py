@@ -147,6 +147,8 @@ def test_model_config_is_the_model_limits(client):
     }
     assert {o["name"] for o in config["output"]} == {"last_hidden_state", "sentence_embedding"}
     assert config["parameters"]["max_sequence_length"]["string_value"] == "256"
+    # sessions = 2 in the test config: two batches run at once, on the CPU here
+    assert config["instance_group"] == [{"name": DEFAULT_MODEL, "kind": "KIND_CPU", "count": 2}]
 
 
 def test_statistics_are_the_metrics_numbers(server, client):
