@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import numpy as np
@@ -12,7 +13,7 @@ import tritonclient.grpc.aio as triton_grpc_aio
 from tritonclient.utils import InferenceServerException
 
 from tests.server.kserve_support import padded_batch
-from tests.server_process import DEFAULT_MODEL, metric_value
+from tests.server_process import DEFAULT_MODEL, ferry_server, free_port, metric_value
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -111,3 +112,26 @@ async def test_aio_client_concurrent_requests(kserve, embed_alone):
     for (ids, _), result in zip(batches, results, strict=True):
         embedding = result.as_numpy("sentence_embedding")[0]
         assert np.max(np.abs(embedding - embed_alone(ids[0].tolist()))) <= 1e-5
+
+
+def test_api_key_guards_inference_but_not_health():
+    key = "grpc-key"
+    with kserve_server_with_env({"FERRY_API_KEY": key}) as grpc_url:
+        client = triton_grpc.InferenceServerClient(grpc_url)
+        try:
+            assert client.is_server_ready()  # health stays open, as on HTTP
+            with pytest.raises(InferenceServerException, match="API key") as info:
+                client.get_model_config(DEFAULT_MODEL)
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+            headers = {"authorization": f"Bearer {key}"}
+            config = client.get_model_config(DEFAULT_MODEL, headers=headers, as_json=True)
+            assert config["config"]["name"] == DEFAULT_MODEL
+        finally:
+            client.close()
+
+
+@contextlib.contextmanager
+def kserve_server_with_env(env: dict[str, str]):
+    port = free_port()
+    with ferry_server(server={"grpc_port": port}, env=env):
+        yield f"127.0.0.1:{port}"
