@@ -19,8 +19,10 @@ from ferry.server.openai.protocol import (
 )
 from ferry.server.openai.sse import TextTemplate, sse_data
 
-# (index, text, finish_reason) -> the endpoint's stream choice model
-ChoiceFactory = Callable[[int, str, str | None], Any]
+# (index, text, finish_reason, logprobs) -> the endpoint's stream choice model
+ChoiceFactory = Callable[[int, str, str | None, Any], Any]
+# A delta's log probabilities in the endpoint's shape (None: the request asked for none)
+LogprobsRenderer = Callable[[GenerationDelta], Any]
 
 
 class StreamChunks:
@@ -34,22 +36,27 @@ class StreamChunks:
         response_id: str,
         model: str,
         opening: Sequence[Any] = (),
+        logprobs: LogprobsRenderer | None = None,
     ) -> None:
         self._chunk_cls = chunk_cls
         self._choice = choice
+        self._logprobs = logprobs
         self._base = {"id": response_id, "created": int(time.time()), "model": model}
         self._templates: dict[int, TextTemplate] = {}
         self.opening = "".join(self._event([c]) for c in opening)  # one event per choice
 
     def delta(self, index: int, delta: GenerationDelta) -> str:
         """The events for one delta of choice `index`; empty when it carries nothing to send."""
+        if self._logprobs is not None and delta.logprobs:
+            logprobs = self._logprobs(delta)  # per chunk: no shared text template
+            return self._event([self._choice(index, delta.text, delta.finish_reason, logprobs)])
         if delta.finish_reason is not None:
-            return self._event([self._choice(index, delta.text, delta.finish_reason)])
+            return self._event([self._choice(index, delta.text, delta.finish_reason, None)])
         if not delta.text:
             return ""
         template = self._templates.get(index)
         if template is None:  # pydantic renders each choice's text event once, then it is filled
-            chunk = self._chunk([self._choice(index, TextTemplate.SENTINEL, None)])
+            chunk = self._chunk([self._choice(index, TextTemplate.SENTINEL, None, None)])
             template = self._templates[index] = TextTemplate(dump_chunk(chunk))
         return template.fill(delta.text)
 
@@ -63,10 +70,12 @@ class StreamChunks:
         return sse_data(dump_chunk(self._chunk(choices, usage)))
 
 
-def chat_chunks(response_id: str, model: str, n: int) -> StreamChunks:
-    def choice(index: int, text: str, finish: str | None) -> ChatCompletionStreamChoice:
+def chat_chunks(
+    response_id: str, model: str, n: int, logprobs: LogprobsRenderer | None = None
+) -> StreamChunks:
+    def choice(index: int, text: str, finish: str | None, lp: Any) -> ChatCompletionStreamChoice:
         return ChatCompletionStreamChoice(
-            index=index, delta=DeltaMessage(content=text or None), finish_reason=finish
+            index=index, delta=DeltaMessage(content=text or None), logprobs=lp, finish_reason=finish
         )
 
     # OpenAI opens every choice with the role.
@@ -75,12 +84,17 @@ def chat_chunks(response_id: str, model: str, n: int) -> StreamChunks:
         for i in range(n)
     ]
     return StreamChunks(
-        ChatCompletionChunk, choice, response_id=response_id, model=model, opening=opening
+        ChatCompletionChunk,
+        choice,
+        response_id=response_id,
+        model=model,
+        opening=opening,
+        logprobs=logprobs,
     )
 
 
 def completion_chunks(response_id: str, model: str) -> StreamChunks:
-    def choice(index: int, text: str, finish: str | None) -> CompletionStreamChoice:
+    def choice(index: int, text: str, finish: str | None, _lp: Any) -> CompletionStreamChoice:
         return CompletionStreamChoice(index=index, text=text, finish_reason=finish)
 
     return StreamChunks(CompletionChunk, choice, response_id=response_id, model=model)

@@ -111,10 +111,10 @@ class _SamplingFields(OpenAIRequestModel):
         for name, neutral in UNSUPPORTED.items():
             if name in extra and extra[name] not in neutral:
                 raise InvalidSampling(name, f"{name} is not supported by this server")
-        if self.stream and self._wants_logprobs():
+        if self.stream and self._streams_no_logprobs():
             raise InvalidSampling("logprobs", "logprobs with stream=true is not supported")
 
-    def _wants_logprobs(self) -> bool:
+    def _streams_no_logprobs(self) -> bool:
         return False
 
     def _settings(
@@ -147,9 +147,6 @@ class ChatCompletionRequest(_SamplingFields):
             for m in self.messages
         ]
 
-    def _wants_logprobs(self) -> bool:
-        return self.logprobs
-
     def to_sampling(self, default_max_tokens: int) -> SamplingSettings:
         """Engine settings; without a limit, generate up to the room left in the context."""
         if self.top_logprobs is not None and not self.logprobs:
@@ -173,7 +170,8 @@ class CompletionRequest(_SamplingFields):
             return [prompt]  # type: ignore[list-item]
         return list(prompt)  # type: ignore[arg-type]
 
-    def _wants_logprobs(self) -> bool:
+    def _streams_no_logprobs(self) -> bool:
+        # Chat streams carry logprobs per chunk; streamed completions do not (yet).
         return self.logprobs is not None or self.echo
 
     def to_sampling(self, default_max_tokens: int | None = None) -> SamplingSettings:
@@ -255,7 +253,7 @@ class DeltaMessage(BaseModel):
 class ChatCompletionStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonField = None
 
 

@@ -207,7 +207,9 @@ class OpenAIServing:
 
     async def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
         plan = self._plan_chat(request)
-        chunks = chat_chunks(plan.response_id, plan.served.name, request.n)
+        decode = plan.served.engine.tokenizer.decode
+        logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
+        chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(self, request: CompletionRequest) -> CompletionResponse:

@@ -122,11 +122,28 @@ def test_neutral_values_of_those_parameters_are_accepted(client):
     assert result.choices[0].message.content is not None
 
 
-def test_logprobs_with_stream_is_refused(client):
+def test_streamed_chat_logprobs_equal_the_unstreamed(client):
+    args = {"model": TINY_LLM, "messages": MESSAGES, "max_tokens": 5, "temperature": 0}
+    full = client.chat.completions.create(**args, logprobs=True, top_logprobs=2)
+    chunks = list(
+        client.chat.completions.create(**args, logprobs=True, top_logprobs=2, stream=True)
+    )
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.content
+    ]
+    assert [t.model_dump() for t in streamed] == [
+        t.model_dump() for t in full.choices[0].logprobs.content
+    ]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+
+
+def test_what_cannot_stream_or_lacks_logprobs_is_refused(client):
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(
-            model=TINY_LLM, messages=MESSAGES, max_tokens=3, logprobs=True, stream=True
-        )
+        complete(client, PROMPT, logprobs=1, stream=True)
     assert info.value.body["param"] == "logprobs"
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, top_logprobs=2)
