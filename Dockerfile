@@ -44,7 +44,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
 COPY . /src
-RUN extras="${VARIANT}" \
+RUN extras="${VARIANT},grpc" \
  && if [ "${WITH_VLLM}" = "1" ]; then extras="${extras},vllm"; fi \
  && pip install "/src[${extras}]" \
  && rm -rf /src

@@ -17,6 +17,8 @@ serve: setup model
 test: setup model
 	# Prometheus and promtool (Debian's package) for the dashboard and alert tests.
 	bash tools/install_prometheus.sh
+	# Triton's perf_analyzer (from the tritonclient 2.50 wheel) for the client tests.
+	bash tools/install_perf_analyzer.sh
 	$(VENV)/bin/ruff check .
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) tools/triton_env.py

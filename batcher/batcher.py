@@ -121,6 +121,7 @@ class MicroBatcher:
                 self.sequence_limits.validate(seq)
             except InvalidInput as exc:
                 self._observer.rejected("invalid")
+                # `input_ids[1]`: the one param format of every route (README, Errors).
                 field = f"{exc.field}[{index}]" if len(sequences) > 1 else exc.field
                 raise InvalidInput(field, exc.message) from None
         if len(self._pending) + len(sequences) > self.limits.max_queue_size:

@@ -42,8 +42,9 @@ async def inprocess_tokens_per_s(prompts: list[str], concurrency: int, max_token
     async def one(prompt: str) -> None:
         nonlocal tokens
         async with gate:
-            chat = engine.render_chat([{"role": "user", "content": prompt}])
-            async for delta in engine.generate(uuid.uuid4().hex, chat, sampling):
+            chat = engine.tokenizer.render_chat([{"role": "user", "content": prompt}])
+            prompt_ids = engine.tokenizer.encode(chat)
+            async for delta in engine.generate(uuid.uuid4().hex, prompt_ids, sampling):
                 tokens += delta.token_count
 
     started = time.perf_counter()

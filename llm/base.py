@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import InvalidSampling
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -18,6 +20,10 @@ class SamplingSettings:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Log probabilities of the generated tokens with this many alternatives each; None: none.
+    logprobs: int | None = None
+    # The prompt's tokens with their log probabilities as well (completions' `echo`).
+    echo: bool = False
 
     def validate(self) -> None:
         """Raise InvalidSampling naming the first field out of range."""
@@ -32,12 +38,24 @@ class SamplingSettings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token's natural-log probability under the model, and the likeliest at its place."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), likeliest first
+
+
+@dataclass(frozen=True)
 class GenerationDelta:
     """What one engine step added to a generation."""
 
     text: str
     token_count: int  # tokens generated in this step, including ones held back by a stop match
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when sampling.logprobs is set
+    # On the first delta when sampling.echo: one per prompt token (None for the first).
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationDelta:
@@ -46,6 +64,8 @@ def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationD
         text=first.text + second.text,
         token_count=first.token_count + second.token_count,
         finish_reason=second.finish_reason,
+        logprobs=first.logprobs + second.logprobs,
+        prompt_logprobs=first.prompt_logprobs or second.prompt_logprobs,
     )
 
 
@@ -56,22 +76,33 @@ class EngineStats:
 
 
 class LLMEngine(Protocol):
+    """Runs already-checked generations: the serving layer tokenizes the prompt, validates the
+    settings and clamps max_tokens to the context once; engines trust what they are given."""
+
     name: str
     max_context_tokens: int
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        """Apply the model's chat template, ending with the assistant's generation prompt."""
-        ...
-
-    def count_tokens(self, text: str) -> int: ...
+    tokenizer: ChatTokenizer  # the prompt side: chat template, encode, decode
 
     def generate(
-        self, request_id: str, prompt: str, sampling: SamplingSettings
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts."""
+        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
+        `adapter` names a loaded LoRA adapter (ModelNotFound if it is not); None: the base."""
         ...
 
-    async def abort(self, request_id: str) -> None: ...
+    def adapter_names(self) -> list[str]: ...
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        """Raise InvalidAdapter if the name is taken, the limit reached or the file bad."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """New requests on it fail at once; returns once the requests using it finished."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -93,3 +93,7 @@ class ChatTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size()

@@ -43,3 +43,11 @@ class ModelNotFound(LLMError):
     def __init__(self, model: str) -> None:
         super().__init__(f"The model `{model}` does not exist.")
         self.model = model
+
+
+class InvalidAdapter(LLMError):
+    """A LoRA adapter cannot be loaded (name taken, limit reached, bad file); `field` names why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field

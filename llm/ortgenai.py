@@ -9,6 +9,7 @@ path: up to `configured_max_batch_size` requests run together and a finished req
 once, but new requests join only when the whole batch has drained. A model built with
 `use_paged_attention` (CUDA, fp16/bf16) gets true continuous batching with the same code.
 Stop strings are matched here, since og.Engine supports them only on the dynamic path.
+Requests on a LoRA adapter run beside the engine on generators of their own (ortgenai_lora.py).
 """
 
 from __future__ import annotations
@@ -19,21 +20,24 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
     EngineStats,
     FinishReason,
     GenerationDelta,
     SamplingSettings,
+    TokenLogprob,
     merge_deltas,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, GenerationFailed, PromptTooLong
+from ferry.llm.errors import EngineDead, EngineOverloaded, GenerationFailed, InvalidAdapter
+from ferry.llm.ortgenai_lora import GeneratorLane, adapter_key
 from ferry.llm.stops import StopMatcher
 
 log = logging.getLogger(__name__)
@@ -47,13 +51,21 @@ _STOP = object()
 class _Add:
     request_id: str
     prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingSettings
+    sampling: SamplingSettings  # max_tokens already fits the context
+    adapter: str | None = None  # the runtime's adapter key; None: the base model
 
 
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    """Run `action` on the owner thread (adapter loads and unloads); `done` gets its outcome."""
+
+    action: Callable[[_OwnerLoop], None]
+    done: Callable[[BaseException | None], None]
 
 
 @dataclass
@@ -62,9 +74,12 @@ class _Job:
 
     add: _Add
     matcher: StopMatcher
-    og_request: Any = None
+    og_request: Any = None  # on the engine
+    generator: Any = None  # on the adapter lane
     decoder: Any = None
     generated: int = field(default=0)
+    logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # until delivered (echo)
 
 
 class OrtGenAIEngine:
@@ -77,13 +92,21 @@ class OrtGenAIEngine:
         name: str = "tiny-llm",
         max_running: int | None = None,
         max_waiting: int = 64,
+        adapters: Mapping[str, Path] | None = None,
+        max_adapters: int = 4,
     ) -> None:
         self.name = name
         self._model_dir = Path(model_dir)
-        self._chat = ChatTokenizer(self._model_dir)
+        # The prompt side runs on the event loop with the tokenizers library, never through og.
+        self.tokenizer = ChatTokenizer(self._model_dir)
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
         self._engine_config: dict[str, Any] = genai_config.get("engine", {})
+        eos = genai_config["model"].get("eos_token_id", [])
+        self._eos_ids = set(eos) if isinstance(eos, list) else {eos}
+        self._initial_adapters = dict(adapters or {})
+        self._adapters = AdapterTable(max_adapters)
+        self._calls: set[asyncio.Future[None]] = set()  # owner-thread calls awaiting an answer
         self._max_running = max_running  # None: the runtime's own batch size, read at start
         self._max_waiting = max_waiting
         self._commands: queue.Queue[object] = queue.Queue()
@@ -97,14 +120,6 @@ class OrtGenAIEngine:
         self._waiting = 0
         self._outbox: list[tuple[str, GenerationDelta | Exception]] = []  # owner thread only
 
-    # -- prompt side (event-loop thread; uses the tokenizers library, not og) --------------------
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._chat.render_chat(messages)
-
-    def count_tokens(self, text: str) -> int:
-        return self._chat.count_tokens(text)
-
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
@@ -117,6 +132,8 @@ class OrtGenAIEngine:
         )
         self._thread.start()
         max_running = await started
+        for adapter, path in self._initial_adapters.items():
+            await self.load_adapter(adapter, path)
         log.info("ortgenai engine %s ready (max_running=%d)", self.name, max_running)
 
     async def close(self) -> None:
@@ -136,23 +153,25 @@ class OrtGenAIEngine:
     # -- requests (event-loop thread) -------------------------------------------------------------
 
     async def generate(
-        self, request_id: str, prompt: str, sampling: SamplingSettings
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        sampling.validate()
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running") from self._failure
-        prompt_ids = self._chat.encode(prompt)
-        room = self.max_context_tokens - len(prompt_ids)
-        if room < 1:
-            raise PromptTooLong(len(prompt_ids), self.max_context_tokens)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         if len(self._streams) >= self._capacity:
             raise EngineOverloaded(f"engine {self.name} has {len(self._streams)} requests")
+        key = None
+        if adapter is not None:  # held until the request ends, so an unload waits for it
+            adapter_id = self._adapters.acquire(adapter)
+            key = adapter_key(adapter, adapter_id)
         stream: asyncio.Queue[GenerationDelta | Exception] = asyncio.Queue()
         self._streams[request_id] = stream
-        # Clamp to the context instead of failing, the way a finished-by-length reply reads.
-        self._commands.put(_Add(request_id, prompt_ids, min(sampling.max_tokens, room), sampling))
+        self._commands.put(_Add(request_id, prompt_ids, sampling, key))
         finished = False
         try:
             while not finished:
@@ -174,10 +193,48 @@ class OrtGenAIEngine:
             self._streams.pop(request_id, None)
             if not finished:  # the consumer left early: stop spending compute on it
                 self._commands.put(_Abort(request_id))
+            if key is not None:
+                self._adapters.release(adapter_id)
 
-    async def abort(self, request_id: str) -> None:
-        if request_id in self._streams:
-            self._commands.put(_Abort(request_id))
+    # -- adapters (event-loop thread) -------------------------------------------------------------
+
+    def adapter_names(self) -> list[str]:
+        return self._adapters.names()
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        adapter_id = self._adapters.reserve(name)
+        key = adapter_key(name, adapter_id)
+        try:
+            await self._call(lambda owner: owner.lane.load(key, path))
+        except EngineDead:
+            self._adapters.cancel(name)
+            raise
+        except Exception as exc:
+            self._adapters.cancel(name)
+            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+        self._adapters.commit(name, adapter_id)
+
+    async def unload_adapter(self, name: str) -> None:
+        """New requests on `name` fail at once; its weights go once its requests finished."""
+        key = adapter_key(name, await self._adapters.retire(name))
+        await self._call(lambda owner: owner.lane.unload(key))
+
+    async def _call(self, action: Callable[[_OwnerLoop], None]) -> None:
+        if not self.is_ready():
+            raise EngineDead(f"engine {self.name} is not running") from self._failure
+        assert self._loop is not None
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._calls.add(future)
+
+        def done(error: BaseException | None) -> None:  # owner thread
+            settle = _set_result if error is None else _set_exception
+            self._loop.call_soon_threadsafe(settle, future, error)  # type: ignore[union-attr]
+
+        self._commands.put(_Call(action, done))
+        try:
+            await future
+        finally:
+            self._calls.discard(future)
 
     @property
     def _capacity(self) -> int:
@@ -206,6 +263,8 @@ class OrtGenAIEngine:
     def _fail_all(self, error: Exception) -> None:
         for stream in self._streams.values():
             stream.put_nowait(error)
+        for future in list(self._calls):
+            _set_exception(future, error)
 
     # -- owner thread -----------------------------------------------------------------------------
 
@@ -221,6 +280,7 @@ class OrtGenAIEngine:
                 model,
                 self._engine_config,
                 self._max_running,
+                self._eos_ids,
                 self._deliver,
                 self._set_counts,
                 self._flush,
@@ -256,6 +316,7 @@ class _OwnerLoop:
         model: Any,
         dynamic_config: dict[str, Any],
         max_running: int | None,
+        eos_ids: set[int],
         deliver: Callable[[str, GenerationDelta | Exception], None],
         set_counts: Callable[[int, int], None],
         flush: Callable[[], None],
@@ -267,6 +328,7 @@ class _OwnerLoop:
         self._buffer = self._engine.create_event_buffer(_EVENT_BUFFER)
         capacity = self._engine.get_capabilities().configured_max_batch_size
         self.max_running = max_running or capacity or 4
+        self.lane = GeneratorLane(og, model, self.max_running, eos_ids)
         self._dynamic = "dynamic_batching" in dynamic_config
         self._deliver = deliver
         self._set_counts = set_counts
@@ -278,14 +340,17 @@ class _OwnerLoop:
     def serve(self, commands: queue.Queue[object]) -> None:
         while True:
             self._flush()  # before any blocking wait: nothing decoded may sit in the outbox
-            idle = not self._running and not self._waiting
+            idle = not self._running and not self._waiting and not self.lane.jobs
             if not self._drain(commands, block=idle):
                 return
             self._admit()
+            only_resident = self._running and not self.lane.jobs
             if self._engine.has_pending_requests():
                 self._step()
-            elif self._running and not self._drain(commands, block=True, timeout=_IDLE_POLL_S):
+            elif only_resident and not self._drain(commands, block=True, timeout=_IDLE_POLL_S):
                 return  # (resident but nothing to run: wait for a command rather than spin)
+            if self.lane.jobs:  # adapter requests take their turn after every engine step
+                self._step_lane()
 
     def _drain(
         self, commands: queue.Queue[object], block: bool, timeout: float | None = None
@@ -304,6 +369,8 @@ class _OwnerLoop:
                 self._waiting.append(job)
             elif isinstance(command, _Abort):
                 self._abort(command.request_id)
+            elif isinstance(command, _Call):
+                self._run_call(command)
             try:
                 command = commands.get_nowait()
             except queue.Empty:
@@ -311,26 +378,44 @@ class _OwnerLoop:
                 return True
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.max_running:
+        blocked: deque[_Job] = deque()  # their lane is full; the other lane may still admit
+        while self._waiting:
             job = self._waiting.popleft()
+            add = job.add
+            on_lane = add.adapter is not None or _needs_logits(add.sampling)
+            if not (self.lane.has_room() if on_lane else len(self._running) < self.max_running):
+                blocked.append(job)
+                continue
             try:
-                job.og_request = self._begin(job.add)
+                if on_lane:
+                    self.lane.begin(job, add.adapter, add.prompt_ids, add.sampling)
+                else:
+                    job.og_request = self._begin(add)
+                    self._running[job.og_request] = job
             except Exception as exc:  # a bad request must not kill the engine
-                self._by_id.pop(job.add.request_id, None)
-                self._deliver(job.add.request_id, GenerationFailed(str(exc)))
+                self._by_id.pop(add.request_id, None)
+                self._deliver(add.request_id, GenerationFailed(str(exc)))
                 continue
             job.decoder = self._tokenizer.create_stream()
-            self._running[job.og_request] = job
+        self._waiting = blocked
         self._publish_counts()
+
+    def _run_call(self, call: _Call) -> None:
+        try:
+            call.action(self)
+        except Exception as exc:  # an adapter that fails to load must not kill the engine
+            call.done(exc)
+        else:
+            call.done(None)
 
     def _begin(self, add: _Add) -> Any:
         og = self._og
         options = og.RequestOptions()
-        options.set_max_session_tokens(len(add.prompt_ids) + add.max_tokens)
+        sampling = add.sampling
+        options.set_max_session_tokens(len(add.prompt_ids) + sampling.max_tokens)
         request = self._engine.create_request(options=options)
         turn = og.TurnOptions(request)
-        turn.set_max_generated_tokens(add.max_tokens)
-        sampling = add.sampling
+        turn.set_max_generated_tokens(sampling.max_tokens)
         if sampling.temperature == 0:
             turn.set_do_sample(False)
         else:
@@ -362,18 +447,38 @@ class _OwnerLoop:
         self._publish_counts()
 
     def _on_event(self, job: _Job, event: Any, flags: Any) -> None:
+        token = event.token if event.flags & flags.TOKEN else None
+        finished = event.flags & flags.TURN_FINISHED
+        self._advance(job, token, self._finish_reason(event.finish_reason) if finished else None)
+
+    def _step_lane(self) -> None:
+        for job, token, finish, error in self.lane.step():
+            if error is not None:
+                self._finish(job, GenerationFailed(f"generation failed: {error}"))
+            else:
+                self._advance(job, token, finish)
+        self._publish_counts()
+
+    def _advance(self, job: _Job, token: int | None, finish: FinishReason | None) -> None:
+        """One generated token (or none) and maybe the end, on either lane."""
         text, tokens = "", 0
-        if event.flags & flags.TOKEN:
+        if token is not None:
             tokens = 1
             job.generated += 1
-            text = job.matcher.feed(job.decoder.decode(event.token))
+            text = job.matcher.feed(job.decoder.decode(token))
+        # Log probabilities, when asked for, were noted on the job by the lane (ortgenai_lora);
+        # an end-of-sequence token has one too (lm-eval's loglikelihood expects one per token
+        # generated), though it adds no text and no count, as on the engine path.
+        logprobs = () if job.logprob is None else (job.logprob,)
+        echoed, job.prompt_logprobs, job.logprob = job.prompt_logprobs, None, None
         if job.matcher.stopped:
-            self._finish(job, GenerationDelta(text, tokens, "stop"))
-        elif event.flags & flags.TURN_FINISHED:
-            reason = self._finish_reason(event.finish_reason)
-            self._finish(job, GenerationDelta(text + job.matcher.flush(), tokens, reason))
+            delta = GenerationDelta(text, tokens, "stop", logprobs, echoed)
+            self._finish(job, delta)
+        elif finish is not None:
+            delta = GenerationDelta(text + job.matcher.flush(), tokens, finish, logprobs, echoed)
+            self._finish(job, delta)
         else:
-            self._deliver(job.add.request_id, GenerationDelta(text, tokens))
+            self._deliver(job.add.request_id, GenerationDelta(text, tokens, None, logprobs, echoed))
 
     def _finish_reason(self, reason: Any) -> FinishReason:
         og_reason = self._og.FinishReason
@@ -393,7 +498,7 @@ class _OwnerLoop:
         job = self._by_id.get(request_id)
         if job is None:
             return
-        if job.og_request is None:
+        if job.og_request is None and job.generator is None:
             self._waiting.remove(job)
             self._by_id.pop(request_id, None)
             self._deliver(request_id, GenerationDelta("", 0, "abort"))
@@ -406,23 +511,30 @@ class _OwnerLoop:
             self._running.pop(job.og_request, None)
             job.og_request.close()  # frees its batch row and purges its undelivered events
             job.og_request = None
+        self.lane.remove(job)
 
     def _publish_counts(self) -> None:
-        self._set_counts(len(self._running), len(self._waiting))
+        self._set_counts(len(self._running) + len(self.lane.jobs), len(self._waiting))
 
     def release(self) -> None:
-        for job in list(self._running.values()):
+        for job in [*self._running.values(), *self.lane.jobs]:
             self._release(job)
+        self.lane.release()
         self._waiting.clear()
         self._by_id.clear()
         del self._engine, self._buffer, self._tokenizer, self._model
 
 
-def _set_result(future: asyncio.Future[int], value: int) -> None:
+def _needs_logits(sampling: SamplingSettings) -> bool:
+    # og.Engine returns tokens only: log probabilities need a Generator (the lane) for logits.
+    return sampling.logprobs is not None or sampling.echo
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _set_exception(future: asyncio.Future[int], error: BaseException) -> None:
+def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

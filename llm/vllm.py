@@ -1,20 +1,28 @@
 """vLLM adapter: AsyncLLM's RequestOutput stream turned into Ferry's GenerationDeltas.
 
 vllm is imported only inside `create_vllm_engine`, so this module imports (and its adapter logic
-is tested) on machines without vllm or a GPU. The prompt side uses the model's own tokenizer files
-through ChatTokenizer, and vLLM receives token ids, so usage counts match what the model saw.
+is tested) on machines without vllm or a GPU. The serving layer tokenizes with the
+model's own tokenizer files (ChatTokenizer) and vLLM receives token ids, so usage counts match
+what the model saw.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ferry.llm.base import EngineStats, FinishReason, GenerationDelta, SamplingSettings
+from ferry.llm.adapters import AdapterTable
+from ferry.llm.base import (
+    EngineStats,
+    FinishReason,
+    GenerationDelta,
+    SamplingSettings,
+    TokenLogprob,
+)
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, PromptTooLong
+from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -28,6 +36,30 @@ def to_sampling_params(settings: SamplingSettings, params_cls: Callable[..., Any
         top_p=settings.top_p,
         seed=settings.seed,
         stop=list(settings.stop),
+        logprobs=settings.logprobs,
+        prompt_logprobs=settings.logprobs if settings.echo else None,
+    )
+
+
+def to_token_logprob(token_id: int, candidates: dict[int, Any], top: int) -> TokenLogprob:
+    """vLLM's {token id: Logprob(logprob, rank)} at one position -> Ferry's entry: the chosen
+    token (always present) and the `top` best by rank (1 = likeliest)."""
+    ranked = sorted(
+        (c.rank, i, c.logprob)
+        for i, c in candidates.items()
+        if c.rank is not None and c.rank <= top
+    )
+    return TokenLogprob(
+        token_id, candidates[token_id].logprob, tuple((i, lp) for _, i, lp in ranked)
+    )
+
+
+def prompt_entries(
+    prompt_ids: list[int], positions: list[dict[int, Any] | None], top: int
+) -> tuple[TokenLogprob | None, ...]:
+    return tuple(
+        None if p is None else to_token_logprob(t, p, top)
+        for t, p in zip(prompt_ids, positions, strict=True)
     )
 
 
@@ -43,24 +75,51 @@ class VLLMEngine:
         max_context_tokens: int,
         sampling_params_cls: Callable[..., Any],
         max_concurrency: int = 256,
+        lora_request_cls: Callable[..., Any] | None = None,
+        adapters: Mapping[str, Path] | None = None,
+        max_adapters: int = 4,
     ) -> None:
         self.name = name
         self.max_context_tokens = max_context_tokens
         self._engine = engine
-        self._chat = chat
+        self.tokenizer = chat
         self._params_cls = sampling_params_cls
         self._max_concurrency = max_concurrency
         self._active: set[str] = set()
         self._closed = False
-
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._chat.render_chat(messages)
-
-    def count_tokens(self, text: str) -> int:
-        return self._chat.count_tokens(text)
+        self._lora_cls = lora_request_cls  # vllm.lora.request.LoRARequest; None: LoRA is off
+        self._initial_adapters = dict(adapters or {})
+        self._adapters = AdapterTable(max_adapters)
+        self._lora_requests: dict[int, Any] = {}  # adapter id (vLLM's lora_int_id) -> LoRARequest
 
     async def start(self) -> None:
-        """AsyncLLM starts its engine core on construction; nothing to do."""
+        """AsyncLLM starts its engine core on construction; only the adapters are left."""
+        for name, path in self._initial_adapters.items():
+            await self.load_adapter(name, path)
+
+    def adapter_names(self) -> list[str]:
+        return self._adapters.names()
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        if self._lora_cls is None:
+            raise InvalidAdapter("lora_name", f"LoRA is not enabled on {self.name}")
+        adapter_id = self._adapters.reserve(name)
+        request = self._lora_cls(lora_name=name, lora_int_id=adapter_id, lora_path=str(path))
+        try:
+            # Loaded now rather than on its first request, so a bad adapter fails here.
+            if not await self._engine.add_lora(request):
+                raise RuntimeError("vLLM refused it")
+        except Exception as exc:
+            self._adapters.cancel(name)
+            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+        self._lora_requests[adapter_id] = request
+        self._adapters.commit(name, adapter_id)
+
+    async def unload_adapter(self, name: str) -> None:
+        """New requests on `name` fail at once; vLLM drops it once its requests finished."""
+        adapter_id = await self._adapters.retire(name)
+        del self._lora_requests[adapter_id]
+        await self._engine.remove_lora(adapter_id)
 
     async def close(self) -> None:
         self._closed = True
@@ -78,53 +137,57 @@ class VLLMEngine:
         return EngineStats(running=len(self._active), waiting=0)
 
     async def generate(
-        self, request_id: str, prompt: str, sampling: SamplingSettings
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        sampling.validate()
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running")
-        prompt_ids = self._chat.encode(prompt)
-        room = self.max_context_tokens - len(prompt_ids)
-        if room < 1:
-            raise PromptTooLong(len(prompt_ids), self.max_context_tokens)
         if len(self._active) >= self._max_concurrency:
             raise EngineOverloaded(f"engine {self.name} has {len(self._active)} requests")
-        clamped = SamplingSettings(
-            max_tokens=min(sampling.max_tokens, room),
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            stop=sampling.stop,
-        )
-        params = to_sampling_params(clamped, self._params_cls)
+        params = to_sampling_params(sampling, self._params_cls)
+        adapter_id = self._adapters.acquire(adapter) if adapter is not None else None
+        lora = None if adapter_id is None else self._lora_requests[adapter_id]
         self._active.add(request_id)
         finished = False
         text_len = token_len = 0
         try:
+            # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
             stream = self._engine.generate(
-                {"prompt_token_ids": prompt_ids}, params, request_id=request_id
+                {"prompt_token_ids": prompt_ids}, params, request_id=request_id, lora_request=lora
             )
             async for output in stream:
                 completion = output.outputs[0]
                 text = completion.text[text_len:]  # vLLM reports cumulative text and ids
-                tokens = len(completion.token_ids) - token_len
+                new_ids = list(completion.token_ids[token_len:])
+                tokens = len(new_ids)
+                logprobs, echoed = (), None
+                if sampling.logprobs is not None:
+                    top = sampling.logprobs
+                    positions = completion.logprobs[token_len : token_len + tokens]
+                    logprobs = tuple(
+                        to_token_logprob(t, p, top) for t, p in zip(new_ids, positions, strict=True)
+                    )
+                    if sampling.echo and token_len == 0:
+                        echoed = prompt_entries(prompt_ids, output.prompt_logprobs, top)
                 text_len, token_len = len(completion.text), len(completion.token_ids)
                 reason = None
                 if completion.finish_reason is not None or output.finished:
                     reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
                 finished = reason is not None
-                yield GenerationDelta(text, tokens, reason)
+                yield GenerationDelta(text, tokens, reason, logprobs, echoed)
                 if finished:
                     return
         finally:
             self._active.discard(request_id)
             if not finished:  # cancelled or closed early: free the engine's slot
-                await self.abort(request_id)
-
-    async def abort(self, request_id: str) -> None:
-        result = self._engine.abort(request_id)
-        if inspect.isawaitable(result):
-            await result
+                result = self._engine.abort(request_id)
+                if inspect.isawaitable(result):
+                    await result
+            if adapter_id is not None:
+                self._adapters.release(adapter_id)
 
 
 def create_vllm_engine(
@@ -133,13 +196,25 @@ def create_vllm_engine(
     name: str = "tiny-llm",
     max_model_len: int | None = None,
     gpu_memory_utilization: float = 0.3,
+    adapters: Mapping[str, Path] | None = None,
+    enable_lora: bool = False,
+    max_adapters: int = 4,
+    max_lora_rank: int = 16,
     **engine_kwargs: Any,
 ) -> VLLMEngine:
-    """Build a VLLMEngine from a Hugging Face model folder; needs vllm (and a GPU) installed."""
+    """Build a VLLMEngine from a Hugging Face model folder; needs vllm (and a GPU) installed.
+
+    With LoRA on (`enable_lora`, or configured adapters), `max_adapters` is vLLM's `max_loras`
+    (adapters in one batch) and also how many Ferry keeps loaded, so every loaded adapter can
+    run at once."""
     from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
 
     chat = ChatTokenizer(model_dir)
+    lora = enable_lora or bool(adapters)
+    if lora:
+        engine_kwargs.update(enable_lora=True, max_loras=max_adapters, max_lora_rank=max_lora_rank)
     args = AsyncEngineArgs(
         model=str(model_dir),
         max_model_len=max_model_len,
@@ -149,5 +224,12 @@ def create_vllm_engine(
     engine = AsyncLLM.from_engine_args(args)
     context = engine.model_config.max_model_len
     return VLLMEngine(
-        engine, chat, name=name, max_context_tokens=context, sampling_params_cls=SamplingParams
+        engine,
+        chat,
+        name=name,
+        max_context_tokens=context,
+        sampling_params_cls=SamplingParams,
+        lora_request_cls=LoRARequest if lora else None,
+        adapters=adapters,
+        max_adapters=max_adapters,
     )

@@ -19,11 +19,31 @@ from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
-from ferry.server.routes import embeddings, health, kserve_v2, models, openai_chat, predict
+from ferry.server.routes import (
+    embeddings,
+    health,
+    kserve_v2,
+    lora_adapters,
+    models,
+    openai_chat,
+    predict,
+)
 from ferry.server.settings import Settings
 from starlette.types import ASGIApp
 
 logger = logging.getLogger(__name__)
+
+
+async def start_grpc(app: FastAPI):
+    settings = app.state.settings
+    if settings.grpc_port is None:
+        return None
+    # grpcio and the proto come with tritonclient[grpc], needed only when gRPC is on.
+    from ferry.server.kserve.grpc_service import start_grpc_server
+
+    return await start_grpc_server(
+        app.state, settings.host, settings.grpc_port, settings.max_body_bytes
+    )
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -37,10 +57,13 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.openai = OpenAIServing(engines, observer=app.state.llm_observer)
         await asyncio.gather(registry.start(), *(e.start() for e in engines.values()))
         logger.info("ferry: serving %s", ", ".join([*registry.models, *engines]))
+        grpc_server = await start_grpc(app)
         try:
             yield
         finally:
             app.state.drain.begin()
+            if grpc_server is not None:
+                await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)
             await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
 
@@ -62,6 +85,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(models.router)
     embeddings.register(app.router, hot)
     app.include_router(openai_chat.router)
+    app.include_router(lora_adapters.router)
     app.include_router(health.router)
     kserve_v2.register(kserve_v2.router, hot)
     app.include_router(kserve_v2.router)

@@ -29,6 +29,7 @@ from ferry.llm.errors import (
     EngineDead,
     EngineOverloaded,
     GenerationFailed,
+    InvalidAdapter,
     InvalidSampling,
     ModelNotFound,
     PromptTooLong,
@@ -90,6 +91,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (BatchAbandoned, ErrorKind(503, "unavailable_error", retry_after=True)),
     (InferenceFailed, ErrorKind(500, "internal_error")),
     (InvalidSampling, ErrorKind(400, "invalid_request_error")),
+    (InvalidAdapter, ErrorKind(400, "invalid_request_error")),
     (PromptTooLong, ErrorKind(400, "invalid_request_error")),
     (ModelNotFound, ErrorKind(404, "not_found_error")),
     (EngineOverloaded, ErrorKind(429, "overloaded_error", retry_after=True)),
@@ -103,41 +105,69 @@ def error_body(message: str, type_: str, param: str | None = None, code: int | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def is_kserve(path: str) -> bool:
+    """KServe v2 clients (tritonclient, perf_analyzer) read `{"error": "..."}`, not OpenAI's."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def kserve_body(message: str, param: str | None) -> dict[str, str]:
+    named = not param or message.startswith(f"{param}:")
+    return {"error": message if named else f"{param}: {message}"}
+
+
+def _shaped(path: str, message: str, type_: str, param: str | None, status: int) -> dict:
+    if is_kserve(path):
+        return kserve_body(message, param)
+    return error_body(message, type_, param, status)
+
+
 def _openai_status(path: str, status: int) -> int:
     # OpenAI (and vLLM) answer 400 where FastAPI's convention is 422.
     return 400 if status == 422 and path.startswith("/v1/") else status
 
 
-def error_parts(exc: BaseException, path: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
-    """Status, body and headers for an exception: the one table, in the path's error shape.
-
-    KServe v2 paths answer `{"error": "..."}`, every other path the OpenAI shape.
-    """
-    if isinstance(exc, ValidationError):
-        return _validation_parts(exc.errors(), path)
+def error_payload(exc: BaseException, path: str = "") -> tuple[ErrorKind, dict]:
+    """The table's status and OpenAI-shaped body for an exception: HTTP answers and in-stream
+    SSE error events both come from here."""
     base = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
     if base is INTERNAL:
         logger.error("unhandled error", exc_info=exc)
     kind = ErrorKind(_openai_status(path, base.status), base.type, base.retry_after)
     param = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return kind, error_body(message, kind.type, param, kind.status)
+
+
+def error_parts(exc: BaseException, path: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Status, body and headers for an exception: the one table, in the path's error shape."""
+    if isinstance(exc, ValidationError):
+        return _validation_parts(exc.errors(), path)
+    kind, body = error_payload(exc, path)
     headers = {}
     if kind.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     if kind.retry_after:
         headers["Retry-After"] = str(math.ceil(getattr(exc, "retry_after_s", 1.0)))
-    return kind.status, _shaped(path, message, kind.type, param, kind.status), headers
-
-
-def _shaped(path: str, message: str, type_: str, param: str | None, status: int) -> dict:
-    if path.startswith("/v2/"):
-        return {"error": f"{param}: {message}" if param else message}
-    return error_body(message, type_, param, status)
+    if is_kserve(path):
+        body = kserve_body(body["error"]["message"], body["error"]["param"])
+    return kind.status, body, headers
 
 
 def error_response(exc: BaseException, path: str = "") -> Response:
     status, body, headers = error_parts(exc, path)
     return _json(body, status, headers)
+
+
+def render_error(
+    path: str,
+    status: int,
+    message: str,
+    type_: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """The error body in the shape the path's clients expect."""
+    return _json(_shaped(path, message, type_, param, status), status, headers)
 
 
 def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
@@ -180,10 +210,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return _json(body, status, headers)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        body = _shaped(
-            request.url.path, str(exc.detail), "invalid_request_error", None, exc.status_code
+        return render_error(
+            request.url.path,
+            exc.status_code,
+            str(exc.detail),
+            "invalid_request_error",
+            headers=exc.headers,
         )
-        return _json(body, exc.status_code, exc.headers)
 
     for cls, _kind in ERROR_TABLE:
         app.add_exception_handler(cls, on_domain_error)

@@ -67,6 +67,10 @@ class Gateway:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        if scope["method"] == "HEAD":
+            # HEAD answered as GET (probes such as aiperf's send HEAD first); uvicorn still holds
+            # the original scope and so sends the headers only.
+            scope = {**scope, "method": "GET"}
         path: str = scope["path"]
         state = scope.setdefault("state", {})
         # Only after routing is the endpoint known; in-flight is counted by path class before.

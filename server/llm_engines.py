@@ -14,6 +14,10 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
             settings.path,
             name=settings.name,
             gpu_memory_utilization=settings.gpu_memory_utilization,
+            adapters=settings.adapters,
+            enable_lora=settings.adapter_dir is not None,
+            max_adapters=settings.max_adapters,
+            max_lora_rank=settings.max_lora_rank,
         )
     from ferry.llm.ortgenai import OrtGenAIEngine
 
@@ -22,4 +26,6 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
         name=settings.name,
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,
+        adapters=settings.adapters,
+        max_adapters=settings.max_adapters,
     )

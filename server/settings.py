@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from ferry.batcher.policy import BatchLimits
@@ -72,16 +72,33 @@ class ModelSettings(_Strict):
         )
 
 
+_SERVED_NAME = r"^[A-Za-z0-9._:/-]+$"
+
+
 class LLMSettings(_Strict):
     """A chat/completions model behind the OpenAI-compatible routes."""
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+$")
+    name: str = Field(min_length=1, pattern=_SERVED_NAME)
     # ortgenai: an onnxruntime-genai model folder (CPU); vllm: a Hugging Face folder (GPU hosts).
     engine: Literal["ortgenai", "vllm"] = "ortgenai"
     path: Path
     max_running: int | None = Field(default=None, ge=1)
     max_waiting: int = Field(default=64, ge=0)
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    # LoRA adapters, each served as a model of its own name (ortgenai: an .onnx_adapter file for
+    # a model exported with LoRA inputs; vllm: a peft folder). max_adapters: loaded at once, also
+    # vLLM's max_loras. adapter_dir: POST /v1/load_lora_adapter loads only from inside it (unset:
+    # runtime loading is off for this model).
+    adapters: dict[Annotated[str, Field(pattern=_SERVED_NAME)], Path] = Field(default_factory=dict)
+    max_adapters: int = Field(default=4, ge=1)
+    max_lora_rank: int = Field(default=16, ge=1)  # vllm only
+    adapter_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_adapters(self) -> LLMSettings:
+        if len(self.adapters) > self.max_adapters:
+            raise ValueError(f"{len(self.adapters)} adapters but max_adapters={self.max_adapters}")
+        return self
 
 
 class Settings(_Strict):
@@ -112,12 +129,15 @@ class Settings(_Strict):
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
     max_tokens_per_request: int = Field(default=65536, ge=1)
+    # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
         names = [m.name for m in self.models] + [m.name for m in self.llm_models]
+        names += [adapter for m in self.llm_models for adapter in m.adapters]
         if len(names) != len(set(names)):
             raise ValueError(f"model names must be unique, got {names}")
         if self.default_model and self.default_model not in names:
@@ -144,6 +164,11 @@ def load_settings(
     for model in models + llm_models:
         if "path" in model and not Path(model["path"]).is_absolute():
             model["path"] = str(base_dir / model["path"])
+    for model in llm_models:  # adapter paths are relative to the config file too
+        if "adapter_dir" in model:
+            model["adapter_dir"] = str(base_dir / model["adapter_dir"])
+        if isinstance(model.get("adapters"), dict):
+            model["adapters"] = {k: str(base_dir / v) for k, v in model["adapters"].items()}
     _apply_env(server, models + llm_models, environ)
     server.update({k: v for k, v in overrides.items() if v is not None})
     return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))

@@ -12,7 +12,8 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from ferry.llm.base import SamplingSettings
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from ferry.llm.errors import InvalidSampling
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,29 @@ MAX_STOP = 16
 MAX_STOP_CHARS = 256
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
 Prompt = Annotated[str, StringConstraints(min_length=1)]
+MAX_LOGPROBS = 20
+# Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
+# value is refused with a 400 naming the parameter, never silently ignored.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+}
 
 
 def _id(prefix: str) -> str:
@@ -53,9 +77,11 @@ class TextContentPart(OpenAIRequestModel):
 
 
 class ChatMessageParam(OpenAIRequestModel):
-    role: Literal["system", "user", "assistant"]
+    # `developer` is OpenAI's newer name for `system`; `tool` results go to the template as is.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -85,7 +111,21 @@ class _SamplingFields(OpenAIRequestModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _settings(self, max_tokens: int) -> SamplingSettings:
+    def check_supported(self) -> None:
+        """InvalidSampling naming the first parameter Ferry would otherwise have to ignore."""
+        extra = self.model_extra or {}
+        for name, neutral in UNSUPPORTED.items():
+            if name in extra and extra[name] not in neutral:
+                raise InvalidSampling(name, f"{name} is not supported by this server")
+        if self.stream and self._streams_no_logprobs():
+            raise InvalidSampling("logprobs", "logprobs with stream=true is not supported")
+
+    def _streams_no_logprobs(self) -> bool:
+        return False
+
+    def _settings(
+        self, max_tokens: int, logprobs: int | None = None, echo: bool = False
+    ) -> SamplingSettings:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingSettings(
             max_tokens=max_tokens,
@@ -93,6 +133,8 @@ class _SamplingFields(OpenAIRequestModel):
             top_p=self.top_p,
             seed=self.seed,
             stop=stop,
+            logprobs=logprobs,
+            echo=echo,
         )
 
 
@@ -101,27 +143,53 @@ class ChatCompletionRequest(_SamplingFields):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)  # deprecated by OpenAI, still common
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     def chat_messages(self) -> list[dict[str, str]]:
         """Messages with content parts flattened to text, as chat templates expect."""
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in self.messages
+        ]
 
     def to_sampling(self, default_max_tokens: int) -> SamplingSettings:
         """Engine settings; without a limit, generate up to the room left in the context."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidSampling("top_logprobs", "top_logprobs needs logprobs=true")
         limit = self.max_completion_tokens or self.max_tokens or default_max_tokens
-        return self._settings(limit)
+        return self._settings(limit, (self.top_logprobs or 0) if self.logprobs else None)
 
 
 class CompletionRequest(_SamplingFields):
     model: str
-    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1)]
+    # Text, texts, one prompt as token ids, or several (as lm-eval sends by default).
+    prompt: (
+        Prompt
+        | Annotated[list[Prompt], Field(min_length=1)]
+        | Annotated[list[StrictInt], Field(min_length=1)]
+        | Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1)]
+    )
     max_tokens: int = Field(default=16, ge=1)  # OpenAI's legacy default
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
 
-    def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: its text, or its token ids."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or isinstance(prompt[0], int):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
+
+    def _streams_no_logprobs(self) -> bool:
+        # Chat streams carry logprobs per chunk; streamed completions do not (yet).
+        return self.logprobs is not None or self.echo
 
     def to_sampling(self, default_max_tokens: int | None = None) -> SamplingSettings:
-        return self._settings(self.max_tokens)
+        # Echo without logprobs needs only the prompt's text, which serving adds itself.
+        return self._settings(
+            self.max_tokens, self.logprobs, self.echo and self.logprobs is not None
+        )
 
 
 # -- responses --------------------------------------------------------------------------------
@@ -149,10 +217,33 @@ class ChatMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape (lm-eval reads it): parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class ChatCompletionResponseChoice(BaseModel):
     index: int
     message: ChatMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonField
 
 
@@ -173,7 +264,7 @@ class DeltaMessage(BaseModel):
 class ChatCompletionStreamChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReasonField = None
 
 
@@ -189,7 +280,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReasonField
 
 

@@ -1,45 +1,48 @@
 """OpenAI chat/completions serving logic over LLMEngines: no HTTP, no app wiring.
 
-Routes parse a request, call `chat`/`completion` (JSON) or `chat_stream`/`completion_stream`
-(SSE lines), and map the domain errors raised here (llm.errors) to status codes in one table.
-Streaming methods validate and wait for the first generated delta *before* returning, so
-overload, a dead engine or a too-long prompt still become a proper HTTP error; errors after
-that are sent in-stream as a `data:` error event followed by `[DONE]`.
+One straight path: a request is planned once (prompt rendered and tokenized, sampling validated
+and max_tokens fitted to the context), the engine gets token ids, and its deltas go straight
+into chunks (stream) or results (JSON). Only n > 1 needs a task per choice, to interleave them.
+
+Streaming methods wait for the first generated delta *before* returning, so overload, a dead
+engine or a too-long prompt still become a proper HTTP error; errors after that are sent
+in-stream as a `data:` error event (same error table as HTTP answers) followed by `[DONE]`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
-from ferry.llm.base import EngineStats, GenerationDelta, LLMEngine, SamplingSettings
-from ferry.llm.errors import InvalidSampling, LLMError, ModelNotFound, PromptTooLong
+from ferry.llm.base import (
+    EngineStats,
+    GenerationDelta,
+    LLMEngine,
+    SamplingSettings,
+    TokenLogprob,
+)
+from ferry.llm.errors import InvalidAdapter, InvalidSampling, ModelNotFound, PromptTooLong
+from ferry.server.errors import error_payload
+from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
+from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
 from ferry.server.openai.protocol import (
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatCompletionResponseChoice,
-    ChatCompletionStreamChoice,
     ChatMessage,
     CompletionChoice,
-    CompletionChunk,
     CompletionRequest,
     CompletionResponse,
-    CompletionStreamChoice,
-    DeltaMessage,
-    ErrorInfo,
-    ErrorResponse,
     UsageInfo,
-    dump_chunk,
     new_chat_id,
     new_completion_id,
 )
-from ferry.server.openai.sse import DONE, TextTemplate, sse_data
+from ferry.server.openai.sse import DONE, sse_data
 
 
 class LLMObserver(Protocol):
@@ -77,32 +80,38 @@ class NullObserver:
         pass
 
 
-def default_error_info(exc: BaseException) -> ErrorInfo:
-    """In-stream error payloads; the server may pass its own mapper to share its one table."""
-    if isinstance(exc, InvalidSampling):
-        return ErrorInfo(message=str(exc), type="BadRequestError", param=exc.field)
-    if isinstance(exc, LLMError):
-        return ErrorInfo(message=str(exc), type=type(exc).__name__)
-    return ErrorInfo(message="internal error", type="InternalServerError")
+@dataclass(frozen=True)
+class ServedModel:
+    """A name requests can ask for: a base model, or a LoRA adapter on one."""
+
+    name: str
+    engine: LLMEngine
+    base: str  # the engine's configured name
+    adapter: str | None = None
+
+    @property
+    def parent(self) -> str | None:
+        return self.base if self.adapter is not None else None
 
 
 @dataclass(frozen=True)
-class _Job:
+class _Choice:
     """One generation: choice `index` of the response."""
 
     index: int
-    prompt: str
-    prompt_tokens: int
+    prompt_ids: list[int]
+    sampling: SamplingSettings  # max_tokens fitted to this prompt's room in the context
+    prompt_text: str = ""  # for `echo`
 
 
 @dataclass(frozen=True)
-class _Out:
-    """One thing a stream relays: a delta of choice `index`, the usage, or a late error."""
+class _Plan:
+    """A checked request, ready to run."""
 
-    index: int = 0
-    delta: GenerationDelta | None = None
-    usage: UsageInfo | None = None
-    error: ErrorResponse | None = None
+    served: ServedModel  # resolved from the request's model: its name is a configured one
+    response_id: str
+    choices: list[_Choice]
+    prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
 
 
 @dataclass
@@ -110,9 +119,11 @@ class _Result:
     text: str = ""
     finish_reason: str | None = None
     completion_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
 
-_Stream = AsyncIterator[tuple[int, GenerationDelta]]
+_Deltas = AsyncIterator[tuple[int, GenerationDelta]]
 
 
 class OpenAIServing:
@@ -121,196 +132,182 @@ class OpenAIServing:
         engines: Mapping[str, LLMEngine],
         *,
         observer: LLMObserver | None = None,
-        error_info: Callable[[BaseException], ErrorInfo] = default_error_info,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engines = dict(engines)
         self._observer: LLMObserver = observer or NullObserver()
-        self._error_info = error_info
         self._clock = clock
+        self._unloads: set[asyncio.Task[None]] = set()
+
+    def served_models(self) -> list[ServedModel]:
+        """Every base model and every loaded adapter, by name."""
+        served = [ServedModel(name, engine, name) for name, engine in self._engines.items()]
+        for base, engine in self._engines.items():
+            served += [ServedModel(a, engine, base, a) for a in engine.adapter_names()]
+        return sorted(served, key=lambda m: m.name)
 
     def model_names(self) -> list[str]:
-        return sorted(self._engines)
+        return [m.name for m in self.served_models()]
 
     def engine_stats(self) -> dict[str, EngineStats]:
-        """Per-model running/waiting counts, for the metrics gauges."""
+        """Per-engine running/waiting counts (adapters included), for the metrics gauges."""
         return {name: engine.stats() for name, engine in self._engines.items()}
 
-    def engine_for(self, model: str) -> LLMEngine:
-        try:
-            return self._engines[model]
-        except KeyError:
-            raise ModelNotFound(model) from None
+    def resolve(self, model: str) -> ServedModel:
+        engine = self._engines.get(model)
+        if engine is not None:
+            return ServedModel(model, engine, model)
+        for base, engine in self._engines.items():
+            if model in engine.adapter_names():
+                return ServedModel(model, engine, base, model)
+        raise ModelNotFound(model)
 
-    # -- chat -------------------------------------------------------------------------------------
+    def engine_for(self, model: str) -> LLMEngine:
+        return self.resolve(model).engine
+
+    # -- adapters ---------------------------------------------------------------------------------
+
+    async def load_adapter(self, name: str, path: Path, base: str) -> None:
+        if name in self.model_names():
+            raise InvalidAdapter("lora_name", f"The model `{name}` is already served.")
+        await self.resolve(base).engine.load_adapter(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Returns once the requests on `name` finished and it is freed; new ones fail now.
+        The unload itself runs on even if the caller goes away, so nothing is left half-done."""
+        served = self.resolve(name)
+        if served.adapter is None:
+            raise InvalidAdapter("lora_name", f"`{name}` is a base model, not a LoRA adapter.")
+        task = asyncio.create_task(served.engine.unload_adapter(name))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+        await asyncio.shield(task)
+
+    # -- endpoints --------------------------------------------------------------------------------
 
     async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
-        engine, jobs, sampling = self._plan_chat(request)
-        response_id = new_chat_id()
-        results = await self._collect(engine, request.model, response_id, jobs, sampling)
+        plan = self._plan_chat(request)
+        results = await self._collect(plan)
+        decode = plan.served.engine.tokenizer.decode
         choices = [
             ChatCompletionResponseChoice(
-                index=i, message=ChatMessage(content=r.text), finish_reason=r.finish_reason
+                index=i,
+                message=ChatMessage(content=r.text),
+                logprobs=chat_logprobs(r.logprobs, decode) if request.logprobs else None,
+                finish_reason=r.finish_reason,
             )
             for i, r in enumerate(results)
         ]
-        completion_tokens = sum(r.completion_tokens for r in results)
-        usage = UsageInfo.of(jobs[0].prompt_tokens, completion_tokens)  # prompt counted once
         return ChatCompletionResponse(
-            id=response_id, model=request.model, choices=choices, usage=usage
+            id=plan.response_id,
+            model=plan.served.name,
+            choices=choices,
+            usage=_usage(plan, results),
         )
 
     async def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
-        engine, jobs, sampling = self._plan_chat(request)
-        response_id, created = new_chat_id(), int(time.time())
-        stream, first = await self._start(engine, request.model, response_id, jobs, sampling)
-
-        def chunk(
-            index: int | None,
-            delta: DeltaMessage | None = None,
-            finish: str | None = None,
-            usage: UsageInfo | None = None,
-        ) -> str:
-            choices = []
-            if index is not None:
-                choice = ChatCompletionStreamChoice(
-                    index=index, delta=delta or DeltaMessage(), finish_reason=finish
-                )
-                choices.append(choice)
-            body = ChatCompletionChunk(
-                id=response_id, created=created, model=request.model, choices=choices, usage=usage
-            )
-            return sse_data(dump_chunk(body))
-
-        templates: dict[int, TextTemplate] = {}
-
-        def content(index: int, text: str) -> str:
-            if index not in templates:
-                body = chunk(index, DeltaMessage(content=TextTemplate.SENTINEL))
-                templates[index] = TextTemplate(json.loads(body[len("data: ") :]))
-            return templates[index].fill(text)
-
-        async def events() -> AsyncIterator[str]:
-            for job in jobs:  # OpenAI opens every choice with the role
-                yield chunk(job.index, DeltaMessage(role="assistant", content=""))
-            async for out in self._relay(stream, first, jobs[0].prompt_tokens, request):
-                if out.delta is not None:
-                    if out.delta.text:
-                        yield content(out.index, out.delta.text)
-                    if out.delta.finish_reason is not None:
-                        yield chunk(out.index, finish=out.delta.finish_reason)
-                elif out.usage is not None:
-                    yield chunk(None, usage=out.usage)
-                elif out.error is not None:
-                    yield sse_data(out.error.model_dump())
-            yield DONE
-
-        return events()
-
-    def _plan_chat(
-        self, request: ChatCompletionRequest
-    ) -> tuple[LLMEngine, list[_Job], SamplingSettings]:
-        engine = self.engine_for(request.model)
-        prompt = engine.render_chat(request.chat_messages())
-        prompt_tokens = self._check_prompt(engine, prompt)
-        sampling = request.to_sampling(engine.max_context_tokens - prompt_tokens)
-        sampling.validate()
-        jobs = [_Job(i, prompt, prompt_tokens) for i in range(request.n)]
-        return engine, jobs, sampling
-
-    # -- completions ------------------------------------------------------------------------------
+        plan = self._plan_chat(request)
+        decode = plan.served.engine.tokenizer.decode
+        logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
+        chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
+        return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(self, request: CompletionRequest) -> CompletionResponse:
-        engine, jobs, sampling = self._plan_completion(request)
-        response_id = new_completion_id()
-        results = await self._collect(engine, request.model, response_id, jobs, sampling)
+        plan = self._plan_completion(request)
+        results = await self._collect(plan)
         choices = [
-            CompletionChoice(index=i, text=r.text, finish_reason=r.finish_reason)
-            for i, r in enumerate(results)
+            _completion_choice(request, plan, choice, result)
+            for choice, result in zip(plan.choices, results, strict=True)
         ]
-        usage = UsageInfo.of(
-            _prompt_tokens(jobs, request.n), sum(r.completion_tokens for r in results)
+        return CompletionResponse(
+            id=plan.response_id,
+            model=plan.served.name,
+            choices=choices,
+            usage=_usage(plan, results),
         )
-        return CompletionResponse(id=response_id, model=request.model, choices=choices, usage=usage)
 
     async def completion_stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        engine, jobs, sampling = self._plan_completion(request)
-        response_id, created = new_completion_id(), int(time.time())
-        stream, first = await self._start(engine, request.model, response_id, jobs, sampling)
+        plan = self._plan_completion(request)
+        chunks = completion_chunks(plan.response_id, plan.served.name)
+        return await self._stream(plan, chunks, request.include_usage)
 
-        def chunk(
-            index: int | None,
-            text: str = "",
-            finish: str | None = None,
-            usage: UsageInfo | None = None,
-        ) -> str:
-            choices = []
-            if index is not None:
-                choices.append(CompletionStreamChoice(index=index, text=text, finish_reason=finish))
-            body = CompletionChunk(
-                id=response_id, created=created, model=request.model, choices=choices, usage=usage
-            )
-            return sse_data(dump_chunk(body))
+    # -- planning: everything checked once, before the engine sees the request -----------------
 
-        templates: dict[int, TextTemplate] = {}
+    def _plan_chat(self, request: ChatCompletionRequest) -> _Plan:
+        request.check_supported()
+        served = self.resolve(request.model)
+        tokenizer = served.engine.tokenizer
+        prompt_ids = tokenizer.encode_chat(request.chat_messages())
+        sampling = request.to_sampling(served.engine.max_context_tokens)
+        return self._plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
 
-        def text_only(index: int, text: str) -> str:
-            if index not in templates:
-                body = chunk(index, TextTemplate.SENTINEL)
-                templates[index] = TextTemplate(json.loads(body[len("data: ") :]))
-            return templates[index].fill(text)
-
-        async def events() -> AsyncIterator[str]:
-            prompt_tokens = _prompt_tokens(jobs, request.n)
-            async for out in self._relay(stream, first, prompt_tokens, request):
-                delta = out.delta
-                if delta is not None:
-                    if delta.finish_reason is not None:
-                        yield chunk(out.index, delta.text, delta.finish_reason)
-                    elif delta.text:
-                        yield text_only(out.index, delta.text)
-                elif out.usage is not None:
-                    yield chunk(None, usage=out.usage)
-                elif out.error is not None:
-                    yield sse_data(out.error.model_dump())
-            yield DONE
-
-        return events()
-
-    def _plan_completion(
-        self, request: CompletionRequest
-    ) -> tuple[LLMEngine, list[_Job], SamplingSettings]:
-        engine = self.engine_for(request.model)
-        sampling = request.to_sampling()
-        sampling.validate()
-        jobs = []
-        for p, prompt in enumerate(request.prompts()):
-            prompt_tokens = self._check_prompt(engine, prompt)
-            jobs += [_Job(p * request.n + j, prompt, prompt_tokens) for j in range(request.n)]
-        return engine, jobs, sampling
-
-    # -- shared machinery -------------------------------------------------------------------------
+    def _plan_completion(self, request: CompletionRequest) -> _Plan:
+        request.check_supported()
+        served = self.resolve(request.model)
+        engine = served.engine
+        tokenizer = engine.tokenizer
+        many = len(request.prompts()) > 1
+        prompts, texts = [], []
+        for i, prompt in enumerate(request.prompts()):
+            if isinstance(prompt, str):
+                prompts.append(tokenizer.encode(prompt))
+                texts.append(prompt)
+            else:
+                prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
+                texts.append(tokenizer.decode(prompt) if request.echo else "")
+        sampling = request.to_sampling(engine.max_context_tokens)
+        plan = self._plan(served, new_completion_id(), prompts, request.n, sampling)
+        if request.echo:
+            n = request.n
+            choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
+            plan = replace(plan, choices=choices)
+        return plan
 
     @staticmethod
-    def _check_prompt(engine: LLMEngine, prompt: str) -> int:
-        prompt_tokens = engine.count_tokens(prompt)
-        if prompt_tokens >= engine.max_context_tokens:
-            raise PromptTooLong(prompt_tokens, engine.max_context_tokens)
-        return prompt_tokens
+    def _plan(
+        served: ServedModel,
+        response_id: str,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingSettings,
+    ) -> _Plan:
+        sampling.validate()
+        engine = served.engine
+        choices = []
+        for p, prompt_ids in enumerate(prompts):
+            room = engine.max_context_tokens - len(prompt_ids)
+            if room < 1:
+                raise PromptTooLong(len(prompt_ids), engine.max_context_tokens)
+            # Clamp instead of failing, the way a finished-by-length reply reads.
+            fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
+            choices += [_Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
+        prompt_tokens = sum(len(ids) for ids in prompts)
+        return _Plan(served, response_id, choices, prompt_tokens)
 
-    async def _observed(
-        self, engine: LLMEngine, model: str, request_id: str, job: _Job, sampling: SamplingSettings
-    ) -> AsyncIterator[GenerationDelta]:
-        """engine.generate with the observer's timings; closing it aborts the generation."""
-        observer, clock = self._observer, self._clock
+    # -- running ----------------------------------------------------------------------------------
+
+    def _generations(self, plan: _Plan) -> _Deltas:
+        """Every choice's deltas tagged with its index; closing this aborts what still runs."""
+        if len(plan.choices) == 1:
+            return self._generate(plan, plan.choices[0])
+        return _merge([self._generate(plan, choice) for choice in plan.choices])
+
+    async def _generate(self, plan: _Plan, choice: _Choice) -> _Deltas:
+        """One engine generation, timed for the observer as it passes."""
+        observer, clock, served = self._observer, self._clock, plan.served
+        model = served.name
         started = last = clock()
         first_seen = False
         completion_tokens, reason = 0, "abort"
+        request_id = f"{plan.response_id}-{choice.index}"
         try:
-            async with aclosing(engine.generate(request_id, job.prompt, sampling)) as deltas:
+            generation = served.engine.generate(
+                request_id, choice.prompt_ids, choice.sampling, adapter=served.adapter
+            )
+            async with aclosing(generation) as deltas:
                 async for delta in deltas:
-                    now = clock()
                     if delta.token_count:
+                        now = clock()
                         tokens = delta.token_count
                         if not first_seen:
                             observer.on_first_token(model, now - started)
@@ -321,118 +318,130 @@ class OpenAIServing:
                         completion_tokens += delta.token_count
                     if delta.finish_reason is not None:
                         reason = delta.finish_reason
-                    yield delta
+                    yield choice.index, delta
         except Exception:
             reason = "error"
             raise
         finally:
-            observer.on_finished(
-                model, reason, job.prompt_tokens, completion_tokens, clock() - started
-            )
+            prompt_tokens = len(choice.prompt_ids)
+            observer.on_finished(model, reason, prompt_tokens, completion_tokens, clock() - started)
 
-    async def _collect(
-        self,
-        engine: LLMEngine,
-        model: str,
-        response_id: str,
-        jobs: list[_Job],
-        sampling: SamplingSettings,
-    ) -> list[_Result]:
-        async def run(job: _Job) -> _Result:
-            result = _Result()
-            gen = self._observed(engine, model, f"{response_id}-{job.index}", job, sampling)
-            async with aclosing(gen) as deltas:
-                async for delta in deltas:
-                    result.text += delta.text
-                    result.completion_tokens += delta.token_count
-                    result.finish_reason = delta.finish_reason or result.finish_reason
-            return result
+    async def _collect(self, plan: _Plan) -> list[_Result]:
+        results = [_Result() for _ in plan.choices]
+        async with aclosing(self._generations(plan)) as deltas:
+            async for index, delta in deltas:
+                result = results[index]
+                result.text += delta.text
+                result.completion_tokens += delta.token_count
+                result.finish_reason = delta.finish_reason or result.finish_reason
+                result.logprobs += delta.logprobs
+                result.prompt_logprobs = delta.prompt_logprobs or result.prompt_logprobs
+        return results
 
-        # A TaskGroup cancels the sibling generations (and so aborts them) if one fails,
-        # and cancelling the caller cancels them all.
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(run(job)) for job in jobs]
-        except BaseExceptionGroup as failed:
-            raise failed.exceptions[0] from None
-        return [task.result() for task in tasks]
-
-    async def _start(
-        self,
-        engine: LLMEngine,
-        model: str,
-        response_id: str,
-        jobs: list[_Job],
-        sampling: SamplingSettings,
-    ) -> tuple[_Stream, tuple[int, GenerationDelta]]:
+    async def _stream(
+        self, plan: _Plan, chunks: StreamChunks, include_usage: bool
+    ) -> AsyncIterator[str]:
         """Start every generation and wait for the first delta, so early errors raise here."""
-        streams = [
-            self._observed(engine, model, f"{response_id}-{job.index}", job, sampling)
-            for job in jobs
-        ]
-        merged = _merge([job.index for job in jobs], streams)
+        deltas = self._generations(plan)
         try:
-            first = await anext(merged)
+            first = await anext(deltas)
         except BaseException:
-            await merged.aclose()
+            await deltas.aclose()
             raise
-        return merged, first
-
-    async def _relay(
-        self,
-        stream: _Stream,
-        first: tuple[int, GenerationDelta],
-        prompt_tokens: int,
-        request: ChatCompletionRequest | CompletionRequest,
-    ) -> AsyncIterator[_Out]:
-        """Every delta, then the usage if asked for; an error after streaming began is relayed
-        as one error item, since the HTTP status has already been sent."""
-        completion_tokens = 0
-        try:
-            async with aclosing(stream):
-                item: tuple[int, GenerationDelta] | None = first
-                while item is not None:
-                    completion_tokens += item[1].token_count
-                    yield _Out(index=item[0], delta=item[1])
-                    item = await anext(stream, None)
-        except Exception as exc:
-            yield _Out(error=ErrorResponse(error=self._error_info(exc)))
-            return
-        if request.include_usage:
-            yield _Out(usage=UsageInfo.of(prompt_tokens, completion_tokens))
+        usage_prompt_tokens = plan.prompt_tokens if include_usage else None
+        return _events(deltas, first, chunks, usage_prompt_tokens)
 
 
-def _prompt_tokens(jobs: list[_Job], n: int) -> int:
-    """Each distinct prompt counts once, however many choices it has (as OpenAI bills)."""
-    return sum(job.prompt_tokens for job in jobs[::n])
+async def _events(
+    deltas: _Deltas,
+    first: tuple[int, GenerationDelta],
+    chunks: StreamChunks,
+    usage_prompt_tokens: int | None,
+) -> AsyncIterator[str]:
+    """The SSE text of a started response: deltas, the usage if asked for, then [DONE]. An error
+    after streaming began is one error event, since the HTTP status has already been sent."""
+    index, delta = first
+    completion_tokens = delta.token_count
+    try:
+        async with aclosing(deltas):
+            yield chunks.opening + chunks.delta(index, delta)
+            async for index, delta in deltas:
+                completion_tokens += delta.token_count
+                event = chunks.delta(index, delta)
+                if event:
+                    yield event
+    except Exception as exc:
+        yield sse_data(error_payload(exc)[1])
+        yield DONE
+        return
+    if usage_prompt_tokens is not None:
+        yield chunks.usage(usage_prompt_tokens, completion_tokens)
+    yield DONE
 
 
-async def _merge(
-    indexes: list[int], streams: list[AsyncIterator[GenerationDelta]]
-) -> AsyncIterator[tuple[int, GenerationDelta]]:
+def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
+    """A prompt given as token ids must be this model's (see the README on foreign ids)."""
+    param = "prompt" if index is None else f"prompt[{index}]"
+    if not ids:
+        raise InvalidSampling(param, "a prompt of token ids must not be empty")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidSampling(
+            param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+        )
+    return ids
+
+
+def _completion_choice(
+    request: CompletionRequest, plan: _Plan, choice: _Choice, result: _Result
+) -> CompletionChoice:
+    """The choice's text (after its prompt with `echo`) and, when asked, its log probabilities."""
+    prefix = choice.prompt_text if request.echo else ""
+    logprobs = None
+    if request.logprobs is not None:
+        generated = [e.token_id for e in result.logprobs]
+        ids, entries = generated, list(result.logprobs)
+        if request.echo:
+            ids = choice.prompt_ids + generated
+            entries = [*(result.prompt_logprobs or [None] * len(choice.prompt_ids)), *entries]
+        decode = plan.served.engine.tokenizer.decode
+        logprobs = completion_logprobs(ids, entries, decode, 0 if request.echo else len(prefix))
+    return CompletionChoice(
+        index=choice.index,
+        text=prefix + result.text,
+        logprobs=logprobs,
+        finish_reason=result.finish_reason,
+    )
+
+
+def _usage(plan: _Plan, results: list[_Result]) -> UsageInfo:
+    return UsageInfo.of(plan.prompt_tokens, sum(r.completion_tokens for r in results))
+
+
+async def _merge(streams: list[_Deltas]) -> _Deltas:
     """Interleave several generations as they produce; closing this cancels (aborts) them all."""
-    queue: asyncio.Queue[tuple[int, GenerationDelta | Exception | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, GenerationDelta] | Exception | None] = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[GenerationDelta]) -> None:
+    async def pump(stream: _Deltas) -> None:
         try:
-            async with aclosing(stream) as deltas:  # type: ignore[type-var]
-                async for delta in deltas:
-                    queue.put_nowait((index, delta))
-            queue.put_nowait((index, None))
+            async with aclosing(stream) as items:  # type: ignore[type-var]
+                async for item in items:
+                    queue.put_nowait(item)
+            queue.put_nowait(None)
         except Exception as exc:
-            queue.put_nowait((index, exc))
+            queue.put_nowait(exc)
 
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in zip(indexes, streams, strict=True)]
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
     remaining = len(tasks)
     try:
         while remaining:
-            index, item = await queue.get()
+            item = await queue.get()
             if item is None:
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield index, item
+                yield item
     finally:
         for task in tasks:
             task.cancel()

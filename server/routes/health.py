@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
 router = APIRouter()
 
@@ -40,13 +42,18 @@ async def ready(request: Request) -> JSONResponse:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}, "description": "Metrics"}},
+    responses={
+        200: {
+            "content": {CONTENT_TYPE_LATEST.split(";")[0]: {}, OPENMETRICS.split(";")[0]: {}},
+            "description": "Metrics: Prometheus text, or OpenMetrics when the Accept header asks",
+        }
+    },
 )
 async def metrics(request: Request) -> Response:
     state = request.app.state
     # Engine gauges are read at scrape time: exact whenever Prometheus looks.
     for name, stats in state.openai.engine_stats().items():
         state.llm_observer.engine_counts(name, stats.running, stats.waiting)
-    return Response(
-        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
-    )
+    # Negotiated as prometheus_client's own server does (`Accept: application/openmetrics-text`).
+    encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+    return Response(encoder(state.metrics.registry), headers={"Content-Type": content_type})

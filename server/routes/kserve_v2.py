@@ -1,34 +1,36 @@
 """KServe v2 (Open Inference Protocol) over HTTP, through the same batcher as /predict.
 
-Enough of the protocol for `tritonclient.http` to point at Ferry unchanged: health, server and
-model metadata, model readiness and `infer` with JSON or binary tensor data (Triton's
-`binary_tensor_data` extension, which tritonclient uses by default). `input_ids` (and optionally
-`attention_mask`) are INT64 [batch, seq]; each row is queued as its own sequence, cut to its
-mask's real length, so the batcher batches it with any other traffic. Outputs are FP32, sequence
-outputs padded back to the request's width. Errors use KServe's `{"error": "..."}` shape.
+What `tritonclient.http` and perf_analyzer use against Triton: health, server and model
+metadata, model configuration (Triton's JSON), statistics (Triton's extension), readiness and
+`infer` with JSON or binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's
+default). The inference itself is `ferry.server.kserve.infer`, shared with the gRPC service.
+Errors use KServe's `{"error": "..."}` shape (`server/errors.py` picks it for every /v2 path).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from ferry.batcher import TokenSequence
 from ferry.batcher.errors import InvalidInput
-from ferry.server.encoder import EncoderInputs
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, as_route, dumps
+from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
+from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
+from ferry.server.kserve.statistics import model_statistics
 from ferry.server.model_runtime import ModelRuntime
 from pydantic import BaseModel
 
+logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-VERSION = "1"
 INT_TYPES = {"INT64": np.int64, "INT32": np.int32}
+NOT_READY_HEADERS = {"Retry-After": "1"}
 
 
 class KServeError(BaseModel):
@@ -37,11 +39,13 @@ class KServeError(BaseModel):
 
 ERROR_DOCS = {
     400: "Not a KServe v2 request (JSON, tensor shapes)",
+    401: "Missing or wrong API key",
     404: "Unknown model",
+    413: "Body over max_body_bytes",
     422: "Invalid input; the message names the tensor",
-    429: "Queue full",
+    429: "Queue full (Retry-After)",
     500: "Inference failed",
-    503: "Not ready, draining, or backend unavailable",
+    503: "Not ready, draining, or backend unavailable (Retry-After)",
     504: "Deadline passed",
 }
 
@@ -50,9 +54,13 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
 
 
-def kserve_error(exc: BaseException, request: Request) -> Response:
-    """The status from Ferry's one error table; the body in KServe's shape (by the path)."""
-    return error_response(exc, request.url.path)
+def kserve_error(exc: BaseException) -> JSONResponse:
+    """The status from Ferry's one error table; the body in KServe's shape."""
+    return error_response(exc, router.prefix)
+
+
+def _model(request: Request, name: str) -> ModelRuntime:
+    return request.app.state.registry.get(name)
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -67,37 +75,54 @@ async def live() -> dict[str, bool]:
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
     ok = not state.drain.draining and await state.registry.ready()
-    return JSONResponse({"ready": ok}, 200 if ok else 503)
+    return JSONResponse({"ready": ok}, 200 if ok else 503, None if ok else NOT_READY_HEADERS)
 
 
 @router.get("")
 async def server_metadata() -> dict[str, Any]:
-    return {"name": "ferry", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
+    return {
+        "name": "ferry",
+        "version": "0.1.0",
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+    }
+
+
+@router.get("/models/stats")
+async def get_all_statistics(request: Request) -> Response:
+    return _statistics(request, None)
+
+
+@router.get("/models/{name}/stats", responses=error_docs(404))
+@router.get("/models/{name}/versions/{version}/stats", include_in_schema=False)
+async def get_model_statistics(name: str, request: Request) -> Response:
+    return _statistics(request, name)
+
+
+def _statistics(request: Request, name: str | None) -> Response:
+    registry = request.app.state.registry
+    try:
+        names = list(registry.models) if name is None else [_model(request, name).name]
+    except Exception as exc:
+        return kserve_error(exc)
+    return JSONResponse(model_statistics(request.app.state.metrics.registry, names))
 
 
 @router.get("/models/{name}", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
-async def model_metadata(name: str, request: Request) -> Response:
+async def get_model_metadata(name: str, request: Request) -> Response:
     try:
-        model = request.app.state.registry.get(name)
+        return JSONResponse(model_metadata(_model(request, name)))
     except Exception as exc:
-        return kserve_error(exc, request)
-    backend = model.backend
-    # Only the axes Ferry knows are given sizes; the rest vary (-1), as the protocol allows.
-    outputs = [
-        {"name": n, "datatype": "FP32", "shape": [-1] * (3 if n in backend.sequence_outputs else 2)}
-        for n in backend.output_names
-    ]
-    tensor = {"datatype": "INT64", "shape": [-1, -1]}
-    return JSONResponse(
-        {
-            "name": model.name,
-            "versions": [VERSION],
-            "platform": f"ferry_{backend.name}",
-            "inputs": [{"name": "input_ids", **tensor}, {"name": "attention_mask", **tensor}],
-            "outputs": outputs,
-        }
-    )
+        return kserve_error(exc)
+
+
+@router.get("/models/{name}/config", responses=error_docs(404))
+@router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
+async def get_model_config(name: str, request: Request) -> Response:
+    try:
+        return JSONResponse(model_config(_model(request, name)))
+    except Exception as exc:
+        return kserve_error(exc)
 
 
 @router.get(
@@ -107,11 +132,12 @@ async def model_metadata(name: str, request: Request) -> Response:
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
 async def model_ready(name: str, request: Request) -> Response:
     try:
-        model = request.app.state.registry.get(name)
+        model = _model(request, name)
     except Exception as exc:
-        return kserve_error(exc, request)
+        return kserve_error(exc)
     ok = not request.app.state.drain.draining and await model.healthy()
-    return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503)
+    headers = None if ok else NOT_READY_HEADERS
+    return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503, headers)
 
 
 # -- infer ------------------------------------------------------------------------------------
@@ -121,21 +147,14 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    name = call.path.split("/")[3]
-    model = call.app_state.registry.get(name)
+    model = call.app_state.registry.get(call.path.split("/")[3])
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
-    ids, mask = input_arrays(tensors)
     wanted, binary = requested_outputs(header, model)
-    result = await call.app_state.encoder.run(
-        model, EncoderInputs(sequences=row_sequences(ids, mask)), wanted, None, call.disconnected()
+    outputs = await infer_tensors(
+        model, call.app_state.encoder, tensors, wanted, call.disconnected()
     )
-    sequence = model.backend.sequence_outputs
-    outputs = {
-        n: stack_rows([r[n] for r in result.rows], ids.shape[1] if n in sequence else None)
-        for n in wanted
-    }
     return encode_response(model.name, header.get("id"), outputs, binary)
 
 
@@ -143,7 +162,7 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
     for path in INFER_PATHS:
         route = hot.add("POST", path, infer)
         router.add_api_route(
-            path.removeprefix("/v2"),
+            path.removeprefix(router.prefix),
             as_route(route),
             methods=["POST"],
             responses=error_docs(400, 404, 422, 429, 500, 503, 504),
@@ -169,10 +188,16 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
             name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
         except (KeyError, TypeError, ValueError):
             raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
-        if datatype not in INT_TYPES:
-            raise InvalidInput(name, f"datatype must be INT64, got {datatype}")
-        dtype = INT_TYPES[datatype]
+        if datatype not in (*INT_TYPES, "BYTES"):
+            message = f"datatype must be INT64 (token ids) or BYTES (text), got {datatype}"
+            raise InvalidInput(name, message)
         binary_size = parameters(spec).get("binary_data_size")
+        if datatype == "BYTES":
+            size_bytes = int(binary_size or 0)
+            tensors[name] = bytes_input(spec, body[offset : offset + size_bytes], shape)
+            offset += size_bytes
+            continue
+        dtype = INT_TYPES[datatype]
         try:
             if binary_size is not None:
                 chunk = body[offset : offset + int(binary_size)]
@@ -186,6 +211,22 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
     return header, tensors
 
 
+def bytes_input(spec: dict, binary: bytes, shape: list[int]) -> np.ndarray:
+    """BYTES as JSON strings or Triton's length-prefixed binary, in the request's shape."""
+    name = spec["name"]
+    if "data" in spec:
+        data = spec["data"]
+        if not isinstance(data, list) or not all(isinstance(d, str) for d in np.ravel(data)):
+            raise InvalidInput(name, "BYTES data must be a list of strings")
+        array = np.array([d.encode() for d in np.ravel(data)], dtype=object)
+    else:
+        array = deserialize_bytes(binary, name)
+    try:
+        return array.reshape(shape)
+    except ValueError:
+        raise InvalidInput(name, f"{array.size} strings do not fit shape {shape}") from None
+
+
 def parameters(entry: dict) -> dict:
     value = entry.get("parameters") or {}
     if not isinstance(value, dict):
@@ -193,57 +234,20 @@ def parameters(entry: dict) -> dict:
     return value
 
 
-def input_arrays(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    unknown = set(tensors) - {"input_ids", "attention_mask"}
-    if unknown:
-        raise InvalidInput(sorted(unknown)[0], "inputs are input_ids and attention_mask only")
-    if "input_ids" not in tensors:
-        raise InvalidInput("input_ids", "input_ids is required")
-    ids = tensors["input_ids"]
-    mask = tensors.get("attention_mask", np.ones_like(ids))
-    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
-        raise InvalidInput("input_ids", f"input_ids must be [batch, seq], got {list(ids.shape)}")
-    if mask.shape != ids.shape:
-        raise InvalidInput(
-            "attention_mask", f"shape {list(mask.shape)} differs from input_ids {list(ids.shape)}"
-        )
-    return ids, mask
-
-
-def row_sequences(ids: np.ndarray, mask: np.ndarray) -> list[TokenSequence]:
-    """Each row cut after its mask's last 1, so right-padding never reaches the batcher."""
-    sequences = []
-    for row_ids, row_mask in zip(ids, mask, strict=True):
-        kept = np.flatnonzero(row_mask)
-        # An all-zero mask is kept whole so that the batcher's validation names the problem.
-        length = int(kept[-1]) + 1 if kept.size else row_ids.shape[0]
-        sequences.append(TokenSequence(row_ids[:length].copy(), row_mask[:length].copy()))
-    return sequences
-
-
 def requested_outputs(header: dict, model: ModelRuntime) -> tuple[list[str], set[str]]:
     """Output names (all of the backend's when none are asked for) and those to send binary."""
-    available = model.backend.output_names
     all_binary = bool(parameters(header).get("binary_data_output", False))
-    specs = header.get("outputs") or [{"name": n} for n in available]
+    specs = header.get("outputs") or []
     if not isinstance(specs, list):
         raise MalformedRequest("'outputs' must be a list of {name} objects")
     names, binary = [], set()
     for spec in specs:
         name = spec.get("name") if isinstance(spec, dict) else None
-        if name not in available:
-            raise InvalidInput("outputs", f"unknown output {name!r}; choose from {list(available)}")
         names.append(name)
         if all_binary or parameters(spec).get("binary_data", False):
             binary.add(name)
-    return names, binary
-
-
-def stack_rows(parts: list[np.ndarray], width: int | None) -> np.ndarray:
-    """Per-row outputs into one FP32 tensor; sequence outputs padded back to `width`."""
-    if width is not None:
-        parts = [np.pad(p, [(0, width - p.shape[0])] + [(0, 0)] * (p.ndim - 1)) for p in parts]
-    return np.stack(parts).astype(np.float32)
+    names = output_names(model, names)
+    return names, binary if specs else (set(names) if all_binary else set())
 
 
 def encode_response(

@@ -1,10 +1,12 @@
-"""GET /v1/models: every model Ferry serves, in OpenAI's list shape."""
+"""GET /v1/models (every model Ferry serves, in OpenAI's list shape) and /v1/models/{id}."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from fastapi import APIRouter, Request
+from ferry.server.errors import UnknownModel
+from ferry.server.schemas import error_responses
 from pydantic import BaseModel
 
 router = APIRouter()
@@ -16,6 +18,7 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "ferry"
     task: str
+    parent: str | None = None  # a LoRA adapter's base model, as vLLM lists it
 
 
 class ModelList(BaseModel):
@@ -23,15 +26,29 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-@router.get("/v1/models", response_model=ModelList)
-async def list_models(request: Request) -> ModelList:
+def model_cards(request: Request) -> list[ModelCard]:
     state = request.app.state
     cards = [
         ModelCard(id=name, created=state.started_at, task=model.manifest.task)
         for name, model in state.registry.models.items()
     ]
     cards += [
-        ModelCard(id=name, created=state.started_at, task="chat")
-        for name in state.openai.model_names()
+        ModelCard(id=m.name, created=state.started_at, task="chat", parent=m.parent)
+        for m in state.openai.served_models()
     ]
-    return ModelList(data=cards)
+    return cards
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request) -> ModelList:
+    return ModelList(data=model_cards(request))
+
+
+# `{model_id:path}`: OpenAI-style ids may hold slashes (org/model), as LLM names here may.
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=error_responses(404))
+async def retrieve_model(model_id: str, request: Request) -> ModelCard:
+    cards = model_cards(request)
+    for card in cards:
+        if card.id == model_id:
+            return card
+    raise UnknownModel(model_id, [c.id for c in cards])

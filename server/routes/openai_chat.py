@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -42,7 +42,9 @@ async def _respond(
         return Response(status_code=499)
 
 
-def _label_and_bound(request: Request, model: str, texts: list[str], items: int) -> None:
+def _label_and_bound(
+    request: Request, model: str, texts: Sequence[str | list[int]], items: int
+) -> None:
     """The metrics label, only from a configured name; bounds checked before tokenizing."""
     if model in request.app.state.openai.model_names():
         request.state.model_name = model
@@ -51,6 +53,8 @@ def _label_and_bound(request: Request, model: str, texts: list[str], items: int)
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            continue  # token ids: checked against the vocabulary and context by the serving layer
         if len(text) > settings.max_chars_per_text:
             raise InvalidInput(
                 f"{field}[{index}]",

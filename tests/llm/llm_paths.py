@@ -9,3 +9,9 @@ ONNX_DIR = TINY_LLM / "onnx"
 HF_DIR = TINY_LLM / "hf"
 MODEL_NAME = "tiny-llm"
 WAIT_S = 30  # every await on the engine is bounded by this
+ADAPTERS_DIR = TINY_LLM / "adapters"
+ADAPTER_NAMES = ("zen", "shout")
+
+
+def onnx_adapter(name: str) -> Path:
+    return ADAPTERS_DIR / name / f"{name}.onnx_adapter"

@@ -65,14 +65,16 @@ def reference_text(case: dict[str, Any]) -> str:
 
 
 async def read_sse(stream: AsyncIterator[str]) -> list[Any]:
-    """Parse SSE lines into JSON payloads; the literal [DONE] marker is kept as a string."""
+    """Parse SSE text into JSON payloads; the literal [DONE] marker is kept as a string."""
 
     async def read() -> list[Any]:
         events = []
-        async for line in stream:
-            assert line.startswith("data: ") and line.endswith("\n\n"), line
-            data = line[len("data: ") : -2]
-            events.append(data if data == "[DONE]" else json.loads(data))
+        async for text in stream:  # one piece of text may hold several events
+            assert text.startswith("data: ") and text.endswith("\n\n"), text
+            for event in text[:-2].split("\n\n"):
+                assert event.startswith("data: ") and "\n" not in event, event
+                data = event[len("data: ") :]
+                events.append(data if data == "[DONE]" else json.loads(data))
         return events
 
     return await asyncio.wait_for(read(), WAIT_S)
@@ -171,7 +173,7 @@ async def test_completions_with_prompt_list_and_n(
     expected = [reference_text(reference["cases"][i // 2]) for i in range(4)]
     assert [c.text for c in response.choices] == expected
     assert [c.index for c in response.choices] == [0, 1, 2, 3]
-    assert response.usage.prompt_tokens == sum(engine.count_tokens(p) for p in prompts)
+    assert response.usage.prompt_tokens == sum(len(engine.tokenizer.encode(p)) for p in prompts)
     assert response.usage.completion_tokens == 80
 
 
@@ -276,5 +278,17 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
     monkeypatch.setattr(_OwnerLoop, "_step", crash_soon)  # fault injection after the start
     events = await read_sse(stream)
     assert events[-1] == "[DONE]"
-    assert events[-2]["error"]["type"] == "EngineDead"
+    # The same error table as HTTP answers: a dead engine is a 503.
+    assert events[-2]["error"]["type"] == "unavailable_error"
+    assert events[-2]["error"]["code"] == 503
     assert any("choices" in e for e in events[:-2])
+
+
+async def test_a_single_choice_streams_without_an_extra_task(
+    serving: OpenAIServing, reference: dict[str, Any]
+) -> None:
+    before = asyncio.all_tasks()
+    stream = await serving.chat_stream(chat_request(reference["cases"][0], max_tokens=1500))
+    assert (await anext(stream)).startswith("data: ")
+    assert asyncio.all_tasks() == before  # n = 1: the engine's deltas go straight to chunks
+    await stream.aclose()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidSampling, PromptTooLong
+from ferry.llm.errors import EngineDead, EngineOverloaded
 from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
 
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR, WAIT_S
@@ -20,17 +20,24 @@ LONG = SamplingSettings(max_tokens=1500, temperature=0.0)
 EOS_PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]  # greedy ends in <|im_end|>
 
 
+TOKENIZER = ChatTokenizer(HF_DIR)
+
+
+def ids(prompt: str) -> list[int]:
+    return TOKENIZER.encode(prompt)
+
+
 async def collect(
     engine: OrtGenAIEngine, request_id: str, prompt: str, sampling: SamplingSettings
 ) -> list[GenerationDelta]:
     async def run() -> list[GenerationDelta]:
-        return [d async for d in engine.generate(request_id, prompt, sampling)]
+        return [d async for d in engine.generate(request_id, ids(prompt), sampling)]
 
     return await asyncio.wait_for(run(), WAIT_S)
 
 
 def reference_text(case: dict[str, Any]) -> str:
-    return ChatTokenizer(HF_DIR).decode(case["new_ids"])
+    return TOKENIZER.decode(case["new_ids"])
 
 
 async def test_streamed_deltas_concatenate_to_the_greedy_reference(
@@ -53,7 +60,7 @@ async def test_max_tokens_finishes_with_length(
 
 
 async def test_eos_finishes_with_stop(engine: OrtGenAIEngine) -> None:
-    prompt = engine.render_chat(EOS_PROMPT)
+    prompt = engine.tokenizer.render_chat(EOS_PROMPT)
     deltas = await collect(engine, "r1", prompt, SamplingSettings(max_tokens=400, temperature=0))
     assert deltas[-1].finish_reason == "stop"
     assert sum(d.token_count for d in deltas) < 400
@@ -86,11 +93,12 @@ async def test_concurrent_generations_all_complete_and_batch(
     engine: OrtGenAIEngine, reference: dict[str, Any]
 ) -> None:
     cases = reference["cases"]
+    prompts = [ids(case["prompt"]) for case in cases]
     running_seen: list[int] = []
 
     async def one(i: int) -> str:
         text = ""
-        async for delta in engine.generate(f"r{i}", cases[i % 3]["prompt"], GREEDY):
+        async for delta in engine.generate(f"r{i}", prompts[i % 3], GREEDY):
             running_seen.append(engine.stats().running)
             text += delta.text
         return text
@@ -134,7 +142,7 @@ async def test_closing_the_stream_aborts_the_generation(
 ) -> None:
     prompt = reference["cases"][1]["prompt"]
     received = 0
-    async with aclosing(engine.generate("r1", prompt, LONG)) as deltas:
+    async with aclosing(engine.generate("r1", ids(prompt), LONG)) as deltas:
         async for delta in deltas:
             received += delta.token_count
             if received >= 3:
@@ -152,7 +160,7 @@ async def test_cancelling_the_consumer_task_aborts(
     started = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in engine.generate("r1", reference["cases"][0]["prompt"], LONG):
+        async for _ in engine.generate("r1", ids(reference["cases"][0]["prompt"]), LONG):
             started.set()
 
     task = asyncio.create_task(consume())
@@ -164,24 +172,12 @@ async def test_cancelling_the_consumer_task_aborts(
     assert runtime_tokens.count("r1") < 100
 
 
-async def test_abort_by_id_ends_the_stream_with_abort(
-    engine: OrtGenAIEngine, reference: dict[str, Any]
-) -> None:
-    deltas: list[GenerationDelta] = []
-    async for delta in engine.generate("r1", reference["cases"][0]["prompt"], LONG):
-        deltas.append(delta)
-        if len(deltas) == 2:
-            await engine.abort("r1")
-    assert deltas[-1].finish_reason == "abort"
-    assert sum(d.token_count for d in deltas) < 1500
-
-
 async def test_beyond_running_and_waiting_slots_raises_overloaded(
     reference: dict[str, Any],
 ) -> None:
     engine = OrtGenAIEngine(ONNX_DIR, max_running=1, max_waiting=1)
     await engine.start()
-    prompt = reference["cases"][0]["prompt"]
+    prompt = ids(reference["cases"][0]["prompt"])
     first = engine.generate("a", prompt, LONG)
     second = engine.generate("b", prompt, LONG)
     waiting = None
@@ -192,7 +188,7 @@ async def test_beyond_running_and_waiting_slots_raises_overloaded(
         with pytest.raises(EngineOverloaded):
             await anext(engine.generate("c", prompt, GREEDY))
         await first.aclose()  # frees the slot: "b" starts
-        assert (await asyncio.wait_for(waiting, WAIT_S)).token_count == 1
+        assert (await asyncio.wait_for(waiting, WAIT_S)).token_count >= 1
     finally:
         if waiting is not None and not waiting.done():
             waiting.cancel()
@@ -200,14 +196,6 @@ async def test_beyond_running_and_waiting_slots_raises_overloaded(
         await first.aclose()
         await second.aclose()
         await engine.close()
-
-
-async def test_prompt_and_sampling_are_checked_before_queueing(engine: OrtGenAIEngine) -> None:
-    with pytest.raises(PromptTooLong):
-        await anext(engine.generate("r1", "x " * 5000, GREEDY))
-    with pytest.raises(InvalidSampling) as err:
-        await anext(engine.generate("r2", "hi", SamplingSettings(max_tokens=0)))
-    assert err.value.field == "max_tokens"
 
 
 async def test_engine_thread_death_fails_requests_and_readiness(

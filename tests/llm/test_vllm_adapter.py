@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, PromptTooLong
+from ferry.llm.errors import EngineOverloaded
 from ferry.llm.vllm import VLLMEngine
+from ferry.server.openai.protocol import CompletionRequest
+from ferry.server.openai.serving import OpenAIServing
 
 from tests.gpu import requires_gpu
 from tests.llm.llm_paths import HF_DIR, WAIT_S
@@ -51,11 +54,17 @@ class FakeAsyncLLM:
     hold: asyncio.Event | None = None  # when set, stream pauses after the first output
     aborted: list[str] = field(default_factory=list)
     calls: list[tuple[Any, Any, str]] = field(default_factory=list)
+    loras: list[Any] = field(default_factory=list)  # the lora_request of each generate call
+    added: dict[int, Any] = field(default_factory=dict)  # as AsyncLLM.add_lora keeps them
+    removed: list[int] = field(default_factory=list)
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str
+        self, prompt: Any, params: Any, request_id: str, lora_request: Any = None
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append((prompt, params, request_id))
+        self.loras.append(lora_request)
+        if lora_request is not None:
+            assert self.added.get(lora_request.lora_int_id) == lora_request  # loaded first
         text, ids = "", []
         for i, (piece, piece_ids) in enumerate(self.steps):
             text, ids = text + piece, ids + piece_ids
@@ -67,6 +76,16 @@ class FakeAsyncLLM:
 
     async def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        if not Path(lora_request.lora_path, "adapter_config.json").is_file():
+            raise ValueError(f"no adapter at {lora_request.lora_path}")
+        self.added[lora_request.lora_int_id] = lora_request
+        return True
+
+    async def remove_lora(self, lora_id: int) -> bool:
+        self.removed.append(lora_id)
+        return self.added.pop(lora_id, None) is not None
 
 
 def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
@@ -80,9 +99,12 @@ def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
     )
 
 
+PROMPT_IDS = ChatTokenizer(HF_DIR).encode("hello there")
+
+
 async def collect(engine: VLLMEngine, sampling: SamplingSettings) -> list[GenerationDelta]:
     async def run() -> list[GenerationDelta]:
-        return [d async for d in engine.generate("req-1", "hello there", sampling)]
+        return [d async for d in engine.generate("req-1", PROMPT_IDS, sampling)]
 
     return await asyncio.wait_for(run(), WAIT_S)
 
@@ -100,12 +122,23 @@ async def test_cumulative_outputs_become_deltas() -> None:
     assert fake.aborted == []
 
 
-async def test_prompt_goes_as_token_ids_of_the_real_tokenizer() -> None:
+async def test_prompt_goes_as_token_ids() -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
     await collect(make_engine(fake), SamplingSettings())
     prompt, _, request_id = fake.calls[0]
-    assert prompt == {"prompt_token_ids": ChatTokenizer(HF_DIR).encode("hello there")}
+    assert prompt == {"prompt_token_ids": PROMPT_IDS}
     assert request_id == "req-1"
+
+
+async def test_the_serving_layer_tokenizes_and_fits_max_tokens_to_the_context() -> None:
+    fake = FakeAsyncLLM(steps=[("x", [7])])
+    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    request = CompletionRequest(model="tiny-llm", prompt="hello there", max_tokens=100_000)
+    response = await asyncio.wait_for(serving.completion(request), WAIT_S)
+    assert response.choices[0].text == "x"
+    prompt, params, _ = fake.calls[0]
+    assert prompt == {"prompt_token_ids": PROMPT_IDS}
+    assert params.kwargs["max_tokens"] == 2048 - len(PROMPT_IDS)
 
 
 async def test_sampling_settings_become_sampling_params() -> None:
@@ -121,14 +154,9 @@ async def test_sampling_settings_become_sampling_params() -> None:
         "top_p": 0.8,
         "seed": 3,
         "stop": ["\n"],
+        "logprobs": None,
+        "prompt_logprobs": None,
     }
-
-
-async def test_max_tokens_are_clamped_to_the_context() -> None:
-    fake = FakeAsyncLLM(steps=[("x", [7])])
-    await collect(make_engine(fake), SamplingSettings(max_tokens=100_000))
-    prompt_tokens = len(fake.calls[0][0]["prompt_token_ids"])
-    assert fake.calls[0][1].kwargs["max_tokens"] == 2048 - prompt_tokens
 
 
 async def test_abort_finish_reason_passes_through() -> None:
@@ -144,7 +172,7 @@ async def test_cancelled_consumer_aborts_the_vllm_request() -> None:
     first = asyncio.Event()
 
     async def consume() -> None:
-        async for _ in engine.generate("req-1", "hi", SamplingSettings()):
+        async for _ in engine.generate("req-1", [1], SamplingSettings()):
             first.set()
 
     task = asyncio.create_task(consume())
@@ -156,21 +184,13 @@ async def test_cancelled_consumer_aborts_the_vllm_request() -> None:
     assert engine.stats().running == 0
 
 
-async def test_explicit_abort_reaches_vllm() -> None:
-    fake = FakeAsyncLLM(steps=[("a", [1])])
-    await make_engine(fake).abort("req-9")
-    assert fake.aborted == ["req-9"]
-
-
-async def test_limits_are_checked_before_calling_vllm() -> None:
+async def test_overload_is_checked_before_calling_vllm() -> None:
     fake = FakeAsyncLLM(steps=[("a", [1]), ("b", [2])], hold=asyncio.Event())
     engine = make_engine(fake, max_concurrency=1)
-    busy = engine.generate("a", "hi", SamplingSettings())
+    busy = engine.generate("a", [1], SamplingSettings())
     await asyncio.wait_for(anext(busy), WAIT_S)
     with pytest.raises(EngineOverloaded):
-        await anext(engine.generate("b", "hi", SamplingSettings()))
-    with pytest.raises(PromptTooLong):
-        await anext(make_engine(fake).generate("c", "x " * 5000, SamplingSettings()))
+        await anext(engine.generate("b", [1], SamplingSettings()))
     await busy.aclose()
     assert fake.aborted == ["a"]
     assert len(fake.calls) == 1
@@ -184,11 +204,12 @@ async def test_real_vllm_on_the_tiny_model() -> None:
 
     engine = create_vllm_engine(HF_DIR, max_model_len=512, enforce_eager=True)
     try:
-        prompt = engine.render_chat([{"role": "user", "content": "def fibonacci(n):"}])
+        prompt = engine.tokenizer.render_chat([{"role": "user", "content": "def fibonacci(n):"}])
+        prompt_ids = engine.tokenizer.encode(prompt)
         sampling = SamplingSettings(max_tokens=8, temperature=0.0)
 
         async def run() -> list[GenerationDelta]:
-            return [d async for d in engine.generate("gpu-1", prompt, sampling)]
+            return [d async for d in engine.generate("gpu-1", prompt_ids, sampling)]
 
         deltas = await asyncio.wait_for(run(), 300)
         assert sum(d.token_count for d in deltas) == 8

@@ -1,0 +1,247 @@
+"""KServe v2 over gRPC: `inference.GRPCInferenceService`, the proto tritonclient ships.
+
+Runs on `grpc_port` in the server's own event loop, so it shares the HTTP side's models,
+batchers, drain and metrics; inference is `ferry.server.kserve.infer.infer_tensors`, the function
+the HTTP route calls. Tensors arrive as typed contents or raw little-endian bytes (tritonclient's
+default); outputs always go back raw, as Triton sends them. Errors map from Ferry's one error
+table to gRPC status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+import numpy as np
+from ferry.batcher.errors import InvalidInput
+from ferry.server.errors import ERROR_TABLE, INTERNAL, NotReady, Unauthorized
+from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
+from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
+from ferry.server.kserve.statistics import model_statistics
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+SERVICE = "/inference.GRPCInferenceService"
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    422: grpc.StatusCode.INVALID_ARGUMENT,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+INT_TYPES = {"INT64": ("<i8", "int64_contents"), "INT32": ("<i4", "int_contents")}
+# Calls that stay open without the API key unless `api_key_protects_health` says otherwise.
+HEALTH_CALLS = {"ServerLive", "ServerReady", "ModelReady"}
+
+
+class GrpcError(Exception):
+    def __init__(self, status: int, message: str, retry_after: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+def to_grpc_error(exc: BaseException) -> GrpcError:
+    kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
+    if kind is INTERNAL:
+        logger.exception("kserve grpc: unhandled error", exc_info=exc)
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    field = getattr(exc, "field", None)
+    text = f"{field}: {message}" if field and not message.startswith(f"{field}:") else message
+    return GrpcError(kind.status, text, kind.retry_after)
+
+
+def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput("raw_input_contents", "one raw content per input is required")
+    tensors = {}
+    for index, tensor in enumerate(request.inputs):
+        name, shape = tensor.name, list(tensor.shape)
+        if tensor.datatype == "BYTES":
+            array = (
+                deserialize_bytes(raw[index], name)
+                if raw
+                else np.array(list(tensor.contents.bytes_contents), dtype=object)
+            )
+        elif tensor.datatype in INT_TYPES:
+            dtype, field = INT_TYPES[tensor.datatype]
+            array = (
+                np.frombuffer(raw[index], dtype=dtype)
+                if raw
+                else np.asarray(getattr(tensor.contents, field), dtype=np.int64)
+            )
+        else:
+            raise InvalidInput(
+                name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
+            )
+        try:
+            array = array.reshape(shape)
+        except ValueError:
+            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}") from None
+        tensors[name] = array if tensor.datatype == "BYTES" else array.astype(np.int64)
+    return tensors
+
+
+def encode_outputs(
+    request: service_pb2.ModelInferRequest, outputs: dict[str, np.ndarray]
+) -> service_pb2.ModelInferResponse:
+    response = service_pb2.ModelInferResponse(
+        model_name=request.model_name, model_version=VERSION, id=request.id
+    )
+    for name, value in outputs.items():
+        response.outputs.add(name=name, datatype="FP32", shape=list(value.shape))
+        response.raw_output_contents.append(value.astype("<f4").tobytes())
+    return response
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, state: Any) -> None:
+        self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
+        settings = state.settings
+        self._key = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._protect_health = settings.api_key_protects_health
+
+    async def _call(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        handler: Callable[[], Awaitable[Any]],
+        model_name: str = "",
+    ) -> Any:
+        """Auth, metrics and error mapping around one call, as the HTTP middleware does."""
+        started, status = time.perf_counter(), 200
+        try:
+            self._authorize(method, context)
+            return await handler()
+        except asyncio.CancelledError:
+            status = 499
+            raise
+        except Exception as exc:
+            error = exc if isinstance(exc, GrpcError) else to_grpc_error(exc)
+            status = error.status
+            if error.retry_after:
+                context.set_trailing_metadata((("retry-after", "1"),))
+            await context.abort(STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), str(error))
+        finally:
+            endpoint = f"{SERVICE}/{method}"
+            metrics = self.state.metrics
+            # As on HTTP, only inference is labelled with its model (statistics count those), and
+            # only served names become label values (bounded series).
+            served = method == "ModelInfer" and model_name in self.state.registry.models
+            model = model_name if served else ""
+            metrics.requests.labels(model, endpoint, str(status)).inc()
+            metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
+
+    def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        if self._key is None or (method in HEALTH_CALLS and not self._protect_health):
+            return
+        given = dict(context.invocation_metadata() or ()).get("authorization", "")
+        if not hmac.compare_digest(str(given).encode(), self._key):
+            raise to_grpc_error(Unauthorized())
+
+    def _ready(self) -> Awaitable[bool]:
+        async def check() -> bool:
+            return not self.state.drain.draining and await self.state.registry.ready()
+
+        return check()
+
+    async def ServerLive(self, request, context):
+        return await self._call(
+            "ServerLive", context, lambda: _value(service_pb2.ServerLiveResponse(live=True))
+        )
+
+    async def ServerReady(self, request, context):
+        async def run():
+            return service_pb2.ServerReadyResponse(ready=await self._ready())
+
+        return await self._call("ServerReady", context, run)
+
+    async def ModelReady(self, request, context):
+        async def run():
+            model = self.state.registry.get(request.name)
+            ok = not self.state.drain.draining and await model.healthy()
+            return service_pb2.ModelReadyResponse(ready=ok)
+
+        return await self._call("ModelReady", context, run, request.name)
+
+    async def ServerMetadata(self, request, context):
+        response = service_pb2.ServerMetadataResponse(
+            name="ferry",
+            version="0.1.0",
+            extensions=["binary_tensor_data", "model_configuration", "statistics"],
+        )
+        return await self._call("ServerMetadata", context, lambda: _value(response))
+
+    async def ModelMetadata(self, request, context):
+        async def run():
+            metadata = model_metadata(self.state.registry.get(request.name))
+            return json_format.ParseDict(metadata, service_pb2.ModelMetadataResponse())
+
+        return await self._call("ModelMetadata", context, run, request.name)
+
+    async def ModelConfig(self, request, context):
+        async def run():
+            config = model_config(self.state.registry.get(request.name))
+            parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
+            return service_pb2.ModelConfigResponse(config=parsed)
+
+        return await self._call("ModelConfig", context, run, request.name)
+
+    async def ModelStatistics(self, request, context):
+        async def run():
+            registry = self.state.registry
+            names = [registry.get(request.name).name] if request.name else list(registry.models)
+            stats = model_statistics(self.state.metrics.registry, names)
+            return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
+
+        return await self._call("ModelStatistics", context, run, request.name)
+
+    async def ModelInfer(self, request, context):
+        async def run():
+            drain = self.state.drain
+            if drain.draining:
+                raise NotReady("the server is shutting down")
+            model = self.state.registry.get(request.model_name)
+            drain.enter()
+            try:
+                wanted = output_names(model, [o.name for o in request.outputs])
+                # A cancelled call (client gone) cancels this task, and with it the queued work.
+                outputs = await infer_tensors(
+                    model, self.state.encoder, decode_inputs(request), wanted
+                )
+            finally:
+                drain.leave()
+            return encode_outputs(request, outputs)
+
+        return await self._call("ModelInfer", context, run, request.model_name)
+
+
+async def _value(value: Any) -> Any:
+    return value
+
+
+async def start_grpc_server(state: Any, host: str, port: int, max_message_bytes: int):
+    """Bind and start; the caller stops it (`await server.stop(grace)`) at shutdown."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", -1),
+        ]
+    )
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot bind the gRPC port {host}:{port}")
+    await server.start()
+    logger.info("ferry: KServe v2 gRPC on %s:%d", host, port)
+    return server

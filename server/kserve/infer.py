@@ -1,0 +1,130 @@
+"""One KServe v2 inference, shared by the HTTP route and the gRPC service.
+
+Inputs arrive as arrays: `input_ids` (and optionally `attention_mask`) INT64 [batch, seq], or
+`text` BYTES [batch] / [batch, 1] (UTF-8, tokenized here with the model's tokenizer). Each row is
+queued as its own sequence, cut to its real length, so the batcher batches it with any other
+traffic. Outputs are FP32; sequence outputs are padded back to the request's width.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import InvalidInput
+from ferry.server.encoder import EncoderInputs, EncoderServing
+from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS
+from ferry.server.model_runtime import ModelRuntime
+
+
+def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
+    """Triton's BYTES wire format (each element: 4-byte little-endian length, then the bytes)."""
+    items, offset = [], 0
+    while offset < len(buffer):
+        if offset + 4 > len(buffer):
+            raise InvalidInput(name, "BYTES data ends inside an element's length prefix")
+        (size,) = struct.unpack_from("<I", buffer, offset)
+        offset += 4
+        if offset + size > len(buffer):
+            raise InvalidInput(name, "BYTES element runs past the end of the data")
+        items.append(buffer[offset : offset + size])
+        offset += size
+    return np.array(items, dtype=object)
+
+
+def decoded_texts(texts: np.ndarray) -> list[str]:
+    if texts.ndim == 2 and texts.shape[1] == 1:
+        texts = texts[:, 0]
+    if texts.ndim != 1 or texts.shape[0] == 0:
+        raise InvalidInput(
+            TEXT_INPUT, f"text must be [batch] or [batch, 1], got {list(texts.shape)}"
+        )
+    decoded = []
+    for index, item in enumerate(texts.tolist()):
+        try:
+            decoded.append(item.decode() if isinstance(item, bytes) else str(item))
+        except UnicodeDecodeError:
+            raise InvalidInput(f"{TEXT_INPUT}[{index}]", "text must be UTF-8") from None
+    return decoded
+
+
+def token_arrays(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    ids = tensors["input_ids"]
+    mask = tensors.get("attention_mask", np.ones_like(ids))
+    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+        raise InvalidInput("input_ids", f"input_ids must be [batch, seq], got {list(ids.shape)}")
+    if mask.shape != ids.shape:
+        raise InvalidInput(
+            "attention_mask", f"shape {list(mask.shape)} differs from input_ids {list(ids.shape)}"
+        )
+    return ids, mask
+
+
+def row_sequences(ids: np.ndarray, mask: np.ndarray) -> list[TokenSequence]:
+    """Each row cut after its mask's last 1, so right-padding never reaches the batcher."""
+    sequences = []
+    for row_ids, row_mask in zip(ids, mask, strict=True):
+        kept = np.flatnonzero(row_mask)
+        # An all-zero mask is kept whole so that the batcher's validation names the problem.
+        length = int(kept[-1]) + 1 if kept.size else row_ids.shape[0]
+        sequences.append(TokenSequence(row_ids[:length].copy(), row_mask[:length].copy()))
+    return sequences
+
+
+def encoder_inputs(tensors: dict[str, np.ndarray]) -> tuple[EncoderInputs, int | None, str]:
+    """The request's rows for the encoder, the width to pad sequence outputs to (None: their
+    longest, known after tokenizing) and the field that names them."""
+    unknown = set(tensors) - {*TOKEN_INPUTS, TEXT_INPUT}
+    if unknown:
+        raise InvalidInput(sorted(unknown)[0], "inputs are input_ids (+ attention_mask), or text")
+    if TEXT_INPUT in tensors:
+        if set(tensors) & set(TOKEN_INPUTS):
+            raise InvalidInput(TEXT_INPUT, "send either text or input_ids, not both")
+        return EncoderInputs(texts=decoded_texts(tensors[TEXT_INPUT])), None, TEXT_INPUT
+    if "input_ids" not in tensors:
+        raise InvalidInput("input_ids", "input_ids (or text) is required")
+    ids, mask = token_arrays(tensors)
+    return EncoderInputs(sequences=row_sequences(ids, mask)), ids.shape[1], "input_ids"
+
+
+def stack_rows(parts: list[np.ndarray], width: int | None) -> np.ndarray:
+    """Per-row outputs into one FP32 tensor; sequence outputs padded back to `width`."""
+    if width is not None:
+        parts = [np.pad(p, [(0, width - p.shape[0])] + [(0, 0)] * (p.ndim - 1)) for p in parts]
+    return np.stack(parts).astype(np.float32)
+
+
+def output_names(model: ModelRuntime, names: Sequence[str | None]) -> list[str]:
+    """The requested outputs, checked; all of the backend's when none are asked for."""
+    available = model.backend.output_names
+    for name in names:
+        if name not in available:
+            raise InvalidInput("outputs", f"unknown output {name!r}; choose from {list(available)}")
+    return [n for n in names if n is not None] or list(available)
+
+
+async def infer_tensors(
+    model: ModelRuntime,
+    encoder: EncoderServing,
+    tensors: dict[str, np.ndarray],
+    wanted: Sequence[str],
+    disconnected: asyncio.Future | None = None,
+) -> dict[str, np.ndarray]:
+    """Inputs -> the wanted outputs, through the one encoder path and the model's batcher."""
+    inputs, width, field = encoder_inputs(tensors)
+    try:
+        result = await encoder.run(model, inputs, wanted, None, disconnected)
+    except InvalidInput as exc:
+        # The encoder names texts `inputs[i]`; this protocol's input is `text`.
+        raise InvalidInput(exc.field.replace("inputs", field), exc.message) from None
+    sequence = model.backend.sequence_outputs
+    padded = [n for n in wanted if n in sequence]
+    if width is None and padded:
+        width = max(int(row[padded[0]].shape[0]) for row in result.rows)
+    return {
+        n: stack_rows([r[n] for r in result.rows], width if n in sequence else None)
+        for n in wanted
+    }

@@ -1,0 +1,79 @@
+"""POST /v1/load_lora_adapter and /v1/unload_lora_adapter, with vLLM's names and bodies.
+
+Behind the API key like every inference route. A runtime load reads only from inside an LLM
+model's configured `adapter_dir` (symlinks resolved), and the adapter goes on that model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse
+from ferry.llm.errors import InvalidAdapter
+from ferry.server.schemas import error_responses
+from ferry.server.settings import LLMSettings
+from pydantic import BaseModel, ConfigDict, Field
+
+router = APIRouter()
+
+ERRORS = error_responses(400, 401, 404, 503)
+
+
+class LoadLoRAAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:/-]+$")
+    lora_path: str = Field(min_length=1, description="inside a configured adapter_dir")
+    load_inplace: bool = False
+
+
+class UnloadLoRAAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
+
+
+@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    if body.load_inplace:
+        raise InvalidAdapter("load_inplace", "load_inplace is not supported: unload, then load.")
+    if body.lora_name in request.app.state.registry.models:
+        raise InvalidAdapter("lora_name", f"The model `{body.lora_name}` is already served.")
+    base, path = adapter_source(body.lora_path, request.app.state.settings.llm_models)
+    await request.app.state.openai.load_adapter(body.lora_name, path, base)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+async def unload_lora_adapter(
+    body: UnloadLoRAAdapterRequest, request: Request
+) -> PlainTextResponse:
+    if body.lora_int_id is not None:  # Ferry numbers loads itself; a given id cannot be honoured
+        raise InvalidAdapter("lora_int_id", "lora_int_id is not supported: give lora_name.")
+    # Returns once the requests in flight on the adapter finished and it is freed.
+    await request.app.state.openai.unload_adapter(body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def adapter_source(lora_path: str, models: tuple[LLMSettings, ...]) -> tuple[str, Path]:
+    """The base model whose adapter_dir holds `lora_path` (relative paths are taken inside it),
+    and the resolved path; anything outside every adapter_dir is refused."""
+    roots = [(m.name, m.adapter_dir.resolve()) for m in models if m.adapter_dir is not None]
+    if not roots:
+        raise InvalidAdapter("lora_path", "Runtime adapter loading is off: no adapter_dir is set.")
+    found = []
+    for base, root in roots:
+        path = (root / lora_path).resolve()
+        if path != root and path.is_relative_to(root):
+            found.append((base, path))
+    if not found:
+        raise InvalidAdapter("lora_path", f"{lora_path} is not inside a configured adapter_dir.")
+    if len(found) > 1:
+        bases = ", ".join(base for base, _ in found)
+        raise InvalidAdapter("lora_path", f"{lora_path} is in the adapter_dir of {bases}.")
+    base, path = found[0]
+    if not path.exists():
+        raise InvalidAdapter("lora_path", f"{lora_path} does not exist.")
+    return base, path

@@ -1,0 +1,181 @@
+"""lm-eval, unchanged and with its defaults, scores the tiny model through Ferry exactly as the
+same task computed in-process on the same model.
+
+`local-completions` (token-id prompts, `echo` + `logprobs` loglikelihoods) runs a multiple-choice
+task; `local-chat-completions` runs a generation task. Both tasks read local files shipped here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime_genai as og
+import pytest
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.logprobs import log_softmax
+from tokenizers import Tokenizer
+
+from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
+
+DATA = Path(__file__).parent / "data"
+HF_DIR = TINY_LLM_DIR.parent / "hf"
+CHOICE_TASK = f"""
+task: ferry_code_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {DATA / "code_choice.jsonl"}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+"""
+CONTINUE_TASK = f"""
+task: ferry_code_continue
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {DATA / "code_continue.jsonl"}
+test_split: test
+output_type: generate_until
+doc_to_text: "{{{{prompt}}}}"
+doc_to_target: "{{{{target}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 16
+  do_sample: false
+  temperature: 0
+metric_list:
+  - metric: exact_match
+    regexes_to_ignore: ["\\\\s"]
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    with ferry_server(models=[], llm_models=[tiny_llm_config()]) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def model():
+    return og.Model(str(TINY_LLM_DIR))
+
+
+def lm_eval(tmp_path: Path, task_yaml: str, *args: str) -> tuple[dict, list[dict]]:
+    """The results lm-eval reports, and its logged samples (doc order)."""
+    (tmp_path / "task.yaml").write_text(task_yaml)
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--include_path",
+            str(tmp_path),
+            "--log_samples",
+            "--output_path",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-5000:]
+    (results,) = out.rglob("results_*.json")
+    (samples,) = out.rglob("samples_*.jsonl")
+    logged = [json.loads(line) for line in samples.read_text().splitlines()]
+    return json.loads(results.read_text())["results"], sorted(logged, key=lambda s: s["doc_id"])
+
+
+def docs(name: str) -> list[dict]:
+    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+
+
+def loglikelihood(model, tokenizer: Tokenizer, context: str, continuation: str) -> float:
+    """lm-eval's split (trailing spaces move to the continuation; the continuation's tokens are
+    the whole's after the context's), scored from one forward pass of the prompt."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    encode = lambda s: tokenizer.encode(s, add_special_tokens=False).ids  # noqa: E731
+    whole, ctx = encode(context + continuation), encode(context)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(whole) + 1)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray(whole, dtype=np.int32))
+    rows = log_softmax(generator.get_output("logits")[0])
+    return float(sum(rows[i - 1, whole[i]] for i in range(len(ctx), len(whole))))
+
+
+def greedy_reply(model, chat: ChatTokenizer, prompt: str, max_tokens: int, stop: str) -> str:
+    ids = chat.encode(chat.render_chat([{"role": "user", "content": prompt}]))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray(ids, dtype=np.int32))
+    out: list[int] = []
+    while not generator.is_done() and len(out) < max_tokens:
+        generator.generate_next_token()
+        out.append(int(generator.get_next_tokens()[0]))
+        if stop in chat.decode(out):
+            break
+    return chat.decode(out).split(stop)[0]
+
+
+def test_multiple_choice_through_local_completions(server, model, tmp_path):
+    results, samples = lm_eval(
+        tmp_path,
+        CHOICE_TASK,
+        *("--model", "local-completions", "--tasks", "ferry_code_choice"),
+        "--model_args",
+        f"model={TINY_LLM},base_url={server.url}/v1/completions,tokenizer={HF_DIR}",
+    )
+    tokenizer = Tokenizer.from_file(str(HF_DIR / "tokenizer.json"))
+    correct = []
+    for doc, sample in zip(docs("code_choice.jsonl"), samples, strict=True):
+        scores = [loglikelihood(model, tokenizer, doc["question"], f" {c}") for c in doc["choices"]]
+        correct.append(int(np.argmax(scores)) == doc["answer"])
+        # Every loglikelihood lm-eval got from Ferry is the in-process one.
+        served = [float(r[0]) for r in sample["filtered_resps"]]
+        assert served == pytest.approx(scores, abs=1e-4)
+    expected = float(np.mean(correct))
+    assert 0 < expected < 1  # a score that tells right from wrong
+    assert results["ferry_code_choice"]["acc,none"] == pytest.approx(expected)
+
+
+def test_generation_through_local_chat_completions(server, model, tmp_path):
+    results, _ = lm_eval(
+        tmp_path,
+        CONTINUE_TASK,
+        *("--model", "local-chat-completions", "--tasks", "ferry_code_continue"),
+        "--apply_chat_template",
+        "--model_args",
+        f"model={TINY_LLM},base_url={server.url}/v1/chat/completions",
+    )
+    chat = ChatTokenizer(TINY_LLM_DIR)
+    matches = []
+    for doc in docs("code_continue.jsonl"):
+        reply = greedy_reply(model, chat, doc["prompt"], 16, "\n")
+        matches.append(re.sub(r"\s", "", reply) == re.sub(r"\s", "", doc["target"]))
+    expected = float(np.mean(matches))
+    assert expected == pytest.approx(0.5)  # three targets are the model's replies, three not
+    assert results["ferry_code_continue"]["exact_match,none"] == pytest.approx(expected)

@@ -1,0 +1,137 @@
+"""KServe v2 gRPC on Ferry, driven by tritonclient.grpc and .grpc.aio as they drive Triton."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.grpc.aio as triton_grpc_aio
+from tritonclient.utils import InferenceServerException
+
+from tests.server.kserve_support import padded_batch
+from tests.server_process import DEFAULT_MODEL, ferry_server, free_port, metric_value
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+@pytest.fixture
+def client(kserve):
+    client = triton_grpc.InferenceServerClient(kserve.grpc_url)
+    yield client
+    client.close()
+
+
+def token_inputs(module, ids: np.ndarray, mask: np.ndarray) -> list:
+    inputs = []
+    for name, value in (("input_ids", ids), ("attention_mask", mask)):
+        tensor = module.InferInput(name, list(value.shape), "INT64")
+        tensor.set_data_from_numpy(value)  # raw_input_contents, tritonclient's default
+        inputs.append(tensor)
+    return inputs
+
+
+def test_health_metadata_and_config(client):
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(DEFAULT_MODEL)
+    assert "statistics" in client.get_server_metadata(as_json=True)["extensions"]
+    metadata = client.get_model_metadata(DEFAULT_MODEL, as_json=True)
+    assert {i["name"] for i in metadata["inputs"]} == {"input_ids", "attention_mask", "text"}
+    config = client.get_model_config(DEFAULT_MODEL, as_json=True)["config"]
+    assert config["max_batch_size"] == 32
+    # protobuf's JSON prints uint64 as strings
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == "5000"
+    assert {i["name"] for i in config["input"]} == {"input_ids", "attention_mask", "text"}
+
+
+def test_rows_equal_each_row_run_alone_and_are_counted_in_the_metrics(kserve, client, embed_alone):
+    before = metric_value(kserve.metrics(), "ferry_requests_total", endpoint=GRPC_INFER)
+    ids, mask = padded_batch([7, 25, 3])
+    outputs = [
+        triton_grpc.InferRequestedOutput(n) for n in ("sentence_embedding", "last_hidden_state")
+    ]
+    result = client.infer(DEFAULT_MODEL, token_inputs(triton_grpc, ids, mask), outputs=outputs)
+    embeddings = result.as_numpy("sentence_embedding")
+    assert embeddings.dtype == np.float32 and embeddings.shape == (3, 384)
+    for row in range(3):
+        alone = embed_alone(ids[row, : int(mask[row].sum())].tolist())
+        assert np.max(np.abs(embeddings[row] - alone)) <= 1e-5
+    hidden = result.as_numpy("last_hidden_state")
+    assert hidden.shape == (3, 25, 384) and not hidden[2, 3:].any()
+    text = kserve.metrics()
+    after = metric_value(text, "ferry_requests_total", endpoint=GRPC_INFER, model=DEFAULT_MODEL)
+    assert after == before + 1
+
+
+def test_text_contents_equal_predict(kserve, client):
+    texts = ["ferries cross rivers", "a batch of one"]
+    tensor = triton_grpc.InferInput("text", [2], "BYTES")
+    tensor.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+    embeddings = client.infer(DEFAULT_MODEL, [tensor]).as_numpy("sentence_embedding")
+    predicted = httpx.post(f"{kserve.url}/predict", json={"inputs": texts}, timeout=30).json()
+    expected = np.array([o["sentence_embedding"] for o in predicted["outputs"]])
+    assert np.max(np.abs(embeddings - expected)) <= 1e-5
+
+
+def test_statistics_agree_with_http(kserve, client):
+    grpc_stats = client.get_inference_statistics(DEFAULT_MODEL, as_json=True)["model_stats"][0]
+    http_stats = httpx.get(f"{kserve.url}/v2/models/{DEFAULT_MODEL}/stats", timeout=10).json()
+    # Scraped one after the other with no inference between: the same counts.
+    assert int(grpc_stats["execution_count"]) == http_stats["model_stats"][0]["execution_count"]
+    queue = http_stats["model_stats"][0]["inference_stats"]["queue"]["count"]
+    assert int(grpc_stats["inference_stats"]["queue"]["count"]) == queue > 0
+
+
+def test_errors_map_to_grpc_status_codes(client):
+    ids, mask = padded_batch([4])
+    with pytest.raises(InferenceServerException, match="differs from input_ids") as info:
+        client.infer(DEFAULT_MODEL, token_inputs(triton_grpc, ids, mask[:, :2]))
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException, match="nope") as info:
+        client.get_model_config("nope")
+    assert info.value.status() == "StatusCode.NOT_FOUND"
+    out_of_vocab = np.full((1, 4), 10**7, dtype=np.int64)
+    with pytest.raises(InferenceServerException, match="input_ids") as info:
+        client.infer(DEFAULT_MODEL, token_inputs(triton_grpc, out_of_vocab, np.ones_like(ids)))
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+async def test_aio_client_concurrent_requests(kserve, embed_alone):
+    client = triton_grpc_aio.InferenceServerClient(kserve.grpc_url)
+    try:
+        assert await client.is_model_ready(DEFAULT_MODEL)
+        batches = [padded_batch([n]) for n in (5, 12, 30, 8, 17, 40)]
+        results = await asyncio.gather(
+            *(client.infer(DEFAULT_MODEL, token_inputs(triton_grpc_aio, i, m)) for i, m in batches)
+        )
+    finally:
+        await client.close()
+    for (ids, _), result in zip(batches, results, strict=True):
+        embedding = result.as_numpy("sentence_embedding")[0]
+        assert np.max(np.abs(embedding - embed_alone(ids[0].tolist()))) <= 1e-5
+
+
+def test_api_key_guards_inference_but_not_health():
+    key = "grpc-key"
+    with kserve_server_with_env({"FERRY_API_KEY": key}) as grpc_url:
+        client = triton_grpc.InferenceServerClient(grpc_url)
+        try:
+            assert client.is_server_ready()  # health stays open, as on HTTP
+            with pytest.raises(InferenceServerException, match="API key") as info:
+                client.get_model_config(DEFAULT_MODEL)
+            assert info.value.status() == "StatusCode.UNAUTHENTICATED"
+            headers = {"authorization": f"Bearer {key}"}
+            config = client.get_model_config(DEFAULT_MODEL, headers=headers, as_json=True)
+            assert config["config"]["name"] == DEFAULT_MODEL
+        finally:
+            client.close()
+
+
+@contextlib.contextmanager
+def kserve_server_with_env(env: dict[str, str]):
+    port = free_port()
+    with ferry_server(server={"grpc_port": port}, env=env):
+        yield f"127.0.0.1:{port}"

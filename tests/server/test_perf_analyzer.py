@@ -1,0 +1,107 @@
+"""Triton's perf_analyzer runs against Ferry unchanged: KServe v2 HTTP and gRPC, and OpenAI mode.
+
+The binary comes from tools/install_perf_analyzer.sh (make test runs it). Each run is short and
+its figures are not checked (a shared CI machine): only that perf_analyzer completes a
+measurement, with server-side statistics where it reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.server_process import (
+    DEFAULT_MODEL,
+    REPO,
+    TINY_LLM,
+    default_model_config,
+    ferry_server,
+    free_port,
+    tiny_llm_config,
+)
+
+PERF_ANALYZER = REPO / ".perf_analyzer" / "perf_analyzer"
+# Short count windows, any spread accepted: the test checks the protocol, not the speed.
+MEASURE = [
+    "--concurrency-range=2",
+    "--measurement-mode=count_windows",
+    "--measurement-request-count=10",
+    "--stability-percentage=100000",
+    "--max-trials=3",  # stability is judged over the last three windows
+]
+TOKENS = {
+    "data": [
+        {"input_ids": {"content": [101, 7592, 2088, 102], "shape": [4]}},
+        {
+            "input_ids": {"content": [101, 2023, 2003, 1037, 2936, 6251, 102], "shape": [7]},
+            "attention_mask": {"content": [1] * 7, "shape": [7]},
+        },
+    ]
+}
+CHAT = {
+    "data": [
+        {
+            "payload": [
+                {
+                    "model": TINY_LLM,
+                    "messages": [{"role": "user", "content": "def f(x):"}],
+                    "max_tokens": 4,
+                }
+            ]
+        }
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not PERF_ANALYZER.exists():
+        pytest.fail("perf_analyzer missing: run tools/install_perf_analyzer.sh (make test does)")
+    port = free_port()
+    with ferry_server(
+        [default_model_config()], server={"grpc_port": port}, llm_models=[tiny_llm_config()]
+    ) as handle:
+        handle.grpc_url = f"127.0.0.1:{port}"
+        yield handle
+
+
+def perf_analyzer(tmp_path: Path, data: dict, *args: str) -> str:
+    data_file = tmp_path / "data.json"
+    data_file.write_text(json.dumps(data))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER.parent / "lib")}
+    run = subprocess.run(
+        [str(PERF_ANALYZER), f"--input-data={data_file}", *MEASURE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output
+    assert "terminate called" not in output, output
+    return output
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_kserve_v2(server, tmp_path, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
+    output = perf_analyzer(tmp_path, TOKENS, "-m", DEFAULT_MODEL, "-i", protocol, "-u", url)
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+    # Server side: perf_analyzer read Ferry's statistics extension.
+    count = re.search(r"Server:\s+Inference count: (\d+)", output)
+    assert count and int(count.group(1)) >= 10, output
+
+
+def test_openai_chat(server, tmp_path):
+    output = perf_analyzer(
+        tmp_path,
+        CHAT,
+        *("-m", TINY_LLM, "--service-kind", "openai", "--endpoint", "v1/chat/completions"),
+        *("--async", "-u", server.url.removeprefix("http://")),
+    )
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
