@@ -3,6 +3,8 @@
 Outputs (committed; the server never rebuilds them, since the bytes depend on torch/Python):
   models/tiny-llm/hf/    LlamaForCausalLM (safetensors) + byte-level BPE tokenizer with ChatML
   models/tiny-llm/onnx/  the same model converted by onnxruntime-genai's model builder
+                         (then re-exported with LoRA inputs by tools/build_tiny_lora.py, which
+                         also builds the adapters: run it after this script)
   models/tiny-llm/greedy_reference.json  transformers' greedy ids for fixed chat prompts
 
 Build-time deps only: torch==2.13.0, transformers, tokenizers, onnx, onnx-ir, onnxruntime-genai.

@@ -283,6 +283,41 @@ LLM = (
         unit="reqps",
         description="/v1/chat/completions responses by status code.",
     ),
+    # LoRA adapters are served models of their own name: these split the load and latency by
+    # it (base models and adapters alike; running/waiting above are per base engine).
+    Panel(
+        "Generated tokens/s by model or adapter",
+        (
+            (
+                "{{model}}",
+                f"sum by (model) (rate(ferry_llm_generation_tokens_total{{{LLM_M}}}{RATE}))",
+            ),
+        ),
+        description="Tokens generated per second by each base model and each LoRA adapter.",
+    ),
+    Panel(
+        "Time to first token p95 by model or adapter",
+        (
+            (
+                "{{model}}",
+                "histogram_quantile(0.95, sum by (le, model) "
+                f"(rate(ferry_llm_time_to_first_token_seconds_bucket{{{LLM_M}}}{RATE})))",
+            ),
+        ),
+        unit="s",
+        description="Whether one adapter waits longer than the others for its first token.",
+    ),
+    Panel(
+        "Finished requests/s by model or adapter",
+        (
+            (
+                "{{model}}",
+                f"sum by (model) (rate(ferry_llm_requests_finished_total{{{LLM_M}}}{RATE}))",
+            ),
+        ),
+        unit="reqps",
+        description="Request rate per base model and per LoRA adapter.",
+    ),
 )
 
 T_M = 'model=~"$model"'
@@ -398,8 +433,8 @@ DASHBOARDS = (
     Dashboard(
         "ferry-llm",
         "Ferry / LLM",
-        "Token-level latency and throughput of /v1/chat/completions.",
-        "ferry_llm_requests_running",
+        "Token-level latency and throughput of /v1/chat/completions, by model and LoRA adapter.",
+        "ferry_llm_generation_tokens_total",  # adapters appear here, not in the engine gauges
         LLM,
     ),
     Dashboard(

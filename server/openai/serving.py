@@ -170,7 +170,10 @@ class OpenAIServing:
     async def load_adapter(self, name: str, path: Path, base: str) -> None:
         if name in self.model_names():
             raise InvalidAdapter("lora_name", f"The model `{name}` is already served.")
-        await self.resolve(base).engine.load_adapter(name, path)
+        engine = self._engines.get(base)
+        if engine is None:
+            raise ModelNotFound(base)
+        await engine.load_adapter(name, path)
 
     async def unload_adapter(self, name: str) -> None:
         """Returns once the requests on `name` finished and it is freed; new ones fail now.

@@ -17,7 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 router = APIRouter()
 
-ERRORS = error_responses(400, 401, 404, 503)
+# vLLM answers these with a plain-text sentence; errors stay in the one JSON error shape.
+RESPONSES = {
+    **error_responses(400, 401, 404, 503),
+    200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Done"},
+}
 
 
 class LoadLoRAAdapterRequest(BaseModel):
@@ -35,7 +39,7 @@ class UnloadLoRAAdapterRequest(BaseModel):
     lora_int_id: int | None = None
 
 
-@router.post("/v1/load_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+@router.post("/v1/load_lora_adapter", responses=RESPONSES)
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
     if body.load_inplace:
         raise InvalidAdapter("load_inplace", "load_inplace is not supported: unload, then load.")
@@ -46,7 +50,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter", response_class=PlainTextResponse, responses=ERRORS)
+@router.post("/v1/unload_lora_adapter", responses=RESPONSES)
 async def unload_lora_adapter(
     body: UnloadLoRAAdapterRequest, request: Request
 ) -> PlainTextResponse:

@@ -81,6 +81,21 @@ def test_llm_dashboard_covers_every_llm_metric():
         assert family in used
 
 
+def test_llm_dashboard_splits_by_model_and_adapter():
+    # Adapters are served model names: they show in the $model choices and in per-model series.
+    spec = load_dashboard("ferry-llm.json")
+    variable = next(v for v in spec["templating"]["list"] if v["name"] == "model")
+    assert "ferry_llm_generation_tokens_total" in json.dumps(variable["query"])
+    split = {q.panel: q for q in dashboard_queries("ferry-llm.json") if q.legend == "{{model}}"}
+    metrics = set().union(*(metric_names(q.expr) for q in split.values()))
+    assert {
+        "ferry_llm_generation_tokens_total",
+        "ferry_llm_time_to_first_token_seconds_bucket",
+        "ferry_llm_requests_finished_total",
+    } <= metrics
+    assert all("by (model)" in q.expr or "by (le, model)" in q.expr for q in split.values())
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in DASHBOARDS.glob("*.json")))
 def test_dashboard_is_well_formed(name):
     spec = load_dashboard(name)

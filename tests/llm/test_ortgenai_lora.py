@@ -168,3 +168,24 @@ async def test_closing_an_adapter_stream_aborts_it(
     await asyncio.wait_for(idle(), WAIT_S)
     # Nothing holds the adapter any more: it unloads at once.
     await asyncio.wait_for(lora_engine.unload_adapter("shout"), WAIT_S)
+
+
+async def test_adapter_and_base_requests_advance_together(
+    lora_engine: OrtGenAIEngine, reference: dict[str, Any]
+) -> None:
+    """Round-robin: neither a base batch nor an adapter request waits for the other to end."""
+    case = reference["cases"][0]
+    sampling = SamplingSettings(max_tokens=200, temperature=0.0)
+    counts = {"base": 0, "shout": 0}
+    at_first_finish: dict[str, int] = {}
+
+    async def run(adapter: str | None) -> None:
+        name = adapter or "base"
+        async for delta in lora_engine.generate(name, case["prompt_ids"], sampling, adapter):
+            counts[name] += delta.token_count
+        if not at_first_finish:  # the other one's progress when the first one ended
+            at_first_finish.update(counts, finished=counts[name])
+
+    await asyncio.wait_for(asyncio.gather(run(None), run("shout")), WAIT_S)
+    slower = min(counts, key=lambda n: at_first_finish[n])
+    assert at_first_finish[slower] >= at_first_finish["finished"] // 2, at_first_finish

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import types
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,13 +13,13 @@ from typing import Any
 import pytest
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded
+from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
 
 from tests.gpu import requires_gpu
-from tests.llm.llm_paths import HF_DIR, WAIT_S
+from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
 
 
 @dataclass
@@ -196,6 +198,102 @@ async def test_overload_is_checked_before_calling_vllm() -> None:
     assert len(fake.calls) == 1
 
 
+@dataclass(frozen=True)
+class FakeLoRARequest:  # shaped like vllm.lora.request.LoRARequest
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
+def lora_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
+    adapters = {"zen": ADAPTERS_DIR / "zen" / "hf"}
+    return make_engine(fake, lora_request_cls=FakeLoRARequest, adapters=adapters, **kwargs)
+
+
+async def test_configured_adapters_load_at_start_and_ride_on_their_requests() -> None:
+    fake = FakeAsyncLLM(steps=[("x", [7])])
+    engine = lora_engine(fake)
+    await engine.start()
+    assert engine.adapter_names() == ["zen"]
+    await collect(engine, SamplingSettings())  # the base model: no LoRARequest
+
+    async def on_zen() -> list[GenerationDelta]:
+        return [d async for d in engine.generate("z", PROMPT_IDS, SamplingSettings(), "zen")]
+
+    await asyncio.wait_for(on_zen(), WAIT_S)
+    assert fake.loras[0] is None
+    assert fake.loras[1] == FakeLoRARequest("zen", 1, str(ADAPTERS_DIR / "zen" / "hf"))
+    with pytest.raises(ModelNotFound):
+        await anext(engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout"))
+
+
+async def test_runtime_load_and_an_unload_that_waits_for_requests_in_flight() -> None:
+    hold = asyncio.Event()
+    fake = FakeAsyncLLM(steps=[("a", [1]), ("b", [2])], hold=hold)
+    engine = lora_engine(fake)
+    await engine.start()
+    await engine.load_adapter("shout", ADAPTERS_DIR / "shout" / "hf")
+    stream = engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout")
+    await asyncio.wait_for(anext(stream), WAIT_S)
+    unload = asyncio.create_task(engine.unload_adapter("shout"))
+    await asyncio.sleep(0)
+    assert engine.adapter_names() == ["zen"] and not unload.done() and fake.removed == []
+    hold.set()
+    assert [d.text async for d in stream] == ["b"]  # the request in flight ran to its end
+    await asyncio.wait_for(unload, WAIT_S)
+    assert fake.removed == [2]  # shout's lora_int_id, removed from vLLM only now
+
+
+async def test_bad_adapter_loads_are_refused() -> None:
+    fake = FakeAsyncLLM(steps=[("x", [7])])
+    with pytest.raises(InvalidAdapter) as off:
+        await make_engine(fake).load_adapter("zen", ADAPTERS_DIR / "zen" / "hf")
+    assert off.value.field == "lora_name"  # LoRA is not enabled on this engine
+    engine = lora_engine(fake, max_adapters=2)
+    await engine.start()
+    with pytest.raises(InvalidAdapter) as bad:
+        await engine.load_adapter("nothing", ADAPTERS_DIR)  # no adapter_config.json there
+    assert bad.value.field == "lora_path"
+    assert engine.adapter_names() == ["zen"]
+    await engine.load_adapter("shout", ADAPTERS_DIR / "shout" / "hf")  # the failed load freed
+    with pytest.raises(InvalidAdapter, match="2 LoRA adapters"):
+        await engine.load_adapter("more", ADAPTERS_DIR / "shout" / "hf")
+
+
+def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm itself is faked at its module boundary; create_vllm_engine runs for real."""
+    made: dict[str, Any] = {}
+
+    class AsyncEngineArgs:
+        def __init__(self, **kwargs: Any) -> None:
+            made.update(kwargs)
+
+    class AsyncLLM:
+        model_config = types.SimpleNamespace(max_model_len=512)
+
+        @classmethod
+        def from_engine_args(cls, args: AsyncEngineArgs) -> AsyncLLM:
+            return cls()
+
+    modules = {
+        "vllm": types.SimpleNamespace(AsyncEngineArgs=AsyncEngineArgs, SamplingParams=dict),
+        "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
+        "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=AsyncLLM),
+    }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    from ferry.llm.vllm import create_vllm_engine
+
+    engine = create_vllm_engine(
+        HF_DIR, adapters={"zen": ADAPTERS_DIR}, max_adapters=3, max_lora_rank=8
+    )
+    assert (made["enable_lora"], made["max_loras"], made["max_lora_rank"]) == (True, 3, 8)
+    assert engine.max_context_tokens == 512
+    made.clear()
+    create_vllm_engine(HF_DIR)
+    assert "enable_lora" not in made  # no adapters, no adapter_dir: LoRA stays off
+
+
 @pytest.mark.gpu
 @requires_gpu
 async def test_real_vllm_on_the_tiny_model() -> None:
@@ -214,5 +312,33 @@ async def test_real_vllm_on_the_tiny_model() -> None:
         deltas = await asyncio.wait_for(run(), 300)
         assert sum(d.token_count for d in deltas) == 8
         assert deltas[-1].finish_reason == "length"
+    finally:
+        await engine.close()
+
+
+@pytest.mark.gpu
+@requires_gpu
+async def test_real_vllm_serves_the_tiny_adapter() -> None:
+    from ferry.llm.vllm import create_vllm_engine
+
+    # fp16: vLLM's LoRA kernels take half precision.
+    adapters = {"zen": ADAPTERS_DIR / "zen" / "hf"}
+    engine = create_vllm_engine(
+        HF_DIR, max_model_len=512, enforce_eager=True, dtype="float16", adapters=adapters
+    )
+    try:
+        await engine.start()
+        assert engine.adapter_names() == ["zen"]
+        prompt_ids = PROMPT_IDS
+        sampling = SamplingSettings(max_tokens=8, temperature=0.0)
+
+        async def run(adapter: str | None) -> str:
+            deltas = engine.generate(f"gpu-{adapter}", prompt_ids, sampling, adapter)
+            return "".join([d.text async for d in deltas])
+
+        base, zen = await asyncio.wait_for(asyncio.gather(run(None), run("zen")), 300)
+        assert base != zen  # the adapter changes the greedy output, as it does under peft
+        await engine.unload_adapter("zen")
+        assert engine.adapter_names() == []
     finally:
         await engine.close()

@@ -60,3 +60,40 @@ def test_unknown_keys_and_bad_values_are_loud(tmp_path):
 def test_config_path_comes_from_the_environment_when_not_given(tmp_path):
     path = write(tmp_path, TOML)
     assert load_settings(environ={"FERRY_CONFIG": str(path)}).port == 9000
+
+
+LORA_TOML = """
+[[llm_models]]
+name = "base"
+path = "llm"
+adapter_dir = "loras"
+max_adapters = 2
+adapters = { sales = "loras/sales.onnx_adapter", support = "/abs/support.onnx_adapter" }
+"""
+
+
+def test_llm_adapters_with_paths_relative_to_the_file(tmp_path):
+    config = tmp_path / "ferry.toml"
+    config.write_text(LORA_TOML)
+    llm = load_settings(config, environ={}).llm_models[0]
+    assert llm.adapters == {
+        "sales": tmp_path / "loras" / "sales.onnx_adapter",
+        "support": Path("/abs/support.onnx_adapter"),
+    }
+    assert llm.adapter_dir == tmp_path / "loras"
+    assert llm.max_adapters == 2
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("max_adapters = 2", "max_adapters = 1"),  # more adapters than may be loaded
+        ('name = "base"', 'name = "sales"'),  # an adapter named like a model
+        ("sales =", '"sa les" ='),  # not a servable name
+    ],
+)
+def test_bad_adapter_settings_are_loud(tmp_path, change):
+    config = tmp_path / "ferry.toml"
+    config.write_text(LORA_TOML.replace(*change))
+    with pytest.raises(ValidationError):
+        load_settings(config, environ={})

@@ -1,0 +1,168 @@
+"""LoRA adapters through a running Ferry: served by name, loaded and unloaded at runtime."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR
+from tests.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
+
+KEY = "lora-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+REFERENCE = json.loads((ADAPTERS_DIR / "greedy_reference.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A runtime adapter folder holding `shout`, and a symlink that leads out of it."""
+    root = tmp_path_factory.mktemp("adapters")
+    shutil.copytree(ADAPTERS_DIR / "shout", root / "shout")
+    (root / "escape").symlink_to(ADAPTERS_DIR / "zen")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(adapter_dir):
+    llm = tiny_llm_config(
+        max_running=4,
+        adapters={"zen": str(ADAPTERS_DIR / "zen" / "zen.onnx_adapter")},
+        adapter_dir=str(adapter_dir),
+        max_adapters=3,
+    )
+    with ferry_server(models=[], llm_models=[llm], env={"FERRY_API_KEY": KEY}) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+
+
+def reference_text(adapter: str, case: int) -> str:
+    from ferry.llm.chat_tokenizer import ChatTokenizer
+
+    return ChatTokenizer(HF_DIR).decode(REFERENCE[adapter]["cases"][case]["new_ids"])
+
+
+def chat(client: openai.OpenAI, model: str, case: int = 0, **kwargs: Any) -> Any:
+    messages = REFERENCE["zen"]["cases"][case]["messages"]
+    return client.chat.completions.create(
+        model=model, messages=messages, max_tokens=20, temperature=0, **kwargs
+    )
+
+
+def post(server, path: str, body: dict[str, Any], headers=AUTH) -> httpx.Response:
+    return httpx.post(f"{server.url}{path}", json=body, headers=headers, timeout=60)
+
+
+def test_models_lists_the_adapter_with_its_parent(client):
+    cards = {m.id: m for m in client.models.list().data}
+    assert cards["zen"].parent == TINY_LLM
+    assert cards[TINY_LLM].parent is None
+
+
+def test_adapter_output_equals_the_peft_reference(client, server):
+    for case in range(3):
+        result = chat(client, "zen", case)
+        assert result.model == "zen"
+        assert result.choices[0].message.content == reference_text("zen", case)
+    streamed = chat(client, "zen", 0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text == reference_text("zen", 0)
+    # The LLM series carry the adapter's name, so a dashboard can split by it.
+    metrics = server.metrics()
+    assert metric_value(metrics, "ferry_llm_requests_finished_total", model="zen") >= 4
+    lengths = [len(c["new_ids"]) for c in REFERENCE["zen"]["cases"]]
+    generated = metric_value(metrics, "ferry_llm_generation_tokens_total", model="zen")
+    assert generated == sum(lengths) + lengths[0]
+
+
+def test_load_and_unload_at_runtime(client, server):
+    body = {"lora_name": "shout", "lora_path": "shout/shout.onnx_adapter"}
+    assert post(server, "/v1/load_lora_adapter", body, headers={}).status_code == 401
+    loaded = post(server, "/v1/load_lora_adapter", body)
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.text == "Success: LoRA adapter 'shout' added successfully."
+    assert chat(client, "shout", 2).choices[0].message.content == reference_text("shout", 2)
+    again = post(server, "/v1/load_lora_adapter", body)
+    assert again.status_code == 400 and again.json()["error"]["param"] == "lora_name"
+    unloaded = post(server, "/v1/unload_lora_adapter", {"lora_name": "shout"})
+    assert unloaded.status_code == 200, unloaded.text
+    with pytest.raises(openai.NotFoundError):
+        chat(client, "shout")
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "shout"}).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"lora_name": "x", "lora_path": "escape/zen.onnx_adapter"}, "lora_path"),  # symlink out
+        ({"lora_name": "x", "lora_path": "../"}, "lora_path"),
+        (
+            {"lora_name": "x", "lora_path": str(ADAPTERS_DIR / "zen" / "zen.onnx_adapter")},
+            "lora_path",
+        ),
+        ({"lora_name": "x", "lora_path": "shout/missing.onnx_adapter"}, "lora_path"),
+        ({"lora_name": TINY_LLM, "lora_path": "shout/shout.onnx_adapter"}, "lora_name"),
+        (
+            {"lora_name": "x", "lora_path": "shout/shout.onnx_adapter", "load_inplace": True},
+            "load_inplace",
+        ),
+        ({"lora_name": "x y", "lora_path": "shout/shout.onnx_adapter"}, "lora_name"),
+        ({"lora_name": "x", "lora_path": "shout/shout.onnx_adapter", "extra": 1}, "extra"),
+    ],
+)
+def test_bad_loads_are_refused_naming_the_field(server, body, param):
+    response = post(server, "/v1/load_lora_adapter", body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_bad_unloads_are_refused(server):
+    base = post(server, "/v1/unload_lora_adapter", {"lora_name": TINY_LLM})
+    assert base.status_code == 400 and base.json()["error"]["param"] == "lora_name"
+    with_id = post(server, "/v1/unload_lora_adapter", {"lora_name": "zen", "lora_int_id": 1})
+    assert with_id.status_code == 400 and with_id.json()["error"]["param"] == "lora_int_id"
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "nope"}).status_code == 404
+
+
+def test_unload_while_streaming_lets_the_stream_finish(client, server):
+    body = {
+        "model": "zen",
+        "messages": REFERENCE["zen"]["cases"][0]["messages"],
+        "max_tokens": 300,
+        "temperature": 0,
+        "stream": True,
+    }
+    unload: list[httpx.Response] = []
+    with httpx.stream(
+        "POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=60
+    ) as response:
+        events = response.iter_lines()
+        seen = [next(events) for _ in range(6)]  # streaming has begun
+        worker = threading.Thread(
+            target=lambda: unload.append(
+                post(server, "/v1/unload_lora_adapter", {"lora_name": "zen"})
+            )
+        )
+        worker.start()
+        seen += list(events)
+    worker.join(60)
+    data = [json.loads(e[6:]) for e in seen if e.startswith("data: {")]
+    assert not any("error" in d for d in data)
+    assert [d["choices"][0]["finish_reason"] for d in data if d["choices"]][-1] in (
+        "stop",
+        "length",
+    )
+    text = "".join(d["choices"][0]["delta"].get("content") or "" for d in data if d["choices"])
+    assert text.startswith(reference_text("zen", 0))
+    assert unload and unload[0].status_code == 200
+    with pytest.raises(openai.NotFoundError):
+        chat(client, "zen")
