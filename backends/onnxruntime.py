@@ -82,6 +82,9 @@ class OnnxRuntimeBackend:
                 self._allow_cpu_fallback,
                 str(self.model_path),
             )
+        if self._providers[0] == CUDA_EP:
+            # onnxruntime-gpu[cuda,cudnn] ships CUDA and cuDNN as wheels, not on the loader's path.
+            ort.preload_dlls()
         loop = asyncio.get_running_loop()
         sessions = await asyncio.gather(
             *(
