@@ -77,6 +77,7 @@ def ferry_server(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 60.0,
     llm_models: list[dict[str, Any]] | None = None,
+    module: str = "ferry.server.cli",  # another entry point with ferry's CLI (bench.null_backend)
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(
@@ -91,7 +92,7 @@ def ferry_server(
             [
                 sys.executable,
                 "-m",
-                "ferry.server.cli",
+                module,
                 "serve",
                 "--config",
                 str(config),
