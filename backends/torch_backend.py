@@ -95,7 +95,9 @@ class TorchBackend:
             if self._dtype_setting == "auto"
             else self._dtype_setting
         )
-        self.max_concurrency = CUDA_CONCURRENCY if on_cuda else 1
+        # A compiled model runs one batch at a time: Dynamo may recompile for a new shape, and
+        # compiling is not safe from two threads at once.
+        self.max_concurrency = CUDA_CONCURRENCY if on_cuda and not self._compile else 1
         self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="torch")
         loop = asyncio.get_running_loop()
         self._model = await loop.run_in_executor(self._executor, self._load)

@@ -29,7 +29,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ferry.bench.gpu_ceiling import backend_ceiling
+from ferry.bench.gpu_ceiling import backend_ceilings
 from ferry.bench.gpu_model import BenchModel, bench_model
 from ferry.bench.inputs import token_sequences
 from ferry.bench.multiload import load_pool, run_load_processes
@@ -125,15 +125,16 @@ def measure_ceilings(config: Config, model: BenchModel, results: Results) -> Non
     for backend in ("onnxruntime", "torch"):
         progress(f"in-process {backend} ceiling ...")
         try:
-            for set_name, inputs in config.sets.items():
-                seq_per_s = asyncio.run(
-                    backend_ceiling(backend, model, config.device, inputs, config.max_batch_size)
-                )
-                results.ceilings[(backend, set_name)] = seq_per_s
-                progress(f"  {set_name}: {seq_per_s:.0f} seq/s")
+            figures = asyncio.run(
+                backend_ceilings(backend, model, config.device, config.sets, config.max_batch_size)
+            )
         except Exception as exc:  # as for the peers: say why, go on
             results.failed[f"in-process {backend}"] = f"{type(exc).__name__}: {exc}"[:300]
             progress(f"in-process {backend}: failed: {exc!r}")
+            continue
+        for set_name, seq_per_s in figures.items():
+            results.ceilings[(backend, set_name)] = seq_per_s
+            progress(f"  {set_name}: {seq_per_s:.0f} seq/s")
 
 
 def report(config: Config, results: Results) -> str:

@@ -27,27 +27,33 @@ def build(kind: str, model: BenchModel, device: str) -> Backend:
     return OnnxRuntimeBackend(model.onnx_dir / "model.onnx", sessions=2, device=device)  # type: ignore[arg-type]
 
 
-async def backend_ceiling(
-    kind: str, model: BenchModel, device: str, inputs: list[list[int]], batch_size: int
-) -> float:
-    """Sequences per second of `kind` ("onnxruntime" or "torch") on `inputs`."""
+async def backend_ceilings(
+    kind: str, model: BenchModel, device: str, sets: dict[str, list[list[int]]], batch_size: int
+) -> dict[str, float]:
+    """Sequences per second of `kind` ("onnxruntime" or "torch") on each input set."""
     backend = build(kind, model, device)
     await backend.start()
     try:
-        ordered = sorted(inputs, key=len)
-        batches = [
-            pad_batch([TokenSequence.from_ids(ids) for ids in ordered[i : i + batch_size]])
-            for i in range(0, len(ordered), batch_size)
-        ]
-        slots = asyncio.Semaphore(backend.max_concurrency)
-
-        async def run(batch) -> None:
-            async with slots:
-                await backend.infer(batch)
-
-        await asyncio.gather(*(run(b) for b in batches[:WARMUP_BATCHES]))
-        started = time.perf_counter()
-        await asyncio.gather(*(run(b) for b in batches))
-        return len(ordered) / (time.perf_counter() - started)
+        return {
+            name: await _throughput(backend, inputs, batch_size) for name, inputs in sets.items()
+        }
     finally:
         await backend.close()
+
+
+async def _throughput(backend: Backend, inputs: list[list[int]], batch_size: int) -> float:
+    ordered = sorted(inputs, key=len)
+    batches = [
+        pad_batch([TokenSequence.from_ids(ids) for ids in ordered[i : i + batch_size]])
+        for i in range(0, len(ordered), batch_size)
+    ]
+    slots = asyncio.Semaphore(backend.max_concurrency)
+
+    async def run(batch) -> None:
+        async with slots:
+            await backend.infer(batch)
+
+    await asyncio.gather(*(run(b) for b in batches[:WARMUP_BATCHES]))
+    started = time.perf_counter()
+    await asyncio.gather(*(run(b) for b in batches))
+    return len(ordered) / (time.perf_counter() - started)
