@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -14,6 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from ferry.backends.ort_cuda import run_bound
+from ferry.backends.placement import (
+    CUDA_EP,
+    Device,
+    check_session_providers,
+    onnxruntime_providers,
+)
 from ferry.batcher.padding import PaddedBatch
 
 logger = logging.getLogger(__name__)
@@ -24,12 +32,6 @@ PROBE_SHAPE = (8, 64)
 PROBE_ROUNDS = 3
 # Fewer sessions win ties: they leave cores for the event loop and use less memory.
 PROBE_MARGIN = 1.05
-
-
-def choose_providers(available: list[str]) -> list[str]:
-    """CUDA first when this onnxruntime build has it, the CPU always as the fallback."""
-    preferred = [p for p in ("CUDAExecutionProvider",) if p in available]
-    return [*preferred, "CPUExecutionProvider"]
 
 
 class OnnxRuntimeBackend:
@@ -43,8 +45,12 @@ class OnnxRuntimeBackend:
         providers: list[str] | None = None,
         spin_threads: bool = False,
         solo_session: bool = True,
+        device: Device = "auto",
+        allow_cpu_fallback: bool = False,
     ) -> None:
         self.model_path = model_path
+        self._device = device
+        self._allow_cpu_fallback = allow_cpu_fallback
         self._auto = sessions == 0
         self.max_concurrency = sessions or max(1, min(os.cpu_count() or 1, 4))
         self._intra_op_threads = intra_op_threads
@@ -64,8 +70,21 @@ class OnnxRuntimeBackend:
         self.output_names: tuple[str, ...] = ()
         self.sequence_outputs: frozenset[str] = frozenset()
         self.providers: list[str] = []
+        self._on_cuda = False
 
     async def start(self) -> None:
+        import onnxruntime as ort
+
+        if self._providers is None:
+            self._providers = onnxruntime_providers(
+                self._device,
+                ort.get_available_providers(),
+                self._allow_cpu_fallback,
+                str(self.model_path),
+            )
+        if self._providers[0] == CUDA_EP:
+            # onnxruntime-gpu[cuda,cudnn] ships CUDA and cuDNN as wheels, not on the loader's path.
+            ort.preload_dlls()
         loop = asyncio.get_running_loop()
         sessions = await asyncio.gather(
             *(
@@ -75,6 +94,10 @@ class OnnxRuntimeBackend:
         )
         first = sessions[0]
         self.providers = first.get_providers()
+        check_session_providers(
+            self._providers, self.providers, self._allow_cpu_fallback, str(self.model_path)
+        )
+        self._on_cuda = self.providers[0] == CUDA_EP
         self.output_names = tuple(o.name for o in first.get_outputs())
         # A symbolic second dimension named like the inputs' sequence axis marks a padded output.
         self.sequence_outputs = frozenset(
@@ -85,7 +108,7 @@ class OnnxRuntimeBackend:
         if self._auto:
             sessions = sessions[: await self._best_concurrency(sessions)]
             self.max_concurrency = len(sessions)
-        if self._want_solo:
+        if self._want_solo and not self._on_cuda:  # on a GPU, the cores do not run the model
             # Its threads may spin (measured: 6.1 ms instead of 8.5 ms for 64 tokens on 2 cores):
             # it runs only while no other batch does.
             self._solo = await loop.run_in_executor(
@@ -146,8 +169,7 @@ class OnnxRuntimeBackend:
             # Spin while a run is on (fast hand-offs between ops), not after it: threads left
             # spinning between runs take the cores from the event loop and the other sessions.
             options.add_session_config_entry("session.force_spinning_stop", "1")
-        providers = self._providers or choose_providers(ort.get_available_providers())
-        return ort.InferenceSession(str(self.model_path), options, providers=providers)
+        return ort.InferenceSession(str(self.model_path), options, providers=self._providers)
 
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
         # Only a batch formed with nothing else queued: under load a solo run's threads would
@@ -167,7 +189,13 @@ class OnnxRuntimeBackend:
             feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
             names = list(batch.outputs or self.output_names)
             loop = asyncio.get_running_loop()
-            values = await loop.run_in_executor(self._executor, session.run, names, feeds)
+            if self._on_cuda:  # outputs not asked for stay on the device (unmeasured)
+                run = functools.partial(run_bound, session, feeds, self.output_names, names)
+                bound = await loop.run_in_executor(self._executor, run)
+                values = [v for n, v in zip(self.output_names, bound, strict=True) if n in names]
+                names = [n for n in self.output_names if n in names]
+            else:
+                values = await loop.run_in_executor(self._executor, session.run, names, feeds)
         finally:
             self._in_flight -= 1
             if solo:

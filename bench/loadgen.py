@@ -89,7 +89,8 @@ async def run_load(
         due = started if rate_per_s is None else started + sent / rate_per_s
         if duration_s is None and sent >= len(requests):
             return None
-        if duration_s is not None and due - started >= duration_s:
+        # Closed loop: `due` is always `started`, so the clock decides when the time is up.
+        if duration_s is not None and max(due, time.perf_counter()) - started >= duration_s:
             return None
         sent += 1
         return requests[(sent - 1) % len(requests)], due

@@ -4,7 +4,7 @@ What most teams write first: a sync route (so FastAPI runs it in its threadpool)
 ONNX Runtime session, each request's tokens run alone and unpadded. It answers the same
 `/predict` body and response shape as Ferry, so the load generator cannot tell them apart.
 
-python -m ferry.bench.unbatched_server --model PATH [--port 8010] [--threads 1]
+python -m ferry.bench.unbatched_server --model PATH [--port 8010] [--threads 1] [--device cuda]
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ from typing import IO
 import httpx
 import numpy as np
 from fastapi import FastAPI, HTTPException
+from ferry.backends.placement import (
+    CUDA_EP,
+    Device,
+    check_session_providers,
+    onnxruntime_providers,
+)
 from pydantic import BaseModel, StrictInt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,8 +39,13 @@ class PredictBody(BaseModel):
     model: str | None = None
 
 
-def create_app(model: Path, threads: int = 1) -> FastAPI:
+def create_app(model: Path, threads: int = 1, device: Device = "cpu") -> FastAPI:
     import onnxruntime as ort
+
+    # On a GPU, the same session on the CUDA EP; never a silent fall back to the CPU.
+    providers = onnxruntime_providers(device, ort.get_available_providers(), False, str(model))
+    if providers[0] == CUDA_EP:
+        ort.preload_dlls()
 
     options = ort.SessionOptions()
     # Parallelism comes from the threadpool running requests side by side, as in such servers.
@@ -42,7 +53,8 @@ def create_app(model: Path, threads: int = 1) -> FastAPI:
     options.inter_op_num_threads = 1
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # InferenceSession.run is thread-safe and releases the GIL: one session serves every thread.
-    sess = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(str(model), options, providers=providers)
+    check_session_providers(providers, sess.get_providers(), False, str(model))
     app = FastAPI(title="unbatched ONNX Runtime peer")
 
     @app.get("/health")
@@ -66,13 +78,15 @@ def create_app(model: Path, threads: int = 1) -> FastAPI:
 
 
 @contextlib.contextmanager
-def unbatched_server(model: Path, threads: int = 1, ready_timeout_s: float = 60.0) -> Iterator[str]:
+def unbatched_server(
+    model: Path, threads: int = 1, ready_timeout_s: float = 60.0, device: Device = "cpu"
+) -> Iterator[str]:
     """Run the peer as its own uvicorn process on a free loopback port; yield its URL."""
     from tests.server_process import free_port
 
     port = free_port()
     command = [sys.executable, "-m", "ferry.bench.unbatched_server", "--model", str(model)]
-    command += ["--port", str(port), "--threads", str(threads)]
+    command += ["--port", str(port), "--threads", str(threads), "--device", device]
     # A file, not a pipe: nobody reads a pipe while the benchmark runs, and a full one blocks.
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
@@ -110,10 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads.")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
     # Same server stack as Ferry (uvicorn picks uvloop and httptools when installed).
     uvicorn.run(
-        create_app(args.model, args.threads), host=args.host, port=args.port, log_level="warning"
+        create_app(args.model, args.threads, args.device),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
     )
 
 

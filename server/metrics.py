@@ -7,6 +7,7 @@ series count is bounded by configuration, not by traffic.
 from __future__ import annotations
 
 from ferry.batcher.observer import RejectReason
+from ferry.server.gpu_metrics import GpuCollector, load_nvml
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 LATENCY_BUCKETS_S = (
@@ -133,6 +134,9 @@ class FerryMetrics:
             ["model"],
             registry=r,
         )
+
+        # ferry_gpu_*: per GPU, read from NVML at scrape time; absent without a GPU.
+        r.register(GpuCollector(load_nvml()))
 
         self.llm_ttft = Histogram(
             "ferry_llm_time_to_first_token_seconds",

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from ferry.backends.base import Backend
+from ferry.backends.hf_folder import folder_manifest
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
 from ferry.batcher.errors import InvalidInput
 from ferry.exporters.manifest import ModelManifest
@@ -30,6 +31,10 @@ def build_backend(settings: ModelSettings) -> Backend:
         )
 
         return TritonBackend.from_settings(settings)
+    if settings.backend == "torch":
+        from ferry.backends.torch_backend import TorchBackend  # imports torch only when chosen
+
+        return TorchBackend.from_settings(settings)
     from ferry.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(
@@ -38,6 +43,8 @@ def build_backend(settings: ModelSettings) -> Backend:
         intra_op_threads=settings.intra_op_threads,
         spin_threads=settings.spin_threads,
         solo_session=settings.solo_session,
+        device=settings.device,
+        allow_cpu_fallback=settings.allow_cpu_fallback,
     )
 
 
@@ -45,7 +52,12 @@ class ModelRuntime:
     def __init__(self, settings: ModelSettings, metrics: FerryMetrics) -> None:
         self.settings = settings
         self.name = settings.name
-        self.manifest = ModelManifest.read(settings.path)
+        # A Hugging Face folder served by `torch` has no ferry_model.json until exported.
+        self.manifest = (
+            folder_manifest(settings.path)
+            if settings.backend == "torch"
+            else ModelManifest.read(settings.path)
+        )
         self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
         self.backend = build_backend(settings)
         self._metrics = metrics

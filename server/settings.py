@@ -26,8 +26,9 @@ class _Strict(BaseModel):
 
 class ModelSettings(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
-    backend: Literal["onnxruntime", "triton"] = "onnxruntime"
-    # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`).
+    backend: Literal["onnxruntime", "triton", "torch"] = "onnxruntime"
+    # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
+    # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json).
     path: Path
     # Outputs returned by /predict unless the request asks for others.
     outputs: tuple[str, ...] = ("sentence_embedding",)
@@ -49,6 +50,13 @@ class ModelSettings(_Strict):
     infer_timeout_s: float = Field(default=60.0, gt=0)
     # p99 latency objective; when set, the learned cost model sizes batches and waits.
     latency_objective_ms: float | None = Field(default=None, gt=0)
+    # onnxruntime and torch: `auto` takes the GPU when the runtime can reach one; a model meant
+    # for the GPU refuses to start on the CPU unless the fallback is allowed (backends/placement).
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    allow_cpu_fallback: bool = False
+    # torch backend only: `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile.
+    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    torch_compile: bool = False
     # Triton backend only.
     triton_url: str = "127.0.0.1:8001"
     triton_protocol: Literal["http", "grpc"] = "grpc"

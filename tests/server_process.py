@@ -79,6 +79,7 @@ def ferry_server(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 60.0,
     llm_models: list[dict[str, Any]] | None = None,
+    module: str = "ferry.server.cli",  # another entry point with ferry's CLI (bench.null_backend)
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(
@@ -93,7 +94,7 @@ def ferry_server(
             [
                 sys.executable,
                 "-m",
-                "ferry.server.cli",
+                module,
                 "serve",
                 "--config",
                 str(config),

@@ -210,6 +210,31 @@ OVERVIEW = (
         unit="ops",
         description="Batches whose backend call failed.",
     ),
+    # Per GPU, from NVML (server/gpu_metrics.py); empty on hosts without a GPU.
+    Panel(
+        "GPU memory",
+        (
+            (
+                "{{instance}} GPU {{gpu}} used",
+                "max by (instance, gpu) (ferry_gpu_memory_used_bytes)",
+            ),
+            (
+                "{{instance}} GPU {{gpu}} total",
+                "max by (instance, gpu) (ferry_gpu_memory_total_bytes)",
+            ),
+        ),
+        unit="bytes",
+        width=12,
+        description="Memory in use on each GPU (every process on it) and its total; "
+        "FerryGpuMemoryNearLimit fires above 95%.",
+    ),
+    Panel(
+        "GPU utilisation",
+        (("{{instance}} GPU {{gpu}}", "max by (instance, gpu) (ferry_gpu_utilization_ratio)"),),
+        unit="percentunit",
+        width=12,
+        description="Share of time a kernel ran on each GPU (NVML's sample period).",
+    ),
 )
 
 LLM_M = 'model=~"$model"'

@@ -1,14 +1,6 @@
 import numpy as np
-from ferry.backends.onnxruntime import OnnxRuntimeBackend, choose_providers
+from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.batcher import TokenSequence, pad_batch
-
-
-def test_cuda_is_preferred_when_present_and_cpu_is_always_the_fallback():
-    assert choose_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
-    assert choose_providers(["CUDAExecutionProvider", "CPUExecutionProvider"]) == [
-        "CUDAExecutionProvider",
-        "CPUExecutionProvider",
-    ]
 
 
 async def test_backend_reads_outputs_and_runs_padded_batches(default_model_dir, embed_alone):

@@ -80,10 +80,14 @@ def sample_names(family: str, kind: str) -> set[str]:
 
 def ferry_series_names() -> set[str]:
     """Every series name Ferry exports: server/metrics.py's registry, plus the LLM metrics."""
+    from ferry.server.gpu_metrics import GpuCollector
     from ferry.server.metrics import FerryMetrics
 
     names: set[str] = set()
     for family in FerryMetrics().registry.collect():
+        names |= sample_names(family.name, family.type)
+    # The GPU families are collected only where a GPU is; their description is the same anywhere.
+    for family in GpuCollector(None).describe():
         names |= sample_names(family.name, family.type)
     for family, kind in LLM_METRICS.items():
         names |= sample_names(family, kind)

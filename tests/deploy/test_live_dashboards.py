@@ -22,11 +22,13 @@ from tests.deploy.deploy_support import (
     dashboard_queries,
     finite_values,
     instant_query,
+    metric_names,
     prometheus_server,
     scraped_total,
     substitute,
     wait_until,
 )
+from tests.gpu import requires_gpu
 from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 pytestmark = [
@@ -122,9 +124,17 @@ def overview_run(tmp_path_factory):
             yield {"prometheus": prom.url, "ferry": ferry, "statuses": statuses, "start": started}
 
 
-@pytest.mark.parametrize(
-    "query", dashboard_queries("ferry-overview.json"), ids=lambda q: f"{q.panel}/{q.legend}"
-)
+def overview_queries() -> list:
+    """Every overview query; those of ferry_gpu_* have data only on a host with a GPU."""
+    return [
+        pytest.param(query, marks=[pytest.mark.gpu, requires_gpu])
+        if any(name.startswith("ferry_gpu_") for name in metric_names(query.expr))
+        else query
+        for query in dashboard_queries("ferry-overview.json")
+    ]
+
+
+@pytest.mark.parametrize("query", overview_queries(), ids=lambda q: f"{q.panel}/{q.legend}")
 def test_overview_query_returns_data(overview_run, query):
     expr = substitute(query.expr, MODEL, RATE_INTERVAL)
     result = instant_query(overview_run["prometheus"], expr)

@@ -1,12 +1,15 @@
-"""GPU only: build a TensorRT plan, serve it from a `tensorrt_plan` repository, query via Ferry.
+"""GPU only: build a TensorRT plan; run it in Triton and query it through Ferry.
 
-Needs, on the GPU host, the `tensorrt` Python package or `trtexec`, and a full Triton server
-(with the tensorrt backend: `tritonserver` on PATH, or FERRY_TRITONSERVER=/path/to/it); the
-pip-installed CPU server has only the python backend.
+The plan test needs the `tensorrt` Python package (`pip install '.[tensorrt]'`, pinned to the
+TensorRT 10.3 of the Triton 24.08 image in deploy/docker-compose.yml: a plan loads only on the
+TensorRT that built it) or `trtexec`. The Triton test also needs a full Triton server with the
+tensorrt backend (`tritonserver` on PATH, or FERRY_TRITONSERVER=/path/to/it): the pip-installed
+CPU server has only the python backend, so without one that test skips and says so.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -26,16 +29,44 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU on this host"),
 ]
+# Triton 24.08 (deploy/docker-compose.yml) runs TensorRT 10.3.
+TRITON_TENSORRT = "10.3."
+READY_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
-def tensorrt_triton(default_model_dir, tmp_path_factory):
+def plan(default_model_dir, tmp_path_factory) -> Path:
+    if importlib.util.find_spec("tensorrt") is None and shutil.which("trtexec") is None:
+        pytest.skip(
+            "neither the tensorrt package nor trtexec: pip install '.[tensorrt]' (TensorRT 10.3, "
+            "whose libraries come from NVIDIA's package index)"
+        )
+    profile = derive_profile(8, ModelManifest.read(default_model_dir).max_length)
+    out = tmp_path_factory.mktemp("trt") / "model.plan"
+    return build_plan(default_model_dir / "model.onnx", out, profile)
+
+
+def test_plan_is_built_by_the_tensorrt_triton_runs_and_loads(plan):
+    trt = pytest.importorskip("tensorrt", reason="plan built by trtexec; no tensorrt to load it")
+    assert trt.__version__.startswith(TRITON_TENSORRT), (
+        f"tensorrt {trt.__version__}: Triton 24.08 loads only plans of TensorRT {TRITON_TENSORRT}x"
+    )
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan.read_bytes())
+    assert engine is not None
+    names = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
+    assert {"input_ids", "attention_mask", "sentence_embedding"} <= names
+    assert tuple(engine.get_tensor_profile_shape("input_ids", 0)[2]) == (8, 256)
+
+
+@pytest.fixture(scope="module")
+def tensorrt_triton(default_model_dir, plan, tmp_path_factory):
     binary = os.environ.get("FERRY_TRITONSERVER") or shutil.which("tritonserver")
     if binary is None:
-        pytest.fail("a GPU is present but no full tritonserver: set FERRY_TRITONSERVER")
-    work = tmp_path_factory.mktemp("trt")
-    profile = derive_profile(8, ModelManifest.read(default_model_dir).max_length)
-    plan = build_plan(default_model_dir / "model.onnx", work / "model.plan", profile)
+        pytest.skip(
+            "no full Triton server with the tensorrt backend: put `tritonserver` (Triton 24.08) "
+            "on PATH or set FERRY_TRITONSERVER=/path/to/tritonserver"
+        )
+    work = tmp_path_factory.mktemp("trt-repo")
     repository = work / "repo"
     write_repository(default_model_dir, repository, "tensorrt", Batching(8), name="m", plan=plan)
     http, grpc, metrics = free_port(), free_port(), free_port()
@@ -46,22 +77,29 @@ def tensorrt_triton(default_model_dir, tmp_path_factory):
         f"--grpc-port={grpc}",
         f"--metrics-port={metrics}",
     ]
-    with open(work / "triton.log", "w") as log:
+    log_path = work / "triton.log"
+    with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{http}/v2/health/ready").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None, Path(work / "triton.log").read_text()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not _ready(http):
+            assert process.poll() is None, f"tritonserver exited:\n{log_path.read_text()}"
+            assert time.monotonic() < deadline, (
+                f"Triton not ready after {READY_TIMEOUT_S}s:\n{log_path.read_text()}"
+            )
             time.sleep(0.5)
         yield f"127.0.0.1:{grpc}"
     finally:
         process.terminate()
         process.wait(30)
+
+
+def _ready(http_port: int) -> bool:
+    try:
+        response = httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
 
 
 def test_tensorrt_plan_served_through_ferry_matches_onnxruntime(tensorrt_triton, embed_alone):

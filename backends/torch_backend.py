@@ -1,0 +1,174 @@
+"""PyTorch backend: a Hugging Face encoder folder served as it is, through the same batcher.
+
+No export step: `transformers` loads the folder with SDPA attention, in float16 (or bfloat16) on
+CUDA and float32 on the CPU, optionally wrapped in `torch.compile`. Its outputs are those of the
+ONNX export (exporters/onnx_export.py): `last_hidden_state` and the mean-pooled, L2-normalised
+`sentence_embedding` for an embedding model, `logits` for a classifier. Pooling runs in float32
+whatever the model's dtype, so fp16 embeddings differ from fp32 ones only by the encoder's error.
+
+torch is imported when this backend is built, never by the server otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.placement import Device, torch_device
+from ferry.batcher.padding import PaddedBatch
+from ferry.exporters.manifest import Task
+
+if TYPE_CHECKING:
+    from ferry.server.settings import ModelSettings
+
+logger = logging.getLogger(__name__)
+
+DType = Literal["auto", "float32", "float16", "bfloat16"]
+WARMUP_SHAPES = ((1, 8), (4, 32), (8, 64))
+# On a GPU a second batch's host work (copies, kernel launches) overlaps the first's compute.
+CUDA_CONCURRENCY = 2
+_IMPORT_LOCK = threading.Lock()
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        task: Task = "embedding",
+        device: Device = "auto",
+        dtype: DType = "auto",
+        compile: bool = False,
+        allow_cpu_fallback: bool = False,
+    ) -> None:
+        self.model_dir = model_dir
+        self.task = task
+        self._device_setting = device
+        self._dtype_setting = dtype
+        self._compile = compile
+        self._allow_cpu_fallback = allow_cpu_fallback
+        self.output_names: tuple[str, ...] = (
+            ("last_hidden_state", "sentence_embedding") if task == "embedding" else ("logits",)
+        )
+        self.sequence_outputs = (
+            frozenset({"last_hidden_state"}) if task == "embedding" else frozenset()
+        )
+        self.max_concurrency = 1
+        self.device = "cpu"
+        self.dtype_name = "float32"
+        self._model: Any = None
+        self._streams: asyncio.Queue = asyncio.Queue()
+        self._executor: ThreadPoolExecutor | None = None
+        self._ready = False
+
+    @classmethod
+    def from_settings(cls, settings: ModelSettings) -> TorchBackend:
+        return cls(
+            settings.path,
+            folder_manifest(settings.path).task,
+            device=settings.device,
+            dtype=settings.torch_dtype,
+            compile=settings.torch_compile,
+            allow_cpu_fallback=settings.allow_cpu_fallback,
+        )
+
+    async def start(self) -> None:
+        import torch
+
+        self.device = torch_device(
+            self._device_setting,
+            torch.cuda.is_available(),
+            self._allow_cpu_fallback,
+            str(self.model_dir),
+        )
+        on_cuda = self.device == "cuda"
+        self.dtype_name = (
+            ("float16" if on_cuda else "float32")
+            if self._dtype_setting == "auto"
+            else self._dtype_setting
+        )
+        # A compiled model runs one batch at a time: Dynamo may recompile for a new shape, and
+        # compiling is not safe from two threads at once.
+        self.max_concurrency = CUDA_CONCURRENCY if on_cuda and not self._compile else 1
+        self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="torch")
+        loop = asyncio.get_running_loop()
+        self._model = await loop.run_in_executor(self._executor, self._load)
+        for _ in range(self.max_concurrency):
+            # One CUDA stream per concurrent batch, so that two batches really overlap.
+            self._streams.put_nowait(torch.cuda.Stream() if on_cuda else None)
+        for batch, length in WARMUP_SHAPES:  # and, with compile, the first compilations
+            ids = np.ones((batch, length), dtype=np.int64)
+            await self.infer(PaddedBatch(ids, ids, (length,) * batch))
+        self._ready = True
+        logger.info(
+            "torch: %s ready on %s (%s, compile=%s)",
+            self.model_dir,
+            self.device,
+            self.dtype_name,
+            self._compile,
+        )
+
+    def _load(self) -> Any:
+        import torch
+
+        with _IMPORT_LOCK:  # transformers' lazy imports race when two models load at once
+            from transformers import AutoModel, AutoModelForSequenceClassification
+            from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a progress bar per load in the server's log
+        loader = AutoModel if self.task == "embedding" else AutoModelForSequenceClassification
+        model = loader.from_pretrained(
+            str(self.model_dir), attn_implementation="sdpa", dtype=getattr(torch, self.dtype_name)
+        )
+        model = model.to(self.device).eval()
+        if self._compile:
+            # Dynamic shapes: every batch has its own (size, length); no recompile per shape.
+            model = torch.compile(model, dynamic=True)
+        return model
+
+    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, stream: Any) -> list:
+        import torch
+
+        with torch.inference_mode(), torch.cuda.stream(stream) if stream else nullcontext():
+            ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
+            mask = torch.from_numpy(attention_mask).to(self.device, non_blocking=True)
+            out = self._model(
+                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
+            )
+            if self.task == "classification":
+                results = [out.logits.float()]
+            else:
+                hidden = out.last_hidden_state.float()
+                weights = mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+                results = [hidden, torch.nn.functional.normalize(pooled, p=2.0, dim=1)]
+            # .cpu() waits for this stream's work only.
+            return [r.cpu().numpy() for r in results]
+
+    async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
+        stream = await self._streams.get()
+        try:
+            loop = asyncio.get_running_loop()
+            values = await loop.run_in_executor(
+                self._executor, self._forward, batch.input_ids, batch.attention_mask, stream
+            )
+        finally:
+            self._streams.put_nowait(stream)
+        return dict(zip(self.output_names, values, strict=True))
+
+    async def health(self) -> bool:
+        return self._ready
+
+    async def close(self) -> None:
+        self._ready = False
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self._model = None

@@ -1,0 +1,67 @@
+"""The closed-loop load generator (bench.loadgen) run in several processes, results merged.
+
+On a 16-core GPU host one Python process cannot send as fast as a batched GPU server answers;
+each process drives its share of the clients on its own core, so the figure is the server's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+from ferry.bench.loadgen import LoadResult, run_load
+
+
+def _one_process(
+    url: str, bodies: list[dict], clients: int, path: str, duration_s: float
+) -> LoadResult:
+    return asyncio.run(run_load(url, bodies, clients, path, duration_s))
+
+
+def merge(results: list[LoadResult]) -> LoadResult:
+    """One result: all latencies and statuses, over the longest process's time."""
+    merged = LoadResult()
+    for result in results:
+        merged.latencies_s += result.latencies_s
+        for status, count in result.statuses.items():
+            merged.statuses[status] = merged.statuses.get(status, 0) + count
+        merged.refusals_without_retry_after += result.refusals_without_retry_after
+        merged.elapsed_s = max(merged.elapsed_s, result.elapsed_s)
+    return merged
+
+
+def split_clients(concurrency: int, processes: int) -> list[int]:
+    """Clients per process, as even as possible, no process without a client."""
+    processes = max(1, min(processes, concurrency))
+    base, extra = divmod(concurrency, processes)
+    return [base + (1 if i < extra else 0) for i in range(processes)]
+
+
+def load_pool(processes: int) -> ProcessPoolExecutor:
+    """Worker processes for run_load_processes, started once per benchmark."""
+    return ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+
+
+def run_load_processes(
+    pool: ProcessPoolExecutor | None,
+    processes: int,
+    url: str,
+    bodies: list[dict],
+    concurrency: int,
+    duration_s: float,
+    path: str = "/predict",
+) -> LoadResult:
+    """`concurrency` clients over `processes` processes of `pool`, each for `duration_s` seconds.
+
+    Without a pool (or with one process) the load runs in this process.
+    """
+    shares = split_clients(concurrency, processes)
+    if pool is None or len(shares) == 1:
+        return _one_process(url, bodies, concurrency, path, duration_s)
+    futures = [
+        # Each process starts at its own offset, so they do not send the same bodies at once.
+        pool.submit(_one_process, url, bodies[i:] + bodies[:i], clients, path, duration_s)
+        for i, clients in enumerate(shares)
+    ]
+    return merge([f.result() for f in futures])

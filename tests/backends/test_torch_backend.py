@@ -1,0 +1,166 @@
+"""The torch backend on the CPU: same outputs as the ONNX export, served by `ferry serve` as is."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.onnxruntime import OnnxRuntimeBackend
+from ferry.backends.placement import DeviceUnavailable
+from ferry.backends.torch_backend import TorchBackend
+from ferry.batcher import TokenSequence, pad_batch
+from ferry.exporters.default_model import default_model_source
+from ferry.exporters.manifest import ModelManifest
+from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
+from ferry.server.tokenization import TextTokenizer
+
+from tests.server_process import ferry_server
+
+LABELS = {0: "negative", 1: "positive"}
+# Mixed lengths, so the batch carries real padding.
+IDS = [[101, 7592, 2088, 2003, 1037, 3899, 102], [101, 2023, 102], [101, *range(2000, 2040), 102]]
+
+
+def padded(ids: list[list[int]]):
+    return pad_batch([TokenSequence.from_ids(i) for i in ids])
+
+
+@pytest.fixture(scope="module")
+def hf_dir() -> Path:
+    return default_model_source()
+
+
+async def test_embeddings_match_the_onnx_backend_on_a_padded_batch(hf_dir, default_model_dir):
+    torch_backend = TorchBackend(hf_dir, device="cpu")
+    onnx_backend = OnnxRuntimeBackend(default_model_dir / "model.onnx", sessions=1)
+    await torch_backend.start()
+    await onnx_backend.start()
+    try:
+        assert torch_backend.output_names == onnx_backend.output_names
+        assert torch_backend.sequence_outputs == onnx_backend.sequence_outputs
+        assert (torch_backend.device, torch_backend.dtype_name) == ("cpu", "float32")
+        batch = padded(IDS)
+        got = await torch_backend.infer(batch)
+        want = await onnx_backend.infer(batch)
+        assert got["sentence_embedding"].dtype == np.float32
+        assert np.max(np.abs(got["sentence_embedding"] - want["sentence_embedding"])) <= 1e-5
+        for row, length in enumerate(batch.lengths):  # padded positions are garbage in both
+            diff = got["last_hidden_state"][row, :length] - want["last_hidden_state"][row, :length]
+            assert np.max(np.abs(diff)) <= 1e-4
+        assert np.allclose(np.linalg.norm(got["sentence_embedding"], axis=1), 1.0, atol=1e-6)
+    finally:
+        await torch_backend.close()
+        await onnx_backend.close()
+
+
+def test_manifest_of_the_hf_folder_is_the_exports(hf_dir, default_model_dir):
+    derived = folder_manifest(hf_dir)
+    exported = ModelManifest.read(default_model_dir)
+    assert (derived.task, derived.max_length, derived.vocab_size, derived.pad_token_id) == (
+        exported.task,
+        exported.max_length,
+        exported.vocab_size,
+        exported.pad_token_id,
+    )
+
+
+async def test_cuda_required_on_a_cpu_only_torch_refuses_unless_fallback_allowed(hf_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only path; this host's torch sees a GPU")
+    with pytest.raises(DeviceUnavailable, match="allow_cpu_fallback"):
+        await TorchBackend(hf_dir, device="cuda").start()
+    fallback = TorchBackend(hf_dir, device="cuda", allow_cpu_fallback=True)
+    await fallback.start()
+    try:
+        assert fallback.device == "cpu"
+        assert (await fallback.infer(padded(IDS[:1])))["sentence_embedding"].shape == (1, 384)
+    finally:
+        await fallback.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(hf_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """A random 2-layer BERT classifier as a Hugging Face folder, and its ONNX export."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        id2label=LABELS,
+        label2id={v: k for k, v in LABELS.items()},
+    )
+    source = tmp_path_factory.mktemp("hf-classifier")
+    BertForSequenceClassification(config).save_pretrained(source)
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).exists():
+            shutil.copy(hf_dir / name, source / name)
+    out = tmp_path_factory.mktemp("onnx-classifier")
+    export_encoder(source, out, task="classification", max_length=128)
+    return source, out
+
+
+async def test_classifier_logits_match_the_onnx_export(tiny_classifier):
+    source, exported = tiny_classifier
+    manifest = folder_manifest(source)
+    assert (manifest.task, manifest.id2label, manifest.max_length) == (
+        "classification",
+        LABELS,
+        128,
+    )
+    torch_backend = TorchBackend(source, task="classification", device="cpu")
+    onnx_backend = OnnxRuntimeBackend(exported / "model.onnx", sessions=1)
+    await torch_backend.start()
+    await onnx_backend.start()
+    try:
+        assert torch_backend.output_names == onnx_backend.output_names == ("logits",)
+        batch = padded(IDS)
+        got, want = await torch_backend.infer(batch), await onnx_backend.infer(batch)
+        assert got["logits"].shape == (3, 2)
+        assert np.max(np.abs(got["logits"] - want["logits"])) <= 1e-5
+    finally:
+        await torch_backend.close()
+        await onnx_backend.close()
+
+
+def test_ferry_serves_the_hf_folder_with_the_onnx_paths_outputs(
+    hf_dir, tiny_classifier, embed_alone
+):
+    texts = ["the ferry leaves at noon", "a boat"]
+    models = [
+        {"name": "st", "backend": "torch", "path": str(hf_dir), "device": "cpu"},
+        {
+            "name": "cls",
+            "backend": "torch",
+            "path": str(tiny_classifier[0]),
+            "device": "cpu",
+            "outputs": ["label"],
+        },
+    ]
+    with ferry_server(models, ready_timeout_s=180) as server:
+        embedded = httpx.post(f"{server.url}/predict", json={"model": "st", "inputs": texts})
+        classified = httpx.post(
+            f"{server.url}/predict",
+            json={"model": "cls", "inputs": texts, "outputs": ["label", "probabilities"]},
+        )
+    assert embedded.status_code == 200, embedded.text
+    tokenizer = TextTokenizer(hf_dir / "tokenizer.json", 256)
+    for text, output in zip(texts, embedded.json()["outputs"], strict=True):
+        want = embed_alone(tokenizer.encode([text])[0].input_ids.tolist())
+        assert np.max(np.abs(np.asarray(output["sentence_embedding"]) - want)) <= 1e-5
+    assert classified.status_code == 200, classified.text
+    for output in classified.json()["outputs"]:
+        assert output["label"] in LABELS.values()
+        assert set(output["probabilities"]) == set(LABELS.values())
+        assert output["label"] == max(output["probabilities"], key=output["probabilities"].get)

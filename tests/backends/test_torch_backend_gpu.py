@@ -1,0 +1,59 @@
+"""GPU only: the torch backend in float16 / bfloat16 on CUDA, eager and compiled, vs the CPU's ONNX.
+
+Needs PyTorch with CUDA (`pip install '.[torch]'` on a GPU host, or the host's own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from ferry.backends.onnxruntime import OnnxRuntimeBackend
+from ferry.backends.torch_backend import TorchBackend
+from ferry.batcher import TokenSequence, pad_batch
+from ferry.exporters.default_model import default_model_source
+
+from tests.gpu import requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+IDS = [[101, 7592, 2088, 2003, 1037, 3899, 102], [101, 2023, 102], [101, *range(2000, 2100), 102]]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir) -> np.ndarray:
+    async def run() -> np.ndarray:
+        backend = OnnxRuntimeBackend(default_model_dir / "model.onnx", sessions=1, device="cpu")
+        await backend.start()
+        try:
+            batch = pad_batch([TokenSequence.from_ids(i) for i in IDS])
+            return (await backend.infer(batch))["sentence_embedding"]
+        finally:
+            await backend.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("dtype", "compile"), [("float16", False), ("bfloat16", False), ("float16", True)]
+)
+async def test_half_precision_on_cuda_matches_the_cpu(reference, dtype, compile):
+    backend = TorchBackend(default_model_source(), device="cuda", dtype=dtype, compile=compile)
+    await backend.start()
+    try:
+        assert (backend.device, backend.dtype_name) == ("cuda", dtype)
+        batch = pad_batch([TokenSequence.from_ids(i) for i in IDS])
+        # Two batches at once: each on its own CUDA stream, neither may see the other's data.
+        first, second = await asyncio.gather(backend.infer(batch), backend.infer(batch))
+        for outputs in (first, second):
+            got = outputs["sentence_embedding"]
+            assert got.dtype == np.float32
+            # bfloat16 keeps 8 bits of mantissa: close in direction, not in digits.
+            assert np.min(cosines(got, reference)) >= (0.999 if dtype == "float16" else 0.995)
+    finally:
+        await backend.close()
