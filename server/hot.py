@@ -143,6 +143,32 @@ class HotRoutes:
         return None
 
 
+def register_post(
+    router: Any,
+    hot: HotRoutes,
+    path: str,
+    handler: Handler,
+    *,
+    summary: str,
+    responses: dict[int | str, dict[str, Any]],
+    body_model: type[Any] | None = None,
+    response_model: type[Any] | None = None,
+    include_in_schema: bool = True,
+) -> None:
+    """A hot POST route, also registered with the framework so the OpenAPI schema has it."""
+    route = hot.add("POST", path, handler)
+    router.add_api_route(
+        path.removeprefix(getattr(router, "prefix", "")),
+        as_route(route),
+        methods=["POST"],
+        response_model=response_model,
+        responses=responses,
+        openapi_extra=request_body(body_model) if body_model is not None else None,
+        include_in_schema=include_in_schema,
+        summary=summary,
+    )
+
+
 def as_route(route: HotRoute) -> Callable[[Request], Awaitable[Response]]:
     """The framework's endpoint for a hot route (reached only without the gateway in front)."""
 

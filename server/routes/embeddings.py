@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter
 from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder import EncoderInputs
-from ferry.server.hot import HotCall, HotRoutes, Reply, as_route, json_reply, request_body
+from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import error_responses
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -104,13 +104,13 @@ async def create_embeddings(call: HotCall) -> Reply:
 
 
 def register(router: APIRouter, hot: HotRoutes) -> None:
-    route = hot.add("POST", PATH, create_embeddings)
-    router.add_api_route(
+    register_post(
+        router,
+        hot,
         PATH,
-        as_route(route),
-        methods=["POST"],
-        response_model=EmbeddingResponse,
-        responses=error_responses(400, 401, 404, 413, 429, 500, 503, 504),
-        openapi_extra=request_body(EmbeddingRequest),
+        create_embeddings,
         summary="Create Embeddings",
+        responses=error_responses(400, 401, 404, 413, 429, 500, 503, 504),
+        body_model=EmbeddingRequest,
+        response_model=EmbeddingResponse,
     )

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
-from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, as_route, dumps
+from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
 from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
@@ -160,14 +160,14 @@ async def infer(call: HotCall) -> Reply:
 
 def register(router: APIRouter, hot: HotRoutes) -> None:
     for path in INFER_PATHS:
-        route = hot.add("POST", path, infer)
-        router.add_api_route(
-            path.removeprefix(router.prefix),
-            as_route(route),
-            methods=["POST"],
+        register_post(
+            router,
+            hot,
+            path,
+            infer,
+            summary="Infer",
             responses=error_docs(400, 404, 422, 429, 500, 503, 504),
             include_in_schema="version" not in path,
-            summary="Infer",
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from ferry.server.encoder import EncoderInputs
-from ferry.server.hot import HotCall, HotRoutes, Reply, as_route, json_reply, request_body
+from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 
 ERROR_RESPONSES = error_responses(401, 404, 413, 422, 429, 500, 503, 504)
@@ -36,13 +36,13 @@ async def predict(call: HotCall) -> Reply:
 
 
 def register(router: APIRouter, hot: HotRoutes) -> None:
-    route = hot.add("POST", PATH, predict)
-    router.add_api_route(
+    register_post(
+        router,
+        hot,
         PATH,
-        as_route(route),
-        methods=["POST"],
-        response_model=PredictResponse,
-        responses=ERROR_RESPONSES,
-        openapi_extra=request_body(PredictRequest),
+        predict,
         summary="Predict",
+        responses=ERROR_RESPONSES,
+        body_model=PredictRequest,
+        response_model=PredictResponse,
     )

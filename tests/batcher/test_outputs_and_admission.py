@@ -8,21 +8,9 @@ import numpy as np
 import pytest
 from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
 
-from tests.batcher.test_batcher import RecordingBackend, seq
+from tests.batcher.test_batcher import RecordingBackend, make, seq
 
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)
-
-
-def make(backend: RecordingBackend, **limits) -> MicroBatcher:
-    batcher = MicroBatcher(
-        "m",
-        backend.infer,
-        BatchLimits(**{"max_queue_delay_s": 0.01, **limits}),
-        LIMITS,
-        sequence_outputs=frozenset({"hidden"}),
-    )
-    batcher.start()
-    return batcher
 
 
 async def test_a_batch_fetches_only_the_outputs_its_members_asked_for():
