@@ -157,13 +157,21 @@ def register_post(
 ) -> None:
     """A hot POST route, also registered with the framework so the OpenAPI schema has it."""
     route = hot.add("POST", path, handler)
+    # The endpoint takes the raw request, so the schema's parameters and body are given here.
+    extra: dict[str, Any] = request_body(body_model) if body_model is not None else {}
+    params = route.pattern.groupindex
+    if params:
+        extra["parameters"] = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in params
+        ]
     router.add_api_route(
         path.removeprefix(getattr(router, "prefix", "")),
         as_route(route),
         methods=["POST"],
         response_model=response_model,
         responses=responses,
-        openapi_extra=request_body(body_model) if body_model is not None else None,
+        openapi_extra=extra or None,
         include_in_schema=include_in_schema,
         summary=summary,
     )
