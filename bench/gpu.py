@@ -84,9 +84,15 @@ def peers(
     return [
         (FERRY_ORT, lambda: ferry_url([onnx])),
         (FERRY_TORCH, lambda: ferry_url([torch])),
-        (UNBATCHED, lambda: unbatched_server(model.onnx_dir / "model.onnx", device=config.device)),
+        (UNBATCHED, lambda: unbatched_url(model.onnx_dir / "model.onnx", config.device)),
         (NULL, lambda: ferry_url([onnx], module="ferry.bench.null_backend")),
     ]
+
+
+@contextlib.contextmanager
+def unbatched_url(model: Path, device: str) -> Iterator[str]:
+    with unbatched_server(model, device=device) as peer:  # type: ignore[arg-type]
+        yield peer.url
 
 
 @contextlib.contextmanager

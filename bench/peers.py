@@ -2,13 +2,18 @@
 
 Peers, each started alone (the machine has 2 cores; nothing else of ours runs beside it):
   ferry                    Ferry's micro-batcher on ONNX Runtime (`ferry serve`)
-  unbatched                a plain FastAPI /predict calling ONNX Runtime per request
-  triton                   Triton's own dynamic batcher, clients on its KServe v2 HTTP endpoint
-  ferry->triton batch      Ferry batches, one Triton request per batch
-  ferry->triton pass       Ferry passes each request through; Triton's batcher batches
+  unbatched                an async FastAPI /predict, one 1-thread ONNX Runtime session per core
+                           (bench/unbatched_server.py): the strongest server without batching
+  Triton                   Triton's dynamic batcher in front of its python backend, which runs
+                           ONNX Runtime (clients on its KServe v2 HTTP endpoint)
+  ferry->Triton batch      Ferry batches, one Triton request per batch
+  ferry->Triton pass       Ferry passes each request through; Triton's batcher batches
 For mixed (8-128 tokens) and short (8-16 tokens) inputs at 64 clients, then one client at a
-time against in-process batch-1 latency. The in-process ONNX Runtime figure is the ceiling.
-If Triton cannot start here, its three rows say why and the rest still run.
+time against in-process batch-1 latency at the same ONNX Runtime thread count as the session
+that serves it. The in-process ONNX Runtime figure (best of bench/ceiling.py's strategies) is
+the ceiling. CPU per request is read from /proc for the servers we start: the main thread's
+(the event loop) and the whole process's. A peer that fails makes the run exit 1, with why,
+after the others are measured; only `--no-triton` skips the three Triton peers.
 
 Other work on the machine makes absolute figures noisy: read the ratios, taken in one run.
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -30,15 +36,20 @@ from pathlib import Path
 
 from ferry.bench.ceiling import Ceiling, batch1_p50_ms, ceiling
 from ferry.bench.inputs import token_sequences
+from ferry.bench.process_cpu import CpuPerRequest, CpuSample
 from ferry.bench.sweep import Budget, Step, measure
 from ferry.bench.targets import Target
-from ferry.bench.triton_peer import TRITON_MODEL, triton_peer
-from ferry.bench.unbatched_server import unbatched_server
+from ferry.bench.triton_peer import INSTANCES, TRITON_MODEL, triton_peer
+from ferry.bench.unbatched_server import THREADS_PER_SESSION, unbatched_server
 
 from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 FERRY = "ferry (onnxruntime)"
+UNBATCHED = "unbatched FastAPI + ORT"
+TRITON = "Triton (python backend + ONNX Runtime)"
+TRITON_PEERS = (TRITON, "ferry -> Triton py+ORT (batch)", "ferry -> Triton py+ORT (pass)")
 STEP_TIMEOUT_S = 300.0
+CORES = os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -52,12 +63,29 @@ class InputSet:
         return f"{self.name}: {len(lengths)} requests of {min(lengths)}-{max(lengths)} tokens"
 
 
+@dataclass(frozen=True)
+class Threads:
+    """ONNX Runtime threads: the layout under load, and what serves one request alone."""
+
+    loaded: str
+    serial: int
+
+
+@dataclass(frozen=True)
+class Peer:
+    target: Target
+    pid: int | None = None  # the server process whose CPU is read; None when not ours
+
+
 @dataclass
 class PeerResult:
     name: str
+    threads: Threads
     loaded: dict[str, Step] = field(default_factory=dict)  # input set name -> step
+    cpu: dict[str, CpuPerRequest] = field(default_factory=dict)  # input set name or "serial"
     serial: Step | None = None
     skipped: str = ""  # why the peer has no figures, if it has none
+    failed: bool = False  # it should have figures and has none
 
 
 @dataclass(frozen=True)
@@ -68,69 +96,88 @@ class Plan:
     warmup: int
 
 
-async def measure_peer(name: str, target: Target, plan: Plan) -> PeerResult:
-    result = PeerResult(name)
+async def _measured(
+    peer: Peer, bodies: list[dict], concurrency: int
+) -> tuple[Step, CpuPerRequest | None]:
+    pid = peer.pid
+    before = CpuSample.of(pid) if pid else None
+    budget = Budget(len(bodies), None, STEP_TIMEOUT_S)
+    step = await measure(peer.target, bodies, concurrency, budget)
+    if not pid or before is None:
+        return step, None
+    return step, CpuPerRequest.between(before, CpuSample.of(pid), step.completed)
+
+
+async def measure_peer(result: PeerResult, peer: Peer, plan: Plan) -> PeerResult:
     for input_set in plan.sets:
-        bodies = target.bodies(input_set.inputs)
+        bodies = peer.target.bodies(input_set.inputs)
         if plan.warmup:
             warm = Budget(plan.warmup, None, STEP_TIMEOUT_S)
-            await measure(target, bodies, plan.concurrency, warm)
-        budget = Budget(len(bodies), None, STEP_TIMEOUT_S)
-        step = await measure(target, bodies, plan.concurrency, budget)
+            await measure(peer.target, bodies, plan.concurrency, warm)
+        step, cpu = await _measured(peer, bodies, plan.concurrency)
         result.loaded[input_set.name] = step
-        _progress(f"  {name}, {input_set.name}: {step.throughput:.1f} req/s")
-    serial = target.bodies(plan.serial_inputs)
-    result.serial = await measure(target, serial, 1, Budget(len(serial), None, STEP_TIMEOUT_S))
+        if cpu:
+            result.cpu[input_set.name] = cpu
+        _progress(f"  {result.name}, {input_set.name}: {step.throughput:.1f} req/s")
+    result.serial, cpu = await _measured(peer, peer.target.bodies(plan.serial_inputs), 1)
+    if cpu:
+        result.cpu["serial"] = cpu
     return result
 
 
 def run_peer(
-    name: str, start: Callable[[], AbstractContextManager[Target]], plan: Plan
+    name: str, threads: Threads, start: Callable[[], AbstractContextManager[Peer]], plan: Plan
 ) -> PeerResult:
-    """Start the peer, measure it, stop it; a peer that fails is reported, not fatal."""
+    """Start the peer, measure it, stop it; a failure is recorded and the others still run."""
     _progress(f"{name} ...")
     began = time.perf_counter()
     try:
-        with start() as target:
-            result = asyncio.run(measure_peer(name, target, plan))
+        with start() as peer:
+            result = asyncio.run(measure_peer(PeerResult(name, threads), peer, plan))
     # Broad on purpose: one broken peer must not end the comparison of the others.
     except Exception as exc:
         _progress(f"{name}: failed: {exc!r}")
-        return PeerResult(name, skipped=_one_line(exc))
+        return PeerResult(name, threads, skipped=f"FAILED: {_one_line(exc)}", failed=True)
     _progress(f"{name}: done in {time.perf_counter() - began:.0f}s")
     return result
 
 
+def ferry_threads() -> Threads:
+    config = default_model_config()
+    # One request alone runs on the solo session of every core (backends/onnxruntime.py).
+    return Threads(f"{config['sessions']}x1 (+solo 1x{CORES})", CORES)
+
+
 @contextlib.contextmanager
-def ferry_peer(model: dict) -> Iterator[Target]:
+def ferry_peer(model: dict) -> Iterator[Peer]:
     with ferry_server([model]) as server:
-        yield Target(server.url, "predict")
+        yield Peer(Target(server.url, "predict"), server.process.pid)
 
 
 @contextlib.contextmanager
-def unbatched_peer(model_dir: Path) -> Iterator[Target]:
-    with unbatched_server(model_dir / "model.onnx") as url:
-        yield Target(url, "predict")
+def unbatched_peer(model_dir: Path) -> Iterator[Peer]:
+    with unbatched_server(model_dir / "model.onnx", CORES) as server:
+        yield Peer(Target(server.url, "predict"), server.pid)
 
 
 @contextlib.contextmanager
-def given(target: Target) -> Iterator[Target]:
-    yield target
+def given(target: Target) -> Iterator[Peer]:
+    yield Peer(target)
 
 
 def run_triton_peers(model_dir: Path, plan: Plan, protocol: str) -> list[PeerResult]:
-    names = ("triton dynamic batcher", "ferry -> triton (batch)", "ferry -> triton (passthrough)")
+    threads = Threads(f"{INSTANCES}x1", 1)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         try:
             triton = stack.enter_context(triton_peer(model_dir, Path(tmp)))
-        # Broad on purpose: whatever keeps Triton from starting here, say why and go on.
+        # Broad on purpose: whatever keeps Triton from starting, say why; main() exits 1.
         except Exception as exc:
-            why = f"Triton did not start: {_one_line(exc)}"
+            why = f"FAILED: Triton did not start: {_one_line(exc)}"
             _progress(why)
-            return [PeerResult(name, skipped=why) for name in names]
+            return [PeerResult(name, threads, skipped=why, failed=True) for name in TRITON_PEERS]
         direct = Target(f"http://{triton.http_url}", "kserve", TRITON_MODEL)
-        results = [run_peer(names[0], lambda: given(direct), plan)]
-        for name, mode in zip(names[1:], ("batch", "passthrough"), strict=True):
+        results = [run_peer(TRITON_PEERS[0], threads, lambda: given(direct), plan)]
+        for name, mode in zip(TRITON_PEERS[1:], ("batch", "passthrough"), strict=True):
             model = default_model_config(
                 backend="triton",
                 triton_url=triton.url(protocol),
@@ -138,47 +185,86 @@ def run_triton_peers(model_dir: Path, plan: Plan, protocol: str) -> list[PeerRes
                 triton_model=TRITON_MODEL,
                 triton_mode=mode,
             )
-            results.append(run_peer(name, lambda m=model: ferry_peer(m), plan))
+            results.append(run_peer(name, threads, lambda m=model: ferry_peer(m), plan))
     return results
 
 
 def format_loaded(input_set: InputSet, results: list[PeerResult], best: Ceiling) -> str:
-    ferry = next((r.loaded.get(input_set.name) for r in results if r.name == FERRY), None)
+    ferry = _ferry(results).loaded.get(input_set.name)
     lines = [
-        f"{'peer':32s} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-        f" {'ferry/peer req/s':>17} {'ferry/peer p99':>15}"
+        f"{'peer':38s} {'threads':>17} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6}"
+        f" {'ferry/peer req/s':>16} {'ferry/peer p99':>14} {'loop ms/req':>11} {'proc ms/req':>11}"
     ]
     for result in results:
         step = result.loaded.get(input_set.name)
         if step is None:
-            lines.append(f"{result.name:32s} skipped: {result.skipped}")
+            lines.append(f"{result.name:38s} {result.skipped}")
             continue
         req_ratio = _ratio(ferry.throughput if ferry else None, step.throughput)
         p99_ratio = _ratio(ferry.p99_ms if ferry else None, step.p99_ms)
+        loop, proc = _cpu(result.cpu.get(input_set.name))
         lines.append(
-            f"{result.name:32s} {step.throughput:8.1f} {step.p50_ms:8.1f} {step.p99_ms:8.1f}"
-            f" {step.errors:>6} {req_ratio:>17} {p99_ratio:>15}"
+            f"{result.name:38s} {result.threads.loaded:>17} {step.throughput:7.1f}"
+            f" {step.p50_ms:7.1f} {step.p99_ms:7.1f} {step.errors:>6} {req_ratio:>16}"
+            f" {p99_ratio:>14} {loop:>11} {proc:>11}"
         )
     ceiling_ratio = _ratio(ferry.throughput if ferry else None, best.seq_per_s)
     lines.append(
-        f"{'in-process ORT ceiling':32s} {best.seq_per_s:8.1f} {'':8} {'':8} {'':6}"
-        f" {ceiling_ratio:>17}   ({best.strategy})"
+        f"{'in-process ORT ceiling':38s} {f'{CORES}x1':>17} {best.seq_per_s:7.1f} {'':7} {'':7}"
+        f" {'':6} {ceiling_ratio:>16}   best of {len(best.figures)}: {best.strategy}"
     )
     return "\n".join(lines)
 
 
-def format_serial(results: list[PeerResult], floor_ms: float) -> str:
-    lines = [f"{'peer':32s} {'p50 ms':>8} {'p99 ms':>8} {'vs in-process batch 1':>22}"]
+def format_serial(results: list[PeerResult], floors_ms: dict[int, float]) -> str:
+    lines = [
+        f"{'peer':38s} {'threads':>7} {'p50 ms':>7} {'p99 ms':>7}"
+        f" {'in-process batch 1, same threads':>33} {'loop ms/req':>11}"
+    ]
     for result in results:
         if result.serial is None:
-            lines.append(f"{result.name:32s} skipped")
+            lines.append(f"{result.name:38s} {result.skipped}")
             continue
-        s = result.serial
+        s, threads = result.serial, result.threads.serial
+        floor = floors_ms[threads]
+        loop, _ = _cpu(result.cpu.get("serial"))
         lines.append(
-            f"{result.name:32s} {s.p50_ms:8.2f} {s.p99_ms:8.2f} {s.p50_ms - floor_ms:+19.2f} ms"
+            f"{result.name:38s} {threads:>7} {s.p50_ms:7.2f} {s.p99_ms:7.2f}"
+            f" {f'{floor:.2f} ms, p50 {s.p50_ms - floor:+.2f} ms':>33} {loop:>11}"
         )
-    lines.append(f"{'in-process ORT batch 1':32s} {floor_ms:8.2f}")
     return "\n".join(lines)
+
+
+def format_summary(sets: tuple[InputSet, ...], results: list[PeerResult], ceilings: dict) -> str:
+    """Ferry's ratios to the ceiling and to each direct peer, one line per input set."""
+    ferry = _ferry(results)
+    by_name = {r.name: r for r in results}
+    lines = []
+    for input_set in sets:
+        own = ferry.loaded.get(input_set.name)
+        if own is None:
+            lines.append(f"{input_set.name}: ferry has no figures ({ferry.skipped})")
+            continue
+        parts = [f"ceiling {_ratio(own.throughput, ceilings[input_set.name].seq_per_s)}"]
+        for name in (UNBATCHED, TRITON):
+            step = by_name[name].loaded.get(input_set.name) if name in by_name else None
+            if step is not None:
+                parts.append(
+                    f"{name} {_ratio(own.throughput, step.throughput)}"
+                    f" (p99 {own.p99_ms:.0f} vs {step.p99_ms:.0f} ms)"
+                )
+        loop, proc = _cpu(ferry.cpu.get(input_set.name))
+        parts.append(f"loop CPU {loop} ms/req, process CPU {proc} ms/req")
+        lines.append(f"{input_set.name}: ferry / " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _ferry(results: list[PeerResult]) -> PeerResult:
+    return next(r for r in results if r.name == FERRY)
+
+
+def _cpu(cpu: CpuPerRequest | None) -> tuple[str, str]:
+    return (f"{cpu.loop_ms:.3f}", f"{cpu.process_ms:.2f}") if cpu else ("-", "-")
 
 
 def _ratio(ferry: float | None, peer: float) -> str:
@@ -231,26 +317,37 @@ def main(argv: list[str] | None = None) -> int:
     # In-process first, while no server shares the cores.
     _progress("in-process ONNX Runtime ...")
     ceilings = {s.name: ceiling(onnx, s.inputs) for s in sets}
-    floor_ms = batch1_p50_ms(onnx, plan.serial_inputs)
+    floors_ms = {t: batch1_p50_ms(onnx, plan.serial_inputs, t) for t in sorted({1, CORES})}
 
     results = [
-        run_peer(FERRY, lambda: ferry_peer(default_model_config()), plan),
-        run_peer("plain FastAPI + ORT (unbatched)", lambda: unbatched_peer(args.model_dir), plan),
+        run_peer(FERRY, ferry_threads(), lambda: ferry_peer(default_model_config()), plan),
+        run_peer(
+            UNBATCHED,
+            Threads(f"{CORES}x{THREADS_PER_SESSION}", THREADS_PER_SESSION),
+            lambda: unbatched_peer(args.model_dir),
+            plan,
+        ),
     ]
     if args.no_triton:
-        results += [PeerResult("triton (all three peers)", skipped="--no-triton")]
+        results += [PeerResult("Triton (all three peers)", Threads("-", 1), skipped="--no-triton")]
     else:
         results += run_triton_peers(args.model_dir, plan, args.triton_protocol)
 
     print(f"\n{args.concurrency} concurrent clients, closed loop; ratios are Ferry's to each peer")
+    print("threads: ONNX Runtime sessions x intra-op threads; loop: the server's main thread")
     print("(a shared machine makes absolute figures noisy: compare within this run)")
     for input_set in sets:
         print(f"\n== {input_set.describe} ==")
         print(format_loaded(input_set, results, ceilings[input_set.name]))
     print(f"\n== one client at a time: {len(plan.serial_inputs)} mixed requests ==")
-    print(format_serial(results, floor_ms))
+    print(format_serial(results, floors_ms))
+    print("\n== summary ==")
+    print(format_summary(sets, results, ceilings))
     print(f"\ntotal {time.perf_counter() - began:.0f}s")
-    return 0
+    failed = [r for r in results if r.failed]
+    for result in failed:
+        print(f"{result.name}: {result.skipped}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,99 +1,129 @@
-"""The plain peer: a FastAPI /predict that runs ONNX Runtime once per request, no batching.
+"""The strong unbatched peer: what a careful engineer serves ONNX Runtime with, without batching.
 
-What most teams write first: a sync route (so FastAPI runs it in its threadpool), one shared
-ONNX Runtime session, each request's tokens run alone and unpadded. It answers the same
-`/predict` body and response shape as Ferry, so the load generator cannot tell them apart.
+An async /predict; one ONNX Runtime session of one thread per core, handed out from a queue to a
+thread pool of the same size (`InferenceSession.run` releases the GIL, so the cores run side by
+side); only `sentence_embedding` fetched; orjson in and out; no access log. Body and answer are
+Ferry's /predict ones, so the load generator cannot tell the two apart.
 
-python -m ferry.bench.unbatched_server --model PATH [--port 8010] [--threads 1] [--device cuda]
+python -m ferry.bench.unbatched_server --model PATH [--port 8010] [--sessions N]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import os
+import queue
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 import httpx
 import numpy as np
-from fastapi import FastAPI, HTTPException
+import orjson
+from fastapi import FastAPI, Request, Response
 from ferry.backends.placement import (
     CUDA_EP,
     Device,
     check_session_providers,
     onnxruntime_providers,
 )
-from pydantic import BaseModel, StrictInt
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = "sentence_embedding"
+THREADS_PER_SESSION = 1
 
 
-class PredictBody(BaseModel):
-    input_ids: list[StrictInt]
-    model: str | None = None
+def create_app(model: Path, sessions: int, device: Device = "cpu") -> FastAPI:
+    idle: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(sessions):
+        idle.put(_session(model, device))
+    pool = ThreadPoolExecutor(sessions, thread_name_prefix="ort")
+    name = model.parent.name
 
+    def run(ids: list[int]) -> np.ndarray:
+        sess = idle.get()  # never waits: the pool has as many threads as sessions
+        try:
+            feeds = np.asarray([ids], dtype=np.int64)
+            return sess.run([OUTPUT], {"input_ids": feeds, "attention_mask": np.ones_like(feeds)})
+        finally:
+            idle.put(sess)
 
-def create_app(model: Path, threads: int = 1, device: Device = "cpu") -> FastAPI:
-    import onnxruntime as ort
-
-    # On a GPU, the same session on the CUDA EP; never a silent fall back to the CPU.
-    providers = onnxruntime_providers(device, ort.get_available_providers(), False, str(model))
-    if providers[0] == CUDA_EP:
-        ort.preload_dlls()
-
-    options = ort.SessionOptions()
-    # Parallelism comes from the threadpool running requests side by side, as in such servers.
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # InferenceSession.run is thread-safe and releases the GIL: one session serves every thread.
-    sess = ort.InferenceSession(str(model), options, providers=providers)
-    check_session_providers(providers, sess.get_providers(), False, str(model))
     app = FastAPI(title="unbatched ONNX Runtime peer")
 
     @app.get("/health")
-    def health() -> dict:
-        return {"ready": True}
+    async def health() -> Response:
+        return Response(b'{"ready":true}', media_type="application/json")
 
     @app.post("/predict")
-    def predict(body: PredictBody) -> dict:
-        if not body.input_ids:
-            raise HTTPException(422, "input_ids is empty")
-        ids = np.asarray([body.input_ids], dtype=np.int64)
-        (embedding,) = sess.run([OUTPUT], {"input_ids": ids, "attention_mask": np.ones_like(ids)})
-        tokens = len(body.input_ids)
-        return {
-            "model": model.parent.name,
-            "outputs": [{OUTPUT: embedding[0].tolist()}],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+    async def predict(request: Request) -> Response:
+        try:
+            ids = orjson.loads(await request.body())["input_ids"]
+            valid = bool(ids) and all(type(i) is int for i in ids)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            valid = False
+        if not valid:
+            return Response(b'{"detail":"input_ids: a non-empty list of integers"}', 422)
+        (embedding,) = await asyncio.get_running_loop().run_in_executor(pool, run, ids)
+        usage = {"prompt_tokens": len(ids), "total_tokens": len(ids)}
+        answer = {"model": name, "outputs": [{OUTPUT: embedding[0]}], "usage": usage}
+        body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+        return Response(body, media_type="application/json")
 
     return app
 
 
+def _session(model: Path, device: Device):
+    """One 1-thread session; on a GPU the CUDA EP, never a silent fall back to the CPU."""
+    import onnxruntime as ort
+
+    providers = onnxruntime_providers(device, ort.get_available_providers(), False, str(model))
+    if providers[0] == CUDA_EP:
+        ort.preload_dlls()
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = THREADS_PER_SESSION
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(str(model), options, providers=providers)
+    check_session_providers(providers, sess.get_providers(), False, str(model))
+    return sess
+
+
+@dataclass(frozen=True)
+class UnbatchedProcess:
+    url: str
+    pid: int
+    sessions: int
+
+
 @contextlib.contextmanager
 def unbatched_server(
-    model: Path, threads: int = 1, ready_timeout_s: float = 60.0, device: Device = "cpu"
-) -> Iterator[str]:
-    """Run the peer as its own uvicorn process on a free loopback port; yield its URL."""
+    model: Path,
+    sessions: int | None = None,
+    ready_timeout_s: float = 60.0,
+    device: Device = "cpu",
+) -> Iterator[UnbatchedProcess]:
+    """Run the peer as its own uvicorn process on a free loopback port."""
     from tests.server_process import free_port
 
+    sessions = sessions or os.cpu_count() or 1
     port = free_port()
     command = [sys.executable, "-m", "ferry.bench.unbatched_server", "--model", str(model)]
-    command += ["--port", str(port), "--threads", str(threads), "--device", device]
+    command += ["--port", str(port), "--sessions", str(sessions), "--device", device]
     # A file, not a pipe: nobody reads a pipe while the benchmark runs, and a full one blocks.
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(process, url, ready_timeout_s, log)
-            yield url
+            yield UnbatchedProcess(url, process.pid, sessions)
         finally:
             process.terminate()
             try:
@@ -123,16 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", type=Path, required=True, help="ONNX model file.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8010)
-    parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads.")
+    parser.add_argument(
+        "--sessions", type=int, default=os.cpu_count() or 1, help="1-thread sessions (one a core)."
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
-    # Same server stack as Ferry (uvicorn picks uvloop and httptools when installed).
-    uvicorn.run(
-        create_app(args.model, args.threads, args.device),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-    )
+    app = create_app(args.model, args.sessions, args.device)
+    # uvicorn picks uvloop and httptools when installed, as for Ferry.
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
 if __name__ == "__main__":

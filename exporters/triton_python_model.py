@@ -4,6 +4,8 @@ Copied as `<model>/1/model.py` by `ferry export triton --flavour python`; it run
 python stub (its own venv, numpy < 2), never inside Ferry. Inputs are declared
 `allow_ragged_batch`, so Triton's dynamic batcher hands `execute` requests of different lengths
 together; they are right-padded here into one ONNX Runtime run and cut back out per request.
+Only the outputs some request of the batch asked for are fetched, and each request gets back
+only its own (Triton lists every output as requested when a client names none).
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ class TritonPythonModel:
         ]
         # Triton checks each tensor against the config, not the two against each other.
         bad = {i for i, a in enumerate(arrays) if a["input_ids"].shape != a["attention_mask"].shape}
-        good = [a for i, a in enumerate(arrays) if i not in bad]
-        results = iter(self._run(good) if good else [])
+        good = [i for i in range(len(arrays)) if i not in bad]
+        ran = self._run([arrays[i] for i in good], [requests[i] for i in good]) if good else []
+        results = iter(ran)
         error = pb_utils.TritonError(
             "input_ids and attention_mask must have the same shape",
             pb_utils.TritonError.INVALID_ARG,
@@ -57,7 +60,7 @@ class TritonPythonModel:
             for i in range(len(arrays))
         ]
 
-    def _run(self, arrays: list[dict[str, np.ndarray]]) -> list:
+    def _run(self, arrays: list[dict[str, np.ndarray]], requests: list) -> list:
         rows = [a["input_ids"].shape[0] for a in arrays]
         widths = [a["input_ids"].shape[1] for a in arrays]
         width = max(widths)
@@ -68,12 +71,16 @@ class TritonPythonModel:
             ids[start : start + n, :w] = a["input_ids"]
             mask[start : start + n, :w] = a["attention_mask"]
             start += n
-        values = self.session.run(self.outputs, {"input_ids": ids, "attention_mask": mask})
+        wanted = [set(r.requested_output_names()) for r in requests]
+        names = [name for name in self.outputs if any(name in w for w in wanted)]
+        values = self.session.run(names, {"input_ids": ids, "attention_mask": mask})
         responses = []
         start = 0
-        for n, w in zip(rows, widths, strict=True):
+        for n, w, asked in zip(rows, widths, wanted, strict=True):
             tensors = []
-            for name, value in zip(self.outputs, values, strict=True):
+            for name, value in zip(names, values, strict=True):
+                if name not in asked:
+                    continue
                 part = value[start : start + n]
                 if name in self.sequence_outputs:
                     part = part[:, :w]

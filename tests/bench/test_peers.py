@@ -1,0 +1,71 @@
+"""The peer comparison: ratios from one run, thread counts, CPU per request, failures reported."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ferry.bench.ceiling import Ceiling
+from ferry.bench.peers import (
+    FERRY,
+    TRITON,
+    UNBATCHED,
+    InputSet,
+    PeerResult,
+    Plan,
+    Threads,
+    format_loaded,
+    format_serial,
+    format_summary,
+    run_peer,
+)
+from ferry.bench.process_cpu import CpuPerRequest
+from ferry.bench.sweep import Step
+
+SETS = (InputSet("short", [[101, 2000, 102]] * 4),)
+CEILING = {"short": Ceiling("batch 8 sorted", 800.0, {"batch 8 sorted": 800.0})}
+
+
+def results() -> list[PeerResult]:
+    ferry = PeerResult(FERRY, Threads("2x1 (+solo 1x2)", 2))
+    ferry.loaded["short"] = Step(64, 4000, 600.0, 90.0, 200.0, {200: 4000})
+    ferry.cpu["short"] = CpuPerRequest(0.25, 3.1)
+    ferry.serial = Step(1, 200, 70.0, 10.5, 12.0, {200: 200})
+    unbatched = PeerResult(UNBATCHED, Threads("2x1", 1))
+    unbatched.loaded["short"] = Step(64, 4000, 300.0, 180.0, 250.0, {200: 4000})
+    unbatched.serial = Step(1, 200, 60.0, 12.0, 14.0, {200: 200})
+    triton = PeerResult(TRITON, Threads("2x1", 1), skipped="FAILED: boom", failed=True)
+    return [ferry, unbatched, triton]
+
+
+def test_ratios_threads_and_cpu_in_the_tables():
+    table = format_loaded(SETS[0], results(), CEILING["short"])
+    ferry_row, unbatched_row = table.splitlines()[1:3]
+    assert "2x1 (+solo 1x2)" in ferry_row and "0.250" in ferry_row and "3.10" in ferry_row
+    assert "2.00x" in unbatched_row and "0.80x" in unbatched_row  # req/s and p99 ratios
+    assert "FAILED: boom" in table
+    assert "0.75x" in table.splitlines()[-1]  # 600 / 800 against the ceiling
+
+
+def test_one_client_compares_at_the_same_thread_count():
+    table = format_serial(results(), {1: 9.0, 2: 10.0})
+    ferry_row, unbatched_row = table.splitlines()[1:3]
+    assert "10.00 ms, p50 +0.50 ms" in ferry_row
+    assert "9.00 ms, p50 +3.00 ms" in unbatched_row
+
+
+def test_summary_names_every_ratio_and_the_loop_cpu():
+    line = format_summary(SETS, results(), CEILING)
+    assert "ceiling 0.75x" in line
+    assert f"{UNBATCHED} 2.00x (p99 200 vs 250 ms)" in line
+    assert "loop CPU 0.250 ms/req" in line
+
+
+def test_a_peer_that_fails_to_start_is_recorded_as_failed():
+    @contextlib.contextmanager
+    def broken():
+        raise RuntimeError("port in use")
+        yield
+
+    plan = Plan(SETS, SETS[0].inputs, 1, 0)
+    result = run_peer("broken", Threads("1x1", 1), broken, plan)
+    assert result.failed and "port in use" in result.skipped

@@ -1,0 +1,45 @@
+"""Per-thread and per-process CPU read from /proc agree with Python's own clocks."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ferry.bench.process_cpu import CpuPerRequest, CpuSample, process_cpu_s, thread_cpu_s
+
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _burn(cpu_s: float) -> None:
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+def test_main_thread_counts_only_its_own_cpu():
+    pid = os.getpid()
+    loop_before, process_before = thread_cpu_s(pid), process_cpu_s(pid)
+    worker = threading.Thread(target=_burn, args=(0.3,))
+    worker.start()
+    worker.join()  # the main thread sleeps meanwhile
+    loop_mid, process_mid = thread_cpu_s(pid), process_cpu_s(pid)
+    _burn(0.3)
+    loop_after = thread_cpu_s(pid)
+    # The worker's 0.3 s reach the process total (an exited thread's CPU stays counted)...
+    assert process_mid - process_before >= 0.3 - 2 * TICK_S
+    # ...but not the main thread's, which then gets its own 0.3 s.
+    assert loop_mid - loop_before < 0.15
+    assert loop_after - loop_mid >= 0.3 - 2 * TICK_S
+
+
+def test_main_thread_matches_thread_time():
+    _burn(0.2)
+    # /proc counts whole clock ticks; thread_time() is finer.
+    assert abs(thread_cpu_s(os.getpid()) - time.thread_time()) <= 3 * TICK_S + 0.05
+
+
+def test_per_request_divides_by_completed_requests():
+    per = CpuPerRequest.between(CpuSample(1.0, 3.0), CpuSample(1.5, 5.0), 250)
+    assert per.loop_ms == 2.0
+    assert per.process_ms == 8.0
