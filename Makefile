@@ -17,6 +17,8 @@ serve: setup model
 test: setup model
 	# Prometheus and promtool (Debian's package) for the dashboard and alert tests.
 	bash tools/install_prometheus.sh
+	# Docker engine, Compose v1 and debootstrap (Debian's packages) for the compose stack test.
+	bash tools/install_docker.sh
 	$(VENV)/bin/ruff check .
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) tools/triton_env.py
