@@ -1,9 +1,10 @@
 """Print the requirements the Docker image installs for a variant, read from pyproject.toml.
 
 The Dockerfile installs these before copying the sources, so that editing code does not reinstall
-every dependency. For the `gpu` variant, onnxruntime-gpu gets its `cuda` and `cudnn` extras: the
-CUDA and cuDNN wheels it names itself, so the image's CUDA matches the one ONNX Runtime was built
-against by construction, with no CUDA base image.
+every dependency. Both variants get the `triton` extra (Ferry's Triton backend). For the `gpu`
+variant, onnxruntime-gpu gets its `cuda` and `cudnn` extras: the CUDA and cuDNN wheels it names
+itself, so the image's CUDA matches the one ONNX Runtime was built against by construction, with
+no CUDA base image.
 
     python tools/image_requirements.py --variant cpu [--vllm] [--pyproject PATH]
 """
@@ -25,7 +26,8 @@ def requirements(pyproject: dict, variant: str, with_vllm: bool = False) -> list
         raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
     project = pyproject["project"]
     extras = project["optional-dependencies"]
-    reqs = [*project["dependencies"], *extras[variant]]
+    # The Triton client too: a model on the Triton backend is the compose stack's use of Triton.
+    reqs = [*project["dependencies"], *extras[variant], *extras["triton"]]
     if with_vllm:
         reqs += extras["vllm"]
     if variant == "gpu":

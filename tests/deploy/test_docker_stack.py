@@ -1,17 +1,18 @@
 """The compose stack for real: images built, `up`, checked from the host, `stop`, `down -v`.
 
 Runs what deploy/docker-compose.local.yml documents, with Debian's docker-compose 1.29: the CPU
-Ferry image and a Prometheus image, both built from the local Debian base
-(tools/docker_base_image.sh), so no registry is needed. Grafana (no Debian package) is not started;
-Triton and vLLM live in the GPU file, so Ferry's passthrough to Triton is not exercised here (the
-CPU Triton tests in tests/triton/ cover it outside Docker). The engine is the running one or a
-dockerd started for this module (tests/deploy/docker_engine.py).
+Ferry image, Prometheus and a CPU Triton, all built from the local Debian base
+(tools/docker_base_image.sh), so no registry is needed. Grafana (no Debian package) is not started.
+A small override adds one Ferry model served by Triton in passthrough mode over the compose
+network. The engine is the running one or a dockerd started for this module
+(tests/deploy/docker_engine.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -25,11 +26,24 @@ import yaml
 
 from tests.deploy.deploy_support import DEPLOY, ROOT
 from tests.deploy.docker_engine import docker, docker_engine
-from tests.server_process import free_port, metric_value
+from tests.server_process import DEFAULT_MODEL_DIR, free_port, metric_value
 
 pytestmark = pytest.mark.timeout(900)
 
 FILES = ["-f", str(DEPLOY / "docker-compose.yml"), "-f", str(DEPLOY / "docker-compose.local.yml")]
+TRITON_ONNX = ROOT / "triton_models/cpu/all-MiniLM-L6-v2/1/model.onnx"
+# Ferry's own config plus a model whose batches Triton runs (reached by its service name).
+TRITON_MODEL = """
+[[models]]
+name = "minilm-triton"
+backend = "triton"
+path = "artifacts/models/all-MiniLM-L6-v2"
+outputs = ["sentence_embedding"]
+triton_url = "triton:8001"
+triton_protocol = "grpc"
+triton_model = "all-MiniLM-L6-v2"
+triton_mode = "passthrough"
+"""
 # Debian's convention for locally added CAs (a TLS-intercepting proxy's, for one).
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 
@@ -37,13 +51,14 @@ LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 @dataclass
 class Stack:
     project: str
+    files: list[str]
     env: dict[str, str]
     ferry_url: str
     prometheus_url: str
 
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         result = subprocess.run(
-            ["docker-compose", "-p", self.project, *FILES, *args],
+            ["docker-compose", "-p", self.project, *self.files, *args],
             capture_output=True, text=True, timeout=timeout, env=self.env,
             stdin=subprocess.DEVNULL, cwd=ROOT,
         )
@@ -71,8 +86,23 @@ def _wait_healthy(stack: Stack, timeout_s: float = 180) -> None:
         time.sleep(1)
 
 
+def _ferry_with_a_triton_model(folder: Path) -> Path:
+    config = folder / "ferry.toml"
+    config.write_text((ROOT / "ferry.toml").read_text() + TRITON_MODEL)
+    override = folder / "docker-compose.triton-model.yml"
+    override.write_text(yaml.safe_dump({"services": {"ferry": {
+        "volumes": [f"{config}:/app/ferry.toml:ro"],
+        "depends_on": {"triton": {"condition": "service_healthy"}},
+    }}}))
+    config.chmod(0o644)  # read by the container's uid 10001
+    return override
+
+
 @pytest.fixture(scope="module")
-def stack() -> Iterator[Stack]:
+def stack(tmp_path_factory) -> Iterator[Stack]:
+    # The `cpu` Triton flavour's weights are not committed (triton_models/README.md).
+    shutil.copyfile(DEFAULT_MODEL_DIR / "model.onnx", TRITON_ONNX)
+    override = _ferry_with_a_triton_model(tmp_path_factory.mktemp("compose"))
     with docker_engine():
         base = subprocess.run(
             ["bash", str(ROOT / "tools/docker_base_image.sh")],
@@ -90,16 +120,17 @@ def stack() -> Iterator[Stack]:
         }
         project = f"ferrytest{uuid.uuid4().hex[:8]}"
         handle = Stack(
-            project, env, f"http://127.0.0.1:{ferry_port}", f"http://127.0.0.1:{prometheus_port}"
+            project, [*FILES, "-f", str(override)], env,
+            f"http://127.0.0.1:{ferry_port}", f"http://127.0.0.1:{prometheus_port}",
         )
         try:
             handle.compose("build", timeout=1200)
-            handle.compose("up", "-d", "ferry", "prometheus", timeout=300)
+            handle.compose("up", "-d", "ferry", "prometheus", "triton", timeout=300)
             _wait_healthy(handle)
             yield handle
         finally:
             subprocess.run(
-                ["docker-compose", "-p", project, *FILES, "down", "-v", "--remove-orphans"],
+                ["docker-compose", "-p", project, *handle.files, "down", "-v", "--remove-orphans"],
                 capture_output=True, env=env, timeout=300, stdin=subprocess.DEVNULL, check=False,
             )
 
@@ -126,22 +157,38 @@ def test_predict_and_chat_answer_through_the_published_port(stack):
         assert chat.json()["choices"][0]["message"]["role"] == "assistant"
 
 
+def test_ferry_passes_batches_through_to_triton_on_the_compose_network(stack):
+    ids = [101, 7592, 2088, 2003, 1037, 3899, 102]
+    with httpx.Client(base_url=stack.ferry_url, timeout=60) as client:
+        embeddings = {}
+        for model in ("all-MiniLM-L6-v2", "minilm-triton"):
+            response = client.post("/predict", json={"model": model, "input_ids": [ids, ids[:4]]})
+            assert response.status_code == 200, response.text
+            embeddings[model] = [o["sentence_embedding"] for o in response.json()["outputs"]]
+        metrics = client.get("/metrics").text
+    for local, remote in zip(*embeddings.values(), strict=True):
+        assert max(abs(a - b) for a, b in zip(local, remote, strict=True)) < 1e-4
+    assert metric_value(metrics, "ferry_model_ready", model="minilm-triton") == 1
+
+
 def test_prometheus_scrapes_ferry_with_every_alert_rule_loaded(stack):
     alerts = yaml.safe_load((DEPLOY / "prometheus" / "alerts.yml").read_text())
     expected = {r["alert"] for g in alerts["groups"] for r in g["rules"]}
     with httpx.Client(base_url=stack.prometheus_url, timeout=10) as client:
-        deadline = time.monotonic() + 120
+        deadline, targets = time.monotonic() + 120, []
         while True:  # the first scrape comes within one interval (5 s) of Prometheus starting
             try:
                 targets = client.get("/api/v1/targets").json()["data"]["activeTargets"]
-                ferry = [t for t in targets if t["labels"]["job"] == "ferry"]
-                if ferry and ferry[0]["health"] == "up":
+                health = {t["labels"]["job"]: t["health"] for t in targets}
+                if health.get("ferry") == health.get("triton") == "up":
                     break
             except httpx.TransportError:
                 pass
-            assert time.monotonic() < deadline, f"ferry never scraped: {targets}"
+            assert time.monotonic() < deadline, f"ferry and triton never scraped: {targets}"
             time.sleep(1)
-        assert ferry[0]["scrapeUrl"] == "http://ferry:8000/metrics"  # over the compose network
+        urls = {t["labels"]["job"]: t["scrapeUrl"] for t in targets}
+        assert urls["ferry"] == "http://ferry:8000/metrics"  # over the compose network
+        assert urls["triton"] == "http://triton:8002/metrics"
         groups = client.get("/api/v1/rules").json()["data"]["groups"]
         loaded = {r["name"] for g in groups for r in g["rules"] if r["type"] == "alerting"}
         assert loaded == expected

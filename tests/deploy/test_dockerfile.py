@@ -106,6 +106,7 @@ def test_the_venv_installs_the_variants_requirements_then_the_sources():
 def test_image_requirements_are_pyprojects(variant):
     reqs = _tool("image_requirements").requirements(PYPROJECT, variant)
     assert reqs[: len(PYPROJECT["project"]["dependencies"])] == PYPROJECT["project"]["dependencies"]
+    assert set(EXTRAS["triton"]) <= set(reqs)
     runtime = [r for r in reqs if r.startswith("onnxruntime")]
     if variant == "cpu":
         assert runtime == EXTRAS["cpu"]
@@ -196,3 +197,12 @@ def test_copied_sources_are_in_the_build_context():
         assert not _ignored(needed, patterns), needed
     for left_out in (".venv", ".git", "artifacts/bench", "tests", "deploy", "triton_models"):
         assert _ignored(left_out, patterns), left_out
+
+
+def test_cuda_check_lets_only_the_driver_library_be_missing():
+    ldd = (
+        "\tlibcublas.so.13 => /venv/nvidia/cu13/lib/libcublas.so.13 (0x00007f)\n"
+        "\tlibcuda.so.1 => not found\n"
+        "\tlibcudnn.so.9 => not found\n"
+    )
+    assert _tool("check_cuda_wheels").unresolved(ldd) == {"libcudnn.so.9"}
