@@ -96,12 +96,19 @@ def test_the_gpu_file_adds_the_gpu_image_triton_and_vllm(gpu):
 
 def test_the_local_file_builds_every_started_image_from_the_local_base(local):
     services = local["services"]
-    for name in ("ferry", "prometheus"):
+    for name in ("ferry", "prometheus", "triton"):
         build = services[name]["build"]
         assert build["network"] == "host", name
         base = build["args"].get("PYTHON_IMAGE") or build["args"].get("BASE_IMAGE")
         assert base == "ferry-base:bookworm", name  # tools/docker_base_image.sh's tag
-    assert "EXTRA_CA_CERTS" in services["ferry"]["build"]["args"]
+    for name in ("ferry", "triton"):  # the images pip installs into
+        assert "EXTRA_CA_CERTS" in services[name]["build"]["args"], name
+    # The CPU Triton serves the python-backend flavour, healthy once its model is ready.
+    models = Path(mounts(services["triton"])["/models"])
+    assert models == ROOT / "triton_models" / "cpu"
+    assert "/v2/health/ready" in " ".join(services["triton"]["healthcheck"]["test"])
+    triton = (DEPLOY / "triton" / "Dockerfile").read_text()
+    assert "COPY tools/triton_env.py" in triton and "triton_env.py --venv /opt/triton" in triton
     dockerfile = Path(services["prometheus"]["build"]["context"]) / "Dockerfile"
     assert "apt-get install" in dockerfile.read_text() and "prometheus" in dockerfile.read_text()
     script = (ROOT / "tools/docker_base_image.sh").read_text()

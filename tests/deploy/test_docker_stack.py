@@ -125,7 +125,7 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
             f"http://127.0.0.1:{ferry_port}", f"http://127.0.0.1:{prometheus_port}",
         )
         try:
-            handle.compose("build", timeout=1200)
+            handle.compose("build", "--parallel", timeout=1200)
             handle.compose("up", "-d", "ferry", "prometheus", "triton", timeout=300)
             _wait_healthy(handle)
             yield handle
