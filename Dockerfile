@@ -46,7 +46,7 @@ RUN set -e; out=/out/artifacts/models/all-MiniLM-L6-v2; mkdir -p "$(dirname "$ou
       *) echo "MODEL_FROM must be host or export" >&2; exit 1 ;; \
     esac
 
-# --- venv: Ferry and its runtime in /opt/venv; dependencies first, so code edits reuse them -------
+# --- venv: Ferry's dependencies in /opt/venv, and Ferry as a wheel: code edits reuse the former --
 FROM build-base AS venv
 ARG VARIANT=gpu
 ARG WITH_VLLM=0
@@ -59,7 +59,7 @@ RUN set -e; case "${VARIANT}" in cpu|gpu) ;; *) echo "VARIANT must be cpu or gpu
  && /opt/venv/bin/pip install -r /src/requirements.txt \
  && if [ "${VARIANT}" = "gpu" ]; then /opt/venv/bin/python /src/check_cuda_wheels.py; fi
 COPY . /src/ferry
-RUN /opt/venv/bin/pip install --no-deps /src/ferry
+RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels /src/ferry
 
 # --- runtime ------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
@@ -68,7 +68,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1
 RUN groupadd --system --gid 10001 ferry \
  && useradd --system --uid 10001 --gid ferry --home-dir /app --shell /usr/sbin/nologin ferry
+# The dependencies' layer stays cached across code edits; Ferry itself is a small wheel on top.
 COPY --from=venv /opt/venv /opt/venv
+COPY --from=venv /wheels /tmp/wheels
+RUN /opt/venv/bin/pip install --no-deps --no-cache-dir --disable-pip-version-check /tmp/wheels/*.whl \
+ && rm -rf /tmp/wheels
 WORKDIR /app
 COPY --chown=root:root ferry.toml /app/ferry.toml
 COPY --chown=root:root models/ /app/models/

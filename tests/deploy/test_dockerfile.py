@@ -95,11 +95,16 @@ def test_the_venv_installs_the_variants_requirements_then_the_sources():
     assert "image_requirements.py" in venv and '--variant "${VARIANT}"' in venv
     assert "pip install -r /src/requirements.txt" in venv
     assert venv.index("pip install -r") < venv.index("COPY . /src/ferry")
-    assert "pip install --no-deps /src/ferry" in venv
+    assert "pip wheel --no-deps --wheel-dir /wheels /src/ferry" in venv
     # The GPU build fails when its CUDA wheels do not match onnxruntime-gpu's.
     check = "/opt/venv/bin/python /src/check_cuda_wheels.py"
     assert f'if [ "${{VARIANT}}" = "gpu" ]; then {check}' in venv
-    assert "COPY --from=venv /opt/venv /opt/venv" in stage("runtime")
+    runtime = stage("runtime")
+    # The big dependency layer first, then only the small wheel changes with the code.
+    assert runtime.index("COPY --from=venv /opt/venv /opt/venv") < runtime.index(
+        "COPY --from=venv /wheels /tmp/wheels"
+    )
+    assert any("pip install --no-deps" in s and "/tmp/wheels/*.whl" in s for s in runtime)
 
 
 @pytest.mark.parametrize("variant", ["cpu", "gpu"])
