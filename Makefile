@@ -19,6 +19,8 @@ test: setup model
 	bash tools/install_prometheus.sh
 	# Triton's perf_analyzer (from the tritonclient 2.50 wheel) for the client tests.
 	bash tools/install_perf_analyzer.sh
+	# Docker engine, Compose v1 and debootstrap (Debian's packages) for the compose stack test.
+	bash tools/install_docker.sh
 	$(VENV)/bin/ruff check .
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) tools/triton_env.py
