@@ -118,7 +118,8 @@ def test_image_requirements_are_pyprojects(variant):
     else:
         # CUDA and cuDNN are the wheels onnxruntime-gpu names itself: they match by construction.
         spec = next(r for r in EXTRAS["gpu"] if r.startswith("onnxruntime-gpu"))
-        assert "onnxruntime-gpu[cuda,cudnn]" + spec.removeprefix("onnxruntime-gpu") in runtime
+        version = re.sub(r"^onnxruntime-gpu(\[[^\]]*\])?", "", spec)
+        assert "onnxruntime-gpu[cuda,cudnn]" + version in runtime
         assert not any(r.startswith("onnxruntime>") for r in runtime)
 
 
