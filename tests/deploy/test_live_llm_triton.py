@@ -91,7 +91,7 @@ def test_llm_dashboard_queries_return_data(tmp_path):
             )
             failures = []
             for query in dashboard_queries("ferry-llm.json"):
-                expr = substitute(query.expr, LLM_MODEL, "1m")
+                expr = substitute(query.expr, LLM_MODEL, "5m")
                 if not finite_values(instant_query(prom.url, expr)):
                     failures.append(f"{query.panel} / {query.legend}: {expr}")
             assert not failures, "\n".join(failures)
@@ -163,7 +163,7 @@ def test_triton_dashboard_queries_return_data(tmp_path):
                     if "nv_gpu_" in query.expr:
                         skipped.append(query.panel)  # a CPU-only Triton has no DCGM metrics
                         continue
-                    expr = substitute(query.expr, TRITON_MODEL, "1m")
+                    expr = substitute(query.expr, TRITON_MODEL, "5m")
                     if not finite_values(instant_query(prom.url, expr)):
                         failures.append(f"{query.panel} / {query.legend}: {expr}")
                 assert not failures, "\n".join(failures)
