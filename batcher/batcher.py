@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from ferry.batcher.cost_model import BatchCostModel
@@ -38,6 +38,17 @@ InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
 Result = dict[str, np.ndarray]
 
 
+class Clock(Protocol):
+    """Where the batcher reads the time and schedules its waits; the event loop is one.
+
+    Tests pass a manual clock and advance it instead of sleeping.
+    """
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+
 class MicroBatcher:
     def __init__(
         self,
@@ -51,6 +62,7 @@ class MicroBatcher:
         default_timeout_s: float | None = None,
         infer_timeout_s: float | None = None,
         observer: BatchObserver | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self._infer = infer
@@ -61,6 +73,7 @@ class MicroBatcher:
         self._default_timeout_s = default_timeout_s
         self._infer_timeout_s = infer_timeout_s
         self._observer = observer or NullObserver()
+        self._clock = clock  # None: the running loop's own time
         # Insertion-ordered, so iteration is arrival order and removal is O(1).
         self._pending: dict[int, QueuedRequest] = {}
         self._arrival = asyncio.Event()
@@ -111,14 +124,15 @@ class MicroBatcher:
             self._observer.rejected("queue_full")
             raise QueueFull(retry_after_s=self._retry_after_s())
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        clock = self._clock or loop
+        now = clock.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
         futures = []
         for seq in sequences:
             request = QueuedRequest(seq, loop.create_future(), enqueued_at=now, deadline=deadline)
             if deadline is not None:
-                request.expiry = loop.call_at(deadline, self._expire, request)
+                request.expiry = clock.call_at(deadline, self._expire, request)
             request.future.add_done_callback(lambda fut, r=request: self._forget(r))
             self._pending[id(request)] = request
             futures.append(request.future)
@@ -129,6 +143,7 @@ class MicroBatcher:
     async def calibrate(self, shapes: Sequence[tuple[int, int]] | None = None) -> None:
         """Seed the cost model with warm-up batches of known shapes (before serving)."""
         limits = self.limits
+        clock = self._running_clock()
         longest = self.sequence_limits.max_length
         shapes = shapes or [
             (n, length)
@@ -139,9 +154,9 @@ class MicroBatcher:
         for n, length in shapes:
             ids = np.ones((n, length), dtype=np.int64)
             padded = PaddedBatch(ids, np.ones_like(ids), (length,) * n)
-            started = time.perf_counter()
+            started = clock.time()
             await self._infer(padded)
-            self.cost_model.observe(n, length, time.perf_counter() - started)
+            self.cost_model.observe(n, length, clock.time() - started)
         if len(shapes) >= 4:
             self.cost_model.refit()
 
@@ -182,7 +197,7 @@ class MicroBatcher:
             task.add_done_callback(self._batch_done)
 
     async def _next_batch(self) -> list[QueuedRequest]:
-        loop = asyncio.get_running_loop()
+        clock = self._running_clock()
         while True:
             if not self._pending:
                 self._arrival.clear()
@@ -190,13 +205,17 @@ class MicroBatcher:
                 continue
             queued = list(self._pending.values())
             order = growth_order(queued, self.limits)
-            wait_s = self._wait_for_more_s(queued, order, loop.time())
+            wait_s = self._wait_for_more_s(queued, order, clock.time())
             if wait_s > 0:
                 self._arrival.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrival.wait(), wait_s)
+                # An arrival or the end of the wait, whichever comes first, wakes the loop.
+                wake = clock.call_at(clock.time() + wait_s, self._arrival.set)
+                try:
+                    await self._arrival.wait()
+                finally:
+                    wake.cancel()
                 continue
-            batch = [queued[i] for i in order[: self._batch_count(queued, order, loop.time())]]
+            batch = [queued[i] for i in order[: self._batch_count(queued, order, clock.time())]]
             for request in batch:
                 del self._pending[id(request)]
             self._observer.queue_depth(len(self._pending))
@@ -252,9 +271,8 @@ class MicroBatcher:
                 _resolve_error(request, InferenceFailed("the batch ended without a result"))
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
-        loop = asyncio.get_running_loop()
         padded = pad_batch([r.sequence for r in batch], self._pad_token_id)
-        now = loop.time()
+        now = self._running_clock().time()
         self._observer.batch_formed(
             padded.size,
             padded.real_tokens,
@@ -286,16 +304,11 @@ class MicroBatcher:
 
     async def _infer_rows(self, padded: PaddedBatch) -> list[Result]:
         predicted_s = self.cost_model.predict(padded.size, padded.padded_length)
-        started = time.perf_counter()
+        clock = self._running_clock()
+        started = clock.time()
         failed = True
         try:
-            try:
-                outputs = await asyncio.wait_for(self._infer(padded), self._infer_timeout_s)
-            except TimeoutError:
-                # A hung backend fails its batch (504) instead of holding its callers forever.
-                raise InferenceTimedOut(
-                    f"the backend did not answer within {self._infer_timeout_s}s"
-                ) from None
+            outputs = await self._infer_within_timeout(padded)
             for name, value in outputs.items():
                 if value.shape[0] != padded.size:
                     raise InferenceFailed(
@@ -304,7 +317,7 @@ class MicroBatcher:
             failed = False
             return unpad_outputs(outputs, padded.lengths, self._sequence_outputs)
         finally:
-            elapsed = time.perf_counter() - started
+            elapsed = clock.time() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
             if not failed:
                 self.cost_model.observe(padded.size, padded.padded_length, elapsed)
@@ -316,7 +329,36 @@ class MicroBatcher:
                 self._published_fits = self.cost_model.fits
                 self._observer.cost_model(self.cost_model.as_dict())
 
+    async def _infer_within_timeout(self, padded: PaddedBatch) -> Result:
+        """A hung backend fails its batch (504) instead of holding its callers forever."""
+        if self._infer_timeout_s is None:
+            return await self._infer(padded)
+        clock = self._running_clock()
+        task = asyncio.ensure_future(self._infer(padded))
+        timed_out = False
+
+        def expire() -> None:
+            nonlocal timed_out
+            timed_out = True
+            task.cancel()
+
+        timer = clock.call_at(clock.time() + self._infer_timeout_s, expire)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not timed_out or (current is not None and current.cancelling()):
+                raise
+            raise InferenceTimedOut(
+                f"the backend did not answer within {self._infer_timeout_s}s"
+            ) from None
+        finally:
+            timer.cancel()
+
     # -- bookkeeping ------------------------------------------------------------------------
+
+    def _running_clock(self) -> Clock:
+        return self._clock or asyncio.get_running_loop()
 
     def _expire(self, request: QueuedRequest) -> None:
         if not request.future.done():
