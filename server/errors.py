@@ -97,12 +97,15 @@ def _openai_status(path: str, status: int) -> int:
 
 
 def error_response(exc: BaseException, path: str = "") -> JSONResponse:
-    kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
-    kind = ErrorKind(_openai_status(path, kind.status), kind.type, kind.retry_after)
-    if kind is INTERNAL:
-        logger.exception("unhandled error", exc_info=exc)
+    matched = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
+    if matched is INTERNAL:
+        # Not in the table: a bug, not a domain error. Its traceback is what finds it.
+        logger.error("unhandled error on %s", path or "?", exc_info=exc)
+    kind = ErrorKind(_openai_status(path, matched.status), matched.type, matched.retry_after)
     param = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    if matched is INTERNAL:
+        message = "internal server error"  # the details are in the log, not for the caller
     headers = {}
     if kind.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
@@ -149,5 +152,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for cls, _kind in ERROR_TABLE:
         app.add_exception_handler(cls, on_domain_error)
+    # Anything else: an OpenAI-shaped 500 whose traceback is logged (Starlette re-raises it after).
+    app.add_exception_handler(Exception, on_domain_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
