@@ -60,17 +60,19 @@ class ManualClock:
         target = self.now + seconds
         await settle()
         while self._timers and self._timers[0][0] <= target:
-            when, _, timer = heapq.heappop(self._timers)
-            if timer.cancelled:
-                continue
+            # Like the event loop: every timer due at one instant fires before any task runs.
+            when = self._timers[0][0]
             self.now = max(self.now, when)
-            timer.callback(*timer.args)
+            while self._timers and self._timers[0][0] == when:
+                _, _, timer = heapq.heappop(self._timers)
+                if not timer.cancelled:
+                    timer.callback(*timer.args)
             await settle()
         self.now = target
         await settle()
 
     async def run_until_done(
-        self, awaitable: Awaitable[T], step_s: float = 0.001, limit_s: float = 60.0
+        self, awaitable: Awaitable[T], step_s: float = 0.001, limit_s: float = 10.0
     ) -> T:
         """Advance in small steps until `awaitable` finishes (at most `limit_s` of clock time)."""
         task = asyncio.ensure_future(awaitable)

@@ -291,7 +291,7 @@ async def test_calibration_seeds_the_cost_model_and_live_batches_refine_it():
     clock = ManualClock()
     backend = RecordingBackend(clock=clock)
     batcher = make(backend, clock, max_batch_size=8, max_batch_tokens=512)
-    await clock.run_until_done(batcher.calibrate())
+    await clock.run_until_done(batcher.calibrate(), step_s=0.05)
     assert batcher.cost_model.ready
     # 1 ms per padded token, learned from the warm-up batches' clock time.
     assert abs(batcher.cost_model.predict(4, 32) - 0.128) < 0.005
@@ -360,4 +360,21 @@ async def test_hung_backend_fails_its_batch_and_the_batcher_keeps_serving():
         hung.result()
     (later,) = batcher.submit([seq(2)])
     assert (await clock.run_until_done(later))["total"].tolist() == [1.0]
+    await batcher.close(1)
+
+
+async def test_batches_are_padded_with_the_models_pad_token():
+    clock = ManualClock()
+    backend = RecordingBackend()
+    batcher = MicroBatcher(
+        "m",
+        backend.infer,
+        BatchLimits(dispatch_when_idle=False),
+        LIMITS,
+        pad_token_id=7,
+        clock=clock,
+    )
+    batcher.start()
+    await clock.run_until_done(asyncio.gather(*batcher.submit([seq(1, 2), seq(3)])))
+    assert backend.batches[0].input_ids.tolist() == [[1, 2], [3, 7]]
     await batcher.close(1)

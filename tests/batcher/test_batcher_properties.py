@@ -111,7 +111,7 @@ async def scenario(
             clock.call_at(clock.time() + arrival.cancel_after_ms / 1000, future.cancel)
         outcomes.append(outcome)
     futures = [o.future for o in outcomes]
-    await clock.run_until_done(asyncio.gather(*futures, return_exceptions=True), limit_s=30)
+    await clock.run_until_done(asyncio.gather(*futures, return_exceptions=True), limit_s=2)
     await batcher.close(1)
     for outcome in outcomes:
         check_outcome(outcome)
