@@ -120,3 +120,11 @@ def test_best_prefix_subtracts_the_fixed_cost_from_each_members_own_cost():
 
     # Alone the members would cost 10 and 30 of real work; together 10 + 2 * 30.
     assert best_prefix([10, 30], predict, budget_s=None) == 2
+
+
+def test_growth_takes_the_shorter_neighbour_on_a_tie_and_fills_the_token_budget_exactly():
+    queued = [Item(10), Item(11), Item(9)]
+    # Taking 9 pads 1 token, taking 11 pads 1 token: a tie goes to the shorter one.
+    assert growth_order(queued, BatchLimits(max_batch_size=2)) == [0, 2]
+    same = [Item(10)] * 4
+    assert len(growth_order(same, BatchLimits(max_batch_tokens=30))) == 3
