@@ -28,6 +28,8 @@ class LoadResult:
     refusals_without_retry_after: int = 0
     # Requests sent again because the server reset or closed the connection under them.
     reconnects: int = 0
+    # Idle keep-alive connections the server closed between requests (not a failure).
+    idle_closes: int = 0
 
     @property
     def completed(self) -> int:
@@ -109,6 +111,12 @@ async def run_load(
                     await asyncio.sleep(wait)
                 # Open loop: the user arrived at `due`, whether or not a client was free then.
                 began = due if rate_per_s is not None else time.perf_counter()
+                if reader.at_eof():
+                    # The server closed this connection while it sat idle (keep-alive expiry):
+                    # normal, and not a dropped request. Open a new one before sending.
+                    result.idle_closes += 1
+                    writer.close()
+                    reader, writer = await asyncio.open_connection(host, port)
                 try:
                     writer.write(payload)
                     status, headers = await _read_response(reader)

@@ -29,9 +29,10 @@ async def read_request(reader: asyncio.StreamReader) -> bool:
 
 @asynccontextmanager
 async def http_server(
-    delay_s: float = 0.0, drop_first_connection: bool = False
+    delay_s: float = 0.0, drop_first_connection: bool = False, close_after_each: bool = False
 ) -> AsyncIterator[str]:
-    """Answers every request with 200 after `delay_s`; may drop its first connection unanswered."""
+    """Answers every request with 200 after `delay_s`; may drop its first connection unanswered,
+    or close each connection after its answer."""
     connections = itertools.count()
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -43,6 +44,8 @@ async def http_server(
                 await asyncio.sleep(delay_s)
                 writer.write(OK)
                 await writer.drain()
+                if close_after_each:
+                    return  # as a keep-alive timeout would, between requests
         finally:
             writer.close()
 
@@ -76,3 +79,10 @@ async def test_a_dropped_connection_is_counted_and_the_request_sent_again():
     assert result.reconnects == 1
     assert result.statuses == {200: 3}
     assert "reconnects 1" in result.summary()
+
+
+async def test_an_idle_connection_closed_by_the_server_is_not_a_dropped_request():
+    async with http_server(close_after_each=True) as url:
+        result = await run_load(url, [{}], 1, duration_s=0.25, rate_per_s=10)
+    assert result.statuses == {200: 3}
+    assert result.reconnects == 0 and result.idle_closes == 2
