@@ -128,3 +128,15 @@ def test_growth_takes_the_shorter_neighbour_on_a_tie_and_fills_the_token_budget_
     assert growth_order(queued, BatchLimits(max_batch_size=2)) == [0, 2]
     same = [Item(10)] * 4
     assert len(growth_order(same, BatchLimits(max_batch_tokens=30))) == 3
+
+
+def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can():
+    import pytest
+
+    for field in ("max_batch_size", "max_queue_size", "max_concurrent_batches"):
+        with pytest.raises(ValueError, match=r"must be >= 1"):
+            BatchLimits(**{field: 0})
+        assert getattr(BatchLimits(**{field: 1}), field) == 1
+    with pytest.raises(ValueError, match=r"max_queue_delay_s must be >= 0"):
+        BatchLimits(max_queue_delay_s=-0.001)
+    assert BatchLimits(max_queue_delay_s=0.0).max_queue_delay_s == 0.0
