@@ -28,7 +28,7 @@ def server(tmp_path_factory):
         "infer_timeout_s": INFER_TIMEOUT_S,
         # Hold each batch open long enough that concurrent requests share it.
         "dispatch_when_idle": False,
-        "max_queue_delay_ms": 300,
+        "max_queue_delay_ms": 1000,
         "cost_model_batching": False,
     }
     with ferry_server([config]) as handle:
