@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import Any, Protocol
 
 import numpy as np
 from ferry.batcher.cost_model import BatchCostModel
@@ -45,6 +45,17 @@ InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
 Result = dict[str, np.ndarray]
 
 
+class Clock(Protocol):
+    """Where the batcher reads the time and schedules its waits; the event loop is one.
+
+    Tests pass a manual clock and advance it instead of sleeping.
+    """
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+
 class MicroBatcher:
     def __init__(
         self,
@@ -58,6 +69,7 @@ class MicroBatcher:
         default_timeout_s: float | None = None,
         infer_timeout_s: float | None = None,
         observer: BatchObserver | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
         self._infer = infer
@@ -68,6 +80,7 @@ class MicroBatcher:
         self._default_timeout_s = default_timeout_s
         self._infer_timeout_s = infer_timeout_s
         self._observer = observer or NullObserver()
+        self._clock = clock  # None: the running loop's own time
         # Insertion-ordered, so iteration is arrival order and removal is O(1).
         self._pending: dict[int, QueuedRequest] = {}
         self._pending_tokens = 0
@@ -128,7 +141,8 @@ class MicroBatcher:
             self._observer.rejected("queue_full")
             raise QueueFull(retry_after_s=self._retry_after_s())
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        clock = self._clock or loop
+        now = clock.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
         self._admit_by_predicted_wait(sequences, now, deadline)
@@ -138,7 +152,7 @@ class MicroBatcher:
                 seq, loop.create_future(), enqueued_at=now, deadline=deadline, outputs=outputs
             )
             if deadline is not None:
-                request.expiry = loop.call_at(deadline, self._expire, request)
+                request.expiry = clock.call_at(deadline, self._expire, request)
             request.future.add_done_callback(lambda fut, r=request: self._forget(r))
             self._pending[id(request)] = request
             self._pending_tokens += seq.length
@@ -173,7 +187,7 @@ class MicroBatcher:
 
     def _completion_rate(self) -> float | None:
         """Requests finished per second over the recent window, if batches kept finishing."""
-        now = time.perf_counter()
+        now = self._running_clock().time()
         while self._completions and self._completions[0][0] < now - RATE_WINDOW_S:
             self._completions.popleft()
         if len(self._completions) < 2:
@@ -204,6 +218,7 @@ class MicroBatcher:
     async def calibrate(self, shapes: Sequence[tuple[int, int]] | None = None) -> None:
         """Seed the cost model with warm-up batches of known shapes (before serving)."""
         limits = self.limits
+        clock = self._running_clock()
         longest = self.sequence_limits.max_length
         shapes = shapes or [
             (n, length)
@@ -214,9 +229,9 @@ class MicroBatcher:
         for n, length in shapes:
             ids = np.ones((n, length), dtype=np.int64)
             padded = PaddedBatch(ids, np.ones_like(ids), (length,) * n)
-            started = time.perf_counter()
+            started = clock.time()
             await self._infer(padded)
-            self.cost_model.observe(n, length, time.perf_counter() - started)
+            self.cost_model.observe(n, length, clock.time() - started)
         if len(shapes) >= 4:
             self.cost_model.refit()
 
@@ -257,7 +272,7 @@ class MicroBatcher:
             task.add_done_callback(self._batch_done)
 
     async def _next_batch(self) -> list[QueuedRequest]:
-        loop = asyncio.get_running_loop()
+        clock = self._running_clock()
         while True:
             if not self._pending:
                 self._arrival.clear()
@@ -265,13 +280,17 @@ class MicroBatcher:
                 continue
             queued = list(self._pending.values())
             order = growth_order(queued, self.limits)
-            wait_s = self._wait_for_more_s(queued, order, loop.time())
+            wait_s = self._wait_for_more_s(queued, order, clock.time())
             if wait_s > 0:
                 self._arrival.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._arrival.wait(), wait_s)
+                # An arrival or the end of the wait, whichever comes first, wakes the loop.
+                wake = clock.call_at(clock.time() + wait_s, self._arrival.set)
+                try:
+                    await self._arrival.wait()
+                finally:
+                    wake.cancel()
                 continue
-            batch = [queued[i] for i in order[: self._batch_count(queued, order, loop.time())]]
+            batch = [queued[i] for i in order[: self._batch_count(queued, order, clock.time())]]
             for request in batch:
                 del self._pending[id(request)]
                 self._pending_tokens -= request.length
@@ -328,12 +347,11 @@ class MicroBatcher:
                 _resolve_error(request, InferenceFailed("the batch ended without a result"))
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
-        loop = asyncio.get_running_loop()
         wanted = _wanted_outputs(batch)
         padded = pad_batch([r.sequence for r in batch], self._pad_token_id, wanted)
         if not self._pending and len(self._running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)
-        now = loop.time()
+        now = self._running_clock().time()
         self._observer.batch_formed(
             padded.size,
             padded.real_tokens,
@@ -365,16 +383,11 @@ class MicroBatcher:
 
     async def _infer_rows(self, padded: PaddedBatch) -> list[Result]:
         predicted_s = self.cost_model.predict(padded.size, padded.padded_length)
-        started = time.perf_counter()
+        clock = self._running_clock()
+        started = clock.time()
         failed = True
         try:
-            try:
-                outputs = await asyncio.wait_for(self._infer(padded), self._infer_timeout_s)
-            except TimeoutError:
-                # A hung backend fails its batch (504) instead of holding its callers forever.
-                raise InferenceTimedOut(
-                    f"the backend did not answer within {self._infer_timeout_s}s"
-                ) from None
+            outputs = await self._infer_within_timeout(padded)
             for name, value in outputs.items():
                 if value.shape[0] != padded.size:
                     raise InferenceFailed(
@@ -383,10 +396,10 @@ class MicroBatcher:
             failed = False
             return unpad_outputs(outputs, padded.lengths, self._sequence_outputs, padded.outputs)
         finally:
-            elapsed = time.perf_counter() - started
+            elapsed = clock.time() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
             if not failed:
-                self._completions.append((time.perf_counter(), padded.size))
+                self._completions.append((clock.time(), padded.size))
                 self.cost_model.observe(padded.size, padded.padded_length, elapsed)
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self.cost_model.ready else None
@@ -396,7 +409,36 @@ class MicroBatcher:
                 self._published_fits = self.cost_model.fits
                 self._observer.cost_model(self.cost_model.as_dict())
 
+    async def _infer_within_timeout(self, padded: PaddedBatch) -> Result:
+        """A hung backend fails its batch (504) instead of holding its callers forever."""
+        if self._infer_timeout_s is None:
+            return await self._infer(padded)
+        clock = self._running_clock()
+        task = asyncio.ensure_future(self._infer(padded))
+        timed_out = False
+
+        def expire() -> None:
+            nonlocal timed_out
+            timed_out = True
+            task.cancel()
+
+        timer = clock.call_at(clock.time() + self._infer_timeout_s, expire)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not timed_out or (current is not None and current.cancelling()):
+                raise
+            raise InferenceTimedOut(
+                f"the backend did not answer within {self._infer_timeout_s}s"
+            ) from None
+        finally:
+            timer.cancel()
+
     # -- bookkeeping ------------------------------------------------------------------------
+
+    def _running_clock(self) -> Clock:
+        return self._clock or asyncio.get_running_loop()
 
     def _expire(self, request: QueuedRequest) -> None:
         if not request.future.done():

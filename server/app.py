@@ -87,7 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_chat.router)
     app.include_router(lora_adapters.router)
     app.include_router(health.router)
-    kserve_v2.register(kserve_v2.router, hot)
+    kserve_v2.register(app.router, hot)
     app.include_router(kserve_v2.router)
     app.outer_layers = lambda inner: _outer_layers(inner, app, settings, hot)
     return app

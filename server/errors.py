@@ -131,10 +131,13 @@ def error_payload(exc: BaseException, path: str = "") -> tuple[ErrorKind, dict]:
     SSE error events both come from here."""
     base = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
     if base is INTERNAL:
-        logger.error("unhandled error", exc_info=exc)
+        # Not in the table: a bug, not a domain error. Its traceback is what finds it.
+        logger.error("unhandled error on %s", path or "?", exc_info=exc)
     kind = ErrorKind(_openai_status(path, base.status), base.type, base.retry_after)
     param = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    if base is INTERNAL:
+        message = "internal server error"  # the details are in the log, not for the caller
     return kind, error_body(message, kind.type, param, kind.status)
 
 
@@ -220,5 +223,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     for cls, _kind in ERROR_TABLE:
         app.add_exception_handler(cls, on_domain_error)
+    # Anything else: an OpenAI-shaped 500 whose traceback is logged (Starlette re-raises it after).
+    app.add_exception_handler(Exception, on_domain_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -154,6 +154,7 @@ def register_post(
     body_model: type[Any] | None = None,
     response_model: type[Any] | None = None,
     include_in_schema: bool = True,
+    tags: list[str] | None = None,
 ) -> None:
     """A hot POST route, also registered with the framework so the OpenAPI schema has it."""
     route = hot.add("POST", path, handler)
@@ -166,7 +167,7 @@ def register_post(
             for name in params
         ]
     router.add_api_route(
-        path.removeprefix(getattr(router, "prefix", "")),
+        path,
         as_route(route),
         methods=["POST"],
         response_model=response_model,
@@ -174,6 +175,9 @@ def register_post(
         openapi_extra=extra or None,
         include_in_schema=include_in_schema,
         summary=summary,
+        # One per path: the versioned KServe route shares its handler with the plain one.
+        operation_id=re.sub(r"\W+", "_", f"{summary} {path}").strip("_").lower(),
+        tags=tags,
     )
 
 

@@ -168,6 +168,7 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
             summary="Infer",
             responses=error_docs(400, 404, 422, 429, 500, 503, 504),
             include_in_schema="version" not in path,
+            tags=["kserve-v2"],
         )
 
 

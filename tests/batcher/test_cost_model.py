@@ -30,3 +30,17 @@ def test_not_ready_until_enough_observations():
     model = BatchCostModel(min_observations=6)
     model.observe(1, 8, 0.01)
     assert not model.ready
+
+
+def test_refits_every_n_observations_and_counts_each_fit_once():
+    model = BatchCostModel(refit_every=4, min_observations=2)
+    shapes = [(1, 8), (2, 16), (4, 32), (8, 64)]
+    for n, length in shapes:
+        model.observe(n, length, true_cost(n, length))
+    assert model.fits == 1
+    for n, length in shapes[:3]:
+        model.observe(n, length, true_cost(n, length))
+    assert model.fits == 1  # three since the last fit: not yet
+    model.observe(8, 64, true_cost(8, 64))
+    assert model.fits == 2
+    assert set(model.as_dict()) == {"fixed", "per_request", "per_token", "per_token_squared"}

@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
 
+from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)
 
 
 async def test_a_batch_fetches_only_the_outputs_its_members_asked_for():
-    gate = asyncio.Event()
-    backend = RecordingBackend(gate)
-    batcher = make(backend, dispatch_when_idle=False, max_queue_delay_s=0.05)
+    clock = ManualClock()
+    backend = RecordingBackend()
+    batcher = make(backend, clock, dispatch_when_idle=False)
     futures = batcher.submit([seq(1, 2), seq(3)], outputs=frozenset({"total"}))
-    gate.set()
-    rows = await asyncio.gather(*futures)
+    rows = await clock.run_until_done(asyncio.gather(*futures))
     assert backend.batches[0].outputs == ("total",)
     assert [sorted(row) for row in rows] == [["total"], ["total"]]
     assert [float(row["total"][0]) for row in rows] == [3.0, 3.0]
@@ -27,15 +27,12 @@ async def test_a_batch_fetches_only_the_outputs_its_members_asked_for():
 
 
 async def test_one_member_wanting_everything_fetches_everything():
-    gate = asyncio.Event()
-    backend = RecordingBackend(gate)
-    batcher = make(backend, dispatch_when_idle=False, max_queue_delay_s=0.05)
+    clock = ManualClock()
+    backend = RecordingBackend()
+    batcher = make(backend, clock, dispatch_when_idle=False)
     narrow = batcher.submit([seq(1, 2)], outputs=frozenset({"total"}))
     wide = batcher.submit([seq(3)])
-    gate.set()
-    (narrow_row,), (wide_row,) = await asyncio.gather(
-        asyncio.gather(*narrow), asyncio.gather(*wide)
-    )
+    narrow_row, wide_row = await clock.run_until_done(asyncio.gather(*narrow, *wide))
     assert backend.batches[0].outputs is None
     assert "total" in narrow_row
     assert sorted(wide_row) == ["hidden", "total"]

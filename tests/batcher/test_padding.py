@@ -29,3 +29,9 @@ def test_unpad_cuts_sequence_outputs_to_each_length_and_keeps_pooled_rows():
     assert rows[1]["last_hidden_state"].shape == (1, 2)
     assert rows[1]["last_hidden_state"].tolist() == [[6, 7]]
     assert rows[1]["sentence_embedding"].tolist() == [3.0, 4.0]
+
+
+def test_default_pad_token_is_zero_and_both_arrays_are_int64():
+    batch = pad_batch([TokenSequence.from_ids([5, 6]), TokenSequence.from_ids([7])])
+    assert batch.input_ids.tolist() == [[5, 6], [7, 0]]
+    assert batch.input_ids.dtype == np.int64 and batch.attention_mask.dtype == np.int64

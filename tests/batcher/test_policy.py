@@ -75,3 +75,68 @@ def test_best_prefix_leaves_out_requests_that_padding_would_waste():
     # A tight budget keeps the batch small; when nothing fits, the smallest batch still goes.
     assert best_prefix([10, 10, 10], predict, budget_s=0.025) == 1
     assert best_prefix([10, 10, 10], predict, budget_s=0.001) == 1
+
+
+def test_batch_is_full_exactly_at_the_token_limit():
+    limits = BatchLimits(max_batch_size=10, max_batch_tokens=100)
+    assert batch_is_full([Item(50), Item(50)], limits)
+    assert not batch_is_full([Item(50), Item(49)], limits)
+
+
+def test_fifo_mode_stops_at_the_padded_token_budget_and_keeps_the_items():
+    queued = [Item(10), Item(10), Item(10), Item(10)]
+    exactly = BatchLimits(max_batch_size=8, max_batch_tokens=30, group_by_length=False)
+    assert select_batch(queued, exactly) == queued[:3]
+    # Padding counts: a longer third item pads the first two to its length.
+    mixed = [Item(10), Item(10), Item(11)]
+    assert select_batch(mixed, exactly) == mixed[:2]
+    assert growth_order(mixed, BatchLimits(max_batch_tokens=33, group_by_length=False)) == [0, 1, 2]
+
+
+def test_best_prefix_takes_a_prefix_whose_cost_equals_the_budget():
+    from ferry.batcher.policy import best_prefix
+
+    def predict(n, length):  # exact in binary floating point
+        return 1.0 + n * length
+
+    assert best_prefix([10, 10, 10], predict, budget_s=predict(2, 10)) == 2
+
+
+def test_best_prefix_goes_to_the_larger_batch_on_a_tie():
+    from ferry.batcher.policy import best_prefix
+
+    def no_fixed_cost(n, length):
+        return float(n * length)
+
+    # Every prefix is equally efficient: the tie goes to the larger batch.
+    assert best_prefix([8, 8, 8], no_fixed_cost, budget_s=None, tolerance=1.0) == 3
+
+
+def test_best_prefix_subtracts_the_fixed_cost_from_each_members_own_cost():
+    from ferry.batcher.policy import best_prefix
+
+    def predict(n, length):
+        return 10.0 + n * length
+
+    # Alone the members would cost 10 and 30 of real work; together 10 + 2 * 30.
+    assert best_prefix([10, 30], predict, budget_s=None) == 2
+
+
+def test_growth_takes_the_shorter_neighbour_on_a_tie_and_fills_the_token_budget_exactly():
+    queued = [Item(10), Item(11), Item(9)]
+    # Taking 9 pads 1 token, taking 11 pads 1 token: a tie goes to the shorter one.
+    assert growth_order(queued, BatchLimits(max_batch_size=2)) == [0, 2]
+    same = [Item(10)] * 4
+    assert len(growth_order(same, BatchLimits(max_batch_tokens=30))) == 3
+
+
+def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can():
+    import pytest
+
+    for field in ("max_batch_size", "max_queue_size", "max_concurrent_batches"):
+        with pytest.raises(ValueError, match=r"must be >= 1"):
+            BatchLimits(**{field: 0})
+        assert getattr(BatchLimits(**{field: 1}), field) == 1
+    with pytest.raises(ValueError, match=r"max_queue_delay_s must be >= 0"):
+        BatchLimits(max_queue_delay_s=-0.001)
+    assert BatchLimits(max_queue_delay_s=0.0).max_queue_delay_s == 0.0

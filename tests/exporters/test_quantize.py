@@ -34,10 +34,18 @@ def test_per_channel_int8_keeps_embeddings_close(default_model_dir, int8_dir, fe
 
 def test_int8_folder_is_served_by_ferry(default_model_dir, int8_dir):
     assert ModelManifest.read(int8_dir) == ModelManifest.read(default_model_dir)
+    ids = [101, 1037, 10029, 102]  # "[CLS] a ferry [SEP]"
     with ferry_server([default_model_config(path=str(int8_dir))]) as server:
-        response = httpx.post(f"{server.url}/predict", json={"inputs": "a ferry"}, timeout=30)
+        response = httpx.post(f"{server.url}/predict", json={"input_ids": ids}, timeout=30)
     assert response.status_code == 200
-    assert len(response.json()["outputs"][0]["sentence_embedding"]) == 384
+    served = np.asarray(response.json()["outputs"][0]["sentence_embedding"])
+    # What the int8 file itself computes, run alone in-process: Ferry served that file.
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(int8_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    feeds = {"input_ids": np.asarray([ids]), "attention_mask": np.ones((1, len(ids)), np.int64)}
+    alone = session.run(["sentence_embedding"], feeds)[0][0]
+    assert served.shape == (384,) and np.max(np.abs(served - alone)) <= 1e-5
 
 
 def test_fp16_keeps_int64_inputs_fp32_outputs_and_accuracy(default_model_dir, tmp_path, feeds):

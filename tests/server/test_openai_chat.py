@@ -4,15 +4,27 @@ on the tiny onnxruntime-genai model."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from ferry.llm.chat_tokenizer import ChatTokenizer
 
+from tests.llm.llm_paths import HF_DIR
+from tests.llm.llm_paths import TINY_LLM as TINY_LLM_DIR
 from tests.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
 
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
+# Greedy continuations recorded with transformers (tools/build_tiny_llm.py): the served text
+# must match them token for token.
+REFERENCE = json.loads((TINY_LLM_DIR / "greedy_reference.json").read_text())
+
+
+def greedy_text(case: dict[str, Any], tokens: int) -> str:
+    return ChatTokenizer(HF_DIR).decode(case["new_ids"][:tokens])
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +39,19 @@ def client(server):
 
 
 def test_non_streaming_chat(client):
-    result = client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, max_tokens=12)
+    case = REFERENCE["cases"][0]
+    assert case["messages"] == MESSAGES
+    result = client.chat.completions.create(
+        model=TINY_LLM, messages=MESSAGES, max_tokens=20, temperature=0
+    )
     assert result.id.startswith("chatcmpl-")
     assert result.object == "chat.completion"
     choice = result.choices[0]
     assert choice.message.role == "assistant"
-    assert choice.finish_reason in ("stop", "length")
-    assert result.usage.completion_tokens <= 12
+    assert choice.message.content == greedy_text(case, 20)
+    assert choice.finish_reason == "length"
+    assert result.usage.prompt_tokens == len(case["prompt_ids"])
+    assert result.usage.completion_tokens == 20
     assert result.usage.total_tokens == result.usage.prompt_tokens + result.usage.completion_tokens
 
 
@@ -84,8 +102,14 @@ def test_stop_sequence_cuts_the_text(client):
 
 
 def test_n_greater_than_one(client):
-    result = client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, max_tokens=5, n=3)
+    result = client.chat.completions.create(
+        model=TINY_LLM, messages=MESSAGES, max_tokens=5, n=3, temperature=0
+    )
     assert [c.index for c in result.choices] == [0, 1, 2]
+    # Greedy: three independent generations of the same reference text.
+    expected = greedy_text(REFERENCE["cases"][0], 5)
+    assert [c.message.content for c in result.choices] == [expected] * 3
+    assert result.usage.completion_tokens == 15
 
 
 def test_errors_in_openai_shape(client):
@@ -153,10 +177,11 @@ def test_disconnect_mid_stream_stops_generation(server):
         f"{server.url}/v1/chat/completions",
         json={
             "model": TINY_LLM,
-            "messages": MESSAGES,
+            # Greedy on this prompt repeats "import os" and never stops by itself.
+            "messages": REFERENCE["cases"][1]["messages"],
             "max_tokens": 1000,
             "stream": True,
-            "temperature": 0.8,
+            "temperature": 0,
         },
         timeout=30,
     ) as response:

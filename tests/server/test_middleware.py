@@ -1,0 +1,76 @@
+"""The request middleware in-process (the real app over httpx's ASGI transport), judged only by
+what a client sees: statuses, headers, bodies and the request counter."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from ferry.server.app import create_app
+from ferry.server.settings import Settings
+
+from tests.server_process import metric_value
+
+KEY = "k3y"
+LIMIT = 2048
+
+
+@pytest.fixture
+async def http():
+    app = create_app(Settings(api_key=KEY, max_body_bytes=LIMIT))
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://ferry") as client,
+    ):
+        yield client
+
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+async def test_inference_needs_the_key_and_says_how(http):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        response = await http.post("/predict", json={"inputs": "x"}, headers=headers)
+        assert response.status_code == 401
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert response.json()["error"]["type"] == "authentication_error"
+    # With the key the request reaches the route (no model here: 404 naming the model).
+    response = await http.post("/predict", json={"model": "nope", "inputs": "x"}, headers=AUTH)
+    assert response.status_code == 404 and "nope" in response.json()["error"]["message"]
+
+
+async def test_health_metrics_and_docs_stay_open(http):
+    for path in ("/health/live", "/metrics", "/openapi.json", "/docs"):
+        assert (await http.get(path)).status_code == 200, path
+
+
+async def test_a_body_over_the_limit_is_413_by_its_length(http):
+    response = await http.post("/predict", content=b"x" * (LIMIT + 1), headers=AUTH)
+    assert response.status_code == 413
+    assert f"{LIMIT}-byte limit" in response.json()["error"]["message"]
+
+
+async def test_a_streamed_body_over_the_limit_is_413_too(http):
+    async def chunks():
+        for _ in range(4):
+            yield b"x" * (LIMIT // 2)
+
+    response = await http.post("/predict", content=chunks(), headers=AUTH)
+    assert response.status_code == 413
+
+
+async def test_a_body_at_the_limit_is_read(http):
+    body = b'{"model": "nope", "inputs": "' + b"x" * (LIMIT - 31) + b'"}'
+    assert len(body) <= LIMIT
+    response = await http.post(
+        "/predict", content=body, headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert response.status_code == 404
+
+
+async def test_refusals_are_counted_with_their_status(http):
+    await http.post("/predict", json={})
+    await http.post("/predict", content=b"x" * (LIMIT + 1), headers=AUTH)
+    text = (await http.get("/metrics")).text
+    assert metric_value(text, "ferry_requests_total", status="401") == 1
+    assert metric_value(text, "ferry_requests_total", status="413") == 1
