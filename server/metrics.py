@@ -173,7 +173,7 @@ class FerryMetrics:
         )
         self.llm_finished = Counter(
             "ferry_llm_requests_finished_total",
-            "Finished generations by finish reason (stop, length, abort, error).",
+            "Finished generations by finish reason (stop, length, abort, rejected, error).",
             ["model", "finish_reason"],
             registry=r,
         )

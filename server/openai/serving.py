@@ -26,7 +26,13 @@ from ferry.llm.base import (
     SamplingSettings,
     TokenLogprob,
 )
-from ferry.llm.errors import InvalidAdapter, InvalidSampling, ModelNotFound, PromptTooLong
+from ferry.llm.errors import (
+    EngineOverloaded,
+    InvalidAdapter,
+    InvalidSampling,
+    ModelNotFound,
+    PromptTooLong,
+)
 from ferry.server.errors import error_payload
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
@@ -55,7 +61,7 @@ class LLMObserver(Protocol):
     def on_finished(
         self,
         model: str,
-        finish_reason: str,  # stop | length | abort (client left) | error
+        finish_reason: str,  # stop | length | abort (client left) | rejected (429) | error
         prompt_tokens: int,
         completion_tokens: int,
         seconds: float,
@@ -322,6 +328,10 @@ class OpenAIServing:
                     if delta.finish_reason is not None:
                         reason = delta.finish_reason
                     yield choice.index, delta
+        except EngineOverloaded:
+            # Shed before it ran (429): a refusal, not a generation that failed.
+            reason = "rejected"
+            raise
         except Exception:
             reason = "error"
             raise

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import ModelNotFound, PromptTooLong
+from ferry.llm.errors import EngineOverloaded, ModelNotFound, PromptTooLong
 from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
@@ -18,7 +18,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from tests.llm.llm_paths import HF_DIR, MODEL_NAME, WAIT_S
+from tests.llm.llm_paths import HF_DIR, MODEL_NAME, ONNX_DIR, WAIT_S
 
 
 @dataclass
@@ -293,3 +293,22 @@ async def test_a_single_choice_streams_without_an_extra_task(
     assert (await anext(stream)).startswith("data: ")
     assert asyncio.all_tasks() == before  # n = 1: the engine's deltas go straight to chunks
     await stream.aclose()
+
+
+async def test_a_request_shed_by_a_full_engine_counts_as_rejected_not_error(
+    observer: RecordingObserver,
+) -> None:
+    engine = OrtGenAIEngine(ONNX_DIR, name=MODEL_NAME, max_running=1, max_waiting=0)
+    await engine.start()
+    serving = OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    case = {"messages": [{"role": "user", "content": "count to nine"}]}
+    try:
+        running = await serving.chat_stream(chat_request(case, max_tokens=1000))
+        first = await asyncio.wait_for(anext(running), WAIT_S)  # holds the only slot
+        assert first.startswith("data: ")
+        with pytest.raises(EngineOverloaded):
+            await serving.chat(chat_request(case))
+        assert [reason for reason, _, _ in observer.finished] == ["rejected"]
+        await running.aclose()
+    finally:
+        await engine.close()
