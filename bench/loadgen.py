@@ -97,8 +97,10 @@ async def run_load(
         due = started if rate_per_s is None else started + sent / rate_per_s
         if duration_s is None and sent >= len(requests):
             return None
-        # Closed loop: `due` is always `started`, so the clock decides when the time is up.
-        if duration_s is not None and max(due, time.perf_counter()) - started >= duration_s:
+        # Open loop: the schedule decides (every user due within the duration arrives, however
+        # late a client is free to send). Closed loop: `due` is always `started`, so the clock.
+        now = due if rate_per_s is not None else time.perf_counter()
+        if duration_s is not None and now - started >= duration_s:
             return None
         sent += 1
         return requests[(sent - 1) % len(requests)], due

@@ -213,7 +213,7 @@ async def _fire(url: str, count: int) -> list[int | str]:
 
 def test_stop_drains_in_flight_requests_and_exits_zero(stack):
     async def scenario() -> tuple[list[int | str], float]:
-        firing = asyncio.create_task(_fire(stack.ferry_url, 48))
+        firing = asyncio.create_task(_fire(stack.ferry_url, 192))
         async with httpx.AsyncClient(base_url=stack.ferry_url, timeout=10) as probe:
             deadline = time.monotonic() + 60
             while True:

@@ -10,8 +10,8 @@ from typing import Any
 
 import schemathesis
 
-LLM_REQUESTS = ("ChatCompletionRequest", "CompletionRequest")
-ENCODER_REQUESTS = ("EmbeddingRequest", "PredictRequest")
+LLM_PATHS = ("/v1/chat/completions", "/v1/completions")
+ENCODER_PATHS = ("/predict", "/v1/embeddings")
 
 
 def _pin(schema: dict[str, Any], name: str) -> None:
@@ -22,14 +22,20 @@ def _pin(schema: dict[str, Any], name: str) -> None:
         model["enum"] = [name]
 
 
+def _body_schema(operation: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body's schema: a component (framework routes) or inline (hot routes)."""
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    ref = schema.get("$ref")
+    return components[ref.rsplit("/", 1)[1]] if ref else schema
+
+
 @schemathesis.hook
 def before_load_schema(ctx, raw_schema: dict[str, Any]) -> None:
     encoder, llm = os.environ["FERRY_FUZZ_ENCODER"], os.environ["FERRY_FUZZ_LLM"]
     components = raw_schema["components"]["schemas"]
-    for name in LLM_REQUESTS:
-        _pin(components[name], llm)
-    for name in ENCODER_REQUESTS:
-        _pin(components[name], encoder)
+    for paths, name in ((LLM_PATHS, llm), (ENCODER_PATHS, encoder)):
+        for path in paths:
+            _pin(_body_schema(raw_schema["paths"][path]["post"], components), name)
     for path, operations in raw_schema["paths"].items():
         if path.startswith("/v2/models/{name}"):
             for operation in operations.values():
@@ -45,8 +51,6 @@ def before_load_schema(ctx, raw_schema: dict[str, Any]) -> None:
 # - LLM routes: booleans in number fields (`"temperature": false`) are accepted (pydantic's lax
 #   mode turns them into 0), where the schema says number (see also schemathesis.toml).
 # - /v1/completions: an empty prompt string is a 500 "Expected at least one input token".
-# - /v1/embeddings: token ids beyond int64 are a 500 (numpy overflow), not a 400.
-# - /predict: a body that is not JSON gets a 400 that /predict's schema does not document.
 NUMBER_FIELDS = (
     "temperature",
     "top_p",
@@ -58,12 +62,9 @@ NUMBER_FIELDS = (
     "presence_penalty",
     "frequency_penalty",
 )
-INT64_MAX = 2**63 - 1
 
 
 def _known_bug(path: str, body: Any) -> bool:
-    if path == "/predict":
-        return not isinstance(body, dict)
     if not isinstance(body, dict):
         return False
     if path in ("/v1/chat/completions", "/v1/completions"):
@@ -76,15 +77,7 @@ def _known_bug(path: str, body: Any) -> bool:
         prompt = body.get("prompt")
         if prompt == "" or (isinstance(prompt, list) and "" in prompt):
             return True
-    if path == "/v1/embeddings":
-        return _has_huge_int(body.get("input"))
     return False
-
-
-def _has_huge_int(value: Any) -> bool:
-    if isinstance(value, list):
-        return any(_has_huge_int(v) for v in value)
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX
 
 
 @schemathesis.hook
