@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import numpy as np
+
 from ferry.batcher.padding import PaddedBatch
 
 

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
 from ferry.backends.ort_cuda import run_bound
 from ferry.backends.placement import (
     CUDA_EP,

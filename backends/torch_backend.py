@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+
 from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.placement import Device, torch_device
 from ferry.batcher.padding import PaddedBatch

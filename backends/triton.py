@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 import numpy as np
+from tritonclient.utils import InferenceServerException
+
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.batcher.padding import PaddedBatch
-from tritonclient.utils import InferenceServerException
 
 if TYPE_CHECKING:
     from ferry.server.settings import ModelSettings

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import numpy as np
+
 from ferry.batcher.cost_model import BatchCostModel
 from ferry.batcher.errors import (
     BatchAbandoned,

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from ferry.batcher.errors import InvalidInput
 
 

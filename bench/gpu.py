@@ -36,7 +36,6 @@ from ferry.bench.multiload import load_pool, run_load_processes
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
 from ferry.bench.unbatched_server import unbatched_server
-
 from tests.server_process import DEFAULT_MODEL_DIR, ferry_server
 
 FERRY_ORT, FERRY_TORCH = "ferry onnxruntime", "ferry torch"

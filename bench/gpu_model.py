@@ -46,8 +46,9 @@ def bench_model(work: Path, onnx_dir: Path, random_weights: bool = False) -> Ben
 
 def random_model(work: Path, seed: int = 0) -> BenchModel:
     import torch
-    from ferry.exporters.onnx_export import export_encoder
     from transformers import BertConfig, BertModel
+
+    from ferry.exporters.onnx_export import export_encoder
 
     hf_dir, onnx_dir = work / "hf", work / "onnx"
     torch.manual_seed(seed)

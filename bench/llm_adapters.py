@@ -16,7 +16,6 @@ from collections import defaultdict
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-
 from tests.server_process import REPO, TINY_LLM_DIR
 
 ADAPTERS = {

@@ -15,9 +15,9 @@ import time
 import uuid
 
 import httpx
+
 from ferry.llm.base import SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-
 from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 
 PROMPTS = [

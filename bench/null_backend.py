@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+
 from ferry.batcher.padding import PaddedBatch
 from ferry.server.settings import ModelSettings
 

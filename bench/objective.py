@@ -14,7 +14,6 @@ import asyncio
 
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-
 from tests.server_process import default_model_config, ferry_server
 
 

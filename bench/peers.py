@@ -41,7 +41,6 @@ from ferry.bench.sweep import Budget, Step, measure
 from ferry.bench.targets import Target
 from ferry.bench.triton_peer import INSTANCES, TRITON_MODEL, triton_peer
 from ferry.bench.unbatched_server import THREADS_PER_SESSION, unbatched_server
-
 from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 FERRY = "ferry (onnxruntime)"

@@ -29,7 +29,6 @@ def triton_peer(model_dir: Path, work_dir: Path) -> Iterator[TritonProcess]:
     Anything that keeps Triton from starting raises; the caller decides to skip the peer.
     """
     from ferry.exporters.triton_repo import Batching, write_repository
-
     from tests.triton.triton_process import triton_server
     from tools.triton_env import ensure
 

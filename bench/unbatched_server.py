@@ -29,6 +29,7 @@ import httpx
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
+
 from ferry.backends.placement import (
     CUDA_EP,
     Device,

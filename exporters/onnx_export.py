@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from ferry.exporters.manifest import ModelManifest, Task
 
 OPSET = 17

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
 from ferry.exporters.manifest import MANIFEST_NAME
 from ferry.exporters.onnx_export import TOKENIZER_FILES
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
     EngineStats,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.logprobs import log_softmax, prompt_logprobs, token_logprob
 

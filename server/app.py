@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp
+
 from ferry.server.drain import DrainState
 from ferry.server.encoder import EncoderServing
 from ferry.server.errors import install_error_handlers
@@ -29,7 +31,6 @@ from ferry.server.routes import (
     predict,
 )
 from ferry.server.settings import Settings
-from starlette.types import ASGIApp
 
 logger = logging.getLogger(__name__)
 

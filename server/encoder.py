@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from ferry.batcher import TokenSequence
 from ferry.batcher.errors import InvalidInput
 from ferry.server.disconnect import ClientDisconnected

@@ -15,6 +15,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.batcher.errors import (
     BatchAbandoned,
@@ -35,8 +38,6 @@ from ferry.llm.errors import (
     PromptTooLong,
 )
 from ferry.server.disconnect import ClientDisconnected
-from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,8 @@ import asyncio
 import hmac
 import time
 
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from ferry.server.drain import DrainState
 from ferry.server.errors import BodyTooLarge, NotReady, Unauthorized
 from ferry.server.hot import (
@@ -26,7 +28,6 @@ from ferry.server.hot import (
 )
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import Settings
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNMATCHED = "other"
 OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from ferry.server.connection_limits import DISCONNECTED
-from ferry.server.errors import BodyTooLarge, error_parts
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
+
+from ferry.server.connection_limits import DISCONNECTED
+from ferry.server.errors import BodyTooLarge, error_parts
 
 JSON = b"application/json"
 

@@ -6,9 +6,10 @@ series count is bounded by configuration, not by traffic.
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
 from ferry.batcher.observer import RejectReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 LATENCY_BUCKETS_S = (
     0.001,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
 from ferry.backends.base import Backend
 from ferry.backends.hf_folder import folder_manifest
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence

@@ -15,6 +15,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
 from ferry.server.settings import Settings
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from ferry.batcher.policy import BatchLimits
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ferry.batcher.policy import BatchLimits
 
 
 class _Strict(BaseModel):

@@ -13,9 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from ferry.batcher.errors import InvalidInput
 from ferry.batcher.request import TokenSequence
-from tokenizers import Tokenizer
 
 
 @dataclass

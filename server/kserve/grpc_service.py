@@ -18,13 +18,14 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import ERROR_TABLE, INTERNAL, NotReady, Unauthorized
 from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Sequence
 
 import numpy as np
+
 from ferry.batcher import TokenSequence
 from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder import EncoderInputs, EncoderServing

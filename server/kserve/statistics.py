@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ferry.server.kserve.model_config import VERSION
 from prometheus_client import CollectorRegistry
+
+from ferry.server.kserve.model_config import VERSION
 
 NS = 1_000_000_000
 

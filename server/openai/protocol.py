@@ -11,9 +11,10 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
+
 from ferry.llm.base import SamplingSettings
 from ferry.llm.errors import InvalidSampling
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
 log = logging.getLogger(__name__)
 

@@ -7,11 +7,12 @@ from typing import Literal
 
 import numpy as np
 from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
 from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder import EncoderInputs
 from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import error_responses
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 PATH = "/v1/embeddings"
 

@@ -16,6 +16,8 @@ import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
@@ -23,7 +25,6 @@ from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_n
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.model_runtime import ModelRuntime
-from pydantic import BaseModel
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])

@@ -10,10 +10,11 @@ from pathlib import Path
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, ConfigDict, Field
+
 from ferry.llm.errors import InvalidAdapter
 from ferry.server.schemas import error_responses
 from ferry.server.settings import LLMSettings
-from pydantic import BaseModel, ConfigDict, Field
 
 router = APIRouter()
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
+
 from ferry.server.errors import UnknownModel
 from ferry.server.schemas import error_responses
-from pydantic import BaseModel
 
 router = APIRouter()
 

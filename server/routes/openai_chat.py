@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
+
 from ferry.batcher.errors import InvalidInput
 from ferry.server.disconnect import ClientDisconnected, run_unless_disconnected
 from ferry.server.openai.protocol import (

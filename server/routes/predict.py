@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+
 from ferry.server.encoder import EncoderInputs
 from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses

@@ -3,6 +3,7 @@ import logging
 import re
 
 import numpy as np
+
 from ferry.backends.onnxruntime import PROBE_MARGIN, OnnxRuntimeBackend
 from ferry.batcher import TokenSequence, pad_batch
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.placement import CUDA_EP
 from ferry.batcher import TokenSequence, pad_batch
 from ferry.exporters.quantize import convert_fp16
-
 from tests.gpu import requires_gpu
 from tests.server_process import default_model_config, ferry_server, metric_value
 

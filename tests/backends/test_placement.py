@@ -10,6 +10,7 @@ import logging
 import numpy as np
 import onnxruntime as ort
 import pytest
+
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.ort_cuda import run_bound
 from ferry.backends.placement import (
@@ -20,7 +21,6 @@ from ferry.backends.placement import (
     onnxruntime_providers,
     torch_device,
 )
-
 from tests.server_process import default_model_config, ferry_server
 
 CPU_ONLY = [CPU_EP]

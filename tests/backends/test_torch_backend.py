@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+
 from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.placement import DeviceUnavailable
@@ -17,7 +18,6 @@ from ferry.exporters.default_model import default_model_source
 from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
 from ferry.server.tokenization import TextTokenizer
-
 from tests.server_process import ferry_server
 
 LABELS = {0: "negative", 1: "positive"}

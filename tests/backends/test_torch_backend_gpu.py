@@ -9,11 +9,11 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.torch_backend import TorchBackend
 from ferry.batcher import TokenSequence, pad_batch
 from ferry.exporters.default_model import default_model_source
-
 from tests.gpu import requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]

@@ -7,6 +7,7 @@ import asyncio
 
 import numpy as np
 import pytest
+
 from ferry.backends.errors import BackendUnavailable
 from ferry.batcher import (
     BatchAbandoned,
@@ -22,7 +23,6 @@ from ferry.batcher import (
     SequenceLimits,
     TokenSequence,
 )
-
 from tests.batcher.manual_clock import ManualClock, settle
 
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)

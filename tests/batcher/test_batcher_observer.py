@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 import pytest
+
 from ferry.batcher import (
     BatchAbandoned,
     BatchLimits,
@@ -17,7 +18,6 @@ from ferry.batcher import (
     QueueFull,
 )
 from ferry.batcher.cost_model import TERMS
-
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import LIMITS, RecordingBackend, seq
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
 from ferry.batcher import (
     BatchLimits,
     DeadlineExceeded,
@@ -25,9 +28,6 @@ from ferry.batcher import (
     TokenSequence,
     pad_batch,
 )
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-
 from tests.batcher.manual_clock import ManualClock
 
 VOCAB = 50

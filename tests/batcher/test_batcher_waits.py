@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 from ferry.batcher import BatchLimits, MicroBatcher
-
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import LIMITS, RecordingBackend, seq
 

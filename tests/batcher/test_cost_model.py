@@ -1,4 +1,5 @@
 import numpy as np
+
 from ferry.batcher.cost_model import BatchCostModel
 
 

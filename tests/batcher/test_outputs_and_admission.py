@@ -6,8 +6,8 @@ import asyncio
 
 import numpy as np
 import pytest
-from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
 
+from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 

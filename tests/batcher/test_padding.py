@@ -1,4 +1,5 @@
 import numpy as np
+
 from ferry.batcher.padding import pad_batch, unpad_outputs
 from ferry.batcher.request import TokenSequence
 

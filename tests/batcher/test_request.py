@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from ferry.batcher import InvalidInput, SequenceLimits, TokenSequence
 
 LIMITS = SequenceLimits(max_length=4, vocab_size=10)

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from ferry.server.cli import main
 
+from ferry.server.cli import main
 from tests.server_process import DEFAULT_MODEL, REPO, default_model_config, ferry_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

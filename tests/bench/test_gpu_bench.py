@@ -4,6 +4,7 @@ the placeholder tokenizer, and the verdict against the issue's targets."""
 from __future__ import annotations
 
 import httpx
+
 from ferry.bench.gpu import FERRY_ORT, UNBATCHED, Config, Results, report, verdicts
 from ferry.bench.gpu_model import write_tokenizer
 from ferry.bench.loadgen import LoadResult
@@ -11,7 +12,6 @@ from ferry.bench.multiload import load_pool, merge, run_load_processes, split_cl
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
 from ferry.server.tokenization import TextTokenizer
-
 from tests.server_process import default_model_config, ferry_server, metric_value
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from ferry.bench.targets import Target, kserve_body
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+
 from ferry.bench.unbatched_server import unbatched_server
 
 

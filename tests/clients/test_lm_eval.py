@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime_genai as og
 import pytest
-from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.logprobs import log_softmax
 from tokenizers import Tokenizer
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.logprobs import log_softmax
 from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 
 DATA = Path(__file__).parent / "data"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ferry.server.settings import load_settings
 
+from ferry.server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT, ferry_series_names
 
 K8S = DEPLOY / "k8s"

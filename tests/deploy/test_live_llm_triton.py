@@ -108,7 +108,6 @@ def _triton_layout():
 
 def test_triton_dashboard_queries_return_data(tmp_path):
     from ferry.exporters.triton_repo import Batching, write_repository
-
     from tests.triton.triton_process import triton_server
 
     layout = _triton_layout()

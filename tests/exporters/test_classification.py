@@ -7,8 +7,8 @@ import shutil
 import httpx
 import numpy as np
 import pytest
-from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
 
+from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
 from tests.server_process import default_model_config, ferry_server
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}

@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from ferry.exporters.default_model import export_default_model
 from ferry.exporters.manifest import ModelManifest
 

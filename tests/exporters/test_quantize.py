@@ -6,9 +6,9 @@ import httpx
 import numpy as np
 import onnx
 import pytest
+
 from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.quantize import compare, convert_fp16, quantize_int8, sample_batch
-
 from tests.server_process import default_model_config, ferry_server
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ferry.exporters.tensorrt import EXIT_NO_GPU, derive_profile, gpu_present, trtexec_command
 from ferry.server.cli import main
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from ferry.exporters.triton_repo import Batching, write_repository
 from ferry.server.cli import main
 

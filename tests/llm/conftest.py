@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from ferry.llm.ortgenai import OrtGenAIEngine
 
+from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import MODEL_NAME, ONNX_DIR, TINY_LLM
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from ferry.llm.adapters import AdapterTable
 from ferry.llm.errors import InvalidAdapter, ModelNotFound
-
 from tests.llm.llm_paths import WAIT_S
 
 

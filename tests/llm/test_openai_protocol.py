@@ -5,6 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
+from openai.types.chat import ChatCompletion
+from pydantic import ValidationError
+
 from ferry.llm.base import SamplingSettings
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
@@ -16,8 +19,6 @@ from ferry.server.openai.protocol import (
     ErrorResponse,
     UsageInfo,
 )
-from openai.types.chat import ChatCompletion
-from pydantic import ValidationError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import ValidationError
+
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineOverloaded, ModelNotFound, PromptTooLong
 from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
-from openai.types import Completion
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import ValidationError
-
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME, ONNX_DIR, WAIT_S
 
 

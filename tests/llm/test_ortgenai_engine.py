@@ -8,11 +8,11 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
+
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded
 from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
-
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR, WAIT_S
 
 GREEDY = SamplingSettings(max_tokens=20, temperature=0.0)

@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 import pytest
+
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-
 from tests.llm.llm_paths import WAIT_S
 
 STEPS = 12

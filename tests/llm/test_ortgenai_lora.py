@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import InvalidAdapter, ModelNotFound
 from ferry.llm.ortgenai import OrtGenAIEngine
-
 from tests.llm.llm_paths import ADAPTER_NAMES, ADAPTERS_DIR, HF_DIR, ONNX_DIR, WAIT_S, onnx_adapter
 
 TOKENIZER = ChatTokenizer(HF_DIR)

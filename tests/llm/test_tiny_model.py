@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 import onnxruntime_genai as og
-from ferry.llm.chat_tokenizer import ChatTokenizer
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR, TINY_LLM
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
-
 from tests.gpu import requires_gpu
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
 

@@ -12,7 +12,6 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
-
 from tests.llm.llm_paths import HF_DIR, WAIT_S
 
 TOKENIZER = ChatTokenizer(HF_DIR)

@@ -2,6 +2,7 @@ import subprocess
 import sys
 
 import pytest
+
 from ferry.server.cli import build_parser
 
 

@@ -8,6 +8,7 @@ import logging
 import httpx
 import pytest
 from fastapi import Body
+
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.batcher.errors import (
     BatchAbandoned,

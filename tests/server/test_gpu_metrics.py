@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from ferry.server.gpu_metrics import GpuCollector, load_nvml
-from ferry.server.metrics import FerryMetrics
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ferry.server.gpu_metrics import GpuCollector, load_nvml
+from ferry.server.metrics import FerryMetrics
 from tests.gpu import nvidia_gpu_present, requires_gpu
 
 GIB = 1024**3

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+
 from ferry.server.app import create_app
 from ferry.server.settings import Settings
-
 from tests.server_process import metric_value
 
 KEY = "k3y"

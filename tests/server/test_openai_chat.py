@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from ferry.llm.chat_tokenizer import ChatTokenizer
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.llm_paths import HF_DIR
 from tests.llm.llm_paths import TINY_LLM as TINY_LLM_DIR
 from tests.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config

@@ -8,8 +8,8 @@ import math
 
 import openai
 import pytest
-from ferry.llm.chat_tokenizer import ChatTokenizer
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]

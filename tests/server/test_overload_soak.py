@@ -10,7 +10,6 @@ import time
 
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-
 from tests.server_process import default_model_config, ferry_server, metric_value
 
 SOAK_S = 30

@@ -1,8 +1,9 @@
 from pathlib import Path
 
 import pytest
-from ferry.server.settings import load_settings
 from pydantic import ValidationError
+
+from ferry.server.settings import load_settings
 
 
 def write(tmp_path: Path, text: str, name: str = "ferry.toml") -> Path:

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ferry.exporters.triton_repo import Batching, write_repository
 
+from ferry.exporters.triton_repo import Batching, write_repository
 from tests.triton.triton_process import TritonProcess, triton_server
 from tools.triton_env import TritonLayout, ensure
 

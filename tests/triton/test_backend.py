@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tritonclient.utils import InferenceServerException
+
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.backends.triton import TritonBackend, TritonTarget, map_error
 from ferry.batcher import TokenSequence, pad_batch
-from tritonclient.utils import InferenceServerException
-
 from tests.server_process import free_port
 from tests.triton.conftest import TRITON_MODEL
 
