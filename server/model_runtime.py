@@ -173,3 +173,4 @@ class ModelRuntime:
         if self.batcher is not None:
             await self.batcher.close(drain_timeout_s)
         await self.backend.close()
+        self.tokenizer.close()
