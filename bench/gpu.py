@@ -33,10 +33,10 @@ from ferry.bench.gpu_ceiling import backend_ceilings
 from ferry.bench.gpu_model import BenchModel, bench_model
 from ferry.bench.inputs import token_sequences
 from ferry.bench.multiload import load_pool, run_load_processes
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, ferry_server
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
 from ferry.bench.unbatched_server import unbatched_server
-from tests.server_process import DEFAULT_MODEL_DIR, ferry_server
 
 FERRY_ORT, FERRY_TORCH = "ferry onnxruntime", "ferry torch"
 UNBATCHED, NULL = "unbatched FastAPI + ORT", "ferry null backend"

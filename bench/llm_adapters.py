@@ -14,9 +14,9 @@ import asyncio
 import time
 from collections import defaultdict
 
+from ferry.bench.server_process import REPO, TINY_LLM_DIR
 from ferry.llm.base import SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.server_process import REPO, TINY_LLM_DIR
 
 ADAPTERS = {
     n: REPO / "models" / "tiny-llm" / "adapters" / n / f"{n}.onnx_adapter" for n in ("zen", "shout")

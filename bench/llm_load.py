@@ -16,9 +16,9 @@ import uuid
 
 import httpx
 
+from ferry.bench.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 from ferry.llm.base import SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 
 PROMPTS = [
     "def fibonacci(n):",

@@ -14,7 +14,7 @@ import asyncio
 
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-from tests.server_process import default_model_config, ferry_server
+from ferry.bench.server_process import default_model_config, ferry_server
 
 
 def main() -> None:

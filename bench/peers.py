@@ -37,11 +37,11 @@ from pathlib import Path
 from ferry.bench.ceiling import Ceiling, batch1_p50_ms, ceiling
 from ferry.bench.inputs import token_sequences
 from ferry.bench.process_cpu import CpuPerRequest, CpuSample
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 from ferry.bench.sweep import Budget, Step, measure
 from ferry.bench.targets import Target
 from ferry.bench.triton_peer import INSTANCES, TRITON_MODEL, triton_peer
 from ferry.bench.unbatched_server import THREADS_PER_SESSION, unbatched_server
-from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 FERRY = "ferry (onnxruntime)"
 UNBATCHED = "unbatched FastAPI + ORT"

@@ -12,7 +12,7 @@ import statistics
 from ferry.bench.inprocess import batch1_latencies_s, best_inprocess, session
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 
 def main() -> None:

@@ -112,7 +112,7 @@ def unbatched_server(
     device: Device = "cpu",
 ) -> Iterator[UnbatchedProcess]:
     """Run the peer as its own uvicorn process on a free loopback port."""
-    from tests.server_process import free_port
+    from ferry.bench.server_process import free_port
 
     sessions = sessions or os.cpu_count() or 1
     port = free_port()

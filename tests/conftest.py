@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.server_process import DEFAULT_MODEL_DIR
+from ferry.bench.server_process import DEFAULT_MODEL_DIR
 
 
 @pytest.fixture(scope="session")

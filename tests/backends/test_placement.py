@@ -21,7 +21,7 @@ from ferry.backends.placement import (
     onnxruntime_providers,
     torch_device,
 )
-from tests.server_process import default_model_config, ferry_server
+from ferry.bench.server_process import default_model_config, ferry_server
 
 CPU_ONLY = [CPU_EP]
 WITH_CUDA = [CUDA_EP, CPU_EP]

@@ -14,11 +14,11 @@ from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.placement import DeviceUnavailable
 from ferry.backends.torch_backend import TorchBackend
 from ferry.batcher import TokenSequence, pad_batch
+from ferry.bench.server_process import ferry_server
 from ferry.exporters.default_model import default_model_source
 from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
 from ferry.server.tokenization import TextTokenizer
-from tests.server_process import ferry_server
 
 LABELS = {0: "negative", 1: "positive"}
 # Mixed lengths, so the batch carries real padding.

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from ferry.bench.server_process import DEFAULT_MODEL, REPO, default_model_config, ferry_server
 from ferry.server.cli import main
-from tests.server_process import DEFAULT_MODEL, REPO, default_model_config, ferry_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -106,7 +106,7 @@ def test_kserve_without_a_model_is_refused(capsys):
 
 
 def test_an_unreachable_server_is_an_error_not_a_traceback(capsys):
-    from tests.server_process import free_port
+    from ferry.bench.server_process import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     args = ["bench", "--url", url, "--concurrency", "1", "--requests", "2", "--warmup", "0"]

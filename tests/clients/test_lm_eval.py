@@ -19,9 +19,9 @@ import onnxruntime_genai as og
 import pytest
 from tokenizers import Tokenizer
 
+from ferry.bench.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.logprobs import log_softmax
-from tests.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
 
 DATA = Path(__file__).parent / "data"
 HF_DIR = TINY_LLM_DIR.parent / "hf"

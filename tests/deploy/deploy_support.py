@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.server_process import free_port
+from ferry.bench.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

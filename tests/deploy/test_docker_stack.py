@@ -25,9 +25,9 @@ import httpx
 import pytest
 import yaml
 
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, free_port, metric_value
 from tests.deploy.deploy_support import DEPLOY, ROOT
 from tests.deploy.docker_engine import docker, docker_engine
-from tests.server_process import DEFAULT_MODEL_DIR, free_port, metric_value
 
 pytestmark = pytest.mark.timeout(900)
 

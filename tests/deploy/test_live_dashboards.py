@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 from tests.deploy.deploy_support import (
     DEPLOY,
     ROOT,
@@ -29,7 +30,6 @@ from tests.deploy.deploy_support import (
     wait_until,
 )
 from tests.gpu import requires_gpu
-from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 pytestmark = [
     pytest.mark.skipif(

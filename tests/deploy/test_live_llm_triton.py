@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 from tests.deploy.deploy_support import (
     ROOT,
     dashboard_queries,
@@ -24,7 +25,6 @@ from tests.deploy.deploy_support import (
     substitute,
     wait_until,
 )
-from tests.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 
 pytestmark = [
     pytest.mark.skipif(

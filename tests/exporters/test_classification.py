@@ -8,8 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
+from ferry.bench.server_process import default_model_config, ferry_server
 from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
-from tests.server_process import default_model_config, ferry_server
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["what a wonderful ferry ride", "the boat was late again", "it sailed at noon"]

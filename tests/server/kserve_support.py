@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from tests.server_process import FerryProcess, default_model_config, ferry_server, free_port
+from ferry.bench.server_process import FerryProcess, default_model_config, ferry_server, free_port
 
 RNG = np.random.default_rng(5)
 

@@ -7,7 +7,7 @@ import asyncio
 
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-from tests.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server, metric_value
 
 BURST = 800
 TIMEOUT_MS = 5000

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.server_process import default_model_config, ferry_server
+from ferry.bench.server_process import default_model_config, ferry_server
 
 LIMITS = {
     "header_timeout_s": 1.0,

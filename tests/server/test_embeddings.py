@@ -7,7 +7,7 @@ import numpy as np
 import openai
 import pytest
 
-from tests.server_process import DEFAULT_MODEL, ferry_server
+from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
 
 TEXTS = ["Ferry serves embeddings.", "A second, somewhat longer sentence to embed."]
 

@@ -9,8 +9,8 @@ import asyncio
 import httpx
 import pytest
 
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, ferry_server, metric_value
 from tests.server import faulty_model
-from tests.server_process import DEFAULT_MODEL_DIR, ferry_server, metric_value
 
 NAME = "faulty"
 INFER_TIMEOUT_S = 0.5  # a normal batch of this model takes about a millisecond

@@ -6,7 +6,7 @@ import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from tests.server_process import DEFAULT_MODEL
+from ferry.bench.server_process import DEFAULT_MODEL
 
 
 def test_metrics_speak_openmetrics_when_asked(kserve):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server_process import (
+from ferry.bench.server_process import (
     DEFAULT_MODEL,
     TINY_LLM,
     default_model_config,

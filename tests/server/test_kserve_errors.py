@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from ferry.server.app import create_app
 from ferry.server.settings import Settings
-from tests.server_process import DEFAULT_MODEL_DIR
 
 INFER = "/v2/models/m/infer"
 

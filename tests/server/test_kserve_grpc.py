@@ -12,8 +12,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_grpc_aio
 from tritonclient.utils import InferenceServerException
 
+from ferry.bench.server_process import DEFAULT_MODEL, ferry_server, free_port, metric_value
 from tests.server.kserve_support import padded_batch
-from tests.server_process import DEFAULT_MODEL, ferry_server, free_port, metric_value
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 

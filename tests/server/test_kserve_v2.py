@@ -10,8 +10,8 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+from ferry.bench.server_process import DEFAULT_MODEL, metric_value
 from tests.server.kserve_support import RNG, padded_batch
-from tests.server_process import DEFAULT_MODEL, metric_value
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from ferry.bench.server_process import metric_value
 from ferry.server.app import create_app
 from ferry.server.settings import Settings
-from tests.server_process import metric_value
 
 KEY = "k3y"
 LIMIT = 2048

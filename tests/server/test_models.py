@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.server_process import DEFAULT_MODEL
+from ferry.bench.server_process import DEFAULT_MODEL
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from ferry.bench.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR
-from tests.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
 
 KEY = "lora-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.server_process import (
+from ferry.bench.server_process import (
     DEFAULT_MODEL,
     REPO,
     TINY_LLM,

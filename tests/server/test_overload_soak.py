@@ -10,7 +10,7 @@ import time
 
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-from tests.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server, metric_value
 
 SOAK_S = 30
 QUEUE_BOUND = 64

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.server_process import (
+from ferry.bench.server_process import (
     DEFAULT_MODEL,
     REPO,
     TINY_LLM,

@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server, metric_value
 
 RNG = np.random.default_rng(7)
 
@@ -72,7 +72,7 @@ def test_text_is_tokenized_without_fixed_padding(server):
 def test_text_and_ids_give_the_same_embedding(server, embed_alone):
     from tokenizers import Tokenizer
 
-    from tests.server_process import DEFAULT_MODEL_DIR
+    from ferry.bench.server_process import DEFAULT_MODEL_DIR
 
     tokenizer = Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
     tokenizer.no_padding()

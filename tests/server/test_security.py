@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server_process import ferry_server
+from ferry.bench.server_process import ferry_server
 
 KEY = "s3cret-key"
 

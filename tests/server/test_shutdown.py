@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server, metric_value
 
 
 async def _fire(url: str, count: int) -> list[int | str]:

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.server_process import DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.triton.conftest import TRITON_MODEL
 from tests.triton.triton_process import triton_server
 

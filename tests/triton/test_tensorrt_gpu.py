@@ -20,10 +20,10 @@ import httpx
 import numpy as np
 import pytest
 
+from ferry.bench.server_process import default_model_config, ferry_server, free_port
 from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.tensorrt import build_plan, derive_profile, gpu_present
 from ferry.exporters.triton_repo import Batching, write_repository
-from tests.server_process import default_model_config, ferry_server, free_port
 
 pytestmark = [
     pytest.mark.gpu,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.server_process import free_port
+from ferry.bench.server_process import free_port
 from tools.triton_env import TritonLayout
 
 
