@@ -48,6 +48,13 @@ class TextTokenizer:
         self._draining = False
         self._drainer: asyncio.Task | None = None
 
+    def encode(self, texts: list[str], truncate: bool = False) -> list[TokenSequence]:
+        """Tokenize in the calling thread; InvalidInput names the text at fault."""
+        outcome = self._encode_one(texts, truncate)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.sequences
+
     async def encode_async(self, texts: list[str], truncate: bool = False) -> list[TokenSequence]:
         """`encode` in the tokenizer's worker thread, together with whatever else is waiting."""
         loop = asyncio.get_running_loop()
@@ -100,6 +107,13 @@ class TextTokenizer:
                 outcomes[i] = self._sequences(encodings[offset : offset + count])
                 offset += count
         return outcomes
+
+    def _encode_one(self, texts: list[str], truncate: bool) -> _Outcome:
+        outcome = self._check(texts)
+        if outcome.error is not None:
+            return outcome
+        encodings = (self._truncating if truncate else self._exact).encode_batch(texts)
+        return self._sequences(encodings)
 
     @staticmethod
     def _check(texts: list[str]) -> _Outcome:
