@@ -27,7 +27,7 @@ from ferry.batcher.padding import PaddedBatch
 from ferry.exporters.manifest import Task
 
 if TYPE_CHECKING:
-    from ferry.server.settings import ModelSettings
+    from ferry.server.settings import TorchOptions
 
 logger = logging.getLogger(__name__)
 
@@ -71,14 +71,14 @@ class TorchBackend:
         self._ready = False
 
     @classmethod
-    def from_settings(cls, settings: ModelSettings) -> TorchBackend:
+    def from_settings(cls, path: Path, options: TorchOptions) -> TorchBackend:
         return cls(
-            settings.path,
-            folder_manifest(settings.path).task,
-            device=settings.device,
-            dtype=settings.torch_dtype,
-            compile=settings.torch_compile,
-            allow_cpu_fallback=settings.allow_cpu_fallback,
+            path,
+            folder_manifest(path).task,
+            device=options.device,
+            dtype=options.dtype,
+            compile=options.compile,
+            allow_cpu_fallback=options.allow_cpu_fallback,
         )
 
     async def start(self) -> None:

@@ -29,7 +29,7 @@ from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavai
 from ferry.batcher.padding import PaddedBatch
 
 if TYPE_CHECKING:
-    from ferry.server.settings import ModelSettings
+    from ferry.server.settings import ModelSettings, TritonOptions
 
 logger = logging.getLogger(__name__)
 
@@ -109,20 +109,21 @@ class TritonBackend:
         self._module: Any = None
 
     @classmethod
-    def from_settings(cls, settings: ModelSettings) -> TritonBackend:
+    def from_settings(cls, settings: ModelSettings, options: TritonOptions) -> TritonBackend:
         target = TritonTarget(
-            url=settings.triton_url,
-            protocol=settings.triton_protocol,
-            model=settings.triton_model or settings.name,
-            version=settings.triton_model_version,
+            url=options.url,
+            protocol=options.protocol,
+            model=options.model or settings.name,
+            version=options.model_version,
         )
         return cls(
             target,
-            mode=settings.triton_mode,
-            timeout_s=settings.timeout_s,
-            # 0 (auto) is an ONNX Runtime notion; Triton runs its own instances.
-            max_concurrency=settings.sessions or 2,
-            max_batch_size=settings.max_batch_size,
+            mode=options.mode,
+            # One Triton call is one batch (or one passthrough request): it may run as long as
+            # the model lets any batch run.
+            timeout_s=settings.infer_timeout_s,
+            max_concurrency=options.concurrency,
+            max_batch_size=settings.batching.max_batch_size,
         )
 
     # -- lifecycle --------------------------------------------------------------------------

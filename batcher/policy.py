@@ -38,8 +38,12 @@ class BatchLimits:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
             raise ValueError("batch size, queue size and concurrent batches must be >= 1")
+        if self.max_batch_tokens < 1:
+            raise ValueError("max_batch_tokens must be >= 1")
         if self.max_queue_delay_s < 0:
             raise ValueError("max_queue_delay_s must be >= 0")
+        if self.latency_objective_s is not None and self.latency_objective_s <= 0:
+            raise ValueError("latency_objective_s must be > 0")
 
 
 def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:

@@ -64,22 +64,24 @@ class Results:
     ceilings: dict[tuple[str, str], float] = field(default_factory=dict)  # (backend, set) -> seq/s
 
 
-def ferry_model(config: Config, **fields: object) -> dict:
+def ferry_model(config: Config, path: Path, backend: dict[str, object]) -> dict:
     return {
         "name": "m",
-        "device": config.device,
-        "max_batch_size": config.max_batch_size,
-        "max_batch_tokens": config.max_batch_tokens,
-        "max_queue_size": 4096,
-        **fields,
+        "path": str(path),
+        "backend": {**backend, "device": config.device},
+        "batching": {
+            "max_batch_size": config.max_batch_size,
+            "max_batch_tokens": config.max_batch_tokens,
+            "max_queue_size": 4096,
+        },
     }
 
 
 def peers(
     config: Config, model: BenchModel
 ) -> list[tuple[str, Callable[[], AbstractContextManager[str]]]]:
-    onnx = ferry_model(config, path=str(model.onnx_dir), sessions=2)
-    torch = ferry_model(config, backend="torch", path=str(model.hf_dir))
+    onnx = ferry_model(config, model.onnx_dir, {"kind": "onnxruntime", "sessions": 2})
+    torch = ferry_model(config, model.hf_dir, {"kind": "torch"})
     return [
         (FERRY_ORT, lambda: ferry_url([onnx])),
         (FERRY_TORCH, lambda: ferry_url([torch])),

@@ -3,7 +3,7 @@
     python -m ferry.bench.objective [--objective-ms 250] [--seconds 15]
 
 Saturation is measured first (64 closed-loop clients); then requests arrive on a fixed schedule
-at 20 %, 50 % and 80 % of it, against Ferry with `latency_objective_ms` set, and p99 is
+at 20 %, 50 % and 80 % of it, against Ferry with `batching.latency_objective_s` set, and p99 is
 printed beside the objective.
 """
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=128)
     args = parser.parse_args()
     bodies = [{"input_ids": ids} for ids in token_sequences(2000, args.min_len, args.max_len, 1)]
-    config = default_model_config(latency_objective_ms=args.objective_ms)
+    config = default_model_config(batching={"latency_objective_s": args.objective_ms / 1000})
     with ferry_server([config]) as server:
         saturation = asyncio.run(run_load(server.url, bodies[:1000], 64)).throughput
         print(f"saturation: {saturation:.1f} req/s; objective p99 <= {args.objective_ms:.0f} ms")

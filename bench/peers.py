@@ -177,13 +177,8 @@ def run_triton_peers(model_dir: Path, plan: Plan, protocol: str) -> list[PeerRes
         direct = Target(f"http://{triton.http_url}", "kserve", TRITON_MODEL)
         results = [run_peer(TRITON_PEERS[0], threads, lambda: given(direct), plan)]
         for name, mode in zip(TRITON_PEERS[1:], ("batch", "passthrough"), strict=True):
-            model = default_model_config(
-                backend="triton",
-                triton_url=triton.url(protocol),
-                triton_protocol=protocol,
-                triton_model=TRITON_MODEL,
-                triton_mode=mode,
-            )
+            backend = {"kind": "triton", "url": triton.url(protocol), "protocol": protocol}
+            model = default_model_config(backend={**backend, "model": TRITON_MODEL, "mode": mode})
             results.append(run_peer(name, threads, lambda m=model: ferry_peer(m), plan))
     return results
 

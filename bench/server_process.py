@@ -61,15 +61,22 @@ def write_config(
     return path
 
 
-def default_model_config(**overrides: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
+def default_model_config(
+    backend: dict[str, Any] | None = None, batching: dict[str, Any] | None = None, **model: Any
+) -> dict[str, Any]:
+    """The default model on two ONNX Runtime sessions; `backend` and `batching` entries are
+    merged into its tables (a backend of another kind replaces the table)."""
+    backend_table: dict[str, Any] = {"kind": "onnxruntime", "sessions": 2}
+    if backend is not None:
+        same_kind = backend.get("kind", "onnxruntime") == "onnxruntime"
+        backend_table = {**backend_table, **backend} if same_kind else dict(backend)
+    return {
         "name": DEFAULT_MODEL,
         "path": str(DEFAULT_MODEL_DIR),
-        "sessions": 2,
-        "max_batch_size": 32,
+        "backend": backend_table,
+        "batching": {"max_batch_size": 32, **(batching or {})},
+        **model,
     }
-    config.update(overrides)
-    return config
 
 
 @contextlib.contextmanager

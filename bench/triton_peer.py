@@ -18,8 +18,6 @@ if TYPE_CHECKING:
 
 TRITON_MODEL = "minilm"
 INSTANCES = 2
-MAX_BATCH_SIZE = 32
-MAX_QUEUE_DELAY_MS = 2.0
 
 
 @contextlib.contextmanager
@@ -34,7 +32,7 @@ def triton_peer(model_dir: Path, work_dir: Path) -> Iterator[TritonProcess]:
 
     layout = ensure()
     repository = work_dir / "triton-repo"
-    batching = Batching(MAX_BATCH_SIZE, MAX_QUEUE_DELAY_MS, INSTANCES)
+    batching = Batching(instances=INSTANCES)  # Ferry's own batching defaults
     write_repository(model_dir, repository, "python", batching, name=TRITON_MODEL)
     with triton_server(layout, repository, work_dir) as server:
         yield server

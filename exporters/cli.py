@@ -102,7 +102,7 @@ def _add_batching_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--config", type=Path, default=None, help="Ferry config (TOML or YAML).")
     group.add_argument("--model", default=None, help="Model name in --config (default: first).")
     group.add_argument("--max-batch-size", type=int, default=None)
-    group.add_argument("--max-queue-delay-ms", type=float, default=None)
+    group.add_argument("--max-queue-delay-s", type=float, default=None)
 
 
 @contextmanager
@@ -147,10 +147,11 @@ def _batching(args: argparse.Namespace):
         model = next((m for m in settings.models if m.name == name), None)
         if model is None:
             raise SystemExit(f"model {name!r} is not in {args.config}")
-        batching = Batching(model.max_batch_size, model.max_queue_delay_ms)
+        limits = model.batching
+        batching = Batching(limits.max_batch_size, limits.max_queue_delay_s)
     return Batching(
         args.max_batch_size or batching.max_batch_size,
-        batching.max_queue_delay_ms if args.max_queue_delay_ms is None else args.max_queue_delay_ms,
+        batching.max_queue_delay_s if args.max_queue_delay_s is None else args.max_queue_delay_s,
         getattr(args, "instances", 1),
     )
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ferry.batcher.policy import BatchLimits
 from ferry.exporters.manifest import ModelManifest
 
 Flavour = Literal["python", "onnxruntime", "tensorrt"]
@@ -42,10 +43,10 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Batching:
-    """The batcher settings Triton's dynamic batcher should mirror."""
+    """The batcher settings Triton's dynamic batcher should mirror (Ferry's own defaults)."""
 
-    max_batch_size: int = 32
-    max_queue_delay_ms: float = 2.0
+    max_batch_size: int = BatchLimits.max_batch_size
+    max_queue_delay_s: float = BatchLimits.max_queue_delay_s
     instances: int = 1
 
     @property
@@ -86,7 +87,7 @@ class ModelConfig:
             "]",
             "dynamic_batching {",
             f"  preferred_batch_size: [ {preferred} ]",
-            f"  max_queue_delay_microseconds: {round(b.max_queue_delay_ms * 1000)}",
+            f"  max_queue_delay_microseconds: {round(b.max_queue_delay_s * 1_000_000)}",
             "}",
             f"instance_group [ {{ count: {b.instances} kind: {kind} }} ]",
         ]

@@ -26,26 +26,27 @@ DERIVED_OUTPUTS = ("label", "probabilities")
 
 
 def build_backend(settings: ModelSettings) -> Backend:
-    if settings.backend == "triton":
+    options = settings.backend
+    if options.kind == "triton":
         from ferry.backends.triton import (
             TritonBackend,  # tritonclient is only needed for this backend
         )
 
-        return TritonBackend.from_settings(settings)
-    if settings.backend == "torch":
+        return TritonBackend.from_settings(settings, options)
+    if options.kind == "torch":
         from ferry.backends.torch_backend import TorchBackend  # imports torch only when chosen
 
-        return TorchBackend.from_settings(settings)
+        return TorchBackend.from_settings(settings.path, options)
     from ferry.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(
         settings.path / "model.onnx",
-        sessions=settings.sessions,
-        intra_op_threads=settings.intra_op_threads,
-        spin_threads=settings.spin_threads,
-        solo_session=settings.solo_session,
-        device=settings.device,
-        allow_cpu_fallback=settings.allow_cpu_fallback,
+        sessions=options.sessions,
+        intra_op_threads=options.intra_op_threads,
+        spin_threads=options.spin_threads,
+        solo_session=options.solo_session,
+        device=options.device,
+        allow_cpu_fallback=options.allow_cpu_fallback,
     )
 
 
@@ -56,7 +57,7 @@ class ModelRuntime:
         # A Hugging Face folder served by `torch` has no ferry_model.json until exported.
         self.manifest = (
             folder_manifest(settings.path)
-            if settings.backend == "torch"
+            if settings.backend.kind == "torch"
             else ModelManifest.read(settings.path)
         )
         self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
@@ -79,9 +80,7 @@ class ModelRuntime:
             self.name,
             self.backend.infer,
             # The backend knows how many batches may run at once (measured when auto).
-            replace(
-                self.settings.batch_limits(), max_concurrent_batches=self.backend.max_concurrency
-            ),
+            replace(self.settings.batching, max_concurrent_batches=self.backend.max_concurrency),
             SequenceLimits(self.manifest.max_length, self.manifest.vocab_size),
             sequence_outputs=self.backend.sequence_outputs,
             pad_token_id=self.manifest.pad_token_id,
@@ -89,7 +88,7 @@ class ModelRuntime:
             infer_timeout_s=self.settings.infer_timeout_s,
             observer=self._metrics.batch_observer(self.name, self.backend.name),
         )
-        self._metrics.queue_capacity.labels(self.name).set(self.settings.max_queue_size)
+        self._metrics.queue_capacity.labels(self.name).set(self.settings.batching.max_queue_size)
         await self._learn_output_widths()
         await self.batcher.calibrate()
         self.batcher.start()

@@ -2,8 +2,8 @@
 
 Sources, later ones winning: defaults, a TOML or YAML file, then environment variables:
 `FERRY_<FIELD>` for server fields (FERRY_PORT=9000) and `FERRY_MODEL__<NAME>__<FIELD>` for a
-model's fields, NAME upper-cased with non-alphanumerics as `_`
-(FERRY_MODEL__ALL_MINILM_L6_V2__MAX_BATCH_SIZE=64).
+model's fields, NAME upper-cased with non-alphanumerics as `_`, tables entered with `__`
+(FERRY_MODEL__ALL_MINILM_L6_V2__BATCHING__MAX_BATCH_SIZE=64). Durations are in seconds (`_s`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from ferry.batcher.policy import BatchLimits
 
@@ -25,60 +25,110 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ModelSettings(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
-    backend: Literal["onnxruntime", "triton", "torch"] = "onnxruntime"
-    # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
-    # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json).
-    path: Path
-    # Outputs returned by /predict unless the request asks for others.
-    outputs: tuple[str, ...] = ("sentence_embedding",)
-    # ONNX Runtime sessions = batches that may run at once; 0 measures the best count at start.
+class _Placement(_Strict):
+    # `auto` takes the GPU when the runtime can reach one; a model meant for the GPU refuses to
+    # start on the CPU unless the fallback is allowed (backends/placement.py).
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    allow_cpu_fallback: bool = False
+
+
+class OnnxRuntimeOptions(_Placement):
+    kind: Literal["onnxruntime"] = "onnxruntime"
+    # Sessions = batches that may run at once; 0 measures the best count at start.
     sessions: int = Field(default=0, ge=0, le=64)
     intra_op_threads: int = Field(default=1, ge=1, le=256)
     spin_threads: bool = False
     # One more session, with every core, for a batch that runs alone (low-load latency).
     solo_session: bool = True
-    max_batch_size: int = Field(default=32, ge=1, le=4096)
-    max_batch_tokens: int = Field(default=2048, ge=1)
-    max_queue_delay_ms: float = Field(default=2.0, ge=0)
-    max_queue_size: int = Field(default=1024, ge=1)
-    group_by_length: bool = True
-    dispatch_when_idle: bool = True
-    cost_model_batching: bool = True
+
+
+class TorchOptions(_Placement):
+    kind: Literal["torch"]
+    # `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile with dynamic shapes.
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    compile: bool = False
+
+
+class TritonOptions(_Strict):
+    kind: Literal["triton"]
+    url: str = "127.0.0.1:8001"
+    protocol: Literal["http", "grpc"] = "grpc"
+    model: str = ""  # the model's name in Triton; empty: Ferry's name for it
+    model_version: str = ""
+    mode: Literal["batch", "passthrough"] = "batch"
+    # Batches in flight to Triton at once (Triton's own instances run them).
+    concurrency: int = Field(default=2, ge=1, le=256)
+
+
+def _backend_kind(options: Any) -> str | None:
+    # A [models.backend] table without `kind` is the default backend's.
+    if isinstance(options, dict):
+        return options.get("kind", "onnxruntime")
+    return getattr(options, "kind", None)
+
+
+BackendOptions = Annotated[
+    Annotated[OnnxRuntimeOptions, Tag("onnxruntime")]
+    | Annotated[TorchOptions, Tag("torch")]
+    | Annotated[TritonOptions, Tag("triton")],
+    Discriminator(
+        _backend_kind,
+        custom_error_type="backend_kind",
+        custom_error_message="kind must be onnxruntime, torch or triton",
+    ),
+]
+
+# Keys of the flat layout before backend and batching options had tables of their own: each
+# names where it went, so an old config fails with the fix rather than "extra input".
+_MOVED = {
+    **{key: f"batching.{key}" for key in ("max_batch_size", "max_batch_tokens", "max_queue_size")},
+    **{key: f"batching.{key}" for key in ("group_by_length", "dispatch_when_idle")},
+    "cost_model_batching": "batching.cost_model_batching",
+    "max_queue_delay_ms": "batching.max_queue_delay_s (seconds)",
+    "latency_objective_ms": "batching.latency_objective_s (seconds)",
+    **{key: f"backend.{key}" for key in ("sessions", "intra_op_threads", "spin_threads")},
+    **{key: f"backend.{key}" for key in ("solo_session", "device", "allow_cpu_fallback")},
+    "torch_dtype": "backend.dtype",
+    "torch_compile": "backend.compile",
+    **{f"triton_{key}": f"backend.{key}" for key in ("url", "protocol", "model", "mode")},
+    "triton_model_version": "backend.model_version",
+}
+
+
+class ModelSettings(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
+    # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
+    # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json).
+    path: Path
+    # Outputs returned by /predict unless the request asks for others.
+    outputs: tuple[str, ...] = ("sentence_embedding",)
+    # A request's deadline unless it sets its own: past it, 504 (queued work is dropped).
     timeout_s: float = Field(default=30.0, gt=0)
     # A batch still running after this fails with 504; the backend is presumed hung.
     infer_timeout_s: float = Field(default=60.0, gt=0)
-    # p99 latency objective; when set, the learned cost model sizes batches and waits.
-    latency_objective_ms: float | None = Field(default=None, gt=0)
-    # onnxruntime and torch: `auto` takes the GPU when the runtime can reach one; a model meant
-    # for the GPU refuses to start on the CPU unless the fallback is allowed (backends/placement).
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    allow_cpu_fallback: bool = False
-    # torch backend only: `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile.
-    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    torch_compile: bool = False
-    # Triton backend only.
-    triton_url: str = "127.0.0.1:8001"
-    triton_protocol: Literal["http", "grpc"] = "grpc"
-    triton_model: str = ""
-    triton_model_version: str = ""
-    triton_mode: Literal["batch", "passthrough"] = "batch"
+    backend: BackendOptions = OnnxRuntimeOptions()
+    # The batcher's limits, with its own defaults; how many batches run at once is the
+    # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
+    batching: BatchLimits = BatchLimits()
 
-    def batch_limits(self) -> BatchLimits:
-        return BatchLimits(
-            max_batch_size=self.max_batch_size,
-            max_batch_tokens=self.max_batch_tokens,
-            max_queue_delay_s=self.max_queue_delay_ms / 1000,
-            max_queue_size=self.max_queue_size,
-            max_concurrent_batches=self.sessions or 1,
-            group_by_length=self.group_by_length,
-            dispatch_when_idle=self.dispatch_when_idle,
-            cost_model_batching=self.cost_model_batching,
-            latency_objective_s=(
-                None if self.latency_objective_ms is None else self.latency_objective_ms / 1000
-            ),
-        )
+    @model_validator(mode="before")
+    @classmethod
+    def _name_moved_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if isinstance(data.get("backend"), str):
+            raise ValueError(f'backend is a table: [models.backend] kind = "{data["backend"]}"')
+        for key in data:
+            if key in _MOVED:
+                table = _MOVED[key].split(".")[0]
+                raise ValueError(f"{key} is now {_MOVED[key]}, in a [models.{table}] table")
+        batching = data.get("batching")
+        if isinstance(batching, dict) and "max_concurrent_batches" in batching:
+            raise ValueError(
+                "batching.max_concurrent_batches is the backend's: backend.sessions "
+                "(onnxruntime) or backend.concurrency (triton)"
+            )
+        return data
 
 
 _SERVED_NAME = r"^[A-Za-z0-9._:/-]+$"
@@ -202,8 +252,12 @@ def _apply_env(
             value = environ[f"FERRY_{field.upper()}"]
             server[field] = value.split(",") if field == "cors_allow_origins" else value
     for model in models:
+        # FERRY_MODEL__<NAME>__BATCHING__MAX_BATCH_SIZE: each further `__` enters a table.
         prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"
         for key, value in environ.items():
             if key.startswith(prefix):
-                field = key[len(prefix) :].lower()
-                model[field] = value.split(",") if field == "outputs" else value
+                *tables, field = key[len(prefix) :].lower().split("__")
+                target = model
+                for table in tables:
+                    target = target.setdefault(table, {})
+                target[field] = value.split(",") if field == "outputs" else value

@@ -40,6 +40,7 @@ def model_metadata(model: ModelRuntime) -> dict[str, Any]:
 def model_config(model: ModelRuntime) -> dict[str, Any]:
     """Triton's model configuration JSON (int64 fields as numbers, as Triton prints them)."""
     settings, backend = model.settings, model.backend
+    limits = settings.batching
     # The batch axis is implicit (max_batch_size > 0); every input is optional because a request
     # sends either token ids (with or without a mask) or text.
     inputs = [
@@ -54,13 +55,13 @@ def model_config(model: ModelRuntime) -> dict[str, Any]:
         }
         for n in backend.output_names
     ]
-    queue_delay_us = round(settings.max_queue_delay_ms * 1000)
+    queue_delay_us = round(limits.max_queue_delay_s * 1_000_000)
     return {
         "name": model.name,
         "platform": "",
         "backend": f"ferry_{backend.name}",
         "version_policy": {"latest": {"num_versions": 1}},
-        "max_batch_size": settings.max_batch_size,
+        "max_batch_size": limits.max_batch_size,
         "input": inputs,
         "output": outputs,
         "dynamic_batching": {
@@ -68,7 +69,7 @@ def model_config(model: ModelRuntime) -> dict[str, Any]:
             "default_queue_policy": {
                 "timeout_action": "REJECT",
                 "default_timeout_microseconds": round(settings.timeout_s * 1_000_000),
-                "max_queue_size": settings.max_queue_size,
+                "max_queue_size": limits.max_queue_size,
             },
         },
         "instance_group": [
@@ -76,7 +77,7 @@ def model_config(model: ModelRuntime) -> dict[str, Any]:
         ],
         "parameters": {
             "max_sequence_length": {"string_value": str(model.manifest.max_length)},
-            "max_batch_tokens": {"string_value": str(settings.max_batch_tokens)},
+            "max_batch_tokens": {"string_value": str(limits.max_batch_tokens)},
             "vocab_size": {"string_value": str(model.manifest.vocab_size)},
         },
     }

@@ -55,7 +55,9 @@ async def test_fp16_export_on_cuda_keeps_embeddings(default_model_dir, tmp_path)
 
 def test_ferry_serves_on_the_gpu_and_exports_its_memory(embed_alone):
     ids = [101, 7592, 2088, 2003, 1037, 3899, 102]
-    with ferry_server([default_model_config(device="cuda")], ready_timeout_s=180) as server:
+    with ferry_server(
+        [default_model_config(backend={"device": "cuda"})], ready_timeout_s=180
+    ) as server:
         response = httpx.post(f"{server.url}/predict", json={"input_ids": ids}, timeout=60)
         metrics = server.metrics()
     assert response.status_code == 200, response.text

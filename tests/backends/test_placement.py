@@ -86,7 +86,7 @@ async def test_backend_configured_for_cuda_refuses_to_start(default_model_dir):
 def test_ferry_serve_exits_with_the_reason():
     with (
         pytest.raises(RuntimeError, match="configured for the GPU") as failure,
-        ferry_server([default_model_config(device="cuda")], ready_timeout_s=120),
+        ferry_server([default_model_config(backend={"device": "cuda"})], ready_timeout_s=120),
     ):
         pass
     assert "allow_cpu_fallback = true" in str(failure.value)

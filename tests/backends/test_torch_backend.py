@@ -139,12 +139,11 @@ def test_ferry_serves_the_hf_folder_with_the_onnx_paths_outputs(
 ):
     texts = ["the ferry leaves at noon", "a boat"]
     models = [
-        {"name": "st", "backend": "torch", "path": str(hf_dir), "device": "cpu"},
+        {"name": "st", "path": str(hf_dir), "backend": {"kind": "torch", "device": "cpu"}},
         {
             "name": "cls",
-            "backend": "torch",
             "path": str(tiny_classifier[0]),
-            "device": "cpu",
+            "backend": {"kind": "torch", "device": "cpu"},
             "outputs": ["label"],
         },
     ]

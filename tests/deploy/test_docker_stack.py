@@ -37,13 +37,15 @@ TRITON_ONNX = ROOT / "triton_models/cpu/all-MiniLM-L6-v2/1/model.onnx"
 TRITON_MODEL = """
 [[models]]
 name = "minilm-triton"
-backend = "triton"
 path = "artifacts/models/all-MiniLM-L6-v2"
 outputs = ["sentence_embedding"]
-triton_url = "triton:8001"
-triton_protocol = "grpc"
-triton_model = "all-MiniLM-L6-v2"
-triton_mode = "passthrough"
+
+[models.backend]
+kind = "triton"
+url = "triton:8001"
+protocol = "grpc"
+model = "all-MiniLM-L6-v2"
+mode = "passthrough"
 """
 # Debian's convention for locally added CAs (a TLS-intercepting proxy's, for one).
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")

@@ -96,8 +96,11 @@ def test_config_map_is_a_valid_ferry_config(manifests, container, tmp_path):
     settings = load_settings(tmp_path / "ferry.toml", environ={})
     assert settings.host == "0.0.0.0"
     assert settings.port == container["ports"][0]["containerPort"]
-    repo = tomllib.loads((ROOT / "ferry.toml").read_text())
-    assert settings.drain_timeout_s == repo["server"]["drain_timeout_s"]
+    # Everything else is what the repository's ferry.toml says, model by model and key by key.
+    repo = load_settings(ROOT / "ferry.toml", environ={})
+    assert _in_image(repo.model_dump(exclude={"host"}), ROOT) == _in_image(
+        settings.model_dump(exclude={"host"}), Path("/app")
+    )
     # The config is mounted where the container's args read it.
     (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
     config_arg = container["args"][container["args"].index("--config") + 1]
@@ -105,6 +108,17 @@ def test_config_map_is_a_valid_ferry_config(manifests, container, tmp_path):
     # Model paths are the image's (Dockerfile: /app/artifacts/models/...).
     for model in settings.models:
         assert model.path.is_absolute() and str(model.path).startswith("/app/")
+
+
+def _in_image(config: object, root: Path) -> object:
+    """Paths under `root` as the image lays them out (relative to /app), the rest unchanged."""
+    if isinstance(config, dict):
+        return {key: _in_image(value, root) for key, value in config.items()}
+    if isinstance(config, list | tuple):
+        return [_in_image(value, root) for value in config]
+    if isinstance(config, Path):
+        return str(config.relative_to(root) if config.is_absolute() else config)
+    return config
 
 
 def test_grace_period_covers_prestop_and_drain(manifests, container):

@@ -104,7 +104,7 @@ def overview_run(tmp_path_factory):
     if not (DEFAULT_MODEL_DIR / "model.onnx").exists():
         pytest.fail(f"{DEFAULT_MODEL_DIR} is missing: run `make model`")
     work = tmp_path_factory.mktemp("overview")
-    model = default_model_config(max_queue_delay_ms=5)
+    model = default_model_config(batching={"max_queue_delay_s": 0.005})
     with ferry_server([model], server={"drain_timeout_s": 2}) as ferry:
         target = ferry.url.removeprefix("http://")
         rules = [DEPLOY / "prometheus" / "alerts.yml"]

@@ -118,10 +118,12 @@ def test_triton_dashboard_queries_return_data(tmp_path):
     with triton_server(layout, repository, tmp_path) as triton:
         model = default_model_config(
             name="via-triton",
-            backend="triton",
-            triton_url=triton.url("http"),
-            triton_protocol="http",
-            triton_model=TRITON_MODEL,
+            backend={
+                "kind": "triton",
+                "url": triton.url("http"),
+                "protocol": "http",
+                "model": TRITON_MODEL,
+            },
             timeout_s=20,
         )
         with ferry_server([model]) as ferry:

@@ -41,7 +41,9 @@ def test_trtexec_command_text():
 @pytest.mark.skipif(gpu_present(), reason="checks the no-GPU path")
 def test_without_gpu_the_cli_prints_the_command_and_exits_3(default_model_dir, tmp_path, capsys):
     config = tmp_path / "ferry.toml"
-    config.write_text(f'[[models]]\nname = "m"\npath = "{default_model_dir}"\nmax_batch_size = 8\n')
+    config.write_text(
+        f'[[models]]\nname = "m"\npath = "{default_model_dir}"\nbatching = {{ max_batch_size = 8 }}\n'
+    )
     code = main(
         [
             "export",

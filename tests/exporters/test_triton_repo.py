@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_python_flavour_config(default_model_dir, tmp_path):
     folder = write_repository(
-        default_model_dir, tmp_path, "python", Batching(16, 2.5, instances=2), name="m"
+        default_model_dir, tmp_path, "python", Batching(16, 0.0025, instances=2), name="m"
     )
     config = (folder / "config.pbtxt").read_text()
     assert 'backend: "python"' in config

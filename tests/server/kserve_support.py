@@ -17,7 +17,8 @@ def kserve_server(**server: object) -> Iterator[tuple[FerryProcess, str]]:
     """The server and its gRPC address (host:port)."""
     port = free_port()
     with ferry_server(
-        [default_model_config(max_queue_delay_ms=5)], server={"grpc_port": port, **server}
+        [default_model_config(batching={"max_queue_delay_s": 0.005})],
+        server={"grpc_port": port, **server},
     ) as handle:
         yield handle, f"127.0.0.1:{port}"
 

@@ -15,7 +15,7 @@ TIMEOUT_MS = 5000
 
 def test_a_burst_past_its_deadline_is_refused_at_once_not_timed_out():
     inputs = token_sequences(BURST, 120, 128, seed=5)
-    with ferry_server([default_model_config(max_queue_size=2048)]) as server:
+    with ferry_server([default_model_config(batching={"max_queue_size": 2048})]) as server:
         # Saturation, measured here and now: the machine is shared and its speed varies.
         warm = [{"input_ids": ids} for ids in inputs[:200]]
         saturation = asyncio.run(run_load(server.url, warm, 64)).throughput

@@ -13,7 +13,9 @@ LONG = [101, *range(2000, 2250), 102]
 
 
 def test_disconnected_client_work_is_never_run():
-    config = default_model_config(sessions=1, max_batch_size=1, dispatch_when_idle=False)
+    config = default_model_config(
+        backend={"sessions": 1}, batching={"max_batch_size": 1, "dispatch_when_idle": False}
+    )
     with ferry_server([config]) as server:
 
         async def scenario() -> list[int]:

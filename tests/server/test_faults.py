@@ -24,12 +24,14 @@ def server(tmp_path_factory):
     config = {
         "name": NAME,
         "path": str(folder),
-        "sessions": 2,
         "infer_timeout_s": INFER_TIMEOUT_S,
+        "backend": {"kind": "onnxruntime", "sessions": 2},
         # Hold each batch open long enough that concurrent requests share it.
-        "dispatch_when_idle": False,
-        "max_queue_delay_ms": 1000,
-        "cost_model_batching": False,
+        "batching": {
+            "dispatch_when_idle": False,
+            "max_queue_delay_s": 1.0,
+            "cost_model_batching": False,
+        },
     }
     with ferry_server([config]) as handle:
         yield handle

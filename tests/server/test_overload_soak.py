@@ -24,7 +24,7 @@ def rss_kib(pid: int) -> int:
 
 
 def test_overload_soak_sheds_load_with_retry_after_and_stays_bounded():
-    config = default_model_config(max_queue_size=QUEUE_BOUND)
+    config = default_model_config(batching={"max_queue_size": QUEUE_BOUND})
     bodies = [{"input_ids": ids} for ids in token_sequences(500, 8, 128, seed=3)]
     with ferry_server([config]) as server:
         # Saturation, measured here and now: the machine is shared and its speed varies.

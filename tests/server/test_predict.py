@@ -20,7 +20,7 @@ def random_ids(length: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def server():
-    with ferry_server([default_model_config(max_queue_delay_ms=5)]) as handle:
+    with ferry_server([default_model_config(batching={"max_queue_delay_s": 0.005})]) as handle:
         yield handle
 
 
@@ -167,7 +167,8 @@ def test_models_health_and_docs(server):
 
 def test_full_queue_answers_429_with_retry_after_and_loses_nothing():
     config = default_model_config(
-        sessions=1, max_batch_size=1, max_queue_size=4, dispatch_when_idle=False
+        backend={"sessions": 1},
+        batching={"max_batch_size": 1, "max_queue_size": 4, "dispatch_when_idle": False},
     )
     with ferry_server([config]) as handle:
         bodies = [{"input_ids": [random_ids(250)] * 4} for _ in range(24)]

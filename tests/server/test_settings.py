@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from ferry.batcher.policy import BatchLimits
 from ferry.server.settings import load_settings
 
 
@@ -19,6 +20,8 @@ port = 9000
 [[models]]
 name = "all-MiniLM-L6-v2"
 path = "models/minilm"
+
+[models.batching]
 max_batch_size = 16
 """
 
@@ -27,7 +30,8 @@ def test_file_values_and_relative_model_paths(tmp_path):
     settings = load_settings(write(tmp_path, TOML), environ={})
     assert settings.port == 9000
     assert settings.models[0].path == tmp_path / "models/minilm"
-    assert settings.models[0].batch_limits().max_batch_size == 16
+    assert settings.models[0].batching.max_batch_size == 16
+    assert settings.models[0].batching.max_batch_tokens == BatchLimits().max_batch_tokens
     assert settings.default_model_name == "all-MiniLM-L6-v2"
 
 
@@ -35,12 +39,14 @@ def test_environment_overrides_the_file_and_flags_override_both(tmp_path):
     environ = {
         "FERRY_PORT": "9100",
         "FERRY_MAX_BODY_BYTES": "2048",
-        "FERRY_MODEL__ALL_MINILM_L6_V2__MAX_BATCH_SIZE": "64",
+        "FERRY_MODEL__ALL_MINILM_L6_V2__BATCHING__MAX_BATCH_SIZE": "64",
+        "FERRY_MODEL__ALL_MINILM_L6_V2__BACKEND__SESSIONS": "3",
         "FERRY_MODEL__ALL_MINILM_L6_V2__OUTPUTS": "sentence_embedding,last_hidden_state",
     }
     settings = load_settings(write(tmp_path, TOML), environ=environ, host="0.0.0.0")
     assert (settings.port, settings.max_body_bytes, settings.host) == (9100, 2048, "0.0.0.0")
-    assert settings.models[0].max_batch_size == 64
+    assert settings.models[0].batching.max_batch_size == 64
+    assert settings.models[0].backend.sessions == 3
     assert settings.models[0].outputs == ("sentence_embedding", "last_hidden_state")
 
 
@@ -54,7 +60,8 @@ def test_unknown_keys_and_bad_values_are_loud(tmp_path):
         load_settings(write(tmp_path, TOML.replace("max_batch_size", "max_batch_sise")), environ={})
     with pytest.raises(ValidationError, match="max_batch_size"):
         load_settings(
-            write(tmp_path, TOML), environ={"FERRY_MODEL__ALL_MINILM_L6_V2__MAX_BATCH_SIZE": "0"}
+            write(tmp_path, TOML),
+            environ={"FERRY_MODEL__ALL_MINILM_L6_V2__BATCHING__MAX_BATCH_SIZE": "0"},
         )
 
 
@@ -98,3 +105,64 @@ def test_bad_adapter_settings_are_loud(tmp_path, change):
     config.write_text(LORA_TOML.replace(*change))
     with pytest.raises(ValidationError):
         load_settings(config, environ={})
+
+
+BACKENDS = """
+[[models]]
+name = "ort"
+path = "/m"
+[models.backend]
+kind = "onnxruntime"
+sessions = 2
+
+[[models]]
+name = "remote"
+path = "/m"
+[models.backend]
+kind = "triton"
+url = "triton:8001"
+concurrency = 4
+"""
+
+
+def test_each_backend_kind_takes_only_its_own_options(tmp_path):
+    ort, remote = load_settings(write(tmp_path, BACKENDS), environ={}).models
+    assert (ort.backend.kind, ort.backend.sessions) == ("onnxruntime", 2)
+    assert (remote.backend.kind, remote.backend.url, remote.backend.concurrency) == (
+        "triton",
+        "triton:8001",
+        4,
+    )
+    with pytest.raises(ValidationError, match="sessions"):  # an ONNX Runtime option on Triton
+        load_settings(write(tmp_path, BACKENDS.replace("concurrency", "sessions")), environ={})
+    with pytest.raises(ValidationError, match="kind"):
+        load_settings(write(tmp_path, BACKENDS.replace('"triton"', '"tensorflow"')), environ={})
+
+
+def test_the_defaults_are_the_batchers_and_concurrency_is_the_backends(tmp_path):
+    (model,) = load_settings(write(tmp_path, TOML.replace("max_batch_size = 16", "")), {}).models
+    assert model.batching == BatchLimits()
+    assert model.backend.kind == "onnxruntime"
+    with pytest.raises(ValidationError, match=r"backend\.sessions"):
+        load_settings(
+            write(tmp_path, TOML.replace("max_batch_size", "max_concurrent_batches")), environ={}
+        )
+    for bad in ("max_batch_tokens = 0", "latency_objective_s = 0.0", "max_queue_delay_s = -1.0"):
+        with pytest.raises(ValidationError, match=bad.split(" =")[0]):
+            load_settings(write(tmp_path, TOML.replace("max_batch_size = 16", bad)), environ={})
+
+
+@pytest.mark.parametrize(
+    ("old", "hint"),
+    [
+        ("max_queue_delay_ms = 2", "batching.max_queue_delay_s (seconds)"),
+        ("sessions = 2", "backend.sessions"),
+        ('triton_url = "t:8001"', "backend.url"),
+        ('backend = "triton"', '[models.backend] kind = "triton"'),
+    ],
+)
+def test_a_config_in_the_old_flat_layout_names_where_each_key_went(tmp_path, old, hint):
+    flat = TOML.replace("\n[models.batching]\nmax_batch_size = 16\n", f"\n{old}\n")
+    with pytest.raises(ValidationError) as failure:
+        load_settings(write(tmp_path, flat), environ={})
+    assert hint in str(failure.value)

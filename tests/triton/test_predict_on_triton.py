@@ -21,16 +21,13 @@ def random_ids(length: int) -> list[int]:
     return [101, *RNG.integers(2000, 29000, size=length - 2).tolist(), 102]
 
 
-def triton_model(name: str, triton, protocol: str, mode: str = "batch", **extra) -> dict:
+def triton_model(name: str, triton, protocol: str, mode: str = "batch", **batching) -> dict:
+    backend = {"kind": "triton", "url": triton.url(protocol), "protocol": protocol}
     return default_model_config(
         name=name,
-        backend="triton",
-        triton_url=triton.url(protocol),
-        triton_protocol=protocol,
-        triton_model=TRITON_MODEL,
-        triton_mode=mode,
+        backend={**backend, "model": TRITON_MODEL, "mode": mode},
+        batching=batching,
         timeout_s=20,
-        **extra,
     )
 
 
@@ -92,7 +89,7 @@ def test_passthrough_leaves_batching_to_triton(ferry, triton):
 def test_triton_down_answers_503_and_recovers(triton_layout, triton_repository, tmp_path):
     with triton_server(triton_layout, triton_repository, tmp_path) as own_triton:
         models = [
-            triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_ms=1),
+            triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_s=0.001),
             default_model_config(),
         ]
         with ferry_server(models) as ferry:

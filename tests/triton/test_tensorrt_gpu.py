@@ -105,11 +105,8 @@ def _ready(http_port: int) -> bool:
 def test_tensorrt_plan_served_through_ferry_matches_onnxruntime(tensorrt_triton, embed_alone):
     model = default_model_config(
         name="m",
-        backend="triton",
-        triton_url=tensorrt_triton,
-        triton_protocol="grpc",
-        triton_model="m",
-        max_batch_size=8,
+        backend={"kind": "triton", "url": tensorrt_triton, "protocol": "grpc", "model": "m"},
+        batching={"max_batch_size": 8},
     )
     ids = [101, 7592, 2088, 2003, 1037, 3899, 102]
     with ferry_server([model]) as server:
