@@ -15,20 +15,9 @@ for cmd in "${needed[@]}"; do
 done
 [ "$missing" -eq 0 ] && exit 0
 
-if [ "$(id -u)" -eq 0 ]; then
-    as_root=()
-elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    as_root=(sudo -n)
-else
-    echo "install_docker.sh: Docker missing; run as root or with passwordless sudo:" >&2
-    echo "  apt-get update && apt-get install -y docker.io docker-compose debootstrap iproute2 iptables" >&2
-    exit 1
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-"${as_root[@]}" apt-get update -q </dev/null
-"${as_root[@]}" apt-get install -y -q --no-install-recommends \
-    docker.io docker-compose debootstrap iproute2 iptables ca-certificates </dev/null >/dev/null
+# shellcheck source=tools/apt_install.sh
+source "$(dirname "$0")/apt_install.sh"
+apt_install docker.io docker-compose debootstrap iproute2 iptables ca-certificates
 
 for cmd in "${needed[@]}"; do
     command -v "$cmd" >/dev/null

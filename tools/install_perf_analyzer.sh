@@ -16,18 +16,9 @@ if [ -x "$BIN" ] && LD_LIBRARY_PATH="$DEST/lib" "$BIN" --version >/dev/null 2>&1
 fi
 
 if ! ldconfig -p | grep -q libb64.so.0d; then
-    if [ "$(id -u)" -eq 0 ]; then
-        as_root=()
-    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-        as_root=(sudo -n)
-    else
-        echo "install_perf_analyzer.sh: libb64 missing; run as root or: apt-get install libb64-0d" >&2
-        exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    "${as_root[@]}" apt-get install -y -q --no-install-recommends libb64-0d </dev/null \
-        || { "${as_root[@]}" apt-get update -q </dev/null
-             "${as_root[@]}" apt-get install -y -q --no-install-recommends libb64-0d </dev/null; }
+    # shellcheck source=tools/apt_install.sh
+    source "$(dirname "$0")/apt_install.sh"
+    apt_install libb64-0d
 fi
 
 tmp=$(mktemp -d)

@@ -12,26 +12,16 @@ if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 
     exit 0
 fi
 
-if [ "$(id -u)" -eq 0 ]; then
-    as_root=()
-elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-    as_root=(sudo -n)
-else
-    echo "install_prometheus.sh: prometheus/promtool missing; run as root or with passwordless sudo:" >&2
-    echo "  apt-get update && apt-get install -y --no-install-recommends prometheus" >&2
-    exit 1
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-"${as_root[@]}" apt-get update -q </dev/null
+# shellcheck source=tools/apt_install.sh
+source "$(dirname "$0")/apt_install.sh"
 # No recommends: they would add node-exporter and its service.
-"${as_root[@]}" apt-get install -y -q --no-install-recommends prometheus docker-compose </dev/null
+apt_install prometheus docker-compose
 
 # The package may have started its service (on hosts with an init system); the tests don't want it.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-    "${as_root[@]}" systemctl disable --now prometheus >/dev/null 2>&1 || true
+    as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
 elif [ -x /etc/init.d/prometheus ]; then
-    "${as_root[@]}" /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    as_root /etc/init.d/prometheus stop >/dev/null 2>&1 || true
 fi
 
 command -v prometheus >/dev/null && command -v promtool >/dev/null \

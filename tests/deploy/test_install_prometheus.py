@@ -28,5 +28,5 @@ def test_install_script_is_idempotent():
 def test_install_script_is_strict_bash():
     text = (ROOT / "tools/install_prometheus.sh").read_text()
     assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text
-    assert "apt-get install -y" in text and "</dev/null" in text
+    assert "apt_install prometheus" in text  # tools/apt_install.sh: no prompt, no stdin
     subprocess.run(["bash", "-n", str(ROOT / "tools/install_prometheus.sh")], check=True)

@@ -42,7 +42,8 @@ def test_trtexec_command_text():
 def test_without_gpu_the_cli_prints_the_command_and_exits_3(default_model_dir, tmp_path, capsys):
     config = tmp_path / "ferry.toml"
     config.write_text(
-        f'[[models]]\nname = "m"\npath = "{default_model_dir}"\nbatching = {{ max_batch_size = 8 }}\n'
+        f'[[models]]\nname = "m"\npath = "{default_model_dir}"\n'
+        "batching = { max_batch_size = 8 }\n"
     )
     code = main(
         [
