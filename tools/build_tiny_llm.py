@@ -97,6 +97,28 @@ def chat_samples(files: list[Path]) -> list[str]:
     return samples
 
 
+def train(model, params, tok, samples, steps: int, seq_len: int, batch: int, lr: float, seed: int):
+    """Next-token training on random windows of the concatenated samples."""
+    import torch
+
+    ids: list[int] = []
+    for text in samples:
+        ids.extend(tok.encode(text).ids)
+    data = torch.tensor(ids, dtype=torch.long)
+    opt = torch.optim.AdamW(params, lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, len(data) - seq_len - 1, (batch,), generator=gen)
+        windows = torch.stack([data[s : s + seq_len] for s in starts.tolist()])
+        loss = model(input_ids=windows, labels=windows).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 50 == 0 or step == steps - 1:
+            print(f"step {step} loss {loss.item():.3f}", flush=True)
+
+
 def build_model(files: list[Path], out: Path):  # -> LlamaForCausalLM
     import torch
     from tokenizers import Tokenizer
@@ -123,22 +145,8 @@ def build_model(files: list[Path], out: Path):  # -> LlamaForCausalLM
     model = LlamaForCausalLM(config)
     # A few hundred steps on the corpus make outputs code-like and logits peaked, so greedy
     # parity between runtimes does not hinge on near-ties of a random model.
-    ids = []
-    for text in chat_samples(files):
-        ids.extend(tok.encode(text).ids)
-    data = torch.tensor(ids, dtype=torch.long)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(SEED)
-    model.train()
-    for step in range(TRAIN_STEPS):
-        starts = torch.randint(0, len(data) - SEQ_LEN - 1, (BATCH,), generator=gen)
-        batch = torch.stack([data[s : s + SEQ_LEN] for s in starts.tolist()])
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 50 == 0 or step == TRAIN_STEPS - 1:
-            print(f"step {step} loss {loss.item():.3f}", flush=True)
+    samples = chat_samples(files)
+    train(model, model.parameters(), tok, samples, TRAIN_STEPS, SEQ_LEN, BATCH, 3e-3, SEED)
     model.eval()
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,

@@ -30,7 +30,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from build_tiny_llm import REFERENCE_NEW_TOKENS, REFERENCE_PROMPTS, corpus_files, render_chat
+from build_tiny_llm import (
+    REFERENCE_NEW_TOKENS,
+    REFERENCE_PROMPTS,
+    corpus_files,
+    render_chat,
+    train,
+)
 
 SEED = 4321
 RANK = 8
@@ -77,25 +83,11 @@ def train_adapter(hf_dir: Path, samples: list[str], out: Path) -> None:
     torch.manual_seed(SEED)
     torch.set_num_threads(2)
     tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
-    ids: list[int] = []
-    for text in samples:
-        ids.extend(tok.encode(text).ids)
-    data = torch.tensor(ids, dtype=torch.long)
     base = LlamaForCausalLM.from_pretrained(str(hf_dir))
     config = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS, lora_dropout=0.0)
     model = get_peft_model(base, config)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-    gen = torch.Generator().manual_seed(SEED)
-    model.train()
-    for step in range(STEPS):
-        starts = torch.randint(0, len(data) - SEQ_LEN - 1, (BATCH,), generator=gen)
-        batch = torch.stack([data[s : s + SEQ_LEN] for s in starts.tolist()])
-        loss = model(input_ids=batch, labels=batch).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 20 == 0 or step == STEPS - 1:
-            print(f"step {step} loss {loss.item():.3f}", flush=True)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    train(model, trainable, tok, samples, STEPS, SEQ_LEN, BATCH, LR, SEED)
     model.save_pretrained(str(out))
     (out / "README.md").unlink(missing_ok=True)  # peft's blank model card
 
