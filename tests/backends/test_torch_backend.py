@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import httpx
@@ -17,8 +16,8 @@ from ferry.batcher import TokenSequence, pad_batch
 from ferry.bench.server_process import ferry_server
 from ferry.exporters.default_model import default_model_source
 from ferry.exporters.manifest import ModelManifest
-from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
 from ferry.server.tokenization import TextTokenizer
+from tests.exporters.tiny_classifier import build_tiny_classifier
 
 LABELS = {0: "negative", 1: "positive"}
 # Mixed lengths, so the batch carries real padding.
@@ -87,28 +86,10 @@ async def test_cuda_required_on_a_cpu_only_torch_refuses_unless_fallback_allowed
 @pytest.fixture(scope="module")
 def tiny_classifier(hf_dir, tmp_path_factory) -> tuple[Path, Path]:
     """A random 2-layer BERT classifier as a Hugging Face folder, and its ONNX export."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
+    built = build_tiny_classifier(
+        LABELS, hf_dir, tmp_path_factory.mktemp("hf-classifier"), tmp_path_factory.mktemp("onnx")
     )
-    source = tmp_path_factory.mktemp("hf-classifier")
-    BertForSequenceClassification(config).save_pretrained(source)
-    for name in TOKENIZER_FILES:
-        if (hf_dir / name).exists():
-            shutil.copy(hf_dir / name, source / name)
-    out = tmp_path_factory.mktemp("onnx-classifier")
-    export_encoder(source, out, task="classification", max_length=128)
-    return source, out
+    return built.source, built.exported
 
 
 async def test_classifier_logits_match_the_onnx_export(tiny_classifier):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
 import numpy as np
 import pytest
 
 from ferry.bench.server_process import default_model_config, ferry_server
-from ferry.exporters.onnx_export import TOKENIZER_FILES, export_encoder
+from tests.exporters.tiny_classifier import build_tiny_classifier
 
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["what a wonderful ferry ride", "the boat was late again", "it sailed at noon"]
@@ -18,29 +16,10 @@ TEXTS = ["what a wonderful ferry ride", "the boat was late again", "it sailed at
 @pytest.fixture(scope="module")
 def tiny_classifier(default_model_dir, tmp_path_factory):
     """Random weights, config in code, the default model's tokenizer: nothing downloaded."""
-    import torch
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        id2label=LABELS,
-        label2id={v: k for k, v in LABELS.items()},
+    built = build_tiny_classifier(
+        LABELS, default_model_dir, tmp_path_factory.mktemp("hf"), tmp_path_factory.mktemp("onnx")
     )
-    model = BertForSequenceClassification(config).eval()
-    source = tmp_path_factory.mktemp("hf")
-    model.save_pretrained(source)
-    for name in TOKENIZER_FILES:
-        if (default_model_dir / name).exists():
-            shutil.copy(default_model_dir / name, source / name)
-    out = tmp_path_factory.mktemp("onnx")
-    report = export_encoder(source, out, task="classification", max_length=128)
-    return model, out, report
+    return built.model, built.exported, built.report
 
 
 def torch_probabilities(model, model_dir, text: str) -> np.ndarray:
