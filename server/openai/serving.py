@@ -1,8 +1,9 @@
 """OpenAI chat/completions serving logic over LLMEngines: no HTTP, no app wiring.
 
-One straight path: a request is planned once (prompt rendered and tokenized, sampling validated
-and max_tokens fitted to the context), the engine gets token ids, and its deltas go straight
-into chunks (stream) or results (JSON). Only n > 1 needs a task per choice, to interleave them.
+One straight path: a request is planned once (planning.py: prompt rendered and tokenized,
+sampling validated and max_tokens fitted to the context), the engine gets token ids, and its
+deltas go straight into chunks (stream) or results (JSON). Only n > 1 needs a task per choice,
+to interleave them (streams.py).
 
 Streaming methods wait for the first generated delta *before* returning, so overload, a dead
 engine or a too-long prompt still become a proper HTTP error; errors after that are sent
@@ -15,27 +16,21 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import aclosing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
-from ferry.llm.base import (
-    EngineStats,
-    GenerationDelta,
-    LLMEngine,
-    SamplingSettings,
-    TokenLogprob,
-)
-from ferry.llm.errors import (
-    EngineOverloaded,
-    InvalidAdapter,
-    InvalidSampling,
-    ModelNotFound,
-    PromptTooLong,
-)
-from ferry.server.errors import error_payload
+from ferry.llm.base import EngineStats, LLMEngine, TokenLogprob
+from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
+from ferry.server.openai.observer import LLMObserver, NullObserver
+from ferry.server.openai.planning import (
+    Choice,
+    Plan,
+    ServedModel,
+    plan_chat,
+    plan_completion,
+)
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -45,79 +40,8 @@ from ferry.server.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
     UsageInfo,
-    new_chat_id,
-    new_completion_id,
 )
-from ferry.server.openai.sse import DONE, sse_data
-
-
-class LLMObserver(Protocol):
-    """Hooks for LLM metrics; server/metrics.py implements them with ferry_llm_* series."""
-
-    def on_first_token(self, model: str, seconds: float) -> None: ...
-
-    def on_token(self, model: str, seconds_since_last: float) -> None: ...
-
-    def on_finished(
-        self,
-        model: str,
-        finish_reason: str,  # stop | length | abort (client left) | rejected (429) | error
-        prompt_tokens: int,
-        completion_tokens: int,
-        seconds: float,
-    ) -> None: ...
-
-
-class NullObserver:
-    def on_first_token(self, model: str, seconds: float) -> None:
-        pass
-
-    def on_token(self, model: str, seconds_since_last: float) -> None:
-        pass
-
-    def on_finished(
-        self,
-        model: str,
-        finish_reason: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        seconds: float,
-    ) -> None:
-        pass
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """A name requests can ask for: a base model, or a LoRA adapter on one."""
-
-    name: str
-    engine: LLMEngine
-    base: str  # the engine's configured name
-    adapter: str | None = None
-
-    @property
-    def parent(self) -> str | None:
-        return self.base if self.adapter is not None else None
-
-
-@dataclass(frozen=True)
-class _Choice:
-    """One generation: choice `index` of the response."""
-
-    index: int
-    prompt_ids: list[int]
-    sampling: SamplingSettings  # max_tokens fitted to this prompt's room in the context
-    prompt_text: str = ""  # for `echo`
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """A checked request, ready to run."""
-
-    served: ServedModel  # resolved from the request's model: its name is a configured one
-    response_id: str
-    choices: list[_Choice]
-    prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
+from ferry.server.openai.streams import Deltas, merge, sse_events
 
 
 @dataclass
@@ -127,9 +51,6 @@ class _Result:
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
-
-
-_Deltas = AsyncIterator[tuple[int, GenerationDelta]]
 
 
 class OpenAIServing:
@@ -195,7 +116,7 @@ class OpenAIServing:
     # -- endpoints --------------------------------------------------------------------------------
 
     async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
-        plan = self._plan_chat(request)
+        plan = plan_chat(request, self.resolve)
         results = await self._collect(plan)
         decode = plan.served.engine.tokenizer.decode
         choices = [
@@ -215,14 +136,14 @@ class OpenAIServing:
         )
 
     async def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
-        plan = self._plan_chat(request)
+        plan = plan_chat(request, self.resolve)
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(self, request: CompletionRequest) -> CompletionResponse:
-        plan = self._plan_completion(request)
+        plan = plan_completion(request, self.resolve)
         results = await self._collect(plan)
         choices = [
             _completion_choice(request, plan, choice, result)
@@ -236,72 +157,19 @@ class OpenAIServing:
         )
 
     async def completion_stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        plan = self._plan_completion(request)
+        plan = plan_completion(request, self.resolve)
         chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 
-    # -- planning: everything checked once, before the engine sees the request -----------------
-
-    def _plan_chat(self, request: ChatCompletionRequest) -> _Plan:
-        request.check_supported()
-        served = self.resolve(request.model)
-        tokenizer = served.engine.tokenizer
-        prompt_ids = tokenizer.encode_chat(request.chat_messages())
-        sampling = request.to_sampling(served.engine.max_context_tokens)
-        return self._plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
-
-    def _plan_completion(self, request: CompletionRequest) -> _Plan:
-        request.check_supported()
-        served = self.resolve(request.model)
-        engine = served.engine
-        tokenizer = engine.tokenizer
-        many = len(request.prompts()) > 1
-        prompts, texts = [], []
-        for i, prompt in enumerate(request.prompts()):
-            if isinstance(prompt, str):
-                prompts.append(tokenizer.encode(prompt))
-                texts.append(prompt)
-            else:
-                prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
-                texts.append(tokenizer.decode(prompt) if request.echo else "")
-        sampling = request.to_sampling(engine.max_context_tokens)
-        plan = self._plan(served, new_completion_id(), prompts, request.n, sampling)
-        if request.echo:
-            n = request.n
-            choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
-            plan = replace(plan, choices=choices)
-        return plan
-
-    @staticmethod
-    def _plan(
-        served: ServedModel,
-        response_id: str,
-        prompts: list[list[int]],
-        n: int,
-        sampling: SamplingSettings,
-    ) -> _Plan:
-        sampling.validate()
-        engine = served.engine
-        choices = []
-        for p, prompt_ids in enumerate(prompts):
-            room = engine.max_context_tokens - len(prompt_ids)
-            if room < 1:
-                raise PromptTooLong(len(prompt_ids), engine.max_context_tokens)
-            # Clamp instead of failing, the way a finished-by-length reply reads.
-            fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
-            choices += [_Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
-        prompt_tokens = sum(len(ids) for ids in prompts)
-        return _Plan(served, response_id, choices, prompt_tokens)
-
     # -- running ----------------------------------------------------------------------------------
 
-    def _generations(self, plan: _Plan) -> _Deltas:
+    def _generations(self, plan: Plan) -> Deltas:
         """Every choice's deltas tagged with its index; closing this aborts what still runs."""
         if len(plan.choices) == 1:
             return self._generate(plan, plan.choices[0])
-        return _merge([self._generate(plan, choice) for choice in plan.choices])
+        return merge([self._generate(plan, choice) for choice in plan.choices])
 
-    async def _generate(self, plan: _Plan, choice: _Choice) -> _Deltas:
+    async def _generate(self, plan: Plan, choice: Choice) -> Deltas:
         """One engine generation, timed for the observer as it passes."""
         observer, clock, served = self._observer, self._clock, plan.served
         model = served.name
@@ -339,7 +207,7 @@ class OpenAIServing:
             prompt_tokens = len(choice.prompt_ids)
             observer.on_finished(model, reason, prompt_tokens, completion_tokens, clock() - started)
 
-    async def _collect(self, plan: _Plan) -> list[_Result]:
+    async def _collect(self, plan: Plan) -> list[_Result]:
         results = [_Result() for _ in plan.choices]
         async with aclosing(self._generations(plan)) as deltas:
             async for index, delta in deltas:
@@ -352,7 +220,7 @@ class OpenAIServing:
         return results
 
     async def _stream(
-        self, plan: _Plan, chunks: StreamChunks, include_usage: bool
+        self, plan: Plan, chunks: StreamChunks, include_usage: bool
     ) -> AsyncIterator[str]:
         """Start every generation and wait for the first delta, so early errors raise here."""
         deltas = self._generations(plan)
@@ -362,51 +230,11 @@ class OpenAIServing:
             await deltas.aclose()
             raise
         usage_prompt_tokens = plan.prompt_tokens if include_usage else None
-        return _events(deltas, first, chunks, usage_prompt_tokens)
-
-
-async def _events(
-    deltas: _Deltas,
-    first: tuple[int, GenerationDelta],
-    chunks: StreamChunks,
-    usage_prompt_tokens: int | None,
-) -> AsyncIterator[str]:
-    """The SSE text of a started response: deltas, the usage if asked for, then [DONE]. An error
-    after streaming began is one error event, since the HTTP status has already been sent."""
-    index, delta = first
-    completion_tokens = delta.token_count
-    try:
-        async with aclosing(deltas):
-            yield chunks.opening + chunks.delta(index, delta)
-            async for index, delta in deltas:
-                completion_tokens += delta.token_count
-                event = chunks.delta(index, delta)
-                if event:
-                    yield event
-    except Exception as exc:
-        yield sse_data(error_payload(exc)[1])
-        yield DONE
-        return
-    if usage_prompt_tokens is not None:
-        yield chunks.usage(usage_prompt_tokens, completion_tokens)
-    yield DONE
-
-
-def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
-    """A prompt given as token ids must be this model's (see the README on foreign ids)."""
-    param = "prompt" if index is None else f"prompt[{index}]"
-    if not ids:
-        raise InvalidSampling(param, "a prompt of token ids must not be empty")
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise InvalidSampling(
-            param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
-        )
-    return ids
+        return sse_events(deltas, first, chunks, usage_prompt_tokens)
 
 
 def _completion_choice(
-    request: CompletionRequest, plan: _Plan, choice: _Choice, result: _Result
+    request: CompletionRequest, plan: Plan, choice: Choice, result: _Result
 ) -> CompletionChoice:
     """The choice's text (after its prompt with `echo`) and, when asked, its log probabilities."""
     prefix = choice.prompt_text if request.echo else ""
@@ -427,35 +255,5 @@ def _completion_choice(
     )
 
 
-def _usage(plan: _Plan, results: list[_Result]) -> UsageInfo:
+def _usage(plan: Plan, results: list[_Result]) -> UsageInfo:
     return UsageInfo.of(plan.prompt_tokens, sum(r.completion_tokens for r in results))
-
-
-async def _merge(streams: list[_Deltas]) -> _Deltas:
-    """Interleave several generations as they produce; closing this cancels (aborts) them all."""
-    queue: asyncio.Queue[tuple[int, GenerationDelta] | Exception | None] = asyncio.Queue()
-
-    async def pump(stream: _Deltas) -> None:
-        try:
-            async with aclosing(stream) as items:  # type: ignore[type-var]
-                async for item in items:
-                    queue.put_nowait(item)
-            queue.put_nowait(None)
-        except Exception as exc:
-            queue.put_nowait(exc)
-
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    remaining = len(tasks)
-    try:
-        while remaining:
-            item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,10 +1,12 @@
-"""deploy/k8s: parsed with PyYAML and cross-checked (no cluster needed)."""
+"""deploy/k8s: validated against the real Kubernetes schemas (kubernetes-validate, offline),
+parsed with PyYAML and cross-checked (no cluster needed)."""
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -12,19 +14,33 @@ from ferry.server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT, ferry_series_names
 
 K8S = DEPLOY / "k8s"
+# The oldest Kubernetes release the manifests target (autoscaling/v2 and the probes they use are
+# older), and the newest whose schemas kubernetes-validate ships.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+# Kinds outside Kubernetes' own API, for which kubernetes-validate has no schema: kustomize's file
+# and the Prometheus Operator's CRD. The cross-checks below cover them.
+NO_SCHEMA = {"Kustomization", "ServiceMonitor"}
+
+
+def k8s_documents() -> list[tuple[str, dict]]:
+    """(file name, document) for every YAML document under deploy/k8s."""
+    return [
+        (path.name, doc)
+        for path in sorted(K8S.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+    ]
 
 
 @pytest.fixture(scope="module")
 def manifests() -> dict[str, dict]:
     """kind -> manifest (one of each kind, except ConfigMaps keyed by name)."""
     out: dict[str, dict] = {}
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
+    for _, doc in k8s_documents():
+        if doc["kind"] == "Kustomization":
             continue
-        for doc in yaml.safe_load_all(path.read_text()):
-            key = doc["metadata"]["name"] if doc["kind"] == "ConfigMap" else doc["kind"]
-            assert key not in out, f"two {key} manifests"
-            out[key] = doc
+        key = doc["metadata"]["name"] if doc["kind"] == "ConfigMap" else doc["kind"]
+        assert key not in out, f"two {key} manifests"
+        out[key] = doc
     return out
 
 
@@ -39,6 +55,24 @@ def _routes() -> set[str]:
     from ferry.server.settings import Settings
 
     return set(create_app(Settings()).openapi()["paths"])
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_manifests_pass_the_kubernetes_schemas(version):
+    """Strict: a misspelt or misplaced field fails, not only a missing or mistyped one."""
+    kinds, errors = set(), []
+    for name, doc in k8s_documents():
+        kinds.add(doc["kind"])
+        if doc["kind"] in NO_SCHEMA:
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(doc, version, strict=True)
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{name} ({doc['kind']}): {exc.message}")
+    assert not errors, f"against Kubernetes {version}:\n" + "\n".join(errors)
+    assert {"Deployment", "Service", "ConfigMap", "HorizontalPodAutoscaler"} <= kinds
 
 
 def test_kustomization_lists_every_manifest():

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineOverloaded, ModelNotFound, PromptTooLong
-from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
+from ferry.llm.ortgenai import OrtGenAIEngine
+from ferry.llm.ortgenai_owner import OwnerLoop
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME, ONNX_DIR, WAIT_S
@@ -268,15 +269,15 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
     serving: OpenAIServing, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stream = await serving.chat_stream(chat_request(reference["cases"][0], max_tokens=200))
-    original = _OwnerLoop._step
+    original = OwnerLoop._step
 
-    def crash_soon(self: _OwnerLoop, calls: list[int] = []) -> None:  # noqa: B006
+    def crash_soon(self: OwnerLoop, calls: list[int] = []) -> None:  # noqa: B006
         calls.append(1)
         if len(calls) > 3:
             raise RuntimeError("simulated runtime crash")
         original(self)
 
-    monkeypatch.setattr(_OwnerLoop, "_step", crash_soon)  # fault injection after the start
+    monkeypatch.setattr(OwnerLoop, "_step", crash_soon)  # fault injection after the start
     events = await read_sse(stream)
     assert events[-1] == "[DONE]"
     # The same error table as HTTP answers: a dead engine is a 503.

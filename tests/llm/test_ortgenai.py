@@ -12,7 +12,8 @@ import pytest
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded
-from ferry.llm.ortgenai import OrtGenAIEngine, _OwnerLoop
+from ferry.llm.ortgenai import OrtGenAIEngine
+from ferry.llm.ortgenai_owner import OwnerLoop
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR, WAIT_S
 
 GREEDY = SamplingSettings(max_tokens=20, temperature=0.0)
@@ -127,13 +128,13 @@ async def wait_idle(engine: OrtGenAIEngine) -> None:
 def runtime_tokens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Request ids of every token event the runtime produced (a spy; the real method runs)."""
     seen: list[str] = []
-    original = _OwnerLoop._on_event
+    original = OwnerLoop._on_event
 
-    def spy(self: _OwnerLoop, job: Any, event: Any, flags: Any) -> None:
+    def spy(self: OwnerLoop, job: Any, event: Any, flags: Any) -> None:
         seen.append(job.add.request_id)
         original(self, job, event, flags)
 
-    monkeypatch.setattr(_OwnerLoop, "_on_event", spy)
+    monkeypatch.setattr(OwnerLoop, "_on_event", spy)
     return seen
 
 
@@ -202,10 +203,10 @@ async def test_engine_thread_death_fails_requests_and_readiness(
     engine: OrtGenAIEngine, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Fault injection at the runtime step; everything around it runs for real.
-    def broken_step(self: _OwnerLoop) -> None:
+    def broken_step(self: OwnerLoop) -> None:
         raise RuntimeError("simulated runtime crash")
 
-    monkeypatch.setattr(_OwnerLoop, "_step", broken_step)
+    monkeypatch.setattr(OwnerLoop, "_step", broken_step)
     with pytest.raises(EngineDead):
         await collect(engine, "r1", reference["cases"][0]["prompt"], GREEDY)
     assert not engine.is_ready()

@@ -1,0 +1,119 @@
+"""OpenAI requests checked once, before an engine sees them: the model resolved, the prompt
+rendered and tokenized, sampling validated and max_tokens fitted to each prompt's room."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ferry.llm.base import LLMEngine, SamplingSettings
+from ferry.llm.errors import InvalidSampling, PromptTooLong
+from ferry.server.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    new_chat_id,
+    new_completion_id,
+)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """A name requests can ask for: a base model, or a LoRA adapter on one."""
+
+    name: str
+    engine: LLMEngine
+    base: str  # the engine's configured name
+    adapter: str | None = None
+
+    @property
+    def parent(self) -> str | None:
+        return self.base if self.adapter is not None else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One generation: choice `index` of the response."""
+
+    index: int
+    prompt_ids: list[int]
+    sampling: SamplingSettings  # max_tokens fitted to this prompt's room in the context
+    prompt_text: str = ""  # for `echo`
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked request, ready to run."""
+
+    served: ServedModel  # resolved from the request's model: its name is a configured one
+    response_id: str
+    choices: list[Choice]
+    prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
+
+
+Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves it
+
+
+def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
+    request.check_supported()
+    served = resolve(request.model)
+    tokenizer = served.engine.tokenizer
+    prompt_ids = tokenizer.encode_chat(request.chat_messages())
+    sampling = request.to_sampling(served.engine.max_context_tokens)
+    return _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
+
+
+def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
+    request.check_supported()
+    served = resolve(request.model)
+    engine = served.engine
+    tokenizer = engine.tokenizer
+    many = len(request.prompts()) > 1
+    prompts, texts = [], []
+    for i, prompt in enumerate(request.prompts()):
+        if isinstance(prompt, str):
+            prompts.append(tokenizer.encode(prompt))
+            texts.append(prompt)
+        else:
+            prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
+            texts.append(tokenizer.decode(prompt) if request.echo else "")
+    sampling = request.to_sampling(engine.max_context_tokens)
+    plan = _plan(served, new_completion_id(), prompts, request.n, sampling)
+    if request.echo:
+        n = request.n
+        choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
+        plan = replace(plan, choices=choices)
+    return plan
+
+
+def _plan(
+    served: ServedModel,
+    response_id: str,
+    prompts: list[list[int]],
+    n: int,
+    sampling: SamplingSettings,
+) -> Plan:
+    sampling.validate()
+    engine = served.engine
+    choices = []
+    for p, prompt_ids in enumerate(prompts):
+        room = engine.max_context_tokens - len(prompt_ids)
+        if room < 1:
+            raise PromptTooLong(len(prompt_ids), engine.max_context_tokens)
+        # Clamp instead of failing, the way a finished-by-length reply reads.
+        fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
+        choices += [Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    return Plan(served, response_id, choices, prompt_tokens)
+
+
+def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
+    """A prompt given as token ids must be this model's (see the README on foreign ids)."""
+    param = "prompt" if index is None else f"prompt[{index}]"
+    if not ids:
+        raise InvalidSampling(param, "a prompt of token ids must not be empty")
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise InvalidSampling(
+            param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+        )
+    return ids

@@ -1,0 +1,71 @@
+"""Generations as streams: several interleaved into one, and a started one as SSE text."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from ferry.llm.base import GenerationDelta
+from ferry.server.errors import error_payload
+from ferry.server.openai.chunks import StreamChunks
+from ferry.server.openai.sse import DONE, sse_data
+
+Deltas = AsyncIterator[tuple[int, GenerationDelta]]  # (choice index, delta)
+
+
+async def sse_events(
+    deltas: Deltas,
+    first: tuple[int, GenerationDelta],
+    chunks: StreamChunks,
+    usage_prompt_tokens: int | None,
+) -> AsyncIterator[str]:
+    """The SSE text of a started response: deltas, the usage if asked for, then [DONE]. An error
+    after streaming began is one error event, since the HTTP status has already been sent."""
+    index, delta = first
+    completion_tokens = delta.token_count
+    try:
+        async with aclosing(deltas):
+            yield chunks.opening + chunks.delta(index, delta)
+            async for index, delta in deltas:
+                completion_tokens += delta.token_count
+                event = chunks.delta(index, delta)
+                if event:
+                    yield event
+    except Exception as exc:
+        yield sse_data(error_payload(exc)[1])
+        yield DONE
+        return
+    if usage_prompt_tokens is not None:
+        yield chunks.usage(usage_prompt_tokens, completion_tokens)
+    yield DONE
+
+
+async def merge(streams: list[Deltas]) -> Deltas:
+    """Interleave several generations as they produce; closing this cancels (aborts) them all."""
+    queue: asyncio.Queue[tuple[int, GenerationDelta] | Exception | None] = asyncio.Queue()
+
+    async def pump(stream: Deltas) -> None:
+        try:
+            async with aclosing(stream) as items:  # type: ignore[type-var]
+                async for item in items:
+                    queue.put_nowait(item)
+            queue.put_nowait(None)
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

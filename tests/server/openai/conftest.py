@@ -1,0 +1,1 @@
+from tests.llm.fixtures import engine, reference  # noqa: F401 - pytest finds fixtures by name
