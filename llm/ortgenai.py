@@ -46,11 +46,14 @@ class OrtGenAIEngine:
         max_waiting: int = 64,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
+        special_tokens_in_content: bool = False,
     ) -> None:
         self.name = name
         self._model_dir = Path(model_dir)
         # The prompt side runs on the event loop with the tokenizers library, never through og.
-        self.tokenizer = ChatTokenizer(self._model_dir)
+        self.tokenizer = ChatTokenizer(
+            self._model_dir, escape_special_tokens=not special_tokens_in_content
+        )
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
         self._engine_config: dict[str, Any] = genai_config.get("engine", {})

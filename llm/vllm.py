@@ -200,6 +200,7 @@ def create_vllm_engine(
     enable_lora: bool = False,
     max_adapters: int = 4,
     max_lora_rank: int = 16,
+    special_tokens_in_content: bool = False,
     **engine_kwargs: Any,
 ) -> VLLMEngine:
     """Build a VLLMEngine from a Hugging Face model folder; needs vllm (and a GPU) installed.
@@ -211,7 +212,7 @@ def create_vllm_engine(
     from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    chat = ChatTokenizer(model_dir)
+    chat = ChatTokenizer(model_dir, escape_special_tokens=not special_tokens_in_content)
     lora = enable_lora or bool(adapters)
     if lora:
         engine_kwargs.update(enable_lora=True, max_loras=max_adapters, max_lora_rank=max_lora_rank)

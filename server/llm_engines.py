@@ -18,6 +18,7 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
             enable_lora=settings.adapter_dir is not None,
             max_adapters=settings.max_adapters,
             max_lora_rank=settings.max_lora_rank,
+            special_tokens_in_content=settings.special_tokens_in_content,
         )
     from ferry.llm.ortgenai import OrtGenAIEngine
 
@@ -28,4 +29,5 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
         max_waiting=settings.max_waiting,
         adapters=settings.adapters,
         max_adapters=settings.max_adapters,
+        special_tokens_in_content=settings.special_tokens_in_content,
     )

@@ -152,6 +152,9 @@ class LLMSettings(_Strict):
     max_adapters: int = Field(default=4, ge=1)
     max_lora_rank: int = Field(default=16, ge=1)  # vllm only
     adapter_dir: Path | None = None
+    # Off: the model's special tokens typed inside message content are read as text, so a user
+    # cannot open a new turn or role (role injection). On only for clients trusted to send them.
+    special_tokens_in_content: bool = False
 
     @model_validator(mode="after")
     def _check_adapters(self) -> LLMSettings:
