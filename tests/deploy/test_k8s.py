@@ -86,13 +86,17 @@ def test_every_manifest_has_api_version_kind_and_name(manifests):
         assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"]
 
 
-def test_ports_line_up(manifests, container):
-    (port,) = container["ports"]
-    (service_port,) = manifests["Service"]["spec"]["ports"]
+def test_ports_line_up(manifests, container, tmp_path):
+    (tmp_path / "ferry.toml").write_text(manifests["ferry-config"]["data"]["ferry.toml"])
+    settings = load_settings(tmp_path / "ferry.toml", environ={})
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    # What the ConfigMap's ferry.toml listens on, and nothing else.
+    assert ports == {"http": settings.port, "grpc": settings.grpc_port}
+    service = {port["name"]: port for port in manifests["Service"]["spec"]["ports"]}
+    assert set(service) == set(ports)
+    assert all(service[name]["targetPort"] == name for name in ports)
     (endpoint,) = manifests["ServiceMonitor"]["spec"]["endpoints"]
-    assert port["name"] == service_port["targetPort"] == service_port["name"] == endpoint["port"]
-    assert port["containerPort"] == 8000  # the port in the ConfigMap's ferry.toml
-    assert endpoint["path"] == "/metrics"
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
 
 
 def test_selectors_match_the_pods(manifests):
@@ -120,7 +124,7 @@ def test_probes_hit_routes_ferry_serves(container):
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         http = container[probe]["httpGet"]
         assert http["path"] in routes, f"{probe}: {http['path']} is not a Ferry route"
-        assert http["port"] == container["ports"][0]["name"]
+        assert http["port"] == "http"
     assert "/metrics" in routes
 
 
@@ -129,7 +133,6 @@ def test_config_map_is_a_valid_ferry_config(manifests, container, tmp_path):
     (tmp_path / "ferry.toml").write_text(config)
     settings = load_settings(tmp_path / "ferry.toml", environ={})
     assert settings.host == "0.0.0.0"
-    assert settings.port == container["ports"][0]["containerPort"]
     # Everything else is what the repository's ferry.toml says, model by model and key by key.
     repo = load_settings(ROOT / "ferry.toml", environ={})
     assert _in_image(repo.model_dump(exclude={"host"}), ROOT) == _in_image(
