@@ -23,7 +23,7 @@ test: setup model
 	bash tools/install_docker.sh
 	$(VENV)/bin/ruff check .
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
-	$(PY) tools/triton_env.py
+	$(PY) -m ferry.bench.triton_env
 	$(PY) -m pytest -q
 
 # GPU hosts: the `gpu`-marked tests, in their own venv (vLLM pins its own torch, which the CPU

@@ -150,7 +150,7 @@ def ferry_threads() -> Threads:
 @contextlib.contextmanager
 def ferry_peer(model: dict) -> Iterator[Peer]:
     with ferry_server([model]) as server:
-        yield Peer(Target(server.url, "predict"), server.process.pid)
+        yield Peer(Target(server.url, "predict"), server.pid)
 
 
 @contextlib.contextmanager
@@ -179,7 +179,7 @@ def run_triton_peers(model_dir: Path, plan: Plan, protocol: str) -> list[PeerRes
         for name, mode in zip(TRITON_PEERS[1:], ("batch", "passthrough"), strict=True):
             model = default_model_config(
                 backend="triton",
-                triton_url=triton.url(protocol),
+                triton_url=triton.url_for(protocol),
                 triton_protocol=protocol,
                 triton_model=TRITON_MODEL,
                 triton_mode=mode,

@@ -25,7 +25,8 @@ import httpx
 import pytest
 import yaml
 
-from ferry.bench.server_process import DEFAULT_MODEL_DIR, free_port, metric_value
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, metric_value
 from tests.deploy.deploy_support import DEPLOY, ROOT
 from tests.deploy.docker_engine import docker, docker_engine
 

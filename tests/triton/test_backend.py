@@ -9,7 +9,7 @@ from tritonclient.utils import InferenceServerException
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.backends.triton import TritonBackend, TritonTarget, map_error
 from ferry.batcher import TokenSequence, pad_batch
-from ferry.bench.server_process import free_port
+from ferry.bench.processes import free_port
 from tests.triton.conftest import TRITON_MODEL
 
 PROTOCOLS = ["http", "grpc"]

@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from ferry.bench.processes import triton_server
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.triton.conftest import TRITON_MODEL
-from tests.triton.triton_process import triton_server
 
 RNG = np.random.default_rng(11)
 
@@ -25,7 +25,7 @@ def triton_model(name: str, triton, protocol: str, mode: str = "batch", **extra)
     return default_model_config(
         name=name,
         backend="triton",
-        triton_url=triton.url(protocol),
+        triton_url=triton.url_for(protocol),
         triton_protocol=protocol,
         triton_model=TRITON_MODEL,
         triton_mode=mode,
@@ -90,7 +90,7 @@ def test_passthrough_leaves_batching_to_triton(ferry, triton):
 
 
 def test_triton_down_answers_503_and_recovers(triton_layout, triton_repository, tmp_path):
-    with triton_server(triton_layout, triton_repository, tmp_path) as own_triton:
+    with triton_server(triton_repository, tmp_path, triton_layout) as own_triton:
         models = [
             triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_ms=1),
             default_model_config(),
