@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
 
+from ferry.backends.ort_session import session_options
 from ferry.backends.placement import (
     CUDA_EP,
     Device,
@@ -84,10 +85,7 @@ def _session(model: Path, device: Device):
     providers = onnxruntime_providers(device, ort.get_available_providers(), False, str(model))
     if providers[0] == CUDA_EP:
         ort.preload_dlls()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS_PER_SESSION
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options = session_options(THREADS_PER_SESSION)
     sess = ort.InferenceSession(str(model), options, providers=providers)
     check_session_providers(providers, sess.get_providers(), False, str(model))
     return sess

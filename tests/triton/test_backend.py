@@ -25,7 +25,7 @@ def ragged_batch():
 
 async def started(triton, protocol: str, mode: str = "batch") -> TritonBackend:
     backend = TritonBackend(
-        TritonTarget(triton.url(protocol), protocol, TRITON_MODEL), mode=mode, timeout_s=30
+        TritonTarget(triton.url_for(protocol), protocol, TRITON_MODEL), mode=mode, timeout_s=30
     )
     await backend.start()
     return backend
