@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DASHBOARDS = DEPLOY / "grafana" / "dashboards"
+needs_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="prometheus missing: run `bash tools/install_prometheus.sh`",
+)
 
 # What Triton exports on :8002/metrics (docs/user_guide/metrics.md of triton-inference-server/
 # server, r24.08): per-model counters and gauges (labels model, version), GPU and CPU gauges.

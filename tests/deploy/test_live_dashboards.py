@@ -6,7 +6,6 @@ Needs `prometheus` (bash tools/install_prometheus.sh) and the exported default m
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,19 +24,14 @@ from tests.deploy.deploy_support import (
     finite_values,
     instant_query,
     metric_names,
+    needs_prometheus,
     scraped_total,
     wait_until,
 )
 from tests.gpu import requires_gpu
 from tools.render_dashboard import substitute
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None,
-        reason="prometheus missing: run `bash tools/install_prometheus.sh`",
-    ),
-    pytest.mark.timeout(180),
-]
+pytestmark = [needs_prometheus, pytest.mark.timeout(180)]
 
 MODEL = "all-MiniLM-L6-v2"
 # Wider than the traffic run, so every rate() sees all of it (Grafana: $__rate_interval).

@@ -7,7 +7,6 @@ Triton: the CPU Triton of tests/triton (bench/triton_env.py) behind Ferry's trit
 
 from __future__ import annotations
 
-import shutil
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,18 +20,13 @@ from tests.deploy.deploy_support import (
     dashboard_queries,
     finite_values,
     instant_query,
+    needs_prometheus,
     scraped_total,
     wait_until,
 )
 from tools.render_dashboard import substitute
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None,
-        reason="prometheus missing: run `bash tools/install_prometheus.sh`",
-    ),
-    pytest.mark.timeout(240),
-]
+pytestmark = [needs_prometheus, pytest.mark.timeout(240)]
 LLM_MODEL = "tiny-llm"
 TRITON_MODEL = "minilm"
 
