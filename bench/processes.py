@@ -120,7 +120,7 @@ class ManagedProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def log_tail(self, chars: int = 4000) -> str:
+    def log_tail(self, chars: int = 8000) -> str:
         return self.log()[-chars:]
 
     def __enter__(self) -> ManagedProcess:
