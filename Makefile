@@ -9,7 +9,7 @@ FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
 
-.PHONY: serve test test-gpu bench-gpu setup model lint bench dashboards clean mutation
+.PHONY: serve test test-gpu bench-gpu setup model triton-models lint bench dashboards clean mutation
 
 serve: setup model
 	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
@@ -23,7 +23,7 @@ test: setup model
 	bash tools/install_docker.sh
 	$(VENV)/bin/ruff check .
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
-	$(PY) tools/triton_env.py
+	$(PY) -m ferry.bench.triton_env
 	$(PY) -m pytest -q
 
 # GPU hosts: the `gpu`-marked tests, in their own venv (vLLM pins its own torch, which the CPU
@@ -63,6 +63,15 @@ model: $(DEFAULT_MODEL)
 
 $(DEFAULT_MODEL): $(VENV)/.installed exporters/*.py
 	$(VENV)/bin/ferry export default --out $(ARTIFACTS)/models/all-MiniLM-L6-v2
+
+# The default model's Triton repositories under triton_models/ (only config.pbtxt is committed):
+# the exporter writes model.py and copies the weights in. The tensorrt flavour's plan is built on
+# a GPU host (triton_models/README.md).
+TRITON_EXPORT := $(VENV)/bin/ferry export triton --model-dir $(ARTIFACTS)/models/all-MiniLM-L6-v2 \
+	--name all-MiniLM-L6-v2 --config ferry.toml
+triton-models: model
+	$(TRITON_EXPORT) --repository triton_models/cpu --flavour python
+	$(TRITON_EXPORT) --repository triton_models/onnxruntime --flavour onnxruntime
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ferry.backends.ort_cuda import run_bound
+from ferry.backends.ort_session import session_options
 from ferry.backends.placement import (
     CUDA_EP,
     Device,
@@ -156,20 +157,10 @@ class OnnxRuntimeBackend:
     def _new_session(self, threads: int | None = None, spin: bool | None = None):
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads or self._intra_op_threads
-        options.inter_op_num_threads = 1
         # Spinning threads burn the cores that the other sessions need when several batches run
         # at once; without spinning a session may use more threads at low load for free.
         spinning = self._spin_threads if spin is None else spin
-        options.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if spinning else "0"
-        )
-        if spinning:
-            # Spin while a run is on (fast hand-offs between ops), not after it: threads left
-            # spinning between runs take the cores from the event loop and the other sessions.
-            options.add_session_config_entry("session.force_spinning_stop", "1")
+        options = session_options(threads or self._intra_op_threads, spinning)
         return ort.InferenceSession(str(self.model_path), options, providers=self._providers)
 
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:

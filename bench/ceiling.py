@@ -12,7 +12,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferry.bench.inprocess import batch1_latencies_s, session, throughput
+from ferry.backends.ort_session import cpu_session
+from ferry.bench.inprocess import batch1_latencies_s, throughput
 
 WARMUP_RUNS = 10
 BATCH_SIZES = (1, 8, 16, 32)
@@ -31,7 +32,7 @@ class Ceiling:
 def ceiling(model: Path, inputs: list[list[int]], sessions: int | None = None) -> Ceiling:
     """Best sequences per second over STRATEGIES on exactly these inputs."""
     sessions = sessions or os.cpu_count() or 1
-    pool = [session(model, 1) for _ in range(sessions)]
+    pool = [cpu_session(model, 1) for _ in range(sessions)]
     throughput(pool, inputs[: WARMUP_RUNS * sessions], 1, sort=False)  # first runs allocate
     figures = {
         f"batch {size}{' sorted' if sort else ''}, {sessions} sessions x 1 thread": throughput(
@@ -45,7 +46,7 @@ def ceiling(model: Path, inputs: list[list[int]], sessions: int | None = None) -
 
 def batch1_p50_ms(model: Path, inputs: list[list[int]], threads: int | None = None) -> float:
     """Median latency of one unpadded call at a time on a session of `threads` threads."""
-    sess = session(model, threads or os.cpu_count() or 1)
+    sess = cpu_session(model, threads or os.cpu_count() or 1)
     # A fresh session's first runs allocate; the servers it is compared with are warmed up too.
     batch1_latencies_s(sess, inputs[:WARMUP_RUNS])
     return statistics.median(batch1_latencies_s(sess, inputs)) * 1000

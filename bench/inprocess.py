@@ -9,13 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-
-def session(model: Path, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+from ferry.backends.ort_session import cpu_session
 
 
 def _feeds(batch: list[list[int]]) -> dict[str, np.ndarray]:
@@ -58,13 +52,15 @@ def throughput(
 
 def best_inprocess(model: Path, inputs: list[list[int]]) -> tuple[str, float, dict[str, float]]:
     """Try the usual strategies; return the best one's name, its seq/s and every figure."""
-    two_single = [session(model, 1), session(model, 1)]
+    two_single = [cpu_session(model, 1), cpu_session(model, 1)]
     figures = {
         "batch 1, 2 sessions x 1 thread": throughput(two_single, inputs, 1, sort=False),
         "batch 8 sorted, 2 sessions x 1 thread": throughput(two_single, inputs, 8, sort=True),
         "batch 32 sorted, 2 sessions x 1 thread": throughput(two_single, inputs, 32, sort=True),
         "batch 32 unsorted, 2 sessions x 1 thread": throughput(two_single, inputs, 32, sort=False),
-        "batch 1, 1 session x 2 threads": throughput([session(model, 2)], inputs, 1, sort=False),
+        "batch 1, 1 session x 2 threads": throughput(
+            [cpu_session(model, 2)], inputs, 1, sort=False
+        ),
     }
     name = max(figures, key=figures.__getitem__)
     return name, figures[name], figures

@@ -150,7 +150,7 @@ def ferry_threads() -> Threads:
 @contextlib.contextmanager
 def ferry_peer(model: dict) -> Iterator[Peer]:
     with ferry_server([model]) as server:
-        yield Peer(Target(server.url, "predict"), server.process.pid)
+        yield Peer(Target(server.url, "predict"), server.pid)
 
 
 @contextlib.contextmanager
@@ -177,7 +177,7 @@ def run_triton_peers(model_dir: Path, plan: Plan, protocol: str) -> list[PeerRes
         direct = Target(f"http://{triton.http_url}", "kserve", TRITON_MODEL)
         results = [run_peer(TRITON_PEERS[0], threads, lambda: given(direct), plan)]
         for name, mode in zip(TRITON_PEERS[1:], ("batch", "passthrough"), strict=True):
-            backend = {"kind": "triton", "url": triton.url(protocol), "protocol": protocol}
+            backend = {"kind": "triton", "url": triton.url_for(protocol), "protocol": protocol}
             model = default_model_config(backend={**backend, "model": TRITON_MODEL, "mode": mode})
             results.append(run_peer(name, threads, lambda m=model: ferry_peer(m), plan))
     return results

@@ -9,7 +9,8 @@ import argparse
 import asyncio
 import statistics
 
-from ferry.bench.inprocess import batch1_latencies_s, best_inprocess, session
+from ferry.backends.ort_session import cpu_session
+from ferry.bench.inprocess import batch1_latencies_s, best_inprocess
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
@@ -35,7 +36,7 @@ def main() -> None:
     name, best, figures = best_inprocess(model, inputs)
     for label, value in figures.items():
         print(f"  in-process {label:42s} {value:8.1f} seq/s")
-    single = session(model, 2)
+    single = cpu_session(model, 2)
     floor_ms = statistics.median(batch1_latencies_s(single, inputs[:200])) * 1000
     print(f"  in-process batch-1 latency p50 {floor_ms:.2f} ms")
 

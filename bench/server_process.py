@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL_DIR = REPO / "artifacts" / "models" / "all-MiniLM-L6-v2"
@@ -25,12 +23,6 @@ TINY_LLM = "tiny-llm"
 
 def tiny_llm_config(**overrides: Any) -> dict[str, Any]:
     return {"name": TINY_LLM, "engine": "ortgenai", "path": str(TINY_LLM_DIR), **overrides}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _toml_value(value: Any) -> str:
@@ -95,72 +87,36 @@ def ferry_server(
             server,
             llm_models,
         )
-        port = free_port()
-        log = open(Path(tmp) / "server.log", "w+")  # noqa: SIM115 - closed below
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                module,
-                "serve",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
-        )
-        key = (env or {}).get("FERRY_API_KEY")
-        handle = FerryProcess(process, f"http://127.0.0.1:{port}", Path(log.name), key)
-        try:
-            handle.wait_ready(ready_timeout_s)
+        handle = FerryProcess(config, Path(tmp) / "server.log", module, env)
+        with running(handle, ready_timeout_s):
             yield handle
-        finally:
-            handle.stop()
-            log.close()
 
 
-class FerryProcess:
+class FerryProcess(ManagedProcess):
+    """`python -m <module> serve --config <config>` on a free loopback port."""
+
     def __init__(
-        self, process: subprocess.Popen, url: str, log_path: Path, api_key: str | None = None
+        self, config: Path, log_path: Path, module: str, env: dict[str, str] | None = None
     ) -> None:
-        self.process = process
-        self.url = url
-        self.log_path = log_path
+        port = free_port()
+        command = [sys.executable, "-m", module, "serve", "--config", str(config)]
+        command += ["--port", str(port), "--log-level", "warning"]
+        api_key = (env or {}).get("FERRY_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-
-    def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ferry exited early:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                ready = httpx.get(f"{self.url}/health/ready", headers=self.headers, timeout=1)
-                if ready.status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"ferry not ready after {timeout_s}s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text() if self.log_path.exists() else ""
+        url = f"http://127.0.0.1:{port}"
+        super().__init__(
+            "ferry",
+            command,
+            log_path,
+            http_ok(f"{url}/health/ready", self.headers),
+            url,
+            env={**os.environ, **(env or {})},
+            cwd=REPO,
+            grace_s=30.0,
+        )
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=5).text
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
-        return self.process.returncode
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -15,27 +15,24 @@ import asyncio
 import contextlib
 import os
 import queue
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-import httpx
 import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
 
+from ferry.backends.ort_session import session_options
 from ferry.backends.placement import (
     CUDA_EP,
     Device,
     check_session_providers,
     onnxruntime_providers,
 )
+from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT = "sentence_embedding"
@@ -88,20 +85,10 @@ def _session(model: Path, device: Device):
     providers = onnxruntime_providers(device, ort.get_available_providers(), False, str(model))
     if providers[0] == CUDA_EP:
         ort.preload_dlls()
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = THREADS_PER_SESSION
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options = session_options(THREADS_PER_SESSION)
     sess = ort.InferenceSession(str(model), options, providers=providers)
     check_session_providers(providers, sess.get_providers(), False, str(model))
     return sess
-
-
-@dataclass(frozen=True)
-class UnbatchedProcess:
-    url: str
-    pid: int
-    sessions: int
 
 
 @contextlib.contextmanager
@@ -110,41 +97,20 @@ def unbatched_server(
     sessions: int | None = None,
     ready_timeout_s: float = 60.0,
     device: Device = "cpu",
-) -> Iterator[UnbatchedProcess]:
+) -> Iterator[ManagedProcess]:
     """Run the peer as its own uvicorn process on a free loopback port."""
-    from ferry.bench.server_process import free_port
-
     sessions = sessions or os.cpu_count() or 1
     port = free_port()
     command = [sys.executable, "-m", "ferry.bench.unbatched_server", "--model", str(model)]
     command += ["--port", str(port), "--sessions", str(sessions), "--device", device]
-    # A file, not a pipe: nobody reads a pipe while the benchmark runs, and a full one blocks.
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_ready(process, url, ready_timeout_s, log)
-            yield UnbatchedProcess(url, process.pid, sessions)
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-
-
-def _wait_ready(process: subprocess.Popen, url: str, timeout_s: float, log: IO[str]) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"unbatched server exited early:\n{log.read()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"unbatched server not ready after {timeout_s}s")
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "unbatched.log"
+        server = ManagedProcess(
+            "unbatched server", command, log, http_ok(f"{url}/health"), url, cwd=REPO, grace_s=10
+        )
+        with running(server, ready_timeout_s):
+            yield server
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -110,14 +110,10 @@ def sample_batch(model_dir: Path, sentences: tuple[str, ...] = SAMPLE_SENTENCES)
 
 def compare(fp32_model: Path, variant_model: Path, feeds: dict, repeats: int = 5) -> Comparison:
     """Cosine of each row's pooled output (embedding or logits) vs fp32, and batch latency."""
-    import onnxruntime as ort
+    from ferry.backends.ort_session import cpu_session
 
-    def session(path: Path):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1  # per-session, as Ferry runs them
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-    reference, variant = session(fp32_model), session(variant_model)
+    # One thread per session, as Ferry runs them.
+    reference, variant = cpu_session(fp32_model, 1), cpu_session(variant_model, 1)
     # The first output without a sequence axis: sentence_embedding, or logits.
     output = next(o.name for o in reference.get_outputs() if len(o.shape) == 2)
     want = reference.run([output], feeds)[0].astype(np.float64)

@@ -106,7 +106,7 @@ def test_kserve_without_a_model_is_refused(capsys):
 
 
 def test_an_unreachable_server_is_an_error_not_a_traceback(capsys):
-    from ferry.bench.server_process import free_port
+    from ferry.bench.processes import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     args = ["bench", "--url", url, "--concurrency", "1", "--requests", "2", "--warmup", "0"]

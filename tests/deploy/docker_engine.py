@@ -15,10 +15,11 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from ferry.bench.processes import ManagedProcess, running
 
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 DOCKERD_ARGS = ["--iptables=false", "--ip-forward=false", "--bridge=none"]
@@ -91,24 +92,13 @@ def docker_engine(start_timeout_s: float = 60) -> Iterator[None]:
             "(run `bash tools/install_docker.sh`, or start Docker)"
         )
     before = HostNetwork.capture()
-    with tempfile.NamedTemporaryFile("w+", prefix="ferry-dockerd-", suffix=".log") as log:
-        proc = subprocess.Popen(
-            ["dockerd", *DOCKERD_ARGS], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+    with tempfile.TemporaryDirectory(prefix="ferry-dockerd-") as tmp:
+        dockerd = ManagedProcess(
+            "dockerd", ["dockerd", *DOCKERD_ARGS], Path(tmp) / "dockerd.log", engine_running,
+            grace_s=60, poll_s=0.5,
         )
         try:
-            deadline = time.monotonic() + start_timeout_s
-            while not engine_running():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"dockerd did not come up:\n{log.read()[-4000:]}")
-                time.sleep(0.5)
-            yield
+            with running(dockerd, start_timeout_s):
+                yield
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
             before.restore()

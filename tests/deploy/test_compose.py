@@ -108,7 +108,7 @@ def test_the_local_file_builds_every_started_image_from_the_local_base(local):
     assert models == ROOT / "triton_models" / "cpu"
     assert "/v2/health/ready" in " ".join(services["triton"]["healthcheck"]["test"])
     triton = (DEPLOY / "triton" / "Dockerfile").read_text()
-    assert "COPY tools/triton_env.py" in triton and "triton_env.py --venv /opt/triton" in triton
+    assert "COPY bench/triton_env.py" in triton and "triton_env.py --venv /opt/triton" in triton
     dockerfile = Path(services["prometheus"]["build"]["context"]) / "Dockerfile"
     assert "apt-get install" in dockerfile.read_text() and "prometheus" in dockerfile.read_text()
     script = (ROOT / "tools/docker_base_image.sh").read_text()

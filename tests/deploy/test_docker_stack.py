@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import time
 import uuid
@@ -25,14 +24,15 @@ import httpx
 import pytest
 import yaml
 
-from ferry.bench.server_process import DEFAULT_MODEL_DIR, free_port, metric_value
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, metric_value
 from tests.deploy.deploy_support import DEPLOY, ROOT
 from tests.deploy.docker_engine import docker, docker_engine
+from tests.exporters.triton_models import TRITON_MODELS, export_default
 
 pytestmark = pytest.mark.timeout(900)
 
 FILES = ["-f", str(DEPLOY / "docker-compose.yml"), "-f", str(DEPLOY / "docker-compose.local.yml")]
-TRITON_ONNX = ROOT / "triton_models/cpu/all-MiniLM-L6-v2/1/model.onnx"
 # Ferry's own config plus a model whose batches Triton runs (reached by its service name).
 TRITON_MODEL = """
 [[models]]
@@ -103,8 +103,9 @@ def _ferry_with_a_triton_model(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[Stack]:
-    # The `cpu` Triton flavour's weights are not committed (triton_models/README.md).
-    shutil.copyfile(DEFAULT_MODEL_DIR / "model.onnx", TRITON_ONNX)
+    # The `cpu` Triton flavour's model.py and weights are not committed: the exporter writes them
+    # (as `make triton-models` does, triton_models/README.md).
+    export_default(DEFAULT_MODEL_DIR, TRITON_MODELS / "cpu", "cpu", config_only=False)
     override = _ferry_with_a_triton_model(tmp_path_factory.mktemp("compose"))
     with docker_engine():
         base = subprocess.run(

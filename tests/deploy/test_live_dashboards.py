@@ -6,7 +6,6 @@ Needs `prometheus` (bash tools/install_prometheus.sh) and the exported default m
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from ferry.bench.processes import prometheus_server
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 from tests.deploy.deploy_support import (
     DEPLOY,
@@ -24,20 +24,14 @@ from tests.deploy.deploy_support import (
     finite_values,
     instant_query,
     metric_names,
-    prometheus_server,
+    needs_prometheus,
     scraped_total,
-    substitute,
     wait_until,
 )
 from tests.gpu import requires_gpu
+from tools.render_dashboard import substitute
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None,
-        reason="prometheus missing: run `bash tools/install_prometheus.sh`",
-    ),
-    pytest.mark.timeout(180),
-]
+pytestmark = [needs_prometheus, pytest.mark.timeout(180)]
 
 MODEL = "all-MiniLM-L6-v2"
 # Wider than the traffic run, so every rate() sees all of it (Grafana: $__rate_interval).
@@ -237,7 +231,7 @@ def test_ferry_drains_and_exits_on_sigterm(overview_run):
     """What the k8s preStop + grace period and compose's stop_grace_period rely on."""
     ferry = overview_run["ferry"]
     started = time.monotonic()
-    returncode = ferry.stop(timeout_s=30)
+    returncode = ferry.stop(grace_s=30)
     # uvicorn re-raises SIGTERM after a clean shutdown, so -15 is a clean exit too.
     assert returncode in (0, -signal.SIGTERM), ferry.log()
     assert time.monotonic() - started < 10

@@ -2,37 +2,31 @@
 
 LLM: `ferry serve` with the repository's ferry.toml (which serves `tiny-llm` once the LLM work is
 integrated), driven through POST /v1/chat/completions, streamed and not.
-Triton: the CPU Triton of tests/triton (tools/triton_env.py) behind Ferry's triton backend.
+Triton: the CPU Triton of tests/triton (bench/triton_env.py) behind Ferry's triton backend.
 """
 
 from __future__ import annotations
 
-import shutil
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from ferry.bench.processes import prometheus_server
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 from tests.deploy.deploy_support import (
     ROOT,
     dashboard_queries,
     finite_values,
     instant_query,
-    prometheus_server,
+    needs_prometheus,
     scraped_total,
-    substitute,
     wait_until,
 )
+from tools.render_dashboard import substitute
 
-pytestmark = [
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None,
-        reason="prometheus missing: run `bash tools/install_prometheus.sh`",
-    ),
-    pytest.mark.timeout(240),
-]
+pytestmark = [needs_prometheus, pytest.mark.timeout(240)]
 LLM_MODEL = "tiny-llm"
 TRITON_MODEL = "minilm"
 
@@ -98,29 +92,29 @@ def test_llm_dashboard_queries_return_data(tmp_path):
 
 
 def _triton_layout():
-    from tools.triton_env import DEFAULT_VENV, TritonLayout
+    from ferry.bench.triton_env import DEFAULT_VENV, TritonLayout
 
     layout = TritonLayout(DEFAULT_VENV)
-    # `make test` builds it first (tools/triton_env.py).
-    assert layout.is_built(), "CPU Triton not built: run `.venv/bin/python tools/triton_env.py`"
+    # `make test` builds it first (bench/triton_env.py).
+    assert layout.is_built(), "CPU Triton not built: run `make test` (bench/triton_env.py)"
     return layout
 
 
 def test_triton_dashboard_queries_return_data(tmp_path):
+    from ferry.bench.processes import triton_server
     from ferry.exporters.triton_repo import Batching, write_repository
-    from tests.triton.triton_process import triton_server
 
     layout = _triton_layout()
     repository = tmp_path / "repo"
     write_repository(
         DEFAULT_MODEL_DIR, repository, "python", Batching(max_batch_size=32), name=TRITON_MODEL
     )
-    with triton_server(layout, repository, tmp_path) as triton:
+    with triton_server(repository, tmp_path, layout) as triton:
         model = default_model_config(
             name="via-triton",
             backend={
                 "kind": "triton",
-                "url": triton.url("http"),
+                "url": triton.url_for("http"),
                 "protocol": "http",
                 "model": TRITON_MODEL,
             },

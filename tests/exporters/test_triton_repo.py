@@ -1,4 +1,4 @@
-"""Triton model repositories: configs mirror the batcher; triton_models/ matches the exporter."""
+"""Triton model repositories: configs mirror the batcher; triton_models/ is the exporter's."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ferry.exporters.triton_repo import Batching, write_repository
-from ferry.server.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
+from ferry.exporters.triton_repo import PYTHON_MODEL, Batching, write_repository
+from tests.exporters.triton_models import FLAVOURS, GENERATED, NAME, TRITON_MODELS, export_default
 
 
 def test_python_flavour_config(default_model_dir, tmp_path):
@@ -40,27 +38,20 @@ def test_gpu_flavours(default_model_dir, tmp_path, flavour, platform, weights):
     assert sorted(p.name for p in (folder / "1").iterdir()) == ([weights] if weights else [])
 
 
-@pytest.mark.parametrize("flavour", ["cpu", "onnxruntime", "tensorrt"])
-def test_committed_triton_models_match_the_exporter(default_model_dir, tmp_path, flavour):
-    name = "all-MiniLM-L6-v2"
-    args = [
-        "export",
-        "triton",
-        "--model-dir",
-        str(default_model_dir),
-        "--repository",
-        str(tmp_path),
-        "--flavour",
-        "python" if flavour == "cpu" else flavour,
-        "--name",
-        name,
-        "--config",
-        str(REPO / "ferry.toml"),
-        "--config-only",
-    ]
-    assert main(args) == 0
-    committed = REPO / "triton_models" / flavour / name
-    for path in (tmp_path / name).rglob("*"):
-        if path.is_file():
-            relative = path.relative_to(tmp_path / name)
-            assert (committed / relative).read_text() == path.read_text(), relative
+@pytest.mark.parametrize("folder", sorted(FLAVOURS))
+def test_committed_triton_models_match_the_exporter(default_model_dir, tmp_path, folder):
+    written = export_default(default_model_dir, tmp_path, folder, config_only=True)
+    committed = TRITON_MODELS / folder / NAME
+
+    def files(root: Path) -> set[str]:
+        paths = (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        return {p for p in paths if p not in GENERATED}
+
+    assert files(written) == files(committed) == {"config.pbtxt"}
+    assert (committed / "config.pbtxt").read_text() == (written / "config.pbtxt").read_text()
+    # The python flavour's model.py is written by the exporter, never committed a second time.
+    model_py = written / "1" / "model.py"
+    if folder == "cpu":
+        assert model_py.read_text() == PYTHON_MODEL.read_text()
+    else:
+        assert not model_py.exists()

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ferry.bench.server_process import FerryProcess, default_model_config, ferry_server, free_port
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import FerryProcess, default_model_config, ferry_server
 
 RNG = np.random.default_rng(5)
 

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from ferry.bench.processes import TritonProcess, triton_server
+from ferry.bench.triton_env import TritonLayout, ensure
 from ferry.exporters.triton_repo import Batching, write_repository
-from tests.triton.triton_process import TritonProcess, triton_server
-from tools.triton_env import TritonLayout, ensure
 
 TRITON_MODEL = "minilm"
 
 
 @pytest.fixture(scope="session")
 def triton_layout() -> TritonLayout:
-    # `make test` builds it first (tools/triton_env.py); this only checks, or builds if missing.
+    # `make test` builds it first (bench/triton_env.py); this only checks, or builds if missing.
     return ensure()
 
 
@@ -31,5 +31,5 @@ def triton_repository(tmp_path_factory, default_model_dir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def triton(triton_layout, triton_repository, tmp_path_factory) -> Iterator[TritonProcess]:
-    with triton_server(triton_layout, triton_repository, tmp_path_factory.mktemp("log")) as s:
+    with triton_server(triton_repository, tmp_path_factory.mktemp("log"), triton_layout) as s:
         yield s

@@ -9,7 +9,7 @@ from tritonclient.utils import InferenceServerException
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.backends.triton import TritonBackend, TritonTarget, map_error
 from ferry.batcher import TokenSequence, pad_batch
-from ferry.bench.server_process import free_port
+from ferry.bench.processes import free_port
 from tests.triton.conftest import TRITON_MODEL
 
 PROTOCOLS = ["http", "grpc"]
@@ -25,7 +25,7 @@ def ragged_batch():
 
 async def started(triton, protocol: str, mode: str = "batch") -> TritonBackend:
     backend = TritonBackend(
-        TritonTarget(triton.url(protocol), protocol, TRITON_MODEL), mode=mode, timeout_s=30
+        TritonTarget(triton.url_for(protocol), protocol, TRITON_MODEL), mode=mode, timeout_s=30
     )
     await backend.start()
     return backend

@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from ferry.bench.processes import triton_server
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.triton.conftest import TRITON_MODEL
-from tests.triton.triton_process import triton_server
 
 RNG = np.random.default_rng(11)
 
@@ -22,7 +22,7 @@ def random_ids(length: int) -> list[int]:
 
 
 def triton_model(name: str, triton, protocol: str, mode: str = "batch", **batching) -> dict:
-    backend = {"kind": "triton", "url": triton.url(protocol), "protocol": protocol}
+    backend = {"kind": "triton", "url": triton.url_for(protocol), "protocol": protocol}
     return default_model_config(
         name=name,
         backend={**backend, "model": TRITON_MODEL, "mode": mode},
@@ -87,7 +87,7 @@ def test_passthrough_leaves_batching_to_triton(ferry, triton):
 
 
 def test_triton_down_answers_503_and_recovers(triton_layout, triton_repository, tmp_path):
-    with triton_server(triton_layout, triton_repository, tmp_path) as own_triton:
+    with triton_server(triton_repository, tmp_path, triton_layout) as own_triton:
         models = [
             triton_model(TRITON_MODEL, own_triton, "grpc", max_queue_delay_s=0.001),
             default_model_config(),

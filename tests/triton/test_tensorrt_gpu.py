@@ -12,15 +12,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from ferry.bench.server_process import default_model_config, ferry_server, free_port
+from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
+from ferry.bench.server_process import default_model_config, ferry_server
 from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.tensorrt import build_plan, derive_profile, gpu_present
 from ferry.exporters.triton_repo import Batching, write_repository
@@ -77,29 +76,10 @@ def tensorrt_triton(default_model_dir, plan, tmp_path_factory):
         f"--grpc-port={grpc}",
         f"--metrics-port={metrics}",
     ]
-    log_path = work / "triton.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not _ready(http):
-            assert process.poll() is None, f"tritonserver exited:\n{log_path.read_text()}"
-            assert time.monotonic() < deadline, (
-                f"Triton not ready after {READY_TIMEOUT_S}s:\n{log_path.read_text()}"
-            )
-            time.sleep(0.5)
+    ready = http_ok(f"http://127.0.0.1:{http}/v2/health/ready")
+    triton = ManagedProcess("tritonserver", command, work / "triton.log", ready, grace_s=30)
+    with running(triton, READY_TIMEOUT_S):
         yield f"127.0.0.1:{grpc}"
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def _ready(http_port: int) -> bool:
-    try:
-        response = httpx.get(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2)
-    except httpx.HTTPError:
-        return False
-    return response.status_code == 200
 
 
 def test_tensorrt_plan_served_through_ferry_matches_onnxruntime(tensorrt_triton, embed_alone):

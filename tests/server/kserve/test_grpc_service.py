@@ -12,7 +12,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_grpc_aio
 from tritonclient.utils import InferenceServerException
 
-from ferry.bench.server_process import DEFAULT_MODEL, ferry_server, free_port, metric_value
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import DEFAULT_MODEL, ferry_server, metric_value
 from tests.server.kserve_support import padded_batch
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -1,14 +1,15 @@
 """Build (once) and describe the private environment that runs a CPU Triton server for tests.
 
-`python tools/triton_env.py` creates `.venv-triton` beside the project venv. It is separate because
-the Triton python backend needs numpy < 2 (with numpy 2 every output tensor comes back empty),
-while Ferry itself runs on numpy 2. The Triton 2.51 server binary comes from the
+`python -m ferry.bench.triton_env` creates `.venv-triton` beside the project venv. It is separate
+because the Triton python backend needs numpy < 2 (with numpy 2 every output tensor comes back
+empty), while Ferry itself runs on numpy 2. The Triton 2.51 server binary comes from the
 `nvidia-pytriton` wheel, installed without its dependencies: only the binary, its bundled
 libraries and the python backend are used, never pytriton's own Python API.
 
 Re-running is cheap: a stamp file holding the requirement list is compared first.
 
-`TritonLayout` tells a caller (tests, developers) how to start `tritonserver` from that venv.
+`TritonLayout` tells a caller (bench/processes.py, deploy/triton/Dockerfile) how to start
+`tritonserver` from that venv. Standard library only: the Triton image copies this one file.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = ROOT / ".venv-triton"
 PYTRITON = "nvidia-pytriton==0.7.0"
-# What the python-backend model (triton_models/*/1/model.py) imports, and numpy < 2 (see above).
+# What the python-backend model (exporters/triton_python_model.py) imports; numpy < 2 (above).
 REQUIREMENTS = ("numpy>=1.26,<2", "onnxruntime==1.31.1")
 STAMP = ".ferry-triton-env"
 

@@ -1,0 +1,170 @@
+"""Ferry / Overview: traffic, errors, latency and the micro-batcher of every model."""
+
+from __future__ import annotations
+
+from dashboard_kit import RATE, SERVED, M, Panel, ferry_metric, mean, quantiles, rate_by
+
+from ferry.server.gpu_metrics import MEMORY_TOTAL, MEMORY_USED, UTILIZATION
+
+MODEL_READY = ferry_metric("model_ready")
+REQUESTS = ferry_metric("requests")
+REQUEST_DURATION = ferry_metric("request_duration")
+IN_FLIGHT = ferry_metric("in_flight")
+REJECTIONS = ferry_metric("rejections")
+QUEUE_WAIT = ferry_metric("queue_wait")
+QUEUE_DEPTH = ferry_metric("queue_depth")
+QUEUE_CAPACITY = ferry_metric("queue_capacity")
+BATCH_SIZE = ferry_metric("batch_size")
+BATCH_TOKENS = ferry_metric("batch_tokens")
+PADDING_RATIO = ferry_metric("padding_ratio")
+BACKEND_DURATION = ferry_metric("backend_duration")
+BACKEND_FAILURES = ferry_metric("backend_failures")
+
+OVERVIEW = (
+    Panel(
+        "Models ready",
+        (("{{model}}", f"sum by (model) ({MODEL_READY}{{{M}}})"),),
+        kind="stat",
+        width=6,
+        description="1 when the model is loaded, warm and its backend healthy.",
+    ),
+    Panel(
+        "Ferry targets up",
+        (("{{instance}}", 'up{job="ferry"}'),),
+        kind="stat",
+        width=6,
+        description="Prometheus could scrape the instance.",
+    ),
+    Panel(
+        "5xx ratio",
+        (
+            (
+                "5xx / all",
+                f'(sum(rate({REQUESTS}{{status=~"5..", {SERVED}}}{RATE})) or vector(0))'
+                f" / sum(rate({REQUESTS}{{{SERVED}}}{RATE}))",
+            ),
+        ),
+        unit="percentunit",
+        kind="stat",
+        width=6,
+        description="Share of requests answered with a 5xx (alert: FerryHighErrorRate).",
+    ),
+    Panel(
+        "Queue utilisation",
+        (("{{model}}", f"max by (model) ({QUEUE_DEPTH}{{{M}}} / {QUEUE_CAPACITY}{{{M}}})"),),
+        unit="percentunit",
+        kind="stat",
+        width=6,
+        description="Queue depth / bound (alert: FerryQueueSaturated at 80%).",
+    ),
+    Panel(
+        "Requests/s",
+        (("{{endpoint}}", rate_by("endpoint", REQUESTS, f"{M}, {SERVED}")),),
+        unit="reqps",
+        description="Requests answered per second, any status, by route.",
+    ),
+    Panel(
+        "Errors by status",
+        (
+            (
+                "{{status}} {{endpoint}}",
+                rate_by("status, endpoint", REQUESTS, f'status!~"2..", {SERVED}'),
+            ),
+        ),
+        unit="reqps",
+        description="Non-2xx responses per second (404s for unknown models carry no model).",
+    ),
+    Panel(
+        "Rejections by reason",
+        (("{{reason}}", rate_by("reason", REJECTIONS)),),
+        unit="reqps",
+        description="Requests the batcher refused: queue_full, predicted_late, deadline, invalid, "
+        "cancelled, closed.",
+    ),
+    Panel(
+        "Request latency",
+        quantiles(REQUEST_DURATION, f"{M}, {SERVED}"),
+        unit="s",
+        description="Time from request received to response sent.",
+    ),
+    Panel(
+        "Queue wait",
+        quantiles(QUEUE_WAIT, M),
+        unit="s",
+        description="Time a request waited in the batcher's queue before its batch left.",
+    ),
+    Panel(
+        "Backend time per batch",
+        quantiles(BACKEND_DURATION, M, by="backend"),
+        unit="s",
+        description="Time the backend took to run one batch.",
+    ),
+    Panel(
+        "Queue depth",
+        (
+            ("{{model}} depth", f"sum by (model) ({QUEUE_DEPTH}{{{M}}})"),
+            ("{{model}} capacity", f"sum by (model) ({QUEUE_CAPACITY}{{{M}}})"),
+        ),
+        description="Requests waiting in the batcher's queue, and its bound.",
+    ),
+    Panel(
+        "In-flight requests",
+        (
+            (
+                "{{endpoint}}",
+                f'sum by (endpoint) ({IN_FLIGHT}{{endpoint!~"/metrics|/health"}})',
+            ),
+        ),
+        description="HTTP requests being handled now, by path prefix.",
+    ),
+    Panel(
+        "Batch size",
+        (("mean", mean(BATCH_SIZE, M)), *quantiles(BATCH_SIZE, M)[1:]),
+        description="Requests per dispatched batch (the heatmap shows the distribution).",
+    ),
+    Panel(
+        "Batch size distribution",
+        (("{{le}}", f"sum by (le) (increase({BATCH_SIZE}_bucket{{{M}}}{RATE}))"),),
+        kind="heatmap",
+        description="Batches per batch-size bucket.",
+    ),
+    Panel(
+        "Padding ratio",
+        (("mean", mean(PADDING_RATIO, M)), *quantiles(PADDING_RATIO, M)[1:]),
+        unit="percentunit",
+        description="Share of a batch's padded tokens that are padding (lower is better).",
+    ),
+    Panel(
+        "Batches/s and padded tokens",
+        (
+            ("batches/s", rate_by("", f"{BATCH_SIZE}_count")),
+            ("mean padded tokens/batch", mean(BATCH_TOKENS, M)),
+        ),
+        description="Dispatch rate and the mean padded size (batch x longest) of a batch.",
+    ),
+    Panel(
+        "Backend failures/s",
+        (("{{backend}}", rate_by("backend", BACKEND_FAILURES)),),
+        unit="ops",
+        description="Batches whose backend call failed.",
+    ),
+    # Per GPU, from NVML (server/gpu_metrics.py); empty on hosts without a GPU.
+    Panel(
+        "GPU memory",
+        (
+            ("{{instance}} GPU {{gpu}} used", f"max by (instance, gpu) ({MEMORY_USED})"),
+            ("{{instance}} GPU {{gpu}} total", f"max by (instance, gpu) ({MEMORY_TOTAL})"),
+        ),
+        unit="bytes",
+        width=12,
+        description="Memory in use on each GPU (every process on it) and its total; "
+        "FerryGpuMemoryNearLimit fires above 95%.",
+    ),
+    Panel(
+        "GPU utilisation",
+        (("{{instance}} GPU {{gpu}}", f"max by (instance, gpu) ({UTILIZATION})"),),
+        unit="percentunit",
+        width=12,
+        description="Share of time a kernel ran on each GPU (NVML's sample period).",
+    ),
+)
