@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +93,20 @@ def ferry_server(
 
 
 class FerryProcess(ManagedProcess):
-    """`python -m <module> serve --config <config>` on a free loopback port."""
+    """`python -m <module> serve --config <config>` on a free loopback port (or another
+    `launcher` of Ferry's CLI, such as an installed `ferry` script)."""
 
     def __init__(
-        self, config: Path, log_path: Path, module: str, env: dict[str, str] | None = None
+        self,
+        config: Path,
+        log_path: Path,
+        module: str = "ferry.server.cli",
+        env: dict[str, str] | None = None,
+        launcher: Sequence[str] | None = None,
+        cwd: Path = REPO,
     ) -> None:
         port = free_port()
-        command = [sys.executable, "-m", module, "serve", "--config", str(config)]
+        command = [*(launcher or (sys.executable, "-m", module)), "serve", "--config", str(config)]
         command += ["--port", str(port), "--log-level", "warning"]
         api_key = (env or {}).get("FERRY_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -111,7 +118,7 @@ class FerryProcess(ManagedProcess):
             http_ok(f"{url}/health/ready", self.headers),
             url,
             env={**os.environ, **(env or {})},
-            cwd=REPO,
+            cwd=cwd,
             grace_s=30.0,
         )
 

@@ -10,6 +10,7 @@ the venv's own site-packages without processing the .pth files in it, so the dev
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -23,11 +24,11 @@ import httpx
 import numpy as np
 import pytest
 
+from ferry.bench.processes import running
 from ferry.bench.server_process import (
     DEFAULT_MODEL_DIR,
     FerryProcess,
     default_model_config,
-    free_port,
     write_config,
 )
 
@@ -136,6 +137,30 @@ def test_the_wheel_holds_only_the_ferry_package(built: tuple[Path, str]) -> None
     assert "deprecat" not in output.lower(), output
 
 
+def imported_modules(source: bytes) -> list[tuple[int, str]]:
+    """(line, module) for every absolute import in a Python source."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def test_shipped_code_imports_neither_tests_nor_tools(built: tuple[Path, str]) -> None:
+    """Not even lazily (inside a function): neither package is in the wheel."""
+    wheel, _ = built
+    offenders = []
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.endswith(".py"):
+                for line, module in imported_modules(archive.read(name)):
+                    if module.split(".")[0] in {"tests", "tools"}:
+                        offenders.append(f"{name}:{line} imports {module}")
+    assert not offenders, offenders
+
+
 def test_imports_come_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     code = (
         "import ferry, ferry.server.app, ferry.bench.cli, ferry.llm.ortgenai, sys\n"
@@ -155,35 +180,16 @@ def test_ferry_serve_from_the_wheel_answers_predict(
 ) -> None:
     assert DEFAULT_MODEL_DIR.is_absolute()
     config = write_config(tmp_path / "ferry.toml", [default_model_config()])
-    port = free_port()
-    log = tmp_path / "server.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [
-                venv / "bin" / "ferry",
-                "serve",
-                "--config",
-                config,
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=clean_env(),
-        )
-        handle = FerryProcess(process, f"http://127.0.0.1:{port}", log)
-        try:
-            handle.wait_ready(120)
-            ids = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]
-            response = httpx.post(f"{handle.url}/predict", json={"input_ids": ids}, timeout=60)
-            assert response.status_code == 200, response.text
-            got = np.asarray(response.json()["outputs"][0]["sentence_embedding"])
-            assert np.max(np.abs(got - embed_alone(ids))) <= 1e-5
-        finally:
-            assert handle.stop() == 0, handle.log()
+    ferry = [str(venv / "bin" / "ferry")]
+    handle = FerryProcess(config, tmp_path / "server.log", launcher=ferry, cwd=tmp_path)
+    handle.env = clean_env()  # nothing that points Python back at the checkout
+    with running(handle, timeout_s=120):
+        ids = [101, 7592, 2088, 102]  # [CLS] hello world [SEP]
+        response = httpx.post(f"{handle.url}/predict", json={"input_ids": ids}, timeout=60)
+        assert response.status_code == 200, response.text
+        got = np.asarray(response.json()["outputs"][0]["sentence_embedding"])
+        assert np.max(np.abs(got - embed_alone(ids))) <= 1e-5
+    assert handle.process is not None and handle.process.returncode == 0, handle.log()
 
 
 def test_ferry_bench_help_from_the_wheel(venv: Path, tmp_path: Path) -> None:
