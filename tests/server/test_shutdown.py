@@ -32,7 +32,10 @@ async def _in_flight(client: httpx.AsyncClient) -> float:
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero():
-    config = default_model_config(backend={"sessions": 1}, batching={"max_batch_size": 4})
+    # A deadline far off: admission must not refuse (429) what a slow, busy host would finish.
+    config = default_model_config(
+        backend={"sessions": 1}, batching={"max_batch_size": 4}, timeout_s=600
+    )
     with ferry_server([config], server={"drain_timeout_s": 60}) as server:
 
         async def scenario() -> tuple[list[int | str], float, list[int], str | None]:
