@@ -144,7 +144,7 @@ def run_peer(
 def ferry_threads() -> Threads:
     config = default_model_config()
     # One request alone runs on the solo session of every core (backends/onnxruntime.py).
-    return Threads(f"{config['sessions']}x1 (+solo 1x{CORES})", CORES)
+    return Threads(f"{config['backend']['sessions']}x1 (+solo 1x{CORES})", CORES)
 
 
 @contextlib.contextmanager
