@@ -83,7 +83,7 @@ USER 10001:10001
 ENV FERRY_HOST=0.0.0.0 \
     FERRY_PORT=8000 \
     FERRY_CONFIG=/app/ferry.toml
-EXPOSE 8000
+EXPOSE 8000 8001
 STOPSIGNAL SIGTERM
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health/ready' % os.environ.get('FERRY_PORT', '8000'), timeout=2)"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ferry.server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT
 
 BASE = DEPLOY / "docker-compose.yml"
@@ -127,11 +128,13 @@ def _published(config: dict) -> list[int]:
 def test_host_ports_do_not_clash_and_can_be_moved(gpu):
     ports = _published(gpu)
     assert len(ports) == len(set(ports)), ports
-    assert _published({"services": {"ferry": gpu["services"]["ferry"]}}) == [8000]
+    # Ferry's HTTP port and the KServe v2 gRPC port ferry.toml turns on.
+    grpc_port = load_settings(ROOT / "ferry.toml", environ={}).grpc_port
+    assert _published({"services": {"ferry": gpu["services"]["ferry"]}}) == [8000, grpc_port]
     # Triton's 8000-8002 are remapped away from Ferry's 8000.
     assert [p["target"] for p in gpu["services"]["triton"]["ports"]] == [8000, 8001, 8002]
     text = BASE.read_text()
-    for variable in ("FERRY_HTTP_PORT", "PROMETHEUS_PORT", "GRAFANA_PORT"):
+    for variable in ("FERRY_HTTP_PORT", "FERRY_GRPC_PORT", "PROMETHEUS_PORT", "GRAFANA_PORT"):
         assert f"${{{variable}:-" in text, variable
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
@@ -113,12 +114,13 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
             capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL, check=False,
         )
         assert base.returncode == 0, base.stderr[-4000:]
-        ferry_port, prometheus_port = free_port(), free_port()
+        ferry_port, grpc_port, prometheus_port = free_port(), free_port(), free_port()
         env = {
             **os.environ,
             "FERRY_BASE_IMAGE": base.stdout.strip(),
             "FERRY_EXTRA_CA_CERTS": _extra_ca_certs(),
             "FERRY_HTTP_PORT": str(ferry_port),
+            "FERRY_GRPC_PORT": str(grpc_port),
             "PROMETHEUS_PORT": str(prometheus_port),
             "COMPOSE_DOCKER_CLI_BUILD": "0",  # the legacy builder through the engine's API
         }
@@ -159,6 +161,17 @@ def test_predict_and_chat_answer_through_the_published_port(stack):
         )
         assert chat.status_code == 200, chat.text
         assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_kserve_grpc_answers_through_the_published_port(stack):
+    import tritonclient.grpc as triton_grpc
+
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{stack.env['FERRY_GRPC_PORT']}")
+    ids = np.array([[101, 7592, 2088, 102]], dtype=np.int64)
+    tensor = triton_grpc.InferInput("input_ids", list(ids.shape), "INT64")
+    tensor.set_data_from_numpy(ids)
+    result = client.infer("all-MiniLM-L6-v2", [tensor])
+    assert result.as_numpy("sentence_embedding").shape == (1, 384)
 
 
 def test_ferry_passes_batches_through_to_triton_on_the_compose_network(stack):
