@@ -56,7 +56,7 @@ class GeneratorLane:
         og = self._og
         params = og.GeneratorParams(self._model)
         options: dict[str, Any] = {"max_length": len(prompt_ids) + sampling.max_tokens}
-        if sampling.temperature == 0:
+        if sampling.greedy:
             options["do_sample"] = False
         else:  # OpenAI semantics: nucleus only (top_k 0), as on the engine path
             options.update(
