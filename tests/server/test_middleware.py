@@ -74,3 +74,26 @@ async def test_refusals_are_counted_with_their_status(http):
     text = (await http.get("/metrics")).text
     assert metric_value(text, "ferry_requests_total", status="401") == 1
     assert metric_value(text, "ferry_requests_total", status="413") == 1
+
+
+async def test_head_is_answered_as_get_without_a_body(http):
+    got = await http.get("/health/live")
+    head = await http.head("/health/live")
+    assert head.status_code == got.status_code == 200
+    assert head.headers["content-length"] == got.headers["content-length"] != "0"
+    assert head.content == b""
+
+
+async def test_metric_labels_come_from_routes_never_from_the_request(http):
+    await http.post("/v2/models/client-chosen/infer", json={"inputs": []}, headers=AUTH)
+    await http.get("/no/such/path", headers=AUTH)
+    text = (await http.get("/metrics")).text
+    # The route's template and no model: a client cannot add series by naming things.
+    assert (
+        metric_value(
+            text, "ferry_requests_total", endpoint="/v2/models/{name}/infer", model="", status="404"
+        )
+        == 1
+    )
+    assert metric_value(text, "ferry_requests_total", endpoint="other", status="404") == 1
+    assert "client-chosen" not in text and "/no/such/path" not in text
