@@ -160,7 +160,7 @@ class MicroBatcher(Admission, Collection, Dispatch):
         if len(shapes) >= 4:
             self.cost_model.refit()
 
-    async def close(self, drain_timeout_s: float = 30.0) -> None:
+    async def close(self, drain_timeout_s: float) -> None:
         """Refuse new work, let queued and running batches finish, then stop.
 
         Whatever has not finished by the drain timeout fails with BatchAbandoned.
