@@ -182,3 +182,23 @@ async def test_without_a_pad_token_rows_are_padded_with_zeros():
     await clock.run_until_done(asyncio.gather(*batcher.submit([seq(7), seq(7, 7)])))
     assert backend.batches[0].input_ids.tolist() == [[7, 0], [7, 7]]
     await batcher.close(1)
+
+
+async def test_the_collector_task_is_named_after_the_model():
+    batcher = make(RecordingBackend(), ManualClock())
+    # What a task dump (asyncio, aiomonitor, py-spy) shows for the batcher's loop.
+    assert "batcher:m" in {task.get_name() for task in asyncio.all_tasks()}
+    await batcher.close(0)
+
+
+async def test_a_cancelled_request_leaves_the_reported_queue_depth():
+    clock = ManualClock()
+    batcher, observer = make_observed(clock, RecordingBackend())  # not started: all queued
+    batcher.submit([seq(1)])
+    (gone,) = batcher.submit([seq(2)])
+    assert observer.depths == [1, 2]
+    gone.cancel()
+    await settle()
+    assert observer.depths == [1, 2, 1]
+    assert observer.rejections == ["cancelled"]
+    await batcher.close(0)
