@@ -79,7 +79,9 @@ async def test_a_streamed_chat_frames_the_unstreamed_answer(client):
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in deltas)
     assert text == full["choices"][0]["message"]["content"]
     reasons = [c["choices"][0]["finish_reason"] for c in deltas]
-    assert reasons[-1] == full["choices"][0]["finish_reason"] and set(reasons[:-1]) == {None}
+    # Deltas the engine made while nobody read may arrive merged: one event or many.
+    assert reasons[-1] == full["choices"][0]["finish_reason"]
+    assert all(reason is None for reason in reasons[:-1])
     assert all(None not in c["choices"][0]["delta"].values() for c in deltas)
 
 
