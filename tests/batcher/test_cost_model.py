@@ -59,9 +59,9 @@ def test_refits_once_exactly_the_minimum_is_observed():
     assert model.fits == 1
 
 
-def test_only_the_last_window_of_observations_is_fitted():
-    model = BatchCostModel(window=512, refit_every=10_000)
-    model.observe(1, 8, 100.0)  # a stall long ago: it must age out
+def test_only_the_last_512_observations_are_fitted():
+    model = BatchCostModel(refit_every=10_000)
+    model.observe(1, 8, 100.0)  # a stall 512 observations ago: it must age out
     shapes = [(1, 8), (2, 16), (4, 32), (8, 64)] * 128
     for n, length in shapes:
         model.observe(n, length, true_cost(n, length))
