@@ -3,12 +3,11 @@ what a client sees: statuses, headers, bodies and the request counter."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from ferry.bench.server_process import metric_value
-from ferry.server.app import create_app
 from ferry.server.settings import Settings
+from tests.server.inprocess import serving
 
 KEY = "k3y"
 LIMIT = 2048
@@ -16,12 +15,7 @@ LIMIT = 2048
 
 @pytest.fixture
 async def http():
-    app = create_app(Settings(api_key=KEY, max_body_bytes=LIMIT))
-    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://ferry") as client,
-    ):
+    async with serving(Settings(api_key=KEY, max_body_bytes=LIMIT)) as client:
         yield client
 
 
