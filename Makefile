@@ -78,7 +78,7 @@ lint: setup
 
 # Mutation testing of the batcher against tests/batcher (mutmut, in a staging copy under build/):
 # prints the score and each survivor not listed in tools/mutation_equivalents.txt. Not part of
-# `make test`: about 20 minutes on 2 cores.
+# `make test`: 10-25 minutes on 2 cores.
 mutation: setup
 	$(PY) tools/mutation.py
 

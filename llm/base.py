@@ -11,6 +11,11 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import InvalidSampling
 
 FinishReason = Literal["stop", "length", "abort"]
+# A temperature or top_p below this samples the likeliest token every time: that is the limit of
+# both, and a nucleus this small holds only the top token for any vocabulary under a million
+# (its probability is at least 1/vocab). Such requests run greedy, as vLLM runs temperatures under
+# its 1e-5: the engines take float32, where 5e-324 is 0 and refused.
+SAMPLING_EPS = 1e-6
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,11 @@ class SamplingSettings:
     logprobs: int | None = None
     # The prompt's tokens with their log probabilities as well (completions' `echo`).
     echo: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        """Always the likeliest token: temperature 0, or one or top_p too small to matter."""
+        return self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS
 
     def validate(self) -> None:
         """Raise InvalidSampling naming the first field out of range."""

@@ -56,14 +56,16 @@ class GeneratorLane:
         og = self._og
         params = og.GeneratorParams(self._model)
         options: dict[str, Any] = {"max_length": len(prompt_ids) + sampling.max_tokens}
-        if sampling.temperature == 0:
+        if sampling.greedy:
             options["do_sample"] = False
         else:  # OpenAI semantics: nucleus only (top_k 0), as on the engine path
             options.update(
                 do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0
             )
         if sampling.seed is not None:
-            options["random_seed"] = sampling.seed
+            # og's random_seed is a C int where -1 means unseeded; OpenAI's seed is any int64
+            # (the engine path takes it whole): folded into [0, 2**31), still one stream per seed.
+            options["random_seed"] = sampling.seed % 2**31
         params.set_search_options(**options)
         generator = og.Generator(self._model, params)
         if adapter is not None:

@@ -169,7 +169,7 @@ class OwnerLoop:
         request = self._engine.create_request(options=options)
         turn = og.TurnOptions(request)
         turn.set_max_generated_tokens(sampling.max_tokens)
-        if sampling.temperature == 0:
+        if sampling.greedy:
             turn.set_do_sample(False)
         else:
             turn.set_do_sample(True)

@@ -32,7 +32,7 @@ def to_sampling_params(settings: SamplingSettings, params_cls: Callable[..., Any
     return params_cls(
         n=1,  # Ferry runs n generations as n requests, so each can be aborted on its own
         max_tokens=settings.max_tokens,
-        temperature=settings.temperature,
+        temperature=0.0 if settings.greedy else settings.temperature,
         top_p=settings.top_p,
         seed=settings.seed,
         stop=list(settings.stop),

@@ -6,6 +6,10 @@ the code must be imported as `ferry.batcher.x` from `ferry/batcher/x.py`. The re
 `batcher/` onto `ferry.batcher` with setuptools' package-dir instead, so the run happens in a
 staging copy (build/mutation) laid out the way mutmut expects; the repository is never touched.
 
+`--survivors` re-tests only the last run's unexplained survivors against the current tests
+(after adding tests for them): the staged copy and mutmut's results are kept, so every other
+verdict stands; the sources must not have changed since that run.
+
 Exit status: 0 when the score reaches TARGET and every survivor is listed in EQUIVALENT.
 """
 
@@ -21,10 +25,21 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 STAGE = REPO / "build" / "mutation"
-MODULES = ("batcher", "policy", "padding", "cost_model", "request")
+MODULES = (
+    "batcher",
+    "admission",
+    "collection",
+    "dispatch",
+    "state",
+    "policy",
+    "padding",
+    "cost_model",
+    "request",
+)
 TARGET = 0.85
 # Fewer hypothesis examples per mutant (the suite runs 200): the run must finish on 2 cores.
 PROPERTY_EXAMPLES = "25"
+KILLED = ("killed", "timeout", "segfault")
 EQUIVALENT_FILE = Path(__file__).with_name("mutation_equivalents.txt")
 
 PYPROJECT = """
@@ -52,6 +67,13 @@ def stage() -> None:
         shutil.copytree(
             REPO / package, STAGE / "ferry" / package, ignore=shutil.ignore_patterns("__pycache__")
         )
+    copy_tests()
+    only = ", ".join(f'"ferry/batcher/{m}.py"' for m in MODULES)
+    (STAGE / "pyproject.toml").write_text(PYPROJECT.format(only=only))
+
+
+def copy_tests() -> None:
+    shutil.rmtree(STAGE / "tests", ignore_errors=True)
     (STAGE / "tests").mkdir()
     (STAGE / "tests" / "__init__.py").write_text("")
     shutil.copytree(
@@ -59,8 +81,6 @@ def stage() -> None:
         STAGE / "tests" / "batcher",
         ignore=shutil.ignore_patterns("__pycache__"),
     )
-    only = ", ".join(f'"ferry/batcher/{m}.py"' for m in MODULES)
-    (STAGE / "pyproject.toml").write_text(PYPROJECT.format(only=only))
 
 
 def equivalents() -> dict[str, str]:
@@ -73,22 +93,40 @@ def equivalents() -> dict[str, str]:
     return listed
 
 
+def results(mutmut: list[str], env: dict[str, str]) -> dict[str, str]:
+    """mutant name -> mutmut's verdict, for every mutant of the staged run."""
+    out = subprocess.run(
+        [*mutmut, "results", "--all", "true"], cwd=STAGE, env=env, capture_output=True, text=True
+    ).stdout
+    return dict(re.findall(r"^\s*(\S+): (.+)$", out, re.MULTILINE))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--survivors", action="store_true", help="re-test only the last run's unexplained survivors"
+    )
     args = parser.parse_args()
-    stage()
     mutmut = [sys.executable, "-m", "mutmut"]
     env = {**os.environ, "FERRY_PROPERTY_EXAMPLES": PROPERTY_EXAMPLES}
-    subprocess.run([*mutmut, "run", "--max-children", str(args.jobs)], cwd=STAGE, env=env)
-    results = subprocess.run(
-        [*mutmut, "results", "--all", "true"], cwd=STAGE, env=env, capture_output=True, text=True
-    ).stdout
-    status = dict(re.findall(r"^\s*(\S+): (.+)$", results, re.MULTILINE))
-    killed = sum(1 for s in status.values() if s in ("killed", "timeout", "segfault"))
+    run = [*mutmut, "run", "--max-children", str(args.jobs)]
+    if args.survivors:
+        if not (STAGE / "mutants").is_dir():
+            sys.exit("no earlier run in build/mutation: run `make mutation` first")
+        listed = equivalents()
+        again = [n for n, s in results(mutmut, env).items() if s not in KILLED and n not in listed]
+        copy_tests()
+        if again:
+            subprocess.run([*run, *again], cwd=STAGE, env=env)
+    else:
+        stage()
+        subprocess.run(run, cwd=STAGE, env=env)
+    status = results(mutmut, env)
+    killed = sum(1 for s in status.values() if s in KILLED)
     total = len(status)
     listed = equivalents()
-    survivors = sorted(name for name, s in status.items() if s not in ("killed", "timeout"))
+    survivors = sorted(name for name, s in status.items() if s not in KILLED)
     unexplained = [name for name in survivors if name not in listed]
     score = killed / total if total else 0.0
     print(f"\nmutation score: {killed}/{total} killed = {score:.1%} (target {TARGET:.0%})")

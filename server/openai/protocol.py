@@ -11,7 +11,16 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.errors import InvalidSampling
@@ -48,6 +57,11 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "guided_choice": (None,),
     "guided_grammar": (None,),
 }
+
+
+def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """`value` asks for nothing: equal to a neutral value and of its type (`false` is not 0)."""
+    return any(value == n and type(value) is type(n) for n in neutral)
 
 
 def _id(prefix: str) -> str:
@@ -93,19 +107,21 @@ class ChatMessageParam(OpenAIRequestModel):
 
 
 class StreamOptions(OpenAIRequestModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _SamplingFields(OpenAIRequestModel):
     """The sampling parameters chat and completions share, with OpenAI's ranges."""
 
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    seed: int | None = None
+    # Strict types: the schema says number/integer/boolean, and lax mode would take `false` as
+    # 0 and "1" as 1, running a request that is not what the client wrote.
+    n: StrictInt = Field(default=1, ge=1, le=MAX_N)
+    seed: StrictInt | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     user: str | None = None
 
     @property
@@ -116,7 +132,7 @@ class _SamplingFields(OpenAIRequestModel):
         """InvalidSampling naming the first parameter Ferry would otherwise have to ignore."""
         extra = self.model_extra or {}
         for name, neutral in UNSUPPORTED.items():
-            if name in extra and extra[name] not in neutral:
+            if name in extra and not _neutral(extra[name], neutral):
                 raise InvalidSampling(name, f"{name} is not supported by this server")
         if self.stream and self._streams_no_logprobs():
             raise InvalidSampling("logprobs", "logprobs with stream=true is not supported")
@@ -142,10 +158,10 @@ class _SamplingFields(OpenAIRequestModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessageParam] = Field(min_length=1)
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)  # deprecated by OpenAI, still common
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: StrictInt | None = Field(default=None, ge=1)  # deprecated by OpenAI, still common
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     def chat_messages(self) -> list[dict[str, str]]:
         """Messages with content parts flattened to text, as chat templates expect."""
@@ -171,9 +187,9 @@ class CompletionRequest(_SamplingFields):
         | Annotated[list[StrictInt], Field(min_length=1)]
         | Annotated[list[Annotated[list[StrictInt], Field(min_length=1)]], Field(min_length=1)]
     )
-    max_tokens: int = Field(default=16, ge=1)  # OpenAI's legacy default
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    max_tokens: StrictInt = Field(default=16, ge=1)  # OpenAI's legacy default
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: StrictBool = False
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: its text, or its token ids."""

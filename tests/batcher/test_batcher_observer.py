@@ -183,7 +183,7 @@ async def test_calibration_refits_from_four_shapes(shapes, fits):
 
 
 async def test_failures_are_logged_with_the_model_and_the_error(caplog):
-    caplog.set_level(logging.WARNING, logger="ferry.batcher.batcher")
+    caplog.set_level(logging.WARNING, logger="ferry.batcher")
     clock = ManualClock()
     batcher, _ = make(clock, RecordingBackend(poison=666), dispatch_when_idle=False)
     batcher.start()

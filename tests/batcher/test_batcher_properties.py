@@ -140,9 +140,7 @@ def check_outcome(outcome: Outcome) -> None:
     assert future.result()["value"] == row_value(arrival.ids)
 
 
-def run_property(
-    batcher_class: type[MicroBatcher], examples: int, shrink: bool = True
-) -> None:
+def run_property(batcher_class: type[MicroBatcher], examples: int, shrink: bool = True) -> None:
     @settings(
         max_examples=examples,
         # Shrinking only makes a failure readable; the broken batchers need just the failure.

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from ferry.batcher.cost_model import BatchCostModel
 
@@ -45,3 +46,24 @@ def test_refits_every_n_observations_and_counts_each_fit_once():
     model.observe(8, 64, true_cost(8, 64))
     assert model.fits == 2
     assert set(model.as_dict()) == {"fixed", "per_request", "per_token", "per_token_squared"}
+
+
+def test_predicts_nothing_before_any_fit():
+    assert BatchCostModel().predict(4, 32) == 0.0
+
+
+def test_refits_once_exactly_the_minimum_is_observed():
+    model = BatchCostModel(refit_every=3, min_observations=3)
+    for n, length in [(1, 8), (2, 16), (4, 32)]:
+        model.observe(n, length, true_cost(n, length))
+    assert model.fits == 1
+
+
+def test_only_the_last_512_observations_are_fitted():
+    model = BatchCostModel(refit_every=10_000)
+    model.observe(1, 8, 100.0)  # a stall 512 observations ago: it must age out
+    shapes = [(1, 8), (2, 16), (4, 32), (8, 64)] * 128
+    for n, length in shapes:
+        model.observe(n, length, true_cost(n, length))
+    model.refit()
+    assert model.predict(3, 24) == pytest.approx(true_cost(3, 24), rel=1e-6)

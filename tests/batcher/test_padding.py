@@ -36,3 +36,13 @@ def test_default_pad_token_is_zero_and_both_arrays_are_int64():
     batch = pad_batch([TokenSequence.from_ids([5, 6]), TokenSequence.from_ids([7])])
     assert batch.input_ids.tolist() == [[5, 6], [7, 0]]
     assert batch.input_ids.dtype == np.int64 and batch.attention_mask.dtype == np.int64
+
+
+def test_unwanted_outputs_are_skipped_not_the_end_of_the_split():
+    outputs = {
+        "extra": np.zeros((2, 1), dtype=np.float32),
+        "total": np.array([[1.0], [2.0]], dtype=np.float32),
+    }
+    rows = unpad_outputs(outputs, [1, 1], frozenset(), ("total",))
+    assert [row["total"].tolist() for row in rows] == [[1.0], [2.0]]
+    assert all(set(row) == {"total"} for row in rows)

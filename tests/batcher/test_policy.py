@@ -1,6 +1,6 @@
 from dataclasses import dataclass
 
-from ferry.batcher.policy import BatchLimits, batch_is_full, growth_order
+from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order
 
 
 @dataclass
@@ -134,10 +134,12 @@ def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can(
     import pytest
 
     for field in ("max_batch_size", "max_queue_size", "max_concurrent_batches"):
-        with pytest.raises(ValueError, match=r"must be >= 1"):
+        with pytest.raises(
+            ValueError, match=r"^batch size, queue size and concurrent batches must be >= 1$"
+        ):
             BatchLimits(**{field: 0})
         assert getattr(BatchLimits(**{field: 1}), field) == 1
-    with pytest.raises(ValueError, match=r"max_queue_delay_s must be >= 0"):
+    with pytest.raises(ValueError, match=r"^max_queue_delay_s must be >= 0$"):
         BatchLimits(max_queue_delay_s=-0.001)
     assert BatchLimits(max_queue_delay_s=0.0).max_queue_delay_s == 0.0
     with pytest.raises(ValueError, match=r"max_batch_tokens must be >= 1"):
@@ -147,3 +149,30 @@ def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can(
         with pytest.raises(ValueError, match=r"latency_objective_s must be > 0"):
             BatchLimits(latency_objective_s=objective)
     assert BatchLimits(latency_objective_s=1e-6).latency_objective_s == 1e-6
+
+
+def test_the_padded_size_counts_both_sides_of_the_anchor():
+    # The oldest (5) sorts between 3 and 7: after taking 3 the batch is 2 wide, not 3.
+    queued = [Item(5), Item(3), Item(7)]
+    assert growth_order(queued, BatchLimits(max_batch_tokens=15)) == [0, 1]
+
+
+def test_growth_weighs_a_longer_neighbour_by_every_member_it_would_pad():
+    # Oldest 5; then 4 (pads nothing); then 2 (costs 3 on its own row) beats 7 (costs 2 on
+    # each of the two rows already in): 3 <= 4.
+    queued = [Item(5), Item(4), Item(2), Item(7)]
+    assert growth_order(queued, BatchLimits(max_batch_size=3)) == [0, 1, 2]
+
+
+def test_taking_a_longer_request_widens_the_batch_for_the_token_budget():
+    # 2 then 9: two rows of 9 (18 tokens) do not fit in 10.
+    assert growth_order([Item(2), Item(9)], BatchLimits(max_batch_tokens=10)) == [0]
+
+
+def test_best_prefix_counts_each_members_own_cost_without_the_batch_fixed_cost_only():
+    # 1 s per batch, 1 s per request, 0.1 s per token: the long request costs more in the
+    # padded batch (23 s for 13 s of useful work) than the short one alone (2 of 3 s).
+    def predict(n: int, length: int) -> float:
+        return 1 + n + 0.1 * n * length
+
+    assert best_prefix([10, 100], predict, None) == 1

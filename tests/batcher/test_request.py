@@ -25,6 +25,7 @@ def test_from_ids_makes_int64_ids_and_a_full_mask():
         ([1] * 5, None, "input_ids", "sequence has 5 tokens; this model takes at most 4"),
         ([1, 2], [1], "attention_mask", "attention_mask has 1 values but input_ids has 2"),
         ([1, 10], None, "input_ids", "token id 10 is outside the vocabulary [0, 10)"),
+        ([0, 10], None, "input_ids", "token id 10 is outside the vocabulary [0, 10)"),
         ([-1, 2], None, "input_ids", "token id -1 is outside the vocabulary [0, 10)"),
         ([1, 2], [1, 2], "attention_mask", "attention_mask values must be 0 or 1"),
         ([1, 2], [-1, 1], "attention_mask", "attention_mask values must be 0 or 1"),
@@ -46,3 +47,18 @@ def test_a_scalar_mask_is_reported_as_zero_values():
 def test_the_edges_of_every_range_are_accepted():
     LIMITS.validate(TokenSequence.from_ids([0, 9, 0, 9], [1, 0, 0, 0]))
     LIMITS.validate(TokenSequence.from_ids([9]))
+
+
+@pytest.mark.parametrize(
+    ("ids", "mask", "field", "message"),
+    [
+        (["x"], None, "input_ids", "token ids must be integers in [0, 2**63)"),
+        ([2**64], None, "input_ids", "token ids must be integers in [0, 2**63)"),
+        ([1], ["x"], "attention_mask", "attention_mask values must be 0 or 1"),
+        ([1], [2**64], "attention_mask", "attention_mask values must be 0 or 1"),
+    ],
+)
+def test_values_no_int64_holds_are_invalid_input_naming_the_field(ids, mask, field, message):
+    with pytest.raises(InvalidInput) as info:
+        TokenSequence.from_ids(ids, mask)
+    assert (info.value.field, info.value.message) == (field, message)

@@ -90,6 +90,17 @@ async def test_sampling_settings_reach_the_runtime(
     assert len(texts) > 1  # sampling, not greedy
 
 
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+async def test_a_vanishing_temperature_or_top_p_is_the_greedy_answer(
+    engine: OrtGenAIEngine, reference: dict[str, Any], field: str
+) -> None:
+    # 5e-324 is 0 in the runtime's float32, which it refuses: the limit of both is greedy.
+    case = reference["cases"][0]
+    tiny = SamplingSettings(max_tokens=20, **{field: 5e-324})
+    deltas = await collect(engine, "r1", case["prompt"], tiny)
+    assert "".join(d.text for d in deltas) == reference_text(case)
+
+
 async def test_concurrent_generations_all_complete_and_batch(
     engine: OrtGenAIEngine, reference: dict[str, Any]
 ) -> None:

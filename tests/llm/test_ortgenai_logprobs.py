@@ -64,3 +64,17 @@ async def test_echo_scores_the_prompt_as_generation_scored_it(
 async def test_plain_requests_still_run_on_the_engine_api(engine: OrtGenAIEngine) -> None:
     deltas = await run(engine, [5, 6, 7], SamplingSettings(max_tokens=3, temperature=0.0))
     assert all(d.logprobs == () and d.prompt_logprobs is None for d in deltas)
+
+
+@pytest.mark.parametrize("seed", [2**42 + 1, -1])
+async def test_any_int64_seed_is_taken_and_repeats_its_sample(
+    engine: OrtGenAIEngine, reference: dict[str, Any], seed: int
+) -> None:
+    # The scored path's runtime takes a C int; OpenAI's seed is any int64 (the fuzzer's 2**42+1
+    # was a 500).
+    prompt = reference["cases"][0]["prompt_ids"]
+    sampling = SamplingSettings(max_tokens=STEPS, temperature=1.5, logprobs=1, seed=seed)
+    first, second = [await run(engine, prompt, sampling) for _ in range(2)]
+    assert [e.token_id for d in first for e in d.logprobs] == [
+        e.token_id for d in second for e in d.logprobs
+    ]

@@ -3,12 +3,11 @@ what a client sees: statuses, headers, bodies and the request counter."""
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from ferry.bench.server_process import metric_value
-from ferry.server.app import create_app
 from ferry.server.settings import Settings
+from tests.server.inprocess import serving
 
 KEY = "k3y"
 LIMIT = 2048
@@ -16,12 +15,7 @@ LIMIT = 2048
 
 @pytest.fixture
 async def http():
-    app = create_app(Settings(api_key=KEY, max_body_bytes=LIMIT))
-    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://ferry") as client,
-    ):
+    async with serving(Settings(api_key=KEY, max_body_bytes=LIMIT)) as client:
         yield client
 
 
@@ -74,3 +68,26 @@ async def test_refusals_are_counted_with_their_status(http):
     text = (await http.get("/metrics")).text
     assert metric_value(text, "ferry_requests_total", status="401") == 1
     assert metric_value(text, "ferry_requests_total", status="413") == 1
+
+
+async def test_head_is_answered_as_get_without_a_body(http):
+    got = await http.get("/health/live")
+    head = await http.head("/health/live")
+    assert head.status_code == got.status_code == 200
+    assert head.headers["content-length"] == got.headers["content-length"] != "0"
+    assert head.content == b""
+
+
+async def test_metric_labels_come_from_routes_never_from_the_request(http):
+    await http.post("/v2/models/client-chosen/infer", json={"inputs": []}, headers=AUTH)
+    await http.get("/no/such/path", headers=AUTH)
+    text = (await http.get("/metrics")).text
+    # The route's template and no model: a client cannot add series by naming things.
+    assert (
+        metric_value(
+            text, "ferry_requests_total", endpoint="/v2/models/{name}/infer", model="", status="404"
+        )
+        == 1
+    )
+    assert metric_value(text, "ferry_requests_total", endpoint="other", status="404") == 1
+    assert "client-chosen" not in text and "/no/such/path" not in text

@@ -148,3 +148,30 @@ def test_what_cannot_stream_or_lacks_logprobs_is_refused(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=TINY_LLM, messages=MESSAGES, top_logprobs=2)
     assert info.value.body["param"] == "top_logprobs"
+
+
+# What the fuzzer found (tests/server/fuzz_hooks.py used to filter them out):
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_a_vanishing_temperature_or_top_p_answers_greedy(client, field):
+    # 5e-324 is 0 in the runtime's float32 (it refused top_p 0 with a 500): the limit is greedy.
+    greedy = complete(client, PROMPT).choices[0].text
+    tiny = client.completions.create(model=TINY_LLM, prompt=PROMPT, max_tokens=6, **{field: 5e-324})
+    assert tiny.choices[0].text == greedy
+
+
+@pytest.mark.parametrize(("field", "value"), [("temperature", False), ("top_p", True), ("n", True)])
+def test_a_boolean_in_a_number_field_is_a_400_naming_it(client, field, value):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=TINY_LLM, messages=MESSAGES, max_tokens=2, extra_body={field: value}
+        )
+    assert info.value.body["param"] == field
+
+
+@pytest.mark.parametrize("prompt", ["", ["x", ""]])
+def test_an_empty_prompt_is_a_400_naming_it(client, prompt):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=TINY_LLM, prompt=prompt, max_tokens=2)
+    assert info.value.body["param"].startswith("prompt")

@@ -9,6 +9,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
 from ferry.llm.base import SamplingSettings
+from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -39,6 +40,84 @@ def test_out_of_range_values_name_their_field(field: str, value: float) -> None:
     with pytest.raises(ValidationError) as err:
         ChatCompletionRequest(model="m", messages=MESSAGES, **{field: value})
     assert err.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", False),
+        ("top_p", True),
+        ("temperature", "0.5"),
+        ("n", True),
+        ("n", 2.0),
+        ("seed", False),
+        ("max_tokens", True),
+        ("max_completion_tokens", "5"),
+        ("top_logprobs", False),
+        ("stream", 1),
+        ("logprobs", "true"),
+    ],
+)
+def test_numbers_and_booleans_are_strict(field: str, value: object) -> None:
+    # Lax mode would run `false` as temperature 0 and "0.5" as 0.5: not what the client wrote.
+    with pytest.raises(ValidationError) as err:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, field: value})
+    assert err.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_tokens", False), ("logprobs", True), ("echo", 1)]
+)
+def test_completion_numbers_and_booleans_are_strict(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as err:
+        CompletionRequest.model_validate({"model": "m", "prompt": "hi", field: value})
+    assert err.value.errors()[0]["loc"] == (field,)
+
+
+def test_integers_still_pass_as_numbers() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": MESSAGES, "temperature": 1, "top_p": 1, "n": 2}
+    )
+    assert (request.temperature, request.top_p, request.n) == (1.0, 1.0, 2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "refused"),
+    [
+        ("presence_penalty", 0, False),
+        ("presence_penalty", 0.0, False),
+        ("presence_penalty", False, True),
+        ("frequency_penalty", True, True),
+        ("best_of", True, True),
+        ("best_of", 1, False),
+    ],
+)
+def test_a_boolean_is_not_a_neutral_number(field: str, value: object, refused: bool) -> None:
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": MESSAGES, field: value}
+    )
+    if refused:
+        with pytest.raises(InvalidSampling) as err:
+            request.check_supported()
+        assert err.value.field == field
+    else:
+        request.check_supported()
+
+
+@pytest.mark.parametrize(
+    ("settings", "greedy"),
+    [
+        (SamplingSettings(temperature=0.0), True),
+        (SamplingSettings(temperature=5e-324), True),
+        (SamplingSettings(top_p=5e-324), True),
+        (SamplingSettings(temperature=1e-3, top_p=1e-3), False),
+        (SamplingSettings(), False),
+    ],
+)
+def test_a_vanishing_temperature_or_top_p_runs_greedy(
+    settings: SamplingSettings, greedy: bool
+) -> None:
+    assert settings.greedy is greedy
 
 
 def test_unknown_fields_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:

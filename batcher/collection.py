@@ -1,0 +1,98 @@
+"""Collection: wait for requests, decide when a batch closes and which requests it takes.
+
+Shaped after Ray Serve's `wait_for_batch` (block on the first request, wait only the rest of the
+delay window) and TGI's queue (bounded, drop entries whose caller has gone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from ferry.batcher.policy import batch_is_full, best_prefix, growth_order
+from ferry.batcher.request import QueuedRequest
+from ferry.batcher.state import BatcherState
+
+logger = logging.getLogger(__name__)
+
+
+class Collection(BatcherState):
+    _dispatch: Callable[[list[QueuedRequest]], Awaitable[None]]
+
+    async def _collect_forever(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._dispatch(batch))
+            self._running.add(task)
+            task.add_done_callback(self._batch_done)
+
+    async def _next_batch(self) -> list[QueuedRequest]:
+        clock = self._running_clock()
+        while True:
+            if not self._pending:
+                self._arrival.clear()
+                await self._arrival.wait()
+                continue
+            queued = list(self._pending.values())
+            order = growth_order(queued, self.limits)
+            wait_s = self._wait_for_more_s(queued, order, clock.time())
+            if wait_s > 0:
+                self._arrival.clear()
+                # An arrival or the end of the wait, whichever comes first, wakes the loop.
+                wake = clock.call_at(clock.time() + wait_s, self._arrival.set)
+                try:
+                    await self._arrival.wait()
+                finally:
+                    wake.cancel()
+                continue
+            batch = [queued[i] for i in order[: self._batch_count(queued, order, clock.time())]]
+            for request in batch:
+                del self._pending[id(request)]
+                self._pending_tokens -= request.length
+            self._observer.queue_depth(len(self._pending))
+            return batch
+
+    def _steered(self) -> bool:
+        return self.limits.latency_objective_s is not None and self.cost_model.ready
+
+    def _wait_for_more_s(self, queued: list[QueuedRequest], order: list[int], now: float) -> float:
+        """How long to wait for more requests before closing the batch (0: close it now)."""
+        if (not self._running and self.limits.dispatch_when_idle) or batch_is_full(
+            queued, self.limits
+        ):
+            return 0.0
+        oldest = queued[0]
+        if self._steered():
+            # Wait while the oldest request could still finish a full batch within half its
+            # objective: the other half is for the p99 tail.
+            longest = max(queued[i].length for i in order)
+            full_cost = self.cost_model.predict(self.limits.max_batch_size, longest)
+            objective = self.limits.latency_objective_s or 0.0
+            slack = oldest.enqueued_at + objective / 2 - full_cost - now
+            return max(0.0, min(slack, objective / 4))
+        return max(0.0, oldest.enqueued_at + self.limits.max_queue_delay_s - now)
+
+    def _batch_count(self, queued: list[QueuedRequest], order: list[int], now: float) -> int:
+        """How many of the growth order to take: all of it, or what the cost model finds best."""
+        if not (self.limits.cost_model_batching and self.cost_model.ready):
+            return len(order)
+        oldest = queued[0]
+        finish_by = oldest.deadline
+        if self.limits.latency_objective_s is not None:
+            objective_end = oldest.enqueued_at + self.limits.latency_objective_s
+            finish_by = objective_end if finish_by is None else min(finish_by, objective_end)
+        lengths = [queued[i].length for i in order]
+        budget = None if finish_by is None else finish_by - now
+        return best_prefix(lengths, self.cost_model.predict, budget)
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self._running.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())

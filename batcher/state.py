@@ -1,0 +1,60 @@
+"""What the batcher's parts share: the clock they read, the infer call, and the state they hold.
+
+MicroBatcher (batcher.py) is assembled from the parts: admission (whether a request may wait),
+collection (when a batch closes and what it holds) and dispatch (running it, scattering rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from ferry.batcher.cost_model import BatchCostModel
+from ferry.batcher.observer import BatchObserver
+from ferry.batcher.padding import PaddedBatch
+from ferry.batcher.policy import BatchLimits
+from ferry.batcher.request import QueuedRequest, SequenceLimits
+
+InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
+Result = dict[str, np.ndarray]
+
+
+class Clock(Protocol):
+    """Where the batcher reads the time and schedules its waits; the event loop is one.
+
+    Tests pass a manual clock and advance it instead of sleeping.
+    """
+
+    def time(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> Any: ...
+
+
+class BatcherState:
+    """The attributes MicroBatcher.__init__ sets and its parts read."""
+
+    name: str
+    limits: BatchLimits
+    sequence_limits: SequenceLimits
+    cost_model: BatchCostModel
+    _infer: InferFn
+    _sequence_outputs: frozenset[str]
+    _pad_token_id: int
+    _infer_timeout_s: float | None
+    _observer: BatchObserver
+    _clock: Clock | None
+    _pending: dict[int, QueuedRequest]
+    _pending_tokens: int
+    _arrival: asyncio.Event
+    _slots: asyncio.Semaphore
+    _running: set[asyncio.Task]
+    _recent_batch_s: float
+    _completions: deque[tuple[float, int]]
+    _published_fits: int
+
+    def _running_clock(self) -> Clock:
+        return self._clock or asyncio.get_running_loop()
