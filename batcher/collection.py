@@ -58,8 +58,9 @@ class Collection(BatcherState):
             self._observer.queue_depth(len(self._pending))
             return batch
 
-    def _steered(self) -> bool:
-        return self.limits.latency_objective_s is not None and self.cost_model.ready
+    def _steering_objective(self) -> float | None:
+        """The latency objective, once the cost model is ready to steer waits by it."""
+        return self.limits.latency_objective_s if self.cost_model.ready else None
 
     def _wait_for_more_s(self, queued: list[QueuedRequest], order: list[int], now: float) -> float:
         """How long to wait for more requests before closing the batch (0: close it now)."""
@@ -68,12 +69,12 @@ class Collection(BatcherState):
         ):
             return 0.0
         oldest = queued[0]
-        if self._steered():
+        objective = self._steering_objective()
+        if objective is not None:
             # Wait while the oldest request could still finish a full batch within half its
             # objective: the other half is for the p99 tail.
             longest = max(queued[i].length for i in order)
             full_cost = self.cost_model.predict(self.limits.max_batch_size, longest)
-            objective = self.limits.latency_objective_s or 0.0
             slack = oldest.enqueued_at + objective / 2 - full_cost - now
             return max(0.0, min(slack, objective / 4))
         return max(0.0, oldest.enqueued_at + self.limits.max_queue_delay_s - now)

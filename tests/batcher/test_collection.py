@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from ferry.batcher import BatchLimits, MicroBatcher, SequenceLimits
-from tests.batcher.manual_clock import ManualClock, settle
+from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_admission import exact_cost_model
 from tests.batcher.test_batcher import RecordingBackend, seq
 
@@ -60,16 +60,6 @@ def steered(backend: RecordingBackend, clock: ManualClock, objective_s: float) -
     exact_cost_model(batcher)
     batcher.start()
     return batcher
-
-
-async def test_a_zero_objective_never_waits_for_more():
-    clock, backend = ManualClock(), RecordingBackend()
-    batcher = steered(backend, clock, 0.0)
-    future = batcher.submit([seq(*FOUR)])
-    await settle()
-    assert len(backend.batches) == 1  # no clock time passed
-    await clock.run_until_done(asyncio.gather(*future))
-    await batcher.close(1)
 
 
 async def test_a_steered_wait_rechecks_the_cost_model_every_quarter_objective():
