@@ -296,23 +296,30 @@ def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.Mo
 
 @pytest.mark.gpu
 @requires_gpu
-async def test_real_vllm_on_the_tiny_model() -> None:
+async def test_real_vllm_matches_the_greedy_reference(reference: dict[str, Any]) -> None:
+    """Greedy text equals transformers' greedy continuation (models/tiny-llm/greedy_reference.json)
+    for every recorded case: the adapter's prompt, sampling and detokenizing are vLLM's real ones.
+    float32, as the reference was made: vLLM's `auto` would run a float32 model in float16."""
     # `make test-gpu` installs vllm; `make test-gpu VLLM=` leaves it out, and this test says so.
     pytest.importorskip("vllm", reason="vllm is not installed: pip install '.[vllm]'")
     from ferry.llm.vllm import create_vllm_engine
 
-    engine = create_vllm_engine(HF_DIR, max_model_len=512, enforce_eager=True)
+    engine = create_vllm_engine(HF_DIR, max_model_len=512, enforce_eager=True, dtype="float32")
     try:
-        prompt = engine.tokenizer.render_chat([{"role": "user", "content": "def fibonacci(n):"}])
-        prompt_ids = engine.tokenizer.encode(prompt)
-        sampling = SamplingSettings(max_tokens=8, temperature=0.0)
+        await engine.start()
+        sampling = SamplingSettings(max_tokens=reference["max_new_tokens"], temperature=0.0)
 
-        async def run() -> list[GenerationDelta]:
-            return [d async for d in engine.generate("gpu-1", prompt_ids, sampling)]
+        async def run(index: int, case: dict[str, Any]) -> tuple[str, int]:
+            stream = engine.generate(f"gpu-{index}", case["prompt_ids"], sampling)
+            deltas = [d async for d in stream]
+            return "".join(d.text for d in deltas), sum(d.token_count for d in deltas)
 
-        deltas = await asyncio.wait_for(run(), 300)
-        assert sum(d.token_count for d in deltas) == 8
-        assert deltas[-1].finish_reason == "length"
+        cases = reference["cases"]
+        runs = asyncio.gather(*(run(index, case) for index, case in enumerate(cases)))
+        got = await asyncio.wait_for(runs, 300)
+        for case, (text, tokens) in zip(cases, got, strict=True):
+            assert text == engine.tokenizer.decode(case["new_ids"]), case["messages"]
+            assert tokens == len(case["new_ids"])
     finally:
         await engine.close()
 
