@@ -62,6 +62,23 @@ def steered(backend: RecordingBackend, clock: ManualClock, objective_s: float) -
     return batcher
 
 
+async def test_until_the_cost_model_is_ready_an_objective_waits_only_the_queue_delay():
+    clock, backend = ManualClock(), RecordingBackend()
+    limits = BatchLimits(
+        max_batch_size=8, latency_objective_s=1.0, max_queue_delay_s=0.002, dispatch_when_idle=False
+    )
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, clock=clock)
+    batcher.start()
+    assert not batcher.cost_model.ready  # nothing observed, nothing fitted
+    future = batcher.submit([seq(*FOUR)])
+    await clock.advance(0.001)
+    assert backend.batches == []
+    await clock.advance(0.001)
+    assert len(backend.batches) == 1  # the queue delay, not a wait steered by the objective
+    await clock.run_until_done(asyncio.gather(*future))
+    await batcher.close(1)
+
+
 async def test_a_steered_wait_rechecks_the_cost_model_every_quarter_objective():
     clock, backend = ManualClock(), RecordingBackend()
     batcher = steered(backend, clock, 1.0)

@@ -142,11 +142,11 @@ def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can(
     with pytest.raises(ValueError, match=r"^max_queue_delay_s must be >= 0$"):
         BatchLimits(max_queue_delay_s=-0.001)
     assert BatchLimits(max_queue_delay_s=0.0).max_queue_delay_s == 0.0
-    with pytest.raises(ValueError, match=r"max_batch_tokens must be >= 1"):
+    with pytest.raises(ValueError, match=r"^max_batch_tokens must be >= 1$"):
         BatchLimits(max_batch_tokens=0)
     assert BatchLimits(max_batch_tokens=1).max_batch_tokens == 1
     for objective in (0.0, -1.0):
-        with pytest.raises(ValueError, match=r"latency_objective_s must be > 0"):
+        with pytest.raises(ValueError, match=r"^latency_objective_s must be > 0$"):
             BatchLimits(latency_objective_s=objective)
     assert BatchLimits(latency_objective_s=1e-6).latency_objective_s == 1e-6
 
