@@ -166,7 +166,9 @@ def render_chat(messages: list[dict[str, str]]) -> str:
     return env.from_string(CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
 
 
-def greedy_reference(model, hf_dir: Path) -> dict:
+def greedy_reference(model, hf_dir: Path, stop_at_eos: bool = False) -> dict:
+    """Greedy ids for REFERENCE_PROMPTS: the full REFERENCE_NEW_TOKENS, EOS or not (runtime
+    parity needs the full length), or ending at EOS as a served generation does."""
     import torch
     from tokenizers import Tokenizer
 
@@ -180,10 +182,12 @@ def greedy_reference(model, hf_dir: Path) -> dict:
                 torch.tensor([prompt_ids]),
                 attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
                 max_new_tokens=REFERENCE_NEW_TOKENS,
-                min_new_tokens=REFERENCE_NEW_TOKENS,  # parity needs the full length, EOS or not
+                min_new_tokens=None if stop_at_eos else REFERENCE_NEW_TOKENS,
                 do_sample=False,
             )
         new_ids = out[0, len(prompt_ids) :].tolist()
+        if stop_at_eos:
+            new_ids = [i for i in new_ids if i != model.config.eos_token_id]
         cases.append(
             {"messages": messages, "prompt": prompt, "prompt_ids": prompt_ids, "new_ids": new_ids}
         )

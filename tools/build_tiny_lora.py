@@ -31,9 +31,8 @@ from pathlib import Path
 
 import numpy as np
 from build_tiny_llm import (
-    REFERENCE_NEW_TOKENS,
-    REFERENCE_PROMPTS,
     corpus_files,
+    greedy_reference,
     render_chat,
     train,
 )
@@ -158,30 +157,12 @@ def write_onnx_adapter(weights: dict[str, np.ndarray], path: Path) -> None:
 def peft_reference(hf_dir: Path, peft_dir: Path) -> dict:
     """Plain greedy ids of the saved adapter through transformers + peft, ending at <|im_end|>
     as a served generation does (the base reference forces 20 tokens instead)."""
-    import torch
     from peft import PeftModel
-    from tokenizers import Tokenizer
     from transformers import LlamaForCausalLM
 
-    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     model = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(str(hf_dir)), peft_dir)
     model.eval()
-    cases = []
-    for messages in REFERENCE_PROMPTS:
-        prompt = render_chat(messages)
-        prompt_ids = tok.encode(prompt).ids
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=torch.tensor([prompt_ids]),
-                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                max_new_tokens=REFERENCE_NEW_TOKENS,
-                do_sample=False,
-            )
-        new_ids = [i for i in out[0, len(prompt_ids) :].tolist() if i != model.config.eos_token_id]
-        cases.append(
-            {"messages": messages, "prompt": prompt, "prompt_ids": prompt_ids, "new_ids": new_ids}
-        )
-    return {"max_new_tokens": REFERENCE_NEW_TOKENS, "cases": cases}
+    return greedy_reference(model, hf_dir, stop_at_eos=True)
 
 
 def main() -> None:
