@@ -104,3 +104,20 @@ def test_triton_status_maps_to_ferry_error(status, expected):
 def test_model_failure_is_left_for_the_batcher_to_isolate():
     error = InferenceServerException("model raised", status="StatusCode.INTERNAL")
     assert map_error(error, TARGET) is error
+
+
+def test_settings_map_one_to_one_onto_the_backend():
+    from ferry.server.settings import ModelSettings
+
+    settings = ModelSettings(
+        name="m",
+        path="/m",
+        timeout_s=7,  # a request's deadline: not the call's
+        infer_timeout_s=45,
+        backend={"kind": "triton", "url": "t:8001", "model": "remote", "concurrency": 5},
+        batching={"max_batch_size": 12},
+    )
+    backend = TritonBackend.from_settings(settings, settings.backend)
+    assert (backend.target.url, backend.target.model) == ("t:8001", "remote")
+    assert (backend.timeout_s, backend.max_concurrency) == (45, 5)
+    assert backend._ferry_max_batch_size == 12

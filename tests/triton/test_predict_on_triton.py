@@ -21,11 +21,13 @@ def random_ids(length: int) -> list[int]:
     return [101, *RNG.integers(2000, 29000, size=length - 2).tolist(), 102]
 
 
-def triton_model(name: str, triton, protocol: str, mode: str = "batch", **batching) -> dict:
+def triton_model(
+    name: str, triton, protocol: str, mode: str = "batch", concurrency: int = 2, **batching
+) -> dict:
     backend = {"kind": "triton", "url": triton.url_for(protocol), "protocol": protocol}
     return default_model_config(
         name=name,
-        backend={**backend, "model": TRITON_MODEL, "mode": mode},
+        backend={**backend, "model": TRITON_MODEL, "mode": mode, "concurrency": concurrency},
         batching=batching,
         timeout_s=20,
     )
@@ -36,7 +38,7 @@ def ferry(triton):
     models = [
         default_model_config(name="ort"),
         triton_model("triton-http", triton, "http"),
-        triton_model("triton-grpc", triton, "grpc"),
+        triton_model("triton-grpc", triton, "grpc", concurrency=3),
         triton_model("triton-pass", triton, "grpc", mode="passthrough"),
     ]
     with ferry_server(models) as handle:
@@ -59,6 +61,16 @@ def test_triton_embeddings_equal_onnxruntime_backend(ferry, model):
     on_triton = asyncio.run(predict_all(ferry.url, model, inputs))
     for want, got in zip(on_ort, on_triton, strict=True):
         assert np.max(np.abs(want - got)) <= 1e-5
+
+
+def test_the_triton_backend_runs_as_many_batches_at_once_as_its_concurrency(ferry):
+    # Triton's model config JSON (KServe v2) reports the instances Ferry runs batches on.
+    configs = {
+        name: httpx.get(f"{ferry.url}/v2/models/{name}/config", timeout=10).json()
+        for name in ("triton-http", "triton-grpc")
+    }
+    counts = {name: config["instance_group"][0]["count"] for name, config in configs.items()}
+    assert counts == {"triton-http": 2, "triton-grpc": 3}
 
 
 def triton_counter(text: str, name: str) -> float:
