@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-RejectReason = Literal[
-    "queue_full", "predicted_late", "deadline", "invalid", "cancelled", "closed"
-]
+RejectReason = Literal["queue_full", "predicted_late", "deadline", "invalid", "cancelled", "closed"]
 
 
 class BatchObserver(Protocol):
