@@ -53,13 +53,13 @@ class Collection(BatcherState):
                 continue
             batch = [queued[i] for i in order[: self._batch_count(queued, order, clock.time())]]
             for request in batch:
-                del self._pending[id(request)]
-                self._pending_tokens -= request.length
+                self._dequeue(request)
             self._observer.queue_depth(len(self._pending))
             return batch
 
     def _candidates(self) -> list[QueuedRequest]:
-        """The queued requests the next batch may take, oldest first: the fairness window.
+        """The queued requests the next batch may take, oldest first: the fairness window
+        within the most urgent (lowest) priority queued.
 
         Only those that arrived within `fairness_window` (a fraction of a full batch's predicted
         time at the oldest request's length) of the oldest. Length grouping and the cost model's
@@ -68,6 +68,10 @@ class Collection(BatcherState):
         as first come, first served would make it wait, not until the short ones stop coming.
         """
         queued = list(self._pending.values())
+        if len(self._queued_count) > 1:
+            # Strict priorities: a batch holds only the most urgent priority queued.
+            urgent = min(self._queued_count)
+            queued = [request for request in queued if request.priority == urgent]
         oldest = queued[0]
         if self.cost_model.ready:
             full = min(self.limits.max_batch_size, self.limits.max_batch_tokens // oldest.length)
