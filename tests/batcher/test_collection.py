@@ -203,3 +203,19 @@ async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
         batcher.submit([seq(*FOUR)])
     assert [r.enqueued_at - 1000 for r in batcher._candidates()] == pytest.approx([0, window])
     await batcher.close(0)
+
+
+async def test_queued_lower_priority_numbers_go_first_and_a_batch_holds_one_priority():
+    clock = ManualClock()
+    backend = CostedBackend(clock)
+    limits = BatchLimits(max_batch_size=4, max_concurrent_batches=1)
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, clock=clock)
+    exact_cost_model(batcher)
+    # Queued in this order before the batcher starts: 0, 0, 5, -3, 0, -3, 5 (lengths tag them).
+    futures = []
+    for length, priority in [(1, 0), (2, 0), (3, 5), (4, -3), (5, 0), (6, -3), (7, 5)]:
+        futures += batcher.submit([seq(*range(1, length + 1))], priority=priority)
+    batcher.start()
+    await clock.run_until_done(asyncio.gather(*futures))
+    assert backend.batches == [[4, 6], [1, 2, 5], [3, 7]]
+    await batcher.close(0)
