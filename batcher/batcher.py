@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -64,15 +63,14 @@ class MicroBatcher(Admission, Collection, Dispatch):
         self._clock = clock  # None: the running loop's own time
         # Insertion-ordered, so iteration is arrival order and removal is O(1).
         self._pending: dict[int, QueuedRequest] = {}
-        self._pending_tokens = 0
+        self._queued_count: dict[int, int] = {}
         self._arrival = asyncio.Event()
         self._slots = asyncio.Semaphore(limits.max_concurrent_batches)
         self._running: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._recent_batch_s = 0.05
-        # (finish time, requests) of recent batches: the queue's real drain rate under load.
-        self._completions: deque[tuple[float, int]] = deque()
+        self._queued_work: dict[int, float] = {}
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()
         self._published_fits = 0
@@ -97,8 +95,12 @@ class MicroBatcher(Admission, Collection, Dispatch):
         sequences: Sequence[TokenSequence],
         timeout_s: float | None = None,
         outputs: frozenset[str] | None = None,
+        priority: int = 0,
     ) -> list[asyncio.Future[Result]]:
         """Queue all `sequences` or none of them; one future per sequence.
+
+        `priority` has vLLM's meaning: queued requests of a lower number are served first;
+        within one priority the fairness window holds (collection.py).
 
         `outputs` names what the caller will read (None: every output); a batch fetches only the
         union of what its members asked for. Raises InvalidInput (naming the field), QueueFull
@@ -124,17 +126,22 @@ class MicroBatcher(Admission, Collection, Dispatch):
         now = clock.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
-        self._admit_by_predicted_wait(sequences, now, deadline)
+        self._admit_by_predicted_wait(sequences, now, deadline, priority)
         futures = []
         for seq in sequences:
             request = QueuedRequest(
-                seq, loop.create_future(), enqueued_at=now, deadline=deadline, outputs=outputs
+                seq,
+                loop.create_future(),
+                enqueued_at=now,
+                deadline=deadline,
+                outputs=outputs,
+                priority=priority,
+                cost_s=self.request_cost_s(seq.length),
             )
             if deadline is not None:
                 request.expiry = clock.call_at(deadline, self._expire, request)
             request.future.add_done_callback(lambda fut, r=request: self._forget(r))
-            self._pending[id(request)] = request
-            self._pending_tokens += seq.length
+            self._enqueue(request)
             futures.append(request.future)
         self._observer.queue_depth(len(self._pending))
         self._arrival.set()
@@ -190,8 +197,7 @@ class MicroBatcher(Admission, Collection, Dispatch):
     def _forget(self, request: QueuedRequest) -> None:
         if request.expiry is not None:
             request.expiry.cancel()
-        if self._pending.pop(id(request), None) is not None:
-            self._pending_tokens -= request.length
+        if self._dequeue(request):
             self._observer.queue_depth(len(self._pending))
         if request.future.cancelled():
             self._observer.rejected("cancelled")

@@ -39,7 +39,7 @@ class Collection(BatcherState):
                 self._arrival.clear()
                 await self._arrival.wait()
                 continue
-            queued = list(self._pending.values())
+            queued = self._candidates()
             order = growth_order(queued, self.limits)
             wait_s = self._wait_for_more_s(queued, order, clock.time())
             if wait_s > 0:
@@ -53,10 +53,36 @@ class Collection(BatcherState):
                 continue
             batch = [queued[i] for i in order[: self._batch_count(queued, order, clock.time())]]
             for request in batch:
-                del self._pending[id(request)]
-                self._pending_tokens -= request.length
+                self._dequeue(request)
             self._observer.queue_depth(len(self._pending))
             return batch
+
+    def _candidates(self) -> list[QueuedRequest]:
+        """The queued requests the next batch may take, oldest first: the fairness window
+        within the most urgent (lowest) priority queued.
+
+        Only those that arrived within `fairness_window` (a fraction of a full batch's predicted
+        time at the oldest request's length) of the oldest. Length grouping and the cost model's
+        cut still choose within it, but a request is never passed over by one that arrived
+        more than the window after it, so a long request among short ones waits about as long
+        as first come, first served would make it wait, not until the short ones stop coming.
+        """
+        queued = list(self._pending.values())
+        if len(self._queued_count) > 1:
+            # Strict priorities: a batch holds only the most urgent priority queued.
+            urgent = min(self._queued_count)
+            queued = [request for request in queued if request.priority == urgent]
+        oldest = queued[0]
+        if self.cost_model.ready:
+            full = min(self.limits.max_batch_size, self.limits.max_batch_tokens // oldest.length)
+            batch_s = self.cost_model.predict(max(1, full), oldest.length)
+        else:
+            batch_s = self._recent_batch_s
+        cutoff = oldest.enqueued_at + self.limits.fairness_window * batch_s
+        count = 1
+        while count < len(queued) and queued[count].enqueued_at <= cutoff:
+            count += 1
+        return queued[:count]
 
     def _steering_objective(self) -> float | None:
         """The latency objective, once the cost model is ready to steer waits by it."""

@@ -49,6 +49,7 @@ class Dispatch(BatcherState):
             padded.real_tokens,
             padded.padded_tokens,
             [now - r.enqueued_at for r in batch],
+            batch[0].priority,  # a batch holds one priority (collection.py)
         )
         try:
             rows = await self._infer_rows(padded)
@@ -91,7 +92,6 @@ class Dispatch(BatcherState):
             elapsed = clock.time() - started
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
             if not failed:
-                self._completions.append((clock.time(), padded.size))
                 self.cost_model.observe(padded.size, padded.padded_length, elapsed)
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self.cost_model.ready else None

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol
 
-RejectReason = Literal[
-    "queue_full", "predicted_late", "deadline", "invalid", "cancelled", "closed"
-]
+RejectReason = Literal["queue_full", "predicted_late", "deadline", "invalid", "cancelled", "closed"]
 
 
 class BatchObserver(Protocol):
@@ -15,7 +13,12 @@ class BatchObserver(Protocol):
     def rejected(self, reason: RejectReason) -> None: ...
 
     def batch_formed(
-        self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
+        self,
+        size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        queue_waits_s: list[float],
+        priority: int,
     ) -> None: ...
 
     def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None: ...
@@ -33,7 +36,12 @@ class NullObserver:
         pass
 
     def batch_formed(
-        self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
+        self,
+        size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        queue_waits_s: list[float],
+        priority: int,
     ) -> None:
         pass
 

@@ -34,6 +34,9 @@ class BatchLimits:
     # Let the learned cost model cut each batch where sequences per second peak (padding a
     # batch to one long request can cost more than running that request apart).
     cost_model_batching: bool = True
+    # A request is passed over only by requests that arrived less than this fraction of a full
+    # batch's time after it (by the cost model; the recent batch time before it is ready).
+    fairness_window: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
@@ -42,6 +45,8 @@ class BatchLimits:
             raise ValueError("max_batch_tokens must be >= 1")
         if self.max_queue_delay_s < 0:
             raise ValueError("max_queue_delay_s must be >= 0")
+        if self.fairness_window < 0:
+            raise ValueError("fairness_window must be >= 0")
         if self.latency_objective_s is not None and self.latency_objective_s <= 0:
             raise ValueError("latency_objective_s must be > 0")
 

@@ -82,6 +82,10 @@ class QueuedRequest:
     deadline: float | None
     # The outputs this caller wants; None: all of the backend's.
     outputs: frozenset[str] | None = None
+    # vLLM's meaning: lower is served first.
+    priority: int = 0
+    # Its predicted share of the queue's work (admission's running sum), set when queued.
+    cost_s: float = 0.0
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
     @property

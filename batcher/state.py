@@ -7,7 +7,6 @@ collection (when a batch closes and what it holds) and dispatch (running it, sca
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -48,13 +47,33 @@ class BatcherState:
     _observer: BatchObserver
     _clock: Clock | None
     _pending: dict[int, QueuedRequest]
-    _pending_tokens: int
+    # Queued requests per priority: a priority is a key only while some are queued.
+    _queued_count: dict[int, int]
     _arrival: asyncio.Event
     _slots: asyncio.Semaphore
     _running: set[asyncio.Task]
     _recent_batch_s: float
-    _completions: deque[tuple[float, int]]
+    # Predicted seconds of queued work per priority (admission's running sums).
+    _queued_work: dict[int, float]
     _published_fits: int
 
     def _running_clock(self) -> Clock:
         return self._clock or asyncio.get_running_loop()
+
+    def _enqueue(self, request: QueuedRequest) -> None:
+        self._pending[id(request)] = request
+        priority = request.priority
+        self._queued_count[priority] = self._queued_count.get(priority, 0) + 1
+        self._queued_work[priority] = self._queued_work.get(priority, 0.0) + request.cost_s
+
+    def _dequeue(self, request: QueuedRequest) -> bool:
+        """Take `request` out of the queue; False if it was not there (already dispatched)."""
+        if self._pending.pop(id(request), None) is None:
+            return False
+        priority = request.priority
+        self._queued_count[priority] -= 1
+        if self._queued_count[priority]:
+            self._queued_work[priority] -= request.cost_s
+        else:  # exactly 0, not a float remainder, once a priority's queue is empty
+            del self._queued_count[priority], self._queued_work[priority]
+        return True

@@ -99,9 +99,11 @@ class LLMEngine(Protocol):
         prompt_ids: list[int],
         sampling: SamplingSettings,
         adapter: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
-        `adapter` names a loaded LoRA adapter (ModelNotFound if it is not); None: the base."""
+        `adapter` names a loaded LoRA adapter (ModelNotFound if it is not); None: the base.
+        `priority` (vLLM's meaning): waiting requests with a lower number are admitted first."""
         ...
 
     def adapter_names(self) -> list[str]: ...

@@ -113,6 +113,7 @@ class OrtGenAIEngine:
         prompt_ids: list[int],
         sampling: SamplingSettings,
         adapter: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running") from self._failure
@@ -126,7 +127,7 @@ class OrtGenAIEngine:
             key = adapter_key(adapter, adapter_id)
         stream: asyncio.Queue[GenerationDelta | Exception] = asyncio.Queue()
         self._streams[request_id] = stream
-        self._commands.put(AddRequest(request_id, prompt_ids, sampling, key))
+        self._commands.put(AddRequest(request_id, prompt_ids, sampling, key, priority))
         finished = False
         try:
             while not finished:

@@ -31,6 +31,7 @@ class AddRequest:
     prompt_ids: list[int]
     sampling: SamplingSettings  # max_tokens already fits the context
     adapter: str | None = None  # the runtime's adapter key; None: the base model
+    priority: int = 0  # i25: vLLM's meaning, lower is admitted first
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class OwnerLoop:
 
     def _admit(self) -> None:
         blocked: deque[Job] = deque()  # their lane is full; the other lane may still admit
+        # i25: admit by priority (lower first); sorted() is stable, so arrival order within one.
+        self._waiting = deque(sorted(self._waiting, key=lambda job: job.add.priority))
         while self._waiting:
             job = self._waiting.popleft()
             add = job.add

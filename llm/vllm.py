@@ -142,6 +142,7 @@ class VLLMEngine:
         prompt_ids: list[int],
         sampling: SamplingSettings,
         adapter: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running")
@@ -156,7 +157,11 @@ class VLLMEngine:
         try:
             # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
             stream = self._engine.generate(
-                {"prompt_token_ids": prompt_ids}, params, request_id=request_id, lora_request=lora
+                {"prompt_token_ids": prompt_ids},
+                params,
+                request_id=request_id,
+                lora_request=lora,
+                priority=priority,
             )
             async for output in stream:
                 completion = output.outputs[0]
@@ -216,6 +221,9 @@ def create_vllm_engine(
     lora = enable_lora or bool(adapters)
     if lora:
         engine_kwargs.update(enable_lora=True, max_loras=max_adapters, max_lora_rank=max_lora_rank)
+    # "priority": vLLM schedules waiting requests by (priority, arrival), so `priority` is honoured
+    # and requests that leave it at 0 are served first come, first served as with "fcfs".
+    engine_kwargs.setdefault("scheduling_policy", "priority")
     args = AsyncEngineArgs(
         model=str(model_dir),
         max_model_len=max_model_len,

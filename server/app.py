@@ -48,7 +48,7 @@ async def start_grpc(app: FastAPI):
 
 
 def create_app(settings: Settings) -> FastAPI:
-    metrics = FerryMetrics()
+    metrics = FerryMetrics(priority_levels=settings.priority_levels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

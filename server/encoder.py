@@ -57,6 +57,7 @@ class EncoderServing:
         outputs: Sequence[str],
         timeout_s: float | None = None,
         disconnected: asyncio.Future | None = None,
+        priority: int = 0,
     ) -> EncoderResult:
         """Rows of raw outputs (at least `outputs`), one per item, in order.
 
@@ -72,7 +73,7 @@ class EncoderServing:
                 f"{tokens} tokens; at most {self._settings.max_tokens_per_request} per request",
             )
         self._check_response_size(model, sequences, outputs)
-        futures = model.submit(sequences, timeout_s, model.backend_outputs(outputs))
+        futures = model.submit(sequences, timeout_s, model.backend_outputs(outputs), priority)
         rows = await _results(futures, disconnected)
         return EncoderResult(rows, tokens)
 

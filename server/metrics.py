@@ -27,6 +27,8 @@ LATENCY_BUCKETS_S = (
     10.0,
     30.0,
 )
+# Priorities with their own queue-wait series; every other priority is counted as "other".
+DEFAULT_PRIORITY_LEVELS = (-10, 0, 10)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -35,7 +37,12 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 class FerryMetrics:
     """One instance per app, on its own registry (tests build many apps in one process)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS,
+    ) -> None:
+        self.priority_levels = priority_levels
         # `_created` series double the series count and no dashboard uses them.
         disable_created_metrics()
         self.registry = registry or CollectorRegistry()
@@ -61,8 +68,8 @@ class FerryMetrics:
         )
         self.queue_wait = Histogram(
             "ferry_queue_wait_seconds",
-            "Time a request waited in the batcher's queue.",
-            ["model"],
+            "Time a request waited in the batcher's queue, by priority level.",
+            ["model", "priority"],
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
@@ -195,12 +202,21 @@ class FerryMetrics:
         return ModelBatchObserver(self, model, backend)
 
 
+def priority_label(priority: int, levels: tuple[int, ...]) -> str:
+    """A configured level's own label; any other priority "other": the label set stays bounded
+    whatever numbers clients send."""
+    return str(priority) if priority in levels else "other"
+
+
 class ModelBatchObserver:
     """The batcher's `BatchObserver`, bound to one model's label values."""
 
     def __init__(self, metrics: FerryMetrics, model: str, backend: str) -> None:
         self._depth = metrics.queue_depth.labels(model)
-        self._wait = metrics.queue_wait.labels(model)
+        self._waits = {
+            level: metrics.queue_wait.labels(model, str(level)) for level in metrics.priority_levels
+        }
+        self._other_wait = metrics.queue_wait.labels(model, "other")
         self._size = metrics.batch_size.labels(model)
         self._tokens = metrics.batch_tokens.labels(model)
         self._padding = metrics.padding_ratio.labels(model)
@@ -218,13 +234,19 @@ class ModelBatchObserver:
         self._rejections.labels(self._model, reason).inc()
 
     def batch_formed(
-        self, size: int, real_tokens: int, padded_tokens: int, queue_waits_s: list[float]
+        self,
+        size: int,
+        real_tokens: int,
+        padded_tokens: int,
+        queue_waits_s: list[float],
+        priority: int,
     ) -> None:
         self._size.observe(size)
         self._tokens.observe(padded_tokens)
         self._padding.observe(1 - real_tokens / padded_tokens)
+        histogram = self._waits.get(priority, self._other_wait)
         for wait in queue_waits_s:
-            self._wait.observe(wait)
+            histogram.observe(wait)
 
     def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
         self._duration.observe(seconds)

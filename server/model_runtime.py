@@ -128,9 +128,10 @@ class ModelRuntime:
         sequences: Sequence[TokenSequence],
         timeout_s: float | None,
         outputs: frozenset[str] | None = None,
+        priority: int = 0,
     ) -> list[asyncio.Future]:
         assert self.batcher is not None, "submit before start"
-        return self.batcher.submit(sequences, timeout_s, outputs)
+        return self.batcher.submit(sequences, timeout_s, outputs, priority)
 
     def select_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
         """The outputs a request wants: the ones it names, else the configured ones."""

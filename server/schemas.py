@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 TokenIds = list[StrictInt] | list[list[StrictInt]]
+# vLLM's `priority`: lower is served first; bounded so it stays a plain int64.
+PRIORITY_BOUND = 2**31
+Priority = Annotated[StrictInt, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)]
+PRIORITY_DESCRIPTION = "Queued requests with a lower number are served first (vLLM's meaning)."
 
 
 class PredictRequest(BaseModel):
@@ -39,6 +43,7 @@ class PredictRequest(BaseModel):
     timeout_ms: float | None = Field(
         default=None, gt=0, le=600_000, description="Deadline for this request (504 after it)."
     )
+    priority: Priority = Field(default=0, description=PRIORITY_DESCRIPTION)
 
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> PredictRequest:

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from ferry.batcher.policy import BatchLimits
+from ferry.server.metrics import DEFAULT_PRIORITY_LEVELS
 
 
 class _Strict(BaseModel):
@@ -193,6 +194,9 @@ class Settings(_Strict):
     max_tokens_per_request: int = Field(default=65536, ge=1)
     # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    # Request priorities with their own ferry_queue_wait_seconds series (others: "other"), so
+    # the label set stays bounded whatever clients send.
+    priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
 

@@ -23,7 +23,12 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import ERROR_TABLE, INTERNAL, NotReady, Unauthorized
-from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
+from ferry.server.kserve.infer import (
+    deserialize_bytes,
+    infer_tensors,
+    output_names,
+    request_priority,
+)
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 
@@ -219,13 +224,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 wanted = output_names(model, [o.name for o in request.outputs])
                 # A cancelled call (client gone) cancels this task, and with it the queued work.
                 outputs = await infer_tensors(
-                    model, self.state.encoder, decode_inputs(request), wanted
+                    model,
+                    self.state.encoder,
+                    decode_inputs(request),
+                    wanted,
+                    priority=request_priority(_parameter(request.parameters, "priority")),
                 )
             finally:
                 drain.leave()
             return encode_outputs(request, outputs)
 
         return await self._call("ModelInfer", context, run, request.model_name)
+
+
+def _parameter(parameters: Any, name: str) -> Any:
+    """A request parameter's value (whichever of InferParameter's fields it was sent in)."""
+    if name not in parameters:
+        return None
+    choice = parameters[name].WhichOneof("parameter_choice")
+    return None if choice is None else getattr(parameters[name], choice)
 
 
 async def _value(value: Any) -> Any:

@@ -19,6 +19,7 @@ from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder import EncoderInputs, EncoderServing
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS
 from ferry.server.model_runtime import ModelRuntime
+from ferry.server.schemas import PRIORITY_BOUND
 
 
 def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
@@ -91,6 +92,17 @@ def encoder_inputs(tensors: dict[str, np.ndarray]) -> tuple[EncoderInputs, int |
     return EncoderInputs(sequences=row_sequences(ids, mask)), ids.shape[1], "input_ids"
 
 
+def request_priority(value: object) -> int:
+    """`parameters.priority` (vLLM's meaning: lower first), checked; 0 when absent."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput("priority", "parameters.priority must be an integer")
+    if abs(value) > PRIORITY_BOUND:
+        raise InvalidInput("priority", f"parameters.priority must be within +-{PRIORITY_BOUND}")
+    return value
+
+
 def stack_rows(parts: list[np.ndarray], width: int | None) -> np.ndarray:
     """Per-row outputs into one FP32 tensor; sequence outputs padded back to `width`."""
     if width is not None:
@@ -113,11 +125,12 @@ async def infer_tensors(
     tensors: dict[str, np.ndarray],
     wanted: Sequence[str],
     disconnected: asyncio.Future | None = None,
+    priority: int = 0,
 ) -> dict[str, np.ndarray]:
     """Inputs -> the wanted outputs, through the one encoder path and the model's batcher."""
     inputs, width, field = encoder_inputs(tensors)
     try:
-        result = await encoder.run(model, inputs, wanted, None, disconnected)
+        result = await encoder.run(model, inputs, wanted, None, disconnected, priority)
     except InvalidInput as exc:
         # The encoder names texts `inputs[i]`; this protocol's input is `text`.
         raise InvalidInput(exc.field.replace("inputs", field), exc.message) from None
@@ -126,6 +139,5 @@ async def infer_tensors(
     if width is None and padded:
         width = max(int(row[padded[0]].shape[0]) for row in result.rows)
     return {
-        n: stack_rows([r[n] for r in result.rows], width if n in sequence else None)
-        for n in wanted
+        n: stack_rows([r[n] for r in result.rows], width if n in sequence else None) for n in wanted
     }

@@ -48,6 +48,7 @@ class Plan:
     response_id: str
     choices: list[Choice]
     prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
+    priority: int = 0  # vLLM's meaning: lower is admitted first
 
 
 Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves it
@@ -59,7 +60,8 @@ def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     tokenizer = served.engine.tokenizer
     prompt_ids = tokenizer.encode_chat(request.chat_messages())
     sampling = request.to_sampling(served.engine.max_context_tokens)
-    return _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
+    plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
+    return replace(plan, priority=request.priority)
 
 
 def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
@@ -77,7 +79,9 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
             prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
             texts.append(tokenizer.decode(prompt) if request.echo else "")
     sampling = request.to_sampling(engine.max_context_tokens)
-    plan = _plan(served, new_completion_id(), prompts, request.n, sampling)
+    plan = replace(
+        _plan(served, new_completion_id(), prompts, request.n, sampling), priority=request.priority
+    )
     if request.echo:
         n = request.n
         choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]

@@ -24,6 +24,7 @@ from pydantic import (
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.errors import InvalidSampling
+from ferry.server.schemas import Priority
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ class _SamplingFields(OpenAIRequestModel):
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     user: str | None = None
+    # vLLM's extension: queued requests with a lower number are admitted first.
+    priority: Priority = 0
 
     @property
     def include_usage(self) -> bool:

@@ -179,7 +179,11 @@ class OpenAIServing:
         request_id = f"{plan.response_id}-{choice.index}"
         try:
             generation = served.engine.generate(
-                request_id, choice.prompt_ids, choice.sampling, adapter=served.adapter
+                request_id,
+                choice.prompt_ids,
+                choice.sampling,
+                adapter=served.adapter,
+                priority=plan.priority,
             )
             async with aclosing(generation) as deltas:
                 async for delta in deltas:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder import EncoderInputs
 from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
-from ferry.server.schemas import error_responses
+from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 
 PATH = "/v1/embeddings"
 
@@ -26,6 +26,8 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, gt=0)
     user: str | None = None
+    # Extensions (vLLM's).
+    priority: Priority = Field(default=0, description=PRIORITY_DESCRIPTION)
 
 
 class EmbeddingData(BaseModel):
@@ -80,7 +82,12 @@ async def create_embeddings(call: HotCall) -> Reply:
         )
     try:
         result = await call.app_state.encoder.run(
-            model, _inputs(body), ("sentence_embedding",), None, call.disconnected()
+            model,
+            _inputs(body),
+            ("sentence_embedding",),
+            None,
+            call.disconnected(),
+            body.priority,
         )
     except InvalidInput as exc:
         # Name the field as this endpoint's clients know it.

@@ -21,7 +21,12 @@ from pydantic import BaseModel
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
-from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
+from ferry.server.kserve.infer import (
+    deserialize_bytes,
+    infer_tensors,
+    output_names,
+    request_priority,
+)
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.model_runtime import ModelRuntime
@@ -153,8 +158,9 @@ async def infer(call: HotCall) -> Reply:
     header_length = call.header(HEADER_LENGTH.lower().encode())
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)
+    priority = request_priority(parameters(header).get("priority"))
     outputs = await infer_tensors(
-        model, call.app_state.encoder, tensors, wanted, call.disconnected()
+        model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )
     return encode_response(model.name, header.get("id"), outputs, binary)
 

@@ -25,7 +25,7 @@ async def predict(call: HotCall) -> Reply:
         inputs = EncoderInputs(token_ids=ids, masks=mask)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     result = await call.app_state.encoder.run(
-        model, inputs, outputs, timeout_s, call.disconnected()
+        model, inputs, outputs, timeout_s, call.disconnected(), body.priority
     )
     return json_reply(
         {

@@ -1,5 +1,6 @@
-"""Admission's arithmetic (batcher/admission.py), exactly, on a manual clock: the queue's
-predicted drain from the recent completion rate, or from the cost model before there is one."""
+"""Admission's arithmetic (batcher/admission.py), exactly, on a manual clock: each queued
+request's share of a full batch at its length, summed over the work served before or beside a
+new request (its priority and more urgent ones), over the concurrent batch slots."""
 
 from __future__ import annotations
 
@@ -47,9 +48,12 @@ def exact_cost_model(batcher: MicroBatcher) -> None:
     assert batcher.cost_model.predict(3, 3) == pytest.approx(0.019)
 
 
-def queue(batcher: MicroBatcher, *lengths: int) -> None:
-    for length in lengths:
-        batcher.submit([seq(*range(1, length + 1))])
+def queue(batcher: MicroBatcher, *lengths: int, priority: int = 0) -> list[asyncio.Future]:
+    return [
+        f
+        for length in lengths
+        for f in batcher.submit([seq(*range(1, length + 1))], priority=priority)
+    ]
 
 
 async def test_an_empty_queue_predicts_no_wait():
@@ -58,27 +62,51 @@ async def test_an_empty_queue_predicts_no_wait():
     assert batcher.predicted_wait_s() == 0.0
 
 
-@pytest.mark.parametrize(
-    ("lengths", "extra", "expected_s"),
-    [
-        # 7 requests of mean length 3: batches of 3 (9 tokens), 3 batches, 2 at a time: 2 rounds
-        # of predict(3, 3) = 19 ms.
-        ((1, 2, 3, 4, 5), (2, 6), 2 * 0.019),
-        # Mean length 1 (two single tokens): one batch of 2.
-        ((1, 1), (0, 0), 0.012),
-        # Mean length 5: the token limit (9) allows one request per batch, 2 batches in 1 round.
-        ((5, 5), (0, 0), 0.015),
-    ],
-)
-async def test_before_any_completion_the_cost_model_predicts_rounds_of_full_batches(
-    lengths, extra, expected_s
-):
+def small_batches() -> MicroBatcher:
+    """Batches of at most 4 requests or 9 padded tokens, 2 at a time."""
     batcher = batcher_for(
         HeldBackend(), ManualClock(), max_batch_size=4, max_batch_tokens=9, max_concurrent_batches=2
     )
     exact_cost_model(batcher)
-    queue(batcher, *lengths)  # not started: everything stays queued
-    assert batcher.predicted_wait_s(*extra) == pytest.approx(expected_s)
+    return batcher
+
+
+@pytest.mark.parametrize(
+    ("length", "share_s"),
+    [
+        (2, (0.010 + 0.008) / 4),  # 4 fit the size limit
+        (3, (0.010 + 0.009) / 3),  # 3 fit the 9-token limit
+        (5, 0.015),  # one per batch
+        (20, 0.030),  # over the token limit: it still runs, alone
+    ],
+)
+async def test_a_request_costs_its_share_of_a_full_batch_at_its_length(length, share_s):
+    assert small_batches().request_cost_s(length) == pytest.approx(share_s)
+
+
+async def test_before_the_cost_model_is_ready_nothing_is_predicted_and_all_is_admitted():
+    batcher = batcher_for(HeldBackend(), ManualClock())
+    assert batcher.request_cost_s(4) == 0.0
+    queue(batcher, 4, 4)
+    assert batcher.predicted_wait_s() is None
+    (admitted,) = batcher.submit([seq(1)], timeout_s=1e-6)
+    assert not admitted.done()
+    await batcher.close(0)
+
+
+async def test_the_wait_counts_the_work_of_its_priority_and_more_urgent_ones_only():
+    batcher = small_batches()
+    queue(batcher, 2, 2, priority=0)
+    queue(batcher, 5, priority=-1)
+    queue(batcher, 3, priority=1)
+    share = {2: 0.0045, 3: 0.019 / 3, 5: 0.015}
+    # Over 2 concurrent slots; nothing running yet.
+    assert batcher.predicted_wait_s(-2) == 0.0
+    assert batcher.predicted_wait_s(-1) == pytest.approx(share[5] / 2)
+    assert batcher.predicted_wait_s(0) == pytest.approx((share[5] + 2 * share[2]) / 2)
+    assert batcher.predicted_wait_s(0, 0.01) == pytest.approx((share[5] + 2 * share[2] + 0.01) / 2)
+    assert batcher.predicted_wait_s(1) == pytest.approx((share[5] + 2 * share[2] + share[3]) / 2)
+    await batcher.close(0)
 
 
 async def test_a_running_batch_adds_the_recent_batch_time():
@@ -90,66 +118,30 @@ async def test_a_running_batch_adds_the_recent_batch_time():
     await settle()
     assert batcher.running_batches == 1
     queue(batcher, 1, 1)
-    # 50 ms (the initial recent batch time) for the one running, then one batch of 2.
-    assert batcher.predicted_wait_s() == pytest.approx(0.05 + 0.012)
+    # 50 ms (the initial recent batch time) for the one running, then two shares of a batch of 4.
+    assert batcher.predicted_wait_s() == pytest.approx(0.05 + 2 * 0.014 / 4)
     await backend.release_all()
     await backend.release_all()
     await batcher.close(1)
 
 
-async def test_under_load_the_recent_completion_rate_predicts_the_wait():
-    backend, clock = HeldBackend(), ManualClock()
-    batcher = batcher_for(backend, clock, max_batch_size=2, max_concurrent_batches=1)
-    batcher.start()
-    batcher.submit([seq(1), seq(2)])
-    await settle()
-    await backend.release_all()  # 2 done at t=1000.0
-    # One completion gives no rate, and there is no cost model yet: nothing to go by.
-    assert batcher.predicted_wait_s(2) is None
-    await clock.advance(0.5)
-    batcher.submit([seq(1), seq(2)])
-    await settle()
-    await backend.release_all()  # 2 more at t=1000.5
-    # The first completion only opens the window: 2 requests in 0.5 s, 4 per second.
-    assert batcher.predicted_wait_s(2) == pytest.approx(0.5)
-    assert batcher.predicted_wait_s(6) == pytest.approx(1.5)
-    await clock.advance(1.5)
-    # Exactly the window (2 s) after the first completion it still counts: 2 in 2 s.
-    assert batcher.predicted_wait_s(2) == pytest.approx(2.0)
-    await clock.advance(0.25)
-    # Past the window it is dropped: one completion left, no rate.
-    assert batcher.predicted_wait_s(2) is None
-    await batcher.close(1)
-
-
-async def test_completions_all_at_one_instant_give_no_rate():
-    backend, clock = HeldBackend(), ManualClock()
-    batcher = batcher_for(backend, clock, max_batch_size=1, max_concurrent_batches=2)
-    batcher.start()
-    batcher.submit([seq(1), seq(2)])
-    await settle()
-    assert len(backend.held) == 2
-    await backend.release_all()  # both at t=1000.0: no time has passed to measure a rate over
-    assert batcher.predicted_wait_s(1) is None
-    await batcher.close(1)
-
-
-async def test_the_queued_tokens_follow_cancellations_and_dispatches():
+async def test_the_queued_work_follows_cancellations_and_dispatches():
     backend, clock = HeldBackend(), ManualClock()
     batcher = batcher_for(backend, clock, max_batch_size=4, max_concurrent_batches=1)
     exact_cost_model(batcher)
     queue(batcher, 5)
-    (gone,) = batcher.submit([seq(1)])
+    (gone,) = queue(batcher, 1, priority=3)
     gone.cancel()
     await settle()
-    # Only the 5-token request is left: one batch of one at length 5.
-    assert batcher.predicted_wait_s() == pytest.approx(0.015)
+    # Only the 5-token request is left, and priority 3 has no queue any more.
+    assert batcher._queued_work == {0: pytest.approx(0.030 / 4)}
+    assert batcher._queued_count == {0: 1}
     batcher.start()
     await settle()
     assert batcher.running_batches == 1 and batcher.queue_depth == 0
-    queue(batcher, 1)
-    # The dispatched request's tokens left with it: 50 ms running, then one of length 1.
-    assert batcher.predicted_wait_s() == pytest.approx(0.05 + 0.011)
+    assert batcher._queued_work == {} and batcher._queued_count == {}
+    queue(batcher, 1, 1)
+    assert batcher._queued_work == {0: pytest.approx(2 * 0.014 / 4)}
     await backend.release_all()
     await backend.release_all()
     await batcher.close(1)
@@ -162,22 +154,59 @@ def admission_batcher(observer=None) -> MicroBatcher:
     )
     exact_cost_model(batcher)
     queue(batcher, 1, 1)
+    queue(batcher, 5, 5, 5, 5, priority=1)  # less urgent: never ahead of priority 0
     return batcher
 
 
-async def test_admission_counts_the_new_requests_and_their_tokens_with_a_margin():
+async def test_admission_refuses_what_would_finish_past_its_share_of_the_time_left():
     observer = RecordingObserver()
     batcher = admission_batcher(observer)
     new = seq(1, 2, 3, 4, 5)
-    # Three queued of mean length 2 in one batch: 16 ms, times the 1.5 margin: 24 ms.
-    wait = batcher.predicted_wait_s(1, 5)
-    assert wait == pytest.approx(0.016)
+    # Two of one token (a share of 11 ms each... of 14 ms / 4) and the new one (15 ms), over 2.
+    wait = (2 * 0.014 / 4 + 0.015) / 2
+    assert batcher.predicted_wait_s(0, batcher.request_cost_s(5)) == pytest.approx(wait)
     with pytest.raises(QueueFull) as refused:
-        batcher.submit([new], timeout_s=0.0225)
+        batcher.submit([new], timeout_s=wait / 0.9 * 0.999)
     assert refused.value.retry_after_s == 1.0  # at least a second
     assert str(refused.value) == "the queue ahead would take 0.0s, past this request's deadline"
     assert observer.rejections == ["predicted_late"]
-    # Exactly at the margin is in time.
-    (admitted,) = batcher.submit([new], timeout_s=wait * 1.5)
+    (admitted,) = batcher.submit([new], timeout_s=wait / 0.9 * 1.001)
     assert not admitted.done()
+    await batcher.close(0)
+
+
+async def test_less_urgent_work_queued_ahead_does_not_refuse_an_urgent_request():
+    batcher = admission_batcher()
+    ahead = queue(batcher, 5, 5, 5, 5, 5, 5, priority=1)
+    # At priority 1 ten 5-token requests (150 ms) are ahead: (7 + 150 + 15 ms) / 2 = 86 ms, over
+    # 90 % of 80 ms; at priority 0 only two 1-token ones: (7 + 15 ms) / 2 = 11 ms.
+    with pytest.raises(QueueFull):
+        batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.08, priority=1)
+    (urgent,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.08, priority=0)
+    assert not urgent.done()
+    await batcher.close(0)
+    await asyncio.gather(*ahead, return_exceptions=True)
+
+
+async def test_retry_after_is_the_whole_queue_s_predicted_drain_when_it_is_full():
+    backend, clock = HeldBackend(), ManualClock()
+    batcher = batcher_for(backend, clock, max_queue_size=60, max_concurrent_batches=1)
+    exact_cost_model(batcher)
+    queue(batcher, *[60] * 40, priority=5)
+    queue(batcher, *[60] * 20, priority=-5)
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1)], priority=-9)
+    # 60 requests of 60 tokens, 34 per batch of 2048 tokens: 60 shares of predict(34, 60) / 34.
+    expected = 60 * (0.010 + 0.001 * 34 * 60) / 34
+    assert refused.value.retry_after_s == pytest.approx(expected, rel=1e-3)
+    await batcher.close(0)
+
+
+async def test_retry_after_before_the_cost_model_counts_batches_of_the_recent_batch_time():
+    batcher = batcher_for(HeldBackend(), ManualClock(), max_queue_size=100, max_batch_size=2)
+    queue(batcher, *[3] * 100)
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1)])
+    # 50 batches ahead over 2 slots at 50 ms each.
+    assert refused.value.retry_after_s == pytest.approx(25 * 0.05)
     await batcher.close(0)

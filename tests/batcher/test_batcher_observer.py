@@ -29,6 +29,7 @@ class RecordingObserver:
         self.formed: list[tuple] = []
         self.finished: list[tuple] = []
         self.cost_models: list[dict[str, float]] = []
+        self.priorities: list[int] = []
 
     def queue_depth(self, depth: int) -> None:
         self.depths.append(depth)
@@ -36,8 +37,9 @@ class RecordingObserver:
     def rejected(self, reason: str) -> None:
         self.rejections.append(reason)
 
-    def batch_formed(self, size, real_tokens, padded_tokens, queue_waits_s) -> None:
+    def batch_formed(self, size, real_tokens, padded_tokens, queue_waits_s, priority) -> None:
         self.formed.append((size, real_tokens, padded_tokens, queue_waits_s))
+        self.priorities.append(priority)
 
     def batch_finished(self, seconds, failed, predicted_s) -> None:
         self.finished.append((seconds, failed, predicted_s))

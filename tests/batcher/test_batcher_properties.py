@@ -47,6 +47,7 @@ class Arrival:
     ids: list[int]
     cancel_after_ms: int | None
     timeout_ms: int | None
+    priority: int = 0
 
 
 arrivals = st.lists(
@@ -56,6 +57,7 @@ arrivals = st.lists(
         ids=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
         cancel_after_ms=st.none() | st.integers(0, 20),
         timeout_ms=st.none() | st.integers(1, 30),
+        priority=st.integers(-2, 2),
     ),
     min_size=1,
     max_size=40,
@@ -69,6 +71,7 @@ limits = st.builds(
     max_concurrent_batches=st.integers(1, 3),
     group_by_length=st.booleans(),
     dispatch_when_idle=st.booleans(),
+    fairness_window=st.sampled_from([0.0, 0.5, 1e9]),
 )
 
 
@@ -102,7 +105,9 @@ async def scenario(
         await clock.advance(arrival.delay_ms / 1000)
         timeout = None if arrival.timeout_ms is None else arrival.timeout_ms / 1000
         try:
-            (future,) = batcher.submit([TokenSequence.from_ids(arrival.ids)], timeout)
+            (future,) = batcher.submit(
+                [TokenSequence.from_ids(arrival.ids)], timeout, priority=arrival.priority
+            )
         except QueueFull:
             continue  # refused at once, nothing queued
         outcome = Outcome(arrival, future, clock.time(), [])

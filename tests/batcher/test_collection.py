@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import numpy as np
 import pytest
 
 from ferry.batcher import BatchLimits, MicroBatcher, SequenceLimits
@@ -119,3 +120,102 @@ async def test_waiting_idle_or_for_a_window_starts_no_empty_batch(caplog):
     assert batcher.running_batches == 0
     assert caplog.records == []
     await batcher.close(1)
+
+
+class CostedBackend:
+    """Takes exactly what `exact_cost_model` predicts, in clock time; records each batch."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.batches: list[list[int]] = []  # each batch's lengths
+
+    async def infer(self, batch) -> dict:
+        self.batches.append(list(batch.lengths))
+        await self.clock.sleep(0.010 + 0.001 * batch.padded_tokens)
+        return {"total": np.zeros((batch.size, 1), dtype=np.float32)}
+
+
+async def long_behind_a_stream(window: float) -> tuple[float, list[list[int]]]:
+    """A backlog of 8 short requests (5..12 tokens) and one of 40, then every 10 ms one new
+    short request of each of those lengths: far more than the backend can serve.
+
+    Returns how long the 40-token request took, and the batches that ran until it finished.
+    """
+    clock = ManualClock()
+    backend = CostedBackend(clock)
+    limits = BatchLimits(max_batch_size=4, max_concurrent_batches=1, fairness_window=window)
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, clock=clock)
+    exact_cost_model(batcher)
+    shorts = range(5, 13)
+    for length in shorts:
+        batcher.submit([seq(*range(1, length + 1))])
+    started = clock.time()
+    (long,) = batcher.submit([seq(*range(1, 41))])
+    finished: list[float] = []
+    long.add_done_callback(lambda _: finished.append(clock.time()))
+    streamed: list[asyncio.Future] = []
+
+    async def stream() -> None:
+        await clock.sleep(0.030)  # after the backlog's fairness window (at most 23 ms)
+        while True:
+            for length in shorts:
+                streamed.extend(batcher.submit([seq(*range(1, length + 1))]))
+            await clock.sleep(0.010)
+
+    pump = asyncio.ensure_future(stream())
+    batcher.start()
+    await clock.run_until_done(long, limit_s=5)
+    pump.cancel()
+    await batcher.close(0)
+    await asyncio.gather(*streamed, return_exceptions=True)
+    return finished[0] - started, backend.batches
+
+
+async def test_a_long_request_behind_a_stream_of_short_ones_is_served_within_three_batches():
+    # The window is half a full batch at the oldest's length: 0.5 * (10 ms + 4 * 9 ms) = 23 ms
+    # for the 9-token one, so the stream (from 30 ms on) never joins a short backlog batch: the
+    # backlog and the long request go first come, first served in length groups.
+    took, batches = await long_behind_a_stream(window=0.5)
+    assert batches[:3] == [[5, 6, 7, 8], [9, 10, 11, 12], [40]]
+    assert took == pytest.approx((0.010 + 0.032) + (0.010 + 0.048) + (0.010 + 0.040))
+
+
+async def test_without_the_window_the_stream_passes_the_long_request_by():
+    # What the window prevents: from the second batch on, each takes the oldest backlog request
+    # and fresh short ones of its length, so the long request waits twice as long.
+    took, batches = await long_behind_a_stream(window=1e9)
+    assert batches[1:5] == [[9, 9, 9, 8], [10] * 4, [11] * 4, [12] * 4]
+    assert batches[5] == [40]
+    assert took > 0.29
+
+
+@pytest.mark.parametrize("ready", [False, True])
+async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
+    clock = ManualClock()
+    batcher = MicroBatcher("m", CostedBackend(clock).infer, BatchLimits(), LIMITS, clock=clock)
+    # Half a full batch at the oldest's 4 tokens: 0.5 * (10 ms + 32 * 4 ms) = 69 ms with the
+    # cost model; before it is ready, half the recent batch time (50 ms at start): 25 ms.
+    if ready:
+        exact_cost_model(batcher)
+    window = 0.069 if ready else 0.025
+    for step in (0.0, window, 0.001):
+        await clock.advance(step)
+        batcher.submit([seq(*FOUR)])
+    assert [r.enqueued_at - 1000 for r in batcher._candidates()] == pytest.approx([0, window])
+    await batcher.close(0)
+
+
+async def test_queued_lower_priority_numbers_go_first_and_a_batch_holds_one_priority():
+    clock = ManualClock()
+    backend = CostedBackend(clock)
+    limits = BatchLimits(max_batch_size=4, max_concurrent_batches=1)
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, clock=clock)
+    exact_cost_model(batcher)
+    # Queued in this order before the batcher starts: 0, 0, 5, -3, 0, -3, 5 (lengths tag them).
+    futures = []
+    for length, priority in [(1, 0), (2, 0), (3, 5), (4, -3), (5, 0), (6, -3), (7, 5)]:
+        futures += batcher.submit([seq(*range(1, length + 1))], priority=priority)
+    batcher.start()
+    await clock.run_until_done(asyncio.gather(*futures))
+    assert backend.batches == [[4, 6], [1, 2, 5], [3, 7]]
+    await batcher.close(0)

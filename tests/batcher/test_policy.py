@@ -149,6 +149,9 @@ def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can(
         with pytest.raises(ValueError, match=r"^latency_objective_s must be > 0$"):
             BatchLimits(latency_objective_s=objective)
     assert BatchLimits(latency_objective_s=1e-6).latency_objective_s == 1e-6
+    with pytest.raises(ValueError, match=r"^fairness_window must be >= 0$"):
+        BatchLimits(fairness_window=-0.01)
+    assert BatchLimits(fairness_window=0.0).fairness_window == 0.0
 
 
 def test_the_padded_size_counts_both_sides_of_the_anchor():

@@ -16,7 +16,7 @@ from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
 from ferry.llm.vllm import VLLMEngine
-from ferry.server.openai.protocol import CompletionRequest
+from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
 from tests.gpu import requires_gpu
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
@@ -56,14 +56,21 @@ class FakeAsyncLLM:
     hold: asyncio.Event | None = None  # when set, stream pauses after the first output
     aborted: list[str] = field(default_factory=list)
     calls: list[tuple[Any, Any, str]] = field(default_factory=list)
+    priorities: list[int] = field(default_factory=list)
     loras: list[Any] = field(default_factory=list)  # the lora_request of each generate call
     added: dict[int, Any] = field(default_factory=dict)  # as AsyncLLM.add_lora keeps them
     removed: list[int] = field(default_factory=list)
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str, lora_request: Any = None
+        self,
+        prompt: Any,
+        params: Any,
+        request_id: str,
+        lora_request: Any = None,
+        priority: int = 0,  # AsyncLLM.generate's keyword
     ) -> AsyncIterator[RequestOutput]:
         self.calls.append((prompt, params, request_id))
+        self.priorities.append(priority)
         self.loras.append(lora_request)
         if lora_request is not None:
             assert self.added.get(lora_request.lora_int_id) == lora_request  # loaded first
@@ -141,6 +148,22 @@ async def test_the_serving_layer_tokenizes_and_fits_max_tokens_to_the_context() 
     prompt, params, _ = fake.calls[0]
     assert prompt == {"prompt_token_ids": PROMPT_IDS}
     assert params.kwargs["max_tokens"] == 2048 - len(PROMPT_IDS)
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+async def test_the_request_priority_reaches_vllm_generate(kind) -> None:
+    fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
+    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    if kind == "chat":
+        messages = [{"role": "user", "content": "hi"}]
+        chat = ChatCompletionRequest(model="tiny-llm", messages=messages, priority=-10)
+        await asyncio.wait_for(serving.chat(chat), WAIT_S)
+    else:
+        request = CompletionRequest(model="tiny-llm", prompt="hello there", priority=-10)
+        await asyncio.wait_for(serving.completion(request), WAIT_S)
+    default = CompletionRequest(model="tiny-llm", prompt="hello there")
+    await asyncio.wait_for(serving.completion(default), WAIT_S)
+    assert fake.priorities == [-10, 0]
 
 
 async def test_sampling_settings_become_sampling_params() -> None:
@@ -288,6 +311,8 @@ def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.Mo
         HF_DIR, adapters={"zen": ADAPTERS_DIR}, max_adapters=3, max_lora_rank=8
     )
     assert (made["enable_lora"], made["max_loras"], made["max_lora_rank"]) == (True, 3, 8)
+    # Priority scheduling, or vLLM refuses a request's non-zero `priority`.
+    assert made["scheduling_policy"] == "priority"
     assert engine.max_context_tokens == 512
     made.clear()
     create_vllm_engine(HF_DIR)

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 
 from ferry.batcher.errors import InvalidInput
 from ferry.bench.server_process import DEFAULT_MODEL, DEFAULT_MODEL_DIR, default_model_config
-from ferry.server.kserve.infer import deserialize_bytes, row_sequences, stack_rows
+from ferry.server.kserve.infer import (
+    deserialize_bytes,
+    request_priority,
+    row_sequences,
+    stack_rows,
+)
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 
@@ -167,3 +172,13 @@ def test_sequence_outputs_are_padded_back_to_the_request_width():
     stacked = stack_rows(parts, 5)
     assert stacked.shape == (2, 5, 3) and stacked.dtype == np.float32
     assert stacked[0, 2:].sum() == 0 and stacked[1, :4].all()
+
+
+def test_parameters_priority_is_an_integer_or_refused_naming_it():
+    assert request_priority(None) == 0
+    assert request_priority(-10) == -10
+    assert request_priority(2**31) == 2**31
+    for bad in (True, "1", 1.5, 2**31 + 1, -(2**31) - 1):
+        with pytest.raises(InvalidInput) as refused:
+            request_priority(bad)
+        assert refused.value.field == "priority"
