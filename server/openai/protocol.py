@@ -38,12 +38,13 @@ MAX_LOGPROBS = 20
 # Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
 # value is refused with a 400 naming the parameter, never silently ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    # Chat takes tools (fields of ChatCompletionRequest); completions do not.
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None,),
+    # The legacy, pre-tools function calling.
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -52,10 +53,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
 }
 
 
@@ -91,12 +88,24 @@ class TextContentPart(OpenAIRequestModel):
     text: str
 
 
+class FunctionCallParam(OpenAIRequestModel):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCallParam(OpenAIRequestModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallParam
+
+
 class ChatMessageParam(OpenAIRequestModel):
     # `developer` is OpenAI's newer name for `system`; `tool` results go to the template as is.
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # on assistant messages: calls it made
 
     def text(self) -> str:
         if self.content is None:
@@ -108,6 +117,48 @@ class ChatMessageParam(OpenAIRequestModel):
 
 class StreamOptions(OpenAIRequestModel):
     include_usage: StrictBool = False
+
+
+class JsonSchemaFormat(OpenAIRequestModel):
+    # `schema` would shadow a BaseModel attribute: held as schema_, spelled schema on the wire.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(OpenAIRequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+
+
+class FunctionDefinition(OpenAIRequestModel):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ToolParam(OpenAIRequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIRequestModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIRequestModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class _SamplingFields(OpenAIRequestModel):
@@ -123,6 +174,12 @@ class _SamplingFields(OpenAIRequestModel):
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
     top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extras (guided_grammar: Lark, or GBNF/EBNF, which is converted).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -162,13 +219,25 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """Messages with content parts flattened to text, as chat templates expect."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """Messages with content parts flattened to text, as chat templates expect; an
+        assistant's tool calls as `tool_calls` with parsed arguments (transformers' shape)."""
+        messages: list[dict[str, Any]] = []
+        for m in self.messages:
+            message: dict[str, Any] = {
+                "role": "system" if m.role == "developer" else m.role,
+                "content": m.text(),
+            }
+            if m.tool_calls:
+                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            if m.role == "tool" and m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            messages.append(message)
+        return messages
 
     def to_sampling(self, default_max_tokens: int) -> SamplingSettings:
         """Engine settings; without a limit, generate up to the room left in the context."""
@@ -226,12 +295,24 @@ class UsageInfo(BaseModel):
         )
 
 
-FinishReasonField = Literal["stop", "length", "abort"] | None
+FinishReasonField = Literal["stop", "length", "abort", "tool_calls"] | None
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(BaseModel):
+    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -273,9 +354,24 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """One piece of a streamed call: the first carries id, type and name; the rest arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(BaseModel):
@@ -352,5 +448,13 @@ def dump_chunk(chunk: ChatCompletionChunk | CompletionChunk) -> dict[str, Any]:
         del body["usage"]
     for choice in body["choices"]:
         if "delta" in choice:
-            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            choice["delta"] = _without_nulls(choice["delta"])
     return body
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value

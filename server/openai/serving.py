@@ -39,9 +39,13 @@ from ferry.server.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
 )
 from ferry.server.openai.streams import Deltas, merge, sse_events
+from ferry.server.openai.tool_stream import ToolChunks
+from ferry.server.openai.tools import parse_calls
 
 
 @dataclass
@@ -122,11 +126,12 @@ class OpenAIServing:
         choices = [
             ChatCompletionResponseChoice(
                 index=i,
-                message=ChatMessage(content=r.text),
+                message=message,
                 logprobs=chat_logprobs(r.logprobs, decode) if request.logprobs else None,
-                finish_reason=r.finish_reason,
+                finish_reason=finish_reason,
             )
             for i, r in enumerate(results)
+            for message, finish_reason in [_chat_message(plan, r)]
         ]
         return ChatCompletionResponse(
             id=plan.response_id,
@@ -140,6 +145,8 @@ class OpenAIServing:
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
+        if plan.tools is not None:
+            chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(self, request: CompletionRequest) -> CompletionResponse:
@@ -253,6 +260,16 @@ def _completion_choice(
         logprobs=logprobs,
         finish_reason=result.finish_reason,
     )
+
+
+def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, str | None]:
+    """The answer as text, or as the tool calls it holds (finish_reason `tool_calls`)."""
+    calls = parse_calls(result.text) if plan.tools is not None else None
+    if calls is None:
+        return ChatMessage(content=result.text), result.finish_reason
+    tool_calls = [ToolCall(function=FunctionCall(name=n, arguments=a)) for n, a in calls]
+    reason = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+    return ChatMessage(content=None, tool_calls=tool_calls), reason
 
 
 def _usage(plan: Plan, results: list[_Result]) -> UsageInfo:
