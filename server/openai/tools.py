@@ -15,7 +15,6 @@ calls written back as the text above, and `tool` results passed to the template 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,6 @@ from ferry.llm.errors import InvalidSampling
 from ferry.llm.guidance import check_guidance
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALLS = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 _COMPACT = {"whitespace_flexible": False}
 
@@ -151,14 +149,16 @@ def call_text(name: str, arguments: str) -> str:
 def parse_calls(text: str) -> list[tuple[str, str]] | None:
     """(name, arguments JSON) of each complete call, or None when the text holds none (text
     chosen under `auto`, or a call cut short by max_tokens)."""
-    if not text.startswith(OPEN):
-        return None
-    calls = []
-    for body in _CALLS.findall(text):
-        try:
-            call = json.loads(body)
+    decoder = json.JSONDecoder()
+    calls, at = [], 0
+    while text.startswith(OPEN, at):
+        try:  # whole JSON values, so a closing tag inside a string does not end the call
+            call, end = decoder.raw_decode(text, at + len(OPEN))
         except ValueError:
-            return None
+            break
+        if not text.startswith(CLOSE, end):
+            break
         arguments = json.dumps(call["arguments"], separators=(",", ":"), ensure_ascii=False)
         calls.append((call["name"], arguments))
+        at = end + len(CLOSE)
     return calls or None
