@@ -126,6 +126,5 @@ async def infer_tensors(
     if width is None and padded:
         width = max(int(row[padded[0]].shape[0]) for row in result.rows)
     return {
-        n: stack_rows([r[n] for r in result.rows], width if n in sequence else None)
-        for n in wanted
+        n: stack_rows([r[n] for r in result.rows], width if n in sequence else None) for n in wanted
     }

@@ -170,6 +170,10 @@ class OpenAIServing:
 
     # -- running ----------------------------------------------------------------------------------
 
+    def generations(self, plan: Plan) -> Deltas:
+        """A planned request's deltas, for renderers other than chat's (the Responses API)."""
+        return self._generations(plan)
+
     def _generations(self, plan: Plan) -> Deltas:
         """Every choice's deltas tagged with its index; closing this aborts what still runs."""
         if len(plan.choices) == 1:

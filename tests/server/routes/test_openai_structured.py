@@ -13,10 +13,8 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
-from ferry.bench.server_process import REPO, ferry_server
+from tests.server.routes.conftest import SMOL as MODEL
 
-MODEL = "SmolLM2-135M-Instruct"
-MODEL_DIR = REPO / "artifacts" / "models" / MODEL
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER_PARAMETERS = {
@@ -53,15 +51,13 @@ CAPITAL_SCHEMA = {**Capital.model_json_schema(), "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
-def server():
-    model = {"name": MODEL, "engine": "ortgenai", "path": str(MODEL_DIR), "max_running": 4}
-    with ferry_server(llm_models=[model]) as handle:
-        yield handle
+def server(smol_server):
+    return smol_server
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+def client(smol_client):
+    return smol_client
 
 
 def args(**overrides):
