@@ -14,7 +14,7 @@ from ferry.server.openai.protocol import (
     new_chat_id,
     new_completion_id,
 )
-from ferry.server.openai.structured import output_guidance
+from ferry.server.openai.structured import output_guidance, request_kind
 from ferry.server.openai.tools import ToolPlan, plan_tools, render_messages
 
 
@@ -51,6 +51,7 @@ class Plan:
     choices: list[Choice]
     prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
     tools: ToolPlan | None = None  # the answer may hold tool calls
+    structured: str | None = None  # the output constraint's kind, for the metrics
 
 
 Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves it
@@ -77,7 +78,8 @@ def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     guidance = tools.guidance if tools is not None else output[0] if output else None
     if guidance is not None:
         sampling = replace(sampling, guidance=guidance)
-    return replace(_plan(served, new_chat_id(), [prompt_ids], request.n, sampling), tools=tools)
+    plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
+    return replace(plan, tools=tools, structured=request_kind(request, tools is not None))
 
 
 def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
@@ -99,6 +101,7 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
     if output is not None:
         sampling = replace(sampling, guidance=output[0])
     plan = _plan(served, new_completion_id(), prompts, request.n, sampling)
+    plan = replace(plan, structured=request_kind(request, tools=False))
     if request.echo:
         n = request.n
         choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]

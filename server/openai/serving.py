@@ -176,6 +176,8 @@ class OpenAIServing:
 
     def _generations(self, plan: Plan) -> Deltas:
         """Every choice's deltas tagged with its index; closing this aborts what still runs."""
+        if plan.structured is not None:
+            self._observer.on_structured(plan.served.name, plan.structured)
         if len(plan.choices) == 1:
             return self._generate(plan, plan.choices[0])
         return merge([self._generate(plan, choice) for choice in plan.choices])
@@ -185,6 +187,7 @@ class OpenAIServing:
         observer, clock, served = self._observer, self._clock, plan.served
         model = served.name
         started = last = clock()
+        guided = choice.sampling.guidance is not None
         first_seen = False
         completion_tokens, reason = 0, "abort"
         request_id = f"{plan.response_id}-{choice.index}"
@@ -200,8 +203,11 @@ class OpenAIServing:
                         if not first_seen:
                             observer.on_first_token(model, now - started)
                             first_seen, tokens = True, tokens - 1
+                        gap = (now - last) / delta.token_count
                         for _ in range(tokens):  # several tokens in one delta share the gap
-                            observer.on_token(model, (now - last) / delta.token_count)
+                            observer.on_token(model, gap)
+                            if guided:
+                                observer.on_guided_token(model, gap)
                         last = now
                         completion_tokens += delta.token_count
                     if delta.finish_reason is not None:

@@ -52,6 +52,16 @@ def output_guidance(request: Any) -> tuple[Guidance, str] | None:
     return found[0] if found else None
 
 
+def request_kind(request: Any, tools: bool) -> str | None:
+    """The metrics label of a request's output constraint: from a fixed set, never client text."""
+    if tools:
+        return "tools"
+    response_format = request.response_format
+    if response_format is not None and response_format.type != "text":
+        return str(response_format.type)
+    return next((name for name in GUIDED if getattr(request, name) is not None), None)
+
+
 def _response_format(response_format: Any) -> tuple[Guidance, str]:
     if response_format.type == "json_object":
         return json_schema_guidance({"type": "object"}, "response_format"), "response_format"
