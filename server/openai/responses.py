@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
+from ferry.llm.errors import InvalidSampling
 from ferry.server.errors import error_payload
 from ferry.server.openai.planning import plan_chat
-from ferry.server.openai.responses_protocol import ResponsesRequest
+from ferry.server.openai.responses_protocol import ResponsesRequest, responses_error
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openai.tool_stream import CallStream
 
@@ -98,7 +99,10 @@ def call_item(name: str, arguments: str, status: str) -> dict[str, Any]:
 
 
 async def create_response(serving: OpenAIServing, request: ResponsesRequest) -> dict[str, Any]:
-    chat = await serving.chat(request.to_chat())
+    try:
+        chat = await serving.chat(request.to_chat())
+    except InvalidSampling as exc:
+        raise responses_error(exc) from None
     choice = chat.choices[0]
     builder = ResponseBuilder(request, chat.model)
     status = "completed"
@@ -116,7 +120,10 @@ async def create_response(serving: OpenAIServing, request: ResponsesRequest) -> 
 
 async def stream_response(serving: OpenAIServing, request: ResponsesRequest) -> AsyncIterator[str]:
     """Start the generation and wait for its first delta, so early errors are HTTP errors."""
-    plan = plan_chat(request.to_chat(), serving.resolve)
+    try:
+        plan = plan_chat(request.to_chat(), serving.resolve)
+    except InvalidSampling as exc:
+        raise responses_error(exc) from None
     deltas = serving.generations(plan)
     try:
         first = await anext(deltas)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.protocol import (
@@ -36,6 +36,30 @@ _WHY = {
     "store": "this server keeps no responses: send store=false",
     "conversation": "this server keeps no conversations: send the whole conversation",
 }
+
+
+# Chat's parameter names -> the Responses API's, for errors raised on the chat path.
+_RENAMES = (
+    ("response_format.json_schema.schema", "text.format.schema"),
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("messages", "input"),
+)
+
+
+def responses_error(error: InvalidSampling) -> InvalidSampling:
+    """`error` naming the Responses request's field instead of the chat request's."""
+    field = error.field
+    for chat, responses in _RENAMES:
+        if field.startswith(chat):
+            field = responses + field[len(chat) :]
+            break
+    if field.startswith("tools"):
+        field = field.replace(".function.", ".", 1)  # Responses tools are flat
+    if field == error.field:
+        return error
+    return InvalidSampling(field, str(error).replace(error.field, field))
 
 
 class InputText(OpenAIRequestModel):
@@ -165,8 +189,10 @@ class ResponsesRequest(OpenAIRequestModel):
             body["response_format"] = {"type": fmt.type}
         try:
             return ChatCompletionRequest.model_validate(body)
-        except ValueError as exc:  # a format or tool that chat's schema refuses
-            raise InvalidSampling("text.format", str(exc)) from None
+        except ValidationError as exc:  # a tool or format that chat's schema refuses
+            error = exc.errors()[0]
+            param = ".".join(str(part) for part in error["loc"])
+            raise responses_error(InvalidSampling(param, error["msg"])) from None
 
     def _messages(self) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []

@@ -152,7 +152,19 @@ def test_function_call_output_round_trip(smol_client):
                     }
                 }
             },
-            "response_format.json_schema.schema.properties.a",
+            "text.format.schema.properties.a",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "name": "bad",
+                        "parameters": {"type": "object", "properties": {"x": {"not": {}}}},
+                    }
+                ]
+            },
+            "tools[0].parameters.properties.x",
         ),
     ],
 )
