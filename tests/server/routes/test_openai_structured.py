@@ -102,6 +102,22 @@ def test_json_schema_answers_validate_streamed_or_not(client, stream):
     assert finish == "stop"
 
 
+def test_guidance_holds_on_the_generator_lane(client):
+    """logprobs run on a per-request og.Generator (GeneratorParams.set_guidance), not og.Engine."""
+    result = client.chat.completions.create(
+        **args(messages=CAPITAL),
+        logprobs=True,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "c", "schema": CAPITAL_SCHEMA},
+        },
+    )
+    choice = result.choices[0]
+    jsonschema.validate(json.loads(choice.message.content), CAPITAL_SCHEMA)
+    # One per token, and one for the end-of-sequence token that stopped it (README, logprobs).
+    assert len(choice.logprobs.content) == result.usage.completion_tokens + 1
+
+
 def test_json_object_is_an_object(client):
     result = client.chat.completions.create(
         **args(messages=CAPITAL), response_format={"type": "json_object"}
