@@ -6,26 +6,30 @@ clients sending newer OpenAI parameters are not rejected; responses are strict.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
     StringConstraints,
-    model_validator,
 )
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.errors import InvalidSampling
-
-log = logging.getLogger(__name__)
+from ferry.server.openai.request_base import OpenAIRequestModel
+from ferry.server.openai.tool_models import (
+    DeltaToolCall,
+    ResponseFormat,
+    ToolCall,
+    ToolCallParam,
+    ToolChoice,
+    ToolParam,
+)
 
 MAX_N = 8
 # Stop strings are matched against every decoded delta of a stream: bounded so that one request
@@ -69,34 +73,9 @@ def _now() -> int:
     return int(time.time())
 
 
-class OpenAIRequestModel(BaseModel):
-    """Base for requests: unknown fields are accepted and logged, never an error."""
-
-    model_config = ConfigDict(extra="allow")
-
-    @model_validator(mode="after")
-    def _log_unknown_fields(self) -> OpenAIRequestModel:
-        if self.model_extra:
-            log.debug(
-                "ignoring unknown fields in %s: %s", type(self).__name__, sorted(self.model_extra)
-            )
-        return self
-
-
 class TextContentPart(OpenAIRequestModel):
     type: Literal["text"]
     text: str
-
-
-class FunctionCallParam(OpenAIRequestModel):
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-
-
-class ToolCallParam(OpenAIRequestModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallParam
 
 
 class ChatMessageParam(OpenAIRequestModel):
@@ -117,48 +96,6 @@ class ChatMessageParam(OpenAIRequestModel):
 
 class StreamOptions(OpenAIRequestModel):
     include_usage: StrictBool = False
-
-
-class JsonSchemaFormat(OpenAIRequestModel):
-    # `schema` would shadow a BaseModel attribute: held as schema_, spelled schema on the wire.
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: StrictBool | None = None
-
-
-class ResponseFormat(OpenAIRequestModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-FunctionName = Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
-
-
-class FunctionDefinition(OpenAIRequestModel):
-    name: FunctionName
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
-
-
-class ToolParam(OpenAIRequestModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(OpenAIRequestModel):
-    name: str
-
-
-class NamedToolChoice(OpenAIRequestModel):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class _SamplingFields(OpenAIRequestModel):
@@ -298,17 +235,6 @@ class UsageInfo(BaseModel):
 FinishReasonField = Literal["stop", "length", "abort", "tool_calls"] | None
 
 
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str  # JSON text
-
-
-class ToolCall(BaseModel):
-    id: str = Field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
@@ -352,20 +278,6 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
-
-
-class DeltaFunctionCall(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class DeltaToolCall(BaseModel):
-    """One piece of a streamed call: the first carries id, type and name; the rest arguments."""
-
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: DeltaFunctionCall
 
 
 class DeltaMessage(BaseModel):

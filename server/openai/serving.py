@@ -39,11 +39,10 @@ from ferry.server.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    FunctionCall,
-    ToolCall,
     UsageInfo,
 )
 from ferry.server.openai.streams import Deltas, merge, sse_events
+from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks
 from ferry.server.openai.tools import parse_calls
 

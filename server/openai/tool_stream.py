@@ -12,12 +12,8 @@ from typing import Any
 
 from ferry.llm.base import GenerationDelta
 from ferry.server.openai.chunks import StreamChunks
-from ferry.server.openai.protocol import (
-    ChatCompletionStreamChoice,
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
-)
+from ferry.server.openai.protocol import ChatCompletionStreamChoice, DeltaMessage
+from ferry.server.openai.tool_models import DeltaFunctionCall, DeltaToolCall
 from ferry.server.openai.tools import CLOSE, OPEN
 
 # A call's head, up to where its arguments begin (compact JSON, name first: the grammar's order).
