@@ -166,7 +166,7 @@ class _Events:
 
     def __init__(self, builder: ResponseBuilder, calls: CallStream | None) -> None:
         self._builder = builder
-        self._calls = calls or CallStream(True)
+        self._calls = calls  # None: no tools, every piece is text (even one starting with `<`)
         self._sequence = 0
         self._message: dict[str, Any] | None = None
         self._text = ""
@@ -184,8 +184,11 @@ class _Events:
         )
 
     def text(self, text: str) -> list[str]:
+        if not text:
+            return []
         events = []
-        for piece in self._calls.feed(text):
+        pieces = [("text", text)] if self._calls is None else self._calls.feed(text)
+        for piece in pieces:
             if piece[0] == "text":
                 events += self._text_delta(piece[1])
             elif piece[0] == "call":
@@ -213,7 +216,7 @@ class _Events:
 
     def closing(self, finish: str | None, usage: tuple[int, int]) -> list[str]:
         events = self._close_call()
-        if self._message is None and self._calls.calls == 0:
+        if self._message is None and (self._calls is None or self._calls.calls == 0):
             events += self._text_delta("")  # an empty answer is still a message
         if self._message is not None:
             status = "incomplete" if finish == "length" else "completed"
