@@ -17,6 +17,18 @@ FinishReason = Literal["stop", "length", "abort"]
 # its 1e-5: the engines take float32, where 5e-324 is 0 and refused.
 SAMPLING_EPS = 1e-6
 
+# The grammar kinds both engines take: onnxruntime-genai's `set_guidance` types (llguidance),
+# which vLLM's structured outputs take as `json`, `regex` and `grammar`.
+GuidanceKind = Literal["json_schema", "regex", "lark_grammar"]
+
+
+@dataclass(frozen=True)
+class Guidance:
+    """A grammar the output must follow, compiled once by the serving layer and checked there."""
+
+    kind: GuidanceKind
+    data: str  # json_schema: the schema as JSON text; regex: the pattern; lark_grammar: the text
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -29,6 +41,8 @@ class SamplingSettings:
     logprobs: int | None = None
     # The prompt's tokens with their log probabilities as well (completions' `echo`).
     echo: bool = False
+    # Constrained decoding (response_format, guided_*, tools); None: free text.
+    guidance: Guidance | None = None
 
     @property
     def greedy(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -35,6 +36,8 @@ class ChatTokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(template)
+        # A template that reads `tools` has its own tool format; others get the serving layer's.
+        self.has_tool_format = "tools" in template
         self._special = {
             key: config[key]
             for key in ("bos_token", "eos_token")
@@ -52,10 +55,17 @@ class ChatTokenizer:
         self._as_text = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self._as_text.encode_special_tokens = True
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=True, **self._special)
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        extra = {} if tools is None else {"tools": tools}
+        return self._template.render(
+            messages=messages, add_generation_prompt=True, **self._special, **extra
+        )
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """The chat prompt's token ids, each message's content encoded as plain text.
 
         Only when some content holds a special token's text does this differ from
@@ -68,10 +78,10 @@ class ChatTokenizer:
             for message in messages
             for special in self._special_texts
         ):
-            return self.encode(self.render_chat(messages))
+            return self.encode(self.render_chat(messages, tools))
         placeholders = [f"\x00ferry-content-{i}\x00" for i in range(len(messages))]
         rendered = self.render_chat(
-            [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)]
+            [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)], tools
         )
         ids: list[int] = []
         rest = rendered

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
+from ferry.llm.guidance import apply_guidance
 from ferry.llm.logprobs import log_softmax, prompt_logprobs, token_logprob
 
 
@@ -67,6 +68,7 @@ class GeneratorLane:
             # (the engine path takes it whole): folded into [0, 2**31), still one stream per seed.
             options["random_seed"] = sampling.seed % 2**31
         params.set_search_options(**options)
+        apply_guidance(params, sampling.guidance)
         generator = og.Generator(self._model, params)
         if adapter is not None:
             generator.set_active_adapter(self._adapters, adapter)  # before any token goes in

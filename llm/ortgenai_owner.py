@@ -17,6 +17,7 @@ import numpy as np
 
 from ferry.llm.base import FinishReason, GenerationDelta, SamplingSettings, TokenLogprob
 from ferry.llm.errors import GenerationFailed
+from ferry.llm.guidance import apply_guidance
 from ferry.llm.ortgenai_lora import GeneratorLane
 from ferry.llm.stops import StopMatcher
 
@@ -183,6 +184,7 @@ class OwnerLoop:
         # best-effort ignored, as OpenAI documents seeds to be.
         if sampling.seed is not None and self._dynamic:
             turn.set_seed(sampling.seed)
+        apply_guidance(turn, sampling.guidance)
         request.begin_turn(np.asarray(add.prompt_ids, dtype=np.int32), turn)
         return request
 

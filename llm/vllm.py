@@ -9,6 +9,7 @@ what the model saw.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,32 @@ from ferry.llm.base import (
     TokenLogprob,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
+from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter, InvalidSampling
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def to_sampling_params(settings: SamplingSettings, params_cls: Callable[..., Any]) -> Any:
+# vLLM's structured-output parameters: the class and the SamplingParams field that takes it.
+# vLLM >= 0.10.2 names them StructuredOutputsParams / `structured_outputs`; 0.8 to 0.10
+# GuidedDecodingParams / `guided_decoding`. Both take `json`, `regex` and `grammar`.
+StructuredParams = tuple[Callable[..., Any], str]
+_GUIDANCE_FIELDS = {"json_schema": "json", "regex": "regex", "lark_grammar": "grammar"}
+
+
+def to_sampling_params(
+    settings: SamplingSettings,
+    params_cls: Callable[..., Any],
+    structured: StructuredParams | None = None,
+) -> Any:
     """SamplingSettings -> vllm.SamplingParams (cumulative output, the class default)."""
+    extra: dict[str, Any] = {}
+    guidance = settings.guidance
+    if guidance is not None:
+        if structured is None:
+            raise InvalidSampling("response_format", "this vLLM has no structured outputs")
+        cls, field = structured
+        value = json.loads(guidance.data) if guidance.kind == "json_schema" else guidance.data
+        extra[field] = cls(**{_GUIDANCE_FIELDS[guidance.kind]: value})
     return params_cls(
         n=1,  # Ferry runs n generations as n requests, so each can be aborted on its own
         max_tokens=settings.max_tokens,
@@ -38,7 +58,24 @@ def to_sampling_params(settings: SamplingSettings, params_cls: Callable[..., Any
         stop=list(settings.stop),
         logprobs=settings.logprobs,
         prompt_logprobs=settings.logprobs if settings.echo else None,
+        **extra,
     )
+
+
+def structured_params() -> tuple[StructuredParams, dict[str, Any]]:
+    """The installed vLLM's structured-output class and field, and the engine arguments that
+    select llguidance as its backend: Ferry's grammars are llguidance's (tool calls use its
+    Lark `%json`), checked with llguidance before a request is queued."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams
+    except ImportError:
+        from vllm.sampling_params import GuidedDecodingParams
+
+        return (GuidedDecodingParams, "guided_decoding"), {"guided_decoding_backend": "guidance"}
+    from vllm.config import StructuredOutputsConfig
+
+    backend = {"structured_outputs_config": StructuredOutputsConfig(backend="guidance")}
+    return (StructuredOutputsParams, "structured_outputs"), backend
 
 
 def to_token_logprob(token_id: int, candidates: dict[int, Any], top: int) -> TokenLogprob:
@@ -78,8 +115,10 @@ class VLLMEngine:
         lora_request_cls: Callable[..., Any] | None = None,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
+        structured: StructuredParams | None = None,
     ) -> None:
         self.name = name
+        self._structured = structured
         self.max_context_tokens = max_context_tokens
         self._engine = engine
         self.tokenizer = chat
@@ -148,7 +187,7 @@ class VLLMEngine:
             raise EngineDead(f"engine {self.name} is not running")
         if len(self._active) >= self._max_concurrency:
             raise EngineOverloaded(f"engine {self.name} has {len(self._active)} requests")
-        params = to_sampling_params(sampling, self._params_cls)
+        params = to_sampling_params(sampling, self._params_cls, self._structured)
         adapter_id = self._adapters.acquire(adapter) if adapter is not None else None
         lora = None if adapter_id is None else self._lora_requests[adapter_id]
         self._active.add(request_id)
@@ -218,6 +257,9 @@ def create_vllm_engine(
     from vllm.v1.engine.async_llm import AsyncLLM
 
     chat = ChatTokenizer(model_dir, escape_special_tokens=not special_tokens_in_content)
+    structured, backend = structured_params()
+    if not {"structured_outputs_config", "guided_decoding_backend"} & engine_kwargs.keys():
+        engine_kwargs.update(backend)
     lora = enable_lora or bool(adapters)
     if lora:
         engine_kwargs.update(enable_lora=True, max_loras=max_adapters, max_lora_rank=max_lora_rank)
@@ -241,4 +283,5 @@ def create_vllm_engine(
         lora_request_cls=LoRARequest if lora else None,
         adapters=adapters,
         max_adapters=max_adapters,
+        structured=structured,
     )

@@ -28,6 +28,7 @@ from ferry.server.routes import (
     lora_adapters,
     models,
     openai_chat,
+    openai_responses,
     predict,
 )
 from ferry.server.settings import Settings
@@ -86,6 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(models.router)
     embeddings.register(app.router, hot)
     app.include_router(openai_chat.router)
+    app.include_router(openai_responses.router)
     app.include_router(lora_adapters.router)
     app.include_router(health.router)
     kserve_v2.register(app.router, hot)

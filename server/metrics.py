@@ -197,6 +197,22 @@ class FerryMetrics:
             ["model"],
             registry=r,
         )
+        self.llm_structured = Counter(
+            "ferry_llm_structured_requests_total",
+            "Requests with constrained output, by kind: json_object, json_schema, guided_json, "
+            "guided_regex, guided_choice, guided_grammar or tools.",
+            ["model", "kind"],
+            registry=r,
+        )
+        # onnxruntime-genai computes grammar masks inside its step and exposes no timing: the
+        # inter-token latency of guided generations, against all of them, shows what masks cost.
+        self.llm_guided_itl = Histogram(
+            "ferry_llm_guided_inter_token_latency_seconds",
+            "Time between consecutive tokens of generations under a grammar.",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
 
     def batch_observer(self, model: str, backend: str) -> ModelBatchObserver:
         return ModelBatchObserver(self, model, backend)
@@ -285,6 +301,12 @@ class LLMMetricsObserver:
         self._m.llm_duration.labels(model).observe(seconds)
         self._m.llm_prompt_tokens.labels(model).inc(prompt_tokens)
         self._m.llm_finished.labels(model, finish_reason).inc()
+
+    def on_structured(self, model: str, kind: str) -> None:
+        self._m.llm_structured.labels(model, kind).inc()
+
+    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
+        self._m.llm_guided_itl.labels(model).observe(seconds_since_last)
 
     def engine_counts(self, model: str, running: int, waiting: int) -> None:
         self._m.llm_running.labels(model).set(running)

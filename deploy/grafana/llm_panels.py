@@ -13,6 +13,8 @@ GENERATION_TOKENS = ferry_metric("llm_generation_tokens")
 FINISHED = ferry_metric("llm_finished")
 RUNNING = ferry_metric("llm_running")
 WAITING = ferry_metric("llm_waiting")
+STRUCTURED = ferry_metric("llm_structured")
+GUIDED_ITL = ferry_metric("llm_guided_itl")
 
 LLM = (
     Panel(
@@ -72,8 +74,7 @@ LLM = (
         (
             (
                 "{{model}}",
-                "histogram_quantile(0.95, sum by (le, model) "
-                f"(rate({TTFT}_bucket{{{M}}}{RATE})))",
+                f"histogram_quantile(0.95, sum by (le, model) (rate({TTFT}_bucket{{{M}}}{RATE})))",
             ),
         ),
         unit="s",
@@ -84,5 +85,24 @@ LLM = (
         (("{{model}}", rate_by("model", FINISHED)),),
         unit="reqps",
         description="Request rate per base model and per LoRA adapter.",
+    ),
+    Panel(
+        "Structured-output requests/s by kind",
+        (("{{kind}}", rate_by("kind", STRUCTURED)),),
+        unit="reqps",
+        description="Requests under a grammar: response_format json_object / json_schema, "
+        "vLLM's guided_*, or tools.",
+    ),
+    Panel(
+        "Inter-token latency p50, guided vs all",
+        (
+            (
+                "guided",
+                f"histogram_quantile(0.5, sum by (le) (rate({GUIDED_ITL}_bucket{{{M}}}{RATE})))",
+            ),
+            ("all", f"histogram_quantile(0.5, sum by (le) (rate({ITL}_bucket{{{M}}}{RATE})))"),
+        ),
+        unit="s",
+        description="The gap is what grammar masks cost per token (the engine times none itself).",
     ),
 )

@@ -63,6 +63,10 @@ class StreamChunks:
     def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
         return self._event([], UsageInfo.of(prompt_tokens, completion_tokens))
 
+    def event(self, choices: list[Any]) -> str:
+        """One chunk of these choices, rendered in full (for deltas other than text)."""
+        return self._event(choices)
+
     def _chunk(self, choices: list[Any], usage: UsageInfo | None = None) -> Any:
         return self._chunk_cls(**self._base, choices=choices, usage=usage)
 

@@ -12,6 +12,14 @@ class LLMObserver(Protocol):
 
     def on_token(self, model: str, seconds_since_last: float) -> None: ...
 
+    def on_structured(self, model: str, kind: str) -> None:
+        """A request with constrained output began (kind: see structured.request_kind)."""
+        ...
+
+    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
+        """A token of a generation under a grammar (also counted by on_token)."""
+        ...
+
     def on_finished(
         self,
         model: str,
@@ -27,6 +35,12 @@ class NullObserver:
         pass
 
     def on_token(self, model: str, seconds_since_last: float) -> None:
+        pass
+
+    def on_structured(self, model: str, kind: str) -> None:
+        pass
+
+    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
         pass
 
     def on_finished(

@@ -14,6 +14,8 @@ from ferry.server.openai.protocol import (
     new_chat_id,
     new_completion_id,
 )
+from ferry.server.openai.structured import output_guidance, request_kind
+from ferry.server.openai.tools import ToolPlan, plan_tools, render_messages
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class Plan:
     choices: list[Choice]
     prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
     priority: int = 0  # vLLM's meaning: lower is admitted first
+    tools: ToolPlan | None = None  # the answer may hold tool calls
+    structured: str | None = None  # the output constraint's kind, for the metrics
 
 
 Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves it
@@ -57,16 +61,33 @@ Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves 
 def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     request.check_supported()
     served = resolve(request.model)
+    # Grammars are compiled (and refused) before the prompt is rendered: a 400, never a failure
+    # inside the engine.
+    tools = plan_tools(request)
+    output = output_guidance(request)
+    if tools is not None and output is not None:
+        raise InvalidSampling(output[1], f"{output[1]} cannot be combined with tools")
+    if tools is not None and request.logprobs and request.stream:
+        raise InvalidSampling("logprobs", "logprobs with tools and stream=true is not supported")
     tokenizer = served.engine.tokenizer
-    prompt_ids = tokenizer.encode_chat(request.chat_messages())
+    native = getattr(tokenizer, "has_tool_format", False)
+    messages = render_messages(request.chat_messages(), tools, native)
+    prompt_ids = tokenizer.encode_chat(
+        messages, *([tools.tools] if native and tools is not None else [])
+    )
     sampling = request.to_sampling(served.engine.max_context_tokens)
+    guidance = tools.guidance if tools is not None else output[0] if output else None
+    if guidance is not None:
+        sampling = replace(sampling, guidance=guidance)
     plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
-    return replace(plan, priority=request.priority)
+    structured = request_kind(request, tools is not None)
+    return replace(plan, tools=tools, structured=structured, priority=request.priority)
 
 
 def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
     request.check_supported()
     served = resolve(request.model)
+    output = output_guidance(request)  # compiled (and refused) before any prompt is tokenized
     engine = served.engine
     tokenizer = engine.tokenizer
     many = len(request.prompts()) > 1
@@ -79,9 +100,11 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
             prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
             texts.append(tokenizer.decode(prompt) if request.echo else "")
     sampling = request.to_sampling(engine.max_context_tokens)
-    plan = replace(
-        _plan(served, new_completion_id(), prompts, request.n, sampling), priority=request.priority
-    )
+    if output is not None:
+        sampling = replace(sampling, guidance=output[0])
+    plan = _plan(served, new_completion_id(), prompts, request.n, sampling)
+    structured = request_kind(request, tools=False)
+    plan = replace(plan, structured=structured, priority=request.priority)
     if request.echo:
         n = request.n
         choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]

@@ -6,27 +6,31 @@ clients sending newer OpenAI parameters are not rejected; responses are strict.
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
     StringConstraints,
-    model_validator,
 )
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.errors import InvalidSampling
 from ferry.server.schemas import Priority
-
-log = logging.getLogger(__name__)
+from ferry.server.openai.request_base import OpenAIRequestModel
+from ferry.server.openai.tool_models import (
+    DeltaToolCall,
+    ResponseFormat,
+    ToolCall,
+    ToolCallParam,
+    ToolChoice,
+    ToolParam,
+)
 
 MAX_N = 8
 # Stop strings are matched against every decoded delta of a stream: bounded so that one request
@@ -39,12 +43,13 @@ MAX_LOGPROBS = 20
 # Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
 # value is refused with a 400 naming the parameter, never silently ignored.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    # Chat takes tools (fields of ChatCompletionRequest); completions do not.
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None,),
+    # The legacy, pre-tools function calling.
     "functions": (None, []),
     "function_call": (None, "none"),
-    "response_format": (None, {"type": "text"}),
     "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
@@ -53,10 +58,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
 }
 
 
@@ -73,20 +74,6 @@ def _now() -> int:
     return int(time.time())
 
 
-class OpenAIRequestModel(BaseModel):
-    """Base for requests: unknown fields are accepted and logged, never an error."""
-
-    model_config = ConfigDict(extra="allow")
-
-    @model_validator(mode="after")
-    def _log_unknown_fields(self) -> OpenAIRequestModel:
-        if self.model_extra:
-            log.debug(
-                "ignoring unknown fields in %s: %s", type(self).__name__, sorted(self.model_extra)
-            )
-        return self
-
-
 class TextContentPart(OpenAIRequestModel):
     type: Literal["text"]
     text: str
@@ -98,6 +85,7 @@ class ChatMessageParam(OpenAIRequestModel):
     content: str | list[TextContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCallParam] | None = None  # on assistant messages: calls it made
 
     def text(self) -> str:
         if self.content is None:
@@ -126,6 +114,12 @@ class _SamplingFields(OpenAIRequestModel):
     user: str | None = None
     # vLLM's extension: queued requests with a lower number are admitted first.
     priority: Priority = 0
+    response_format: ResponseFormat | None = None
+    # vLLM's structured-output extras (guided_grammar: Lark, or GBNF/EBNF, which is converted).
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -165,13 +159,25 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """Messages with content parts flattened to text, as chat templates expect."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """Messages with content parts flattened to text, as chat templates expect; an
+        assistant's tool calls as `tool_calls` with parsed arguments (transformers' shape)."""
+        messages: list[dict[str, Any]] = []
+        for m in self.messages:
+            message: dict[str, Any] = {
+                "role": "system" if m.role == "developer" else m.role,
+                "content": m.text(),
+            }
+            if m.tool_calls:
+                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            if m.role == "tool" and m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            messages.append(message)
+        return messages
 
     def to_sampling(self, default_max_tokens: int) -> SamplingSettings:
         """Engine settings; without a limit, generate up to the room left in the context."""
@@ -229,12 +235,13 @@ class UsageInfo(BaseModel):
         )
 
 
-FinishReasonField = Literal["stop", "length", "abort"] | None
+FinishReasonField = Literal["stop", "length", "abort", "tool_calls"] | None
 
 
 class ChatMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class TopLogprob(BaseModel):
@@ -279,6 +286,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionStreamChoice(BaseModel):
@@ -355,5 +363,13 @@ def dump_chunk(chunk: ChatCompletionChunk | CompletionChunk) -> dict[str, Any]:
         del body["usage"]
     for choice in body["choices"]:
         if "delta" in choice:
-            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            choice["delta"] = _without_nulls(choice["delta"])
     return body
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value

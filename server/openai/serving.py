@@ -42,6 +42,9 @@ from ferry.server.openai.protocol import (
     UsageInfo,
 )
 from ferry.server.openai.streams import Deltas, merge, sse_events
+from ferry.server.openai.tool_models import FunctionCall, ToolCall
+from ferry.server.openai.tool_stream import ToolChunks
+from ferry.server.openai.tools import parse_calls
 
 
 @dataclass
@@ -122,11 +125,12 @@ class OpenAIServing:
         choices = [
             ChatCompletionResponseChoice(
                 index=i,
-                message=ChatMessage(content=r.text),
+                message=message,
                 logprobs=chat_logprobs(r.logprobs, decode) if request.logprobs else None,
-                finish_reason=r.finish_reason,
+                finish_reason=finish_reason,
             )
             for i, r in enumerate(results)
+            for message, finish_reason in [_chat_message(plan, r)]
         ]
         return ChatCompletionResponse(
             id=plan.response_id,
@@ -140,6 +144,8 @@ class OpenAIServing:
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
+        if plan.tools is not None:
+            chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(self, request: CompletionRequest) -> CompletionResponse:
@@ -163,8 +169,14 @@ class OpenAIServing:
 
     # -- running ----------------------------------------------------------------------------------
 
+    def generations(self, plan: Plan) -> Deltas:
+        """A planned request's deltas, for renderers other than chat's (the Responses API)."""
+        return self._generations(plan)
+
     def _generations(self, plan: Plan) -> Deltas:
         """Every choice's deltas tagged with its index; closing this aborts what still runs."""
+        if plan.structured is not None:
+            self._observer.on_structured(plan.served.name, plan.structured)
         if len(plan.choices) == 1:
             return self._generate(plan, plan.choices[0])
         return merge([self._generate(plan, choice) for choice in plan.choices])
@@ -174,6 +186,7 @@ class OpenAIServing:
         observer, clock, served = self._observer, self._clock, plan.served
         model = served.name
         started = last = clock()
+        guided = choice.sampling.guidance is not None
         first_seen = False
         completion_tokens, reason = 0, "abort"
         request_id = f"{plan.response_id}-{choice.index}"
@@ -193,8 +206,11 @@ class OpenAIServing:
                         if not first_seen:
                             observer.on_first_token(model, now - started)
                             first_seen, tokens = True, tokens - 1
+                        gap = (now - last) / delta.token_count
                         for _ in range(tokens):  # several tokens in one delta share the gap
-                            observer.on_token(model, (now - last) / delta.token_count)
+                            observer.on_token(model, gap)
+                            if guided:
+                                observer.on_guided_token(model, gap)
                         last = now
                         completion_tokens += delta.token_count
                     if delta.finish_reason is not None:
@@ -257,6 +273,16 @@ def _completion_choice(
         logprobs=logprobs,
         finish_reason=result.finish_reason,
     )
+
+
+def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, str | None]:
+    """The answer as text, or as the tool calls it holds (finish_reason `tool_calls`)."""
+    calls = parse_calls(result.text) if plan.tools is not None else None
+    if calls is None:
+        return ChatMessage(content=result.text), result.finish_reason
+    tool_calls = [ToolCall(function=FunctionCall(name=n, arguments=a)) for n, a in calls]
+    reason = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+    return ChatMessage(content=None, tool_calls=tool_calls), reason
 
 
 def _usage(plan: Plan, results: list[_Result]) -> UsageInfo:

@@ -50,7 +50,9 @@ def _label_and_bound(
     if model in request.app.state.openai.model_names():
         request.state.model_name = model
     settings = request.app.state.settings
-    field = "messages" if request.url.path.endswith("/chat/completions") else "prompt"
+    path = request.url.path
+    field = "messages" if path.endswith("/chat/completions") else "prompt"
+    field = "input" if path.endswith("/responses") else field
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):

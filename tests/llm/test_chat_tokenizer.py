@@ -34,3 +34,19 @@ def test_a_model_config_may_allow_special_tokens_in_content():
     ids = control_ids(chat)
     raw = chat.encode_chat([{"role": "user", "content": INJECTION}])
     assert raw.count(ids["<|im_start|>"]) == 3
+
+
+def test_a_template_that_reads_tools_gets_them(tmp_path):
+    (tmp_path / "tokenizer.json").write_text((TINY_LLM_DIR / "tokenizer.json").read_text())
+    template = (
+        "{% if tools %}TOOLS:{% for t in tools %}{{ t.function.name }};{% endfor %}{% endif %}"
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}"
+    )
+    (tmp_path / "chat_template.jinja").write_text(template)
+    chat = ChatTokenizer(tmp_path)
+    assert chat.has_tool_format
+    tools = [{"type": "function", "function": {"name": "get_weather"}}]
+    messages = [{"role": "user", "content": "hi"}]
+    assert chat.render_chat(messages, tools) == "TOOLS:get_weather;user:hi|"
+    assert chat.render_chat(messages) == "user:hi|"
+    assert not ChatTokenizer(TINY_LLM_DIR).has_tool_format

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ferry.llm.base import GenerationDelta, SamplingSettings
+from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
+from ferry.llm.errors import EngineOverloaded, InvalidAdapter, InvalidSampling, ModelNotFound
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
@@ -302,6 +302,10 @@ def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.Mo
         "vllm": types.SimpleNamespace(AsyncEngineArgs=AsyncEngineArgs, SamplingParams=dict),
         "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
         "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=AsyncLLM),
+        "vllm.sampling_params": types.SimpleNamespace(
+            StructuredOutputsParams=FakeStructuredOutputsParams
+        ),
+        "vllm.config": types.SimpleNamespace(StructuredOutputsConfig=dict),
     }
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
@@ -313,6 +317,8 @@ def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.Mo
     assert (made["enable_lora"], made["max_loras"], made["max_lora_rank"]) == (True, 3, 8)
     # Priority scheduling, or vLLM refuses a request's non-zero `priority`.
     assert made["scheduling_policy"] == "priority"
+    # Ferry's grammars are llguidance's: vLLM's guidance backend runs them.
+    assert made["structured_outputs_config"] == {"backend": "guidance"}
     assert engine.max_context_tokens == 512
     made.clear()
     create_vllm_engine(HF_DIR)
@@ -375,3 +381,84 @@ async def test_real_vllm_serves_the_tiny_adapter() -> None:
         assert engine.adapter_names() == []
     finally:
         await engine.close()
+
+
+@dataclass
+class FakeStructuredOutputsParams:  # shaped like vllm.sampling_params.StructuredOutputsParams
+    json: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "value"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "c",
+                        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}},
+                    },
+                }
+            },
+            "json",
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "x-guidance": {"whitespace_flexible": False},
+            },
+        ),
+        ({"guided_regex": "[0-9]+"}, "regex", "[0-9]+"),
+        ({"guided_choice": ["yes", "no"]}, "grammar", 'start: "yes" | "no"'),
+    ],
+)
+async def test_structured_outputs_pass_through_to_vllm(body, field, value) -> None:
+    fake = FakeAsyncLLM(steps=[("1", [7])], finish_reason="stop")
+    structured = (FakeStructuredOutputsParams, "structured_outputs")
+    serving = OpenAIServing({"tiny-llm": make_engine(fake, structured=structured)})
+    request = ChatCompletionRequest.model_validate(
+        {"model": "tiny-llm", "messages": [{"role": "user", "content": "hi"}], **body}
+    )
+    await asyncio.wait_for(serving.chat(request), WAIT_S)
+    params = fake.calls[0][1].kwargs["structured_outputs"]
+    assert getattr(params, field) == value
+
+
+async def test_tools_reach_vllm_as_an_llguidance_grammar_and_come_back_as_calls() -> None:
+    call = '<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>'
+    fake = FakeAsyncLLM(steps=[(call[:20], [1]), (call[20:], [2])], finish_reason="stop")
+    structured = (FakeStructuredOutputsParams, "structured_outputs")
+    serving = OpenAIServing({"tiny-llm": make_engine(fake, structured=structured)})
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    }
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "tiny-llm",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [tool],
+            "tool_choice": "required",
+        }
+    )
+    response = await asyncio.wait_for(serving.chat(request), WAIT_S)
+    grammar = fake.calls[0][1].kwargs["structured_outputs"].grammar
+    assert grammar.startswith("start: calls") and "%json" in grammar
+    message = response.choices[0].message
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == [
+        ("f", '{"a":1}')
+    ]
+    assert response.choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_vllm_without_structured_outputs_refuses_guidance() -> None:
+    fake = FakeAsyncLLM(steps=[("x", [7])])
+    settings = SamplingSettings(guidance=Guidance("regex", "x"))
+    with pytest.raises(InvalidSampling):
+        await collect(make_engine(fake), settings)
+    assert fake.calls == []

@@ -10,7 +10,7 @@ from typing import Any
 
 import schemathesis
 
-LLM_PATHS = ("/v1/chat/completions", "/v1/completions")
+LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 ENCODER_PATHS = ("/predict", "/v1/embeddings")
 
 

@@ -95,9 +95,8 @@ def test_developer_and_tool_roles(client):
 @pytest.mark.parametrize(
     ("param", "value"),
     [
-        ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-        ("tool_choice", "required"),
-        ("response_format", {"type": "json_object"}),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
         ("logit_bias", {"5": 10}),
         ("presence_penalty", 0.5),
     ],

@@ -27,6 +27,8 @@ class RecordingObserver:
     first: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
     finished: list[tuple[str, int, int]] = field(default_factory=list)
+    structured: list[str] = field(default_factory=list)
+    guided_gaps: list[float] = field(default_factory=list)
 
     def on_first_token(self, model: str, seconds: float) -> None:
         assert model == MODEL_NAME
@@ -34,6 +36,12 @@ class RecordingObserver:
 
     def on_token(self, model: str, seconds_since_last: float) -> None:
         self.gaps.append(seconds_since_last)
+
+    def on_structured(self, model: str, kind: str) -> None:
+        self.structured.append(kind)
+
+    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
+        self.guided_gaps.append(seconds_since_last)
 
     def on_finished(
         self,
@@ -313,3 +321,17 @@ async def test_a_request_shed_by_a_full_engine_counts_as_rejected_not_error(
         await running.aclose()
     finally:
         await engine.close()
+
+
+async def test_guided_requests_are_counted_by_kind_and_their_tokens_timed(
+    serving: OpenAIServing, observer: RecordingObserver, reference: dict[str, Any]
+) -> None:
+    case = reference["cases"][0]
+    request = chat_request(case, max_tokens=4, guided_choice=["yes", "no"], n=2)
+    response = await asyncio.wait_for(serving.chat(request), WAIT_S)
+    assert {c.message.content for c in response.choices} <= {"yes", "no"}
+    assert observer.structured == ["guided_choice"]  # once per request, not per choice
+    assert len(observer.guided_gaps) == len(observer.gaps)  # every token was guided
+    await asyncio.wait_for(serving.chat(chat_request(case, max_tokens=3)), WAIT_S)
+    assert observer.structured == ["guided_choice"]
+    assert len(observer.guided_gaps) < len(observer.gaps)

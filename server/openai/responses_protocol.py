@@ -1,0 +1,225 @@
+"""The Responses API's request (`POST /v1/responses`), as the chat request it runs as.
+
+Ferry keeps no responses: `store: true` and `previous_response_id` are refused with a 400 naming
+them (the client sends the whole conversation, as `store: false` clients do). Input items map to
+chat messages: messages (text parts), `function_call` items to an assistant's tool calls and
+`function_call_output` items to `tool` messages; `instructions` becomes the system message.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError
+
+from ferry.llm.errors import InvalidSampling
+from ferry.server.openai.protocol import (
+    ChatCompletionRequest,
+    OpenAIRequestModel,
+    _neutral,
+)
+
+# Fields Ferry cannot honour, with the values that ask for nothing.
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "previous_response_id": (None,),
+    "conversation": (None,),
+    "store": (None, False),
+    "background": (None, False),
+    "prompt": (None,),
+    "include": (None, []),
+    "reasoning": (None,),
+    "max_tool_calls": (None,),
+    "top_logprobs": (None, 0),
+}
+_WHY = {
+    "previous_response_id": "this server keeps no responses: send the whole conversation",
+    "store": "this server keeps no responses: send store=false",
+    "conversation": "this server keeps no conversations: send the whole conversation",
+}
+
+
+# Chat's parameter names -> the Responses API's, for errors raised on the chat path.
+_RENAMES = (
+    ("response_format.json_schema.schema", "text.format.schema"),
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("max_completion_tokens", "max_output_tokens"),
+    ("messages", "input"),
+)
+
+
+def responses_error(error: InvalidSampling) -> InvalidSampling:
+    """`error` naming the Responses request's field instead of the chat request's."""
+    field = error.field
+    for chat, responses in _RENAMES:
+        if field.startswith(chat):
+            field = responses + field[len(chat) :]
+            break
+    if field.startswith("tools"):
+        field = field.replace(".function.", ".", 1)  # Responses tools are flat
+    if field == error.field:
+        return error
+    return InvalidSampling(field, str(error).replace(error.field, field))
+
+
+class InputText(OpenAIRequestModel):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class MessageItem(OpenAIRequestModel):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[InputText]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class FunctionCallItem(OpenAIRequestModel):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutputItem(OpenAIRequestModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+
+
+InputItem = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(union_mode="left_to_right")
+]
+
+
+class FunctionTool(OpenAIRequestModel):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class NamedFunctionChoice(OpenAIRequestModel):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(OpenAIRequestModel):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextConfig(OpenAIRequestModel):
+    format: TextFormat | None = None
+
+
+class ResponsesRequest(OpenAIRequestModel):
+    model: str
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    stream: StrictBool = False
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    text: TextConfig | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+
+    def check_supported(self) -> None:
+        extra = self.model_extra or {}
+        for name, neutral in UNSUPPORTED.items():
+            if name in extra and not _neutral(extra[name], neutral):
+                why = _WHY.get(name, "not supported by this server")
+                raise InvalidSampling(name, f"{name}: {why}")
+
+    def texts(self) -> list[str]:
+        """Every text the request carries (input items first, so `input[i]` names item i), for
+        the size bounds checked before tokenizing."""
+        instructions = [self.instructions] if self.instructions else []
+        if isinstance(self.input, str):
+            return [self.input, *instructions]
+        texts = []
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                texts.append(item.text())
+            elif isinstance(item, FunctionCallItem):
+                texts.append(item.arguments)
+            else:
+                texts.append(_text(item.output))
+        return [*texts, *instructions]
+
+    def to_chat(self) -> ChatCompletionRequest:
+        """The chat request this runs as: same planning, same engine path."""
+        self.check_supported()
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": self._messages(),
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stream": self.stream,
+        }
+        if self.max_output_tokens is not None:
+            body["max_completion_tokens"] = self.max_output_tokens
+        if self.tools:
+            body["tools"] = [
+                {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                for t in self.tools
+            ]
+        if isinstance(self.tool_choice, NamedFunctionChoice):
+            body["tool_choice"] = {"type": "function", "function": {"name": self.tool_choice.name}}
+        elif self.tool_choice is not None:
+            body["tool_choice"] = self.tool_choice
+        if self.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = self.parallel_tool_calls
+        fmt = self.text.format if self.text else None
+        if fmt is not None and fmt.type == "json_schema":
+            schema = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
+            body["response_format"] = {"type": "json_schema", "json_schema": schema}
+        elif fmt is not None:
+            body["response_format"] = {"type": fmt.type}
+        try:
+            return ChatCompletionRequest.model_validate(body)
+        except ValidationError as exc:  # a tool or format that chat's schema refuses
+            error = exc.errors()[0]
+            param = ".".join(str(part) for part in error["loc"])
+            raise responses_error(InvalidSampling(param, error["msg"])) from None
+
+    def _messages(self) -> list[dict[str, Any]]:
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            return [*messages, {"role": "user", "content": self.input}]
+        for item in self.input:
+            if isinstance(item, MessageItem):
+                messages.append({"role": item.role, "content": item.text()})
+            elif isinstance(item, FunctionCallItem):
+                call = {
+                    "id": item.call_id,
+                    "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments},
+                }
+                last = messages[-1] if messages else None
+                if last and last["role"] == "assistant" and "tool_calls" in last:
+                    last["tool_calls"].append(call)  # parallel calls: one assistant turn
+                else:
+                    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            else:
+                messages.append(
+                    {"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)}
+                )
+        return messages
+
+
+def _text(output: str | list[InputText]) -> str:
+    return output if isinstance(output, str) else "\n".join(p.text for p in output)

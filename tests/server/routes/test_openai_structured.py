@@ -1,0 +1,322 @@
+"""Structured outputs and tool calls through the real `openai` SDK and langchain against a running
+Ferry serving the real default chat model (SmolLM2-135M-Instruct, int4, onnxruntime-genai).
+Every answer is validated with `jsonschema`; schemas are closed and length-bounded so that the
+small model's answers end well inside max_tokens."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from tests.server.routes.conftest import SMOL as MODEL
+
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": WEATHER_PARAMETERS,
+    },
+}
+TIME_PARAMETERS = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": TIME_PARAMETERS}}
+PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "get_time": TIME_PARAMETERS}
+
+
+class Capital(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    city: str = Field(max_length=20)
+    country: str = Field(max_length=20)
+
+
+CAPITAL_SCHEMA = {**Capital.model_json_schema(), "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server(smol_server):
+    return smol_server
+
+
+@pytest.fixture(scope="module")
+def client(smol_client):
+    return smol_client
+
+
+def args(**overrides):
+    return {"model": MODEL, "max_tokens": 40, "temperature": 0, **overrides}
+
+
+def assert_valid_calls(calls, names=("get_weather", "get_time")):
+    assert calls, "no tool calls"
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+# -- response_format ----------------------------------------------------------------------------
+
+
+def test_parse_returns_the_pydantic_model(client):
+    result = client.chat.completions.parse(**args(messages=CAPITAL), response_format=Capital)
+    message = result.choices[0].message
+    jsonschema.validate(json.loads(message.content), CAPITAL_SCHEMA)
+    assert isinstance(message.parsed, Capital)
+    assert result.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_answers_validate_streamed_or_not(client, stream):
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA, "strict": True},
+    }
+    result = client.chat.completions.create(
+        **args(messages=CAPITAL), response_format=response_format, stream=stream
+    )
+    if stream:
+        chunks = list(result)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        text, finish = result.choices[0].message.content, result.choices[0].finish_reason
+    jsonschema.validate(json.loads(text), CAPITAL_SCHEMA)
+    assert finish == "stop"
+
+
+def test_guidance_holds_on_the_generator_lane(client):
+    """logprobs run on a per-request og.Generator (GeneratorParams.set_guidance), not og.Engine."""
+    result = client.chat.completions.create(
+        **args(messages=CAPITAL),
+        logprobs=True,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "c", "schema": CAPITAL_SCHEMA},
+        },
+    )
+    choice = result.choices[0]
+    jsonschema.validate(json.loads(choice.message.content), CAPITAL_SCHEMA)
+    # One per token, and one for the end-of-sequence token that stopped it (README, logprobs).
+    assert len(choice.logprobs.content) == result.usage.completion_tokens + 1
+
+
+def test_json_object_is_an_object(client):
+    result = client.chat.completions.create(
+        **args(messages=CAPITAL), response_format={"type": "json_object"}
+    )
+    assert isinstance(json.loads(result.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize(
+    ("extra", "check"),
+    [
+        ({"guided_choice": ["yes", "no"]}, lambda text: text in ("yes", "no")),
+        ({"guided_regex": "[A-Z][a-z]{1,9}"}, lambda text: text.isalpha() and len(text) <= 10),
+        ({"guided_grammar": 'root ::= "Paris" | "Lyon"'}, lambda text: text in ("Paris", "Lyon")),
+        (
+            {"guided_json": WEATHER_PARAMETERS},
+            lambda text: jsonschema.validate(json.loads(text), WEATHER_PARAMETERS) is None,
+        ),
+    ],
+)
+def test_vllm_guided_extras(client, extra, check):
+    result = client.chat.completions.create(**args(messages=CAPITAL), extra_body=extra)
+    assert check(result.choices[0].message.content)
+
+
+def test_guided_json_on_completions(client):
+    result = client.completions.create(
+        model=MODEL,
+        prompt="The weather in Paris:",
+        max_tokens=30,
+        temperature=0,
+        extra_body={"guided_json": WEATHER_PARAMETERS},
+    )
+    jsonschema.validate(json.loads(result.choices[0].text), WEATHER_PARAMETERS)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"when": {"type": "string", "format": "not-a-format"}},
+                        },
+                    },
+                }
+            },
+            "response_format.json_schema.schema.properties.when",
+        ),
+        ({"guided_regex": "(?<=a)b"}, "guided_regex"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {
+                "tools": [
+                    WEATHER,
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "bad",
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"x": {"not": {"type": "string"}}},
+                            },
+                        },
+                    },
+                ]
+            },
+            "tools[1].function.parameters.properties.x",
+        ),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
+    ],
+)
+def test_what_cannot_be_compiled_is_a_400_naming_it(client, body, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(**args(messages=CAPITAL, max_tokens=5), extra_body=body)
+    assert info.value.body["param"] == param
+
+
+# -- tools --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_forced_tool_calls(client, tool_choice):
+    result = client.chat.completions.create(
+        **args(messages=WEATHER_QUESTION), tools=[WEATHER, TIME], tool_choice=tool_choice
+    )
+    choice = result.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    names = ("get_weather",) if isinstance(tool_choice, dict) else ("get_weather", "get_time")
+    assert_valid_calls(choice.message.tool_calls, names)
+
+
+def test_no_parallel_calls_gives_one(client):
+    result = client.chat.completions.create(
+        **args(messages=WEATHER_QUESTION),
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    assert len(result.choices[0].message.tool_calls) == 1
+
+
+def test_tool_choice_none_answers_text(client):
+    result = client.chat.completions.create(
+        **args(messages=CAPITAL, max_tokens=8), tools=[WEATHER], tool_choice="none"
+    )
+    assert result.choices[0].message.tool_calls is None
+    assert result.choices[0].message.content
+
+
+def test_auto_answers_text_or_a_well_formed_call(client):
+    result = client.chat.completions.create(**args(messages=CAPITAL, max_tokens=8), tools=[WEATHER])
+    message = result.choices[0].message
+    if message.tool_calls:
+        assert_valid_calls(message.tool_calls)
+    else:
+        assert message.content and not message.content.startswith("<")
+
+
+def test_stream_helper_reassembles_the_calls(client):
+    with client.chat.completions.stream(
+        **args(messages=WEATHER_QUESTION), tools=[WEATHER], tool_choice="required"
+    ) as stream:
+        deltas = [e for e in stream if e.type == "chunk"]
+        final = stream.get_final_completion()
+    # Incremental: the call's head, then its arguments in more than one piece.
+    pieces = [c for e in deltas for ch in e.chunk.choices for c in ch.delta.tool_calls or []]
+    assert pieces[0].id and pieces[0].function.name == "get_weather"
+    assert len(pieces) > 2
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert_valid_calls(final.choices[0].message.tool_calls)
+
+
+def test_tool_result_round_trip(client):
+    first = client.chat.completions.create(
+        **args(messages=WEATHER_QUESTION), tools=[WEATHER], tool_choice="required"
+    )
+    call = first.choices[0].message.tool_calls[0]
+    history = [
+        *WEATHER_QUESTION,
+        {"role": "assistant", "tool_calls": [call.model_dump(exclude_none=True)]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees"},
+    ]
+    answer = client.chat.completions.create(
+        **args(messages=history, max_tokens=12), tools=[WEATHER], tool_choice="none"
+    )
+    assert answer.choices[0].message.content
+    # The call and its result reached the prompt through the template.
+    without = client.chat.completions.create(
+        **args(messages=WEATHER_QUESTION, max_tokens=1), tools=[WEATHER], tool_choice="none"
+    )
+    assert answer.usage.prompt_tokens > without.usage.prompt_tokens + 10
+
+
+# -- langchain ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_model(server):
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=MODEL,
+        base_url=f"{server.url}/v1",
+        api_key="unused",
+        temperature=0,
+        max_tokens=40,
+        max_retries=0,
+    )
+
+
+def test_langchain_structured_output(chat_model):
+    result = chat_model.with_structured_output(Capital).invoke("What is the capital of France?")
+    assert isinstance(result, Capital)
+    jsonschema.validate(result.model_dump(), CAPITAL_SCHEMA)
+
+
+def test_langchain_bind_tools(chat_model):
+    message = chat_model.bind_tools([WEATHER], tool_choice="any").invoke(
+        "What is the weather in Paris?"
+    )
+    assert message.tool_calls and message.tool_calls[0]["name"] == "get_weather"
+    jsonschema.validate(message.tool_calls[0]["args"], WEATHER_PARAMETERS)
+
+
+def test_requests_are_counted_by_kind(server, client):
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    assert 'ferry_llm_structured_requests_total{kind="json_schema"' in text
+    assert 'ferry_llm_structured_requests_total{kind="tools"' in text
