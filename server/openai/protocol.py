@@ -21,7 +21,6 @@ from pydantic import (
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.errors import InvalidSampling
-from ferry.server.schemas import Priority
 from ferry.server.openai.request_base import OpenAIRequestModel
 from ferry.server.openai.tool_models import (
     DeltaToolCall,
@@ -31,6 +30,7 @@ from ferry.server.openai.tool_models import (
     ToolChoice,
     ToolParam,
 )
+from ferry.server.schemas import Priority
 
 MAX_N = 8
 # Stop strings are matched against every decoded delta of a stream: bounded so that one request
