@@ -12,6 +12,7 @@ Build-time only: needs the `export` extra (torch, transformers, gguf, onnxruntim
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,15 +77,20 @@ def build_genai(hf_dir: Path, out: Path, precision: Precision) -> Path:
     if precision not in PRECISIONS:
         raise ExportError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     arch = architecture(hf_dir)
+    # Built beside `out` and moved in once checked: an interrupted export leaves no folder that
+    # looks complete (`make model` tests for genai_config.json).
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
     with tempfile.TemporaryDirectory() as cache:
         cmd = [
             sys.executable,
             "-m",
             "onnxruntime_genai.models.builder",
-            *("-i", str(hf_dir), "-o", str(out), "-p", precision, "-e", "cpu", "-c", cache),
+            *("-i", str(hf_dir), "-o", str(partial), "-p", precision, "-e", "cpu", "-c", cache),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
         log = done.stderr + done.stdout
         if _UNSUPPORTED_MARK in log:
             raise UnsupportedArchitecture(
@@ -93,7 +99,9 @@ def build_genai(hf_dir: Path, out: Path, precision: Precision) -> Path:
                 'supports, or serve the Hugging Face folder with engine = "vllm" on a GPU host'
             )
         raise ExportError(f"onnxruntime-genai's builder failed on {hf_dir}:\n{log[-3000:]}")
-    check_output(out)
+    check_output(partial)
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
     return out
 
 
