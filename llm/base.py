@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,12 @@ class SamplingSettings:
     logprobs: int | None = None
     # The prompt's tokens with their log probabilities as well (completions' `echo`).
     echo: bool = False
+    # Penalties and biases (vLLM's SamplingParams semantics). Each engine names the ones it
+    # honours in `LLMEngine.sampling_options`; a request asking another one for them is a 400.
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
+    presence_penalty: float = 0.0  # [-2, 2], subtracted once from a generated token's logit
+    frequency_penalty: float = 0.0  # [-2, 2], subtracted per occurrence in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
     @property
     def greedy(self) -> bool:
@@ -45,6 +52,28 @@ class SamplingSettings:
             raise InvalidSampling("top_p", "top_p must be in (0, 1]")
         if any(not s for s in self.stop):
             raise InvalidSampling("stop", "stop strings must be non-empty")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise InvalidSampling("repetition_penalty", "repetition_penalty must be positive")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidSampling(name, f"{name} must be in [-2, 2]")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise InvalidSampling("logit_bias", "logit_bias values must be in [-100, 100]")
+
+    def requested_options(self) -> list[str]:
+        """The optional fields (SAMPLING_OPTIONS) this request sets to something other than
+        their neutral value: the engine must honour each."""
+        return [name for name in SAMPLING_OPTIONS if getattr(self, name) != _NEUTRAL[name]]
+
+
+# Sampling fields an engine may or may not honour (LLMEngine.sampling_options), neutral values.
+_NEUTRAL: dict[str, object] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": (),
+}
+SAMPLING_OPTIONS: tuple[str, ...] = tuple(_NEUTRAL)
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,9 @@ class LLMEngine(Protocol):
     name: str
     max_context_tokens: int
     tokenizer: ChatTokenizer  # the prompt side: chat template, encode, decode
+    # The optional SamplingSettings fields (SAMPLING_OPTIONS) this engine honours; the serving
+    # layer refuses a request setting any other.
+    sampling_options: frozenset[str]
 
     def generate(
         self,

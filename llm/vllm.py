@@ -15,6 +15,7 @@ from typing import Any
 
 from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
+    SAMPLING_OPTIONS,
     EngineStats,
     FinishReason,
     GenerationDelta,
@@ -38,6 +39,10 @@ def to_sampling_params(settings: SamplingSettings, params_cls: Callable[..., Any
         stop=list(settings.stop),
         logprobs=settings.logprobs,
         prompt_logprobs=settings.logprobs if settings.echo else None,
+        repetition_penalty=settings.repetition_penalty,
+        presence_penalty=settings.presence_penalty,
+        frequency_penalty=settings.frequency_penalty,
+        logit_bias=dict(settings.logit_bias) or None,
     )
 
 
@@ -65,6 +70,8 @@ def prompt_entries(
 
 class VLLMEngine:
     """An LLMEngine over a vLLM async engine (anything with `generate` and `abort`)."""
+
+    sampling_options = frozenset(SAMPLING_OPTIONS)  # every one is a SamplingParams field
 
     def __init__(
         self,

@@ -98,8 +98,10 @@ def test_developer_and_tool_roles(client):
         ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
         ("tool_choice", "required"),
         ("response_format", {"type": "json_object"}),
+        # onnxruntime-genai has no presence/frequency penalty or logit bias (vLLM has all).
         ("logit_bias", {"5": 10}),
         ("presence_penalty", 0.5),
+        ("frequency_penalty", -0.5),
     ],
 )
 def test_parameters_that_cannot_be_honoured_are_refused(client, param, value):
