@@ -3,13 +3,14 @@
     python -m ferry.bench.llm_load [--model default|tiny] [--streams 1,4,8]
                                    [--requests 16] [--max-tokens 64]
 
-Both sides decode greedily, so they generate the same tokens. In-process is Ferry's
-OrtGenAIEngine without HTTP (og.Engine on its owner thread); HTTP is `ferry serve` with the
-default encoder and the chat model loaded, streamed chat completions read by httpx. Per stream
-count: aggregate tokens/s on each side and their ratio, median time to first token (TTFT) and
-median inter-token latency (ITL: a request's decode time over its tokens after the first), and the
-GFLOPS those tokens/s use against this machine's measured numpy float32 GEMM throughput. Ends with
-the server's resident memory.
+Every side decodes greedily, so they generate the same tokens. Three sides: `og.Engine`, the
+runtime driven directly with no Ferry code (bench/og_direct.py); `engine`, Ferry's OrtGenAIEngine
+in-process (og.Engine on its owner thread, no HTTP); `HTTP`, `ferry serve` with the default encoder
+and the chat model loaded, streamed chat completions read by httpx. Per stream count: aggregate
+tokens/s of each side, HTTP's ratio to both, median time to first token (TTFT) and median
+inter-token latency (ITL: a request's decode time over its tokens after the first), and the GFLOPS
+HTTP's tokens/s use against this machine's measured numpy float32 GEMM throughput. Ends with the
+server's resident memory.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from ferry.bench.flops import flops_per_token_of, gemm_gflops
+from ferry.bench.og_direct import og_engine_run
 from ferry.bench.server_process import (
     DEFAULT_LLM,
     DEFAULT_LLM_DIR,
@@ -97,6 +99,15 @@ async def _gated(prompts: list[str], concurrency: int, one) -> RunResult:
     timings = await asyncio.gather(*(run(p) for p in prompts))
     elapsed = time.perf_counter() - started
     return RunResult(sum(t.tokens for t in timings) / elapsed, list(timings))
+
+
+def og_direct(model_dir: Path, prompts: list[str], concurrency: int, max_tokens: int) -> RunResult:
+    from ferry.llm.chat_tokenizer import ChatTokenizer
+
+    chat = ChatTokenizer(model_dir)
+    ids = [chat.encode_chat([{"role": "user", "content": p}]) for p in prompts]
+    tokens_per_s, runs = og_engine_run(model_dir, ids, concurrency, max_tokens)
+    return RunResult(tokens_per_s, [request_timing(start, times) for start, times in runs if times])
 
 
 async def inprocess(
@@ -196,21 +207,25 @@ def main() -> None:
     rows = []
     with ferry_server(llm_models=[llm]) as server:  # with the default encoder, as `make serve`
         for concurrency in streams:
-            direct = asyncio.run(inprocess(model_dir, prompts, concurrency, args.max_tokens))
+            raw = og_direct(model_dir, prompts, concurrency, args.max_tokens)
+            engine = asyncio.run(inprocess(model_dir, prompts, concurrency, args.max_tokens))
             served = asyncio.run(over_http(server.url, name, prompts, concurrency, args.max_tokens))
-            rows.append((concurrency, direct, served))
-            used = f", {served.tokens_per_s * flops / 1e9:5.1f} GFLOPS" if flops else ""
-            ratio = served.tokens_per_s / direct.tokens_per_s
+            rows.append((concurrency, served))
+            print(f"{concurrency} stream(s):")
+            for side, result in (("og.Engine", raw), ("engine", engine), ("HTTP", served)):
+                print(
+                    f"  {side:>9} {result.tokens_per_s:7.1f} tok/s  TTFT {result.ttft_ms:7.1f} ms"
+                    f"  ITL {result.itl_ms:6.1f} ms"
+                )
+            used = f", {served.tokens_per_s * flops / 1e9:.1f} GFLOPS" if flops else ""
             print(
-                f"{concurrency} stream(s): in-process {direct.tokens_per_s:7.1f} tok/s "
-                f"(TTFT {direct.ttft_ms:6.1f} ms, ITL {direct.itl_ms:5.1f} ms) | HTTP "
-                f"{served.tokens_per_s:7.1f} tok/s (TTFT {served.ttft_ms:6.1f} ms, ITL "
-                f"{served.itl_ms:5.1f} ms){used} | ratio {ratio:.2f}"
+                f"  HTTP / og.Engine {served.tokens_per_s / raw.tokens_per_s:.2f}, "
+                f"HTTP / engine {served.tokens_per_s / engine.tokens_per_s:.2f}{used}"
             )
         assert server.pid is not None
         rss, peak = rss_mib(server.pid)
     print(f"server RSS with all-MiniLM-L6-v2 + {name} loaded: {rss:.0f} MiB (peak {peak:.0f} MiB)")
-    by_streams = {c: s.tokens_per_s for c, _, s in rows}
+    by_streams = {c: s.tokens_per_s for c, s in rows}
     if 1 in by_streams and 8 in by_streams:
         print(f"HTTP 8 streams / 1 stream: {by_streams[8] / by_streams[1]:.2f}x (target >= 2x)")
     if flops:
