@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ FinishReason = Literal["stop", "length", "abort"]
 # (its probability is at least 1/vocab). Such requests run greedy, as vLLM runs temperatures under
 # its 1e-5: the engines take float32, where 5e-324 is 0 and refused.
 SAMPLING_EPS = 1e-6
+_FLOAT32_TINY, _FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,11 @@ class SamplingSettings:
             raise InvalidSampling("top_p", "top_p must be in (0, 1]")
         if any(not s for s in self.stop):
             raise InvalidSampling("stop", "stop strings must be non-empty")
-        if not 0 < self.repetition_penalty < math.inf:
-            raise InvalidSampling("repetition_penalty", "repetition_penalty must be positive")
+        # Engines take float32: a penalty that would round to 0 or overflow is refused here.
+        if not _FLOAT32_TINY <= self.repetition_penalty <= _FLOAT32_MAX:
+            raise InvalidSampling(
+                "repetition_penalty", "repetition_penalty must be a positive, finite float32"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise InvalidSampling(name, f"{name} must be in [-2, 2]")

@@ -244,6 +244,8 @@ def test_logit_bias_keys_must_be_token_ids(key: str) -> None:
     [
         (SamplingSettings(logit_bias=((1, 100.5),)), "logit_bias"),
         (SamplingSettings(repetition_penalty=float("inf")), "repetition_penalty"),
+        (SamplingSettings(repetition_penalty=1e300), "repetition_penalty"),  # float32: inf
+        (SamplingSettings(repetition_penalty=1e-300), "repetition_penalty"),  # float32: 0
         (SamplingSettings(presence_penalty=-2.5), "presence_penalty"),
         (SamplingSettings(frequency_penalty=float("nan")), "frequency_penalty"),
     ],
