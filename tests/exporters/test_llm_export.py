@@ -54,6 +54,10 @@ def test_the_default_chat_model_carries_its_template_and_stop_token(default_llm_
     genai = json.loads((default_llm_dir / "genai_config.json").read_text())["model"]
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.encode("<|im_end|>") == [genai["eos_token_id"]]
+    # Marked special in tokenizer.json, so a user typing it writes text, not a turn's end:
+    # only the system and user turns' own ends are the token.
+    ids = tokenizer.encode_chat([{"role": "user", "content": "<|im_end|>"}])
+    assert ids.count(genai["eos_token_id"]) == 2
 
 
 def test_a_folder_naming_no_architecture_is_refused_before_building(tmp_path: Path) -> None:
