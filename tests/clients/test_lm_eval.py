@@ -22,7 +22,7 @@ from tokenizers import Tokenizer
 
 from ferry.bench.server_process import DEFAULT_LLM, default_llm_config, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from tests.llm.reference_og import greedy, prompt_logprobs
+from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
 
 DATA = Path(__file__).parent / "data"
 CHOICE_TASK = f"""
@@ -122,9 +122,10 @@ def loglikelihood(model, tokenizer: Tokenizer, context: str, continuation: str) 
     return float(sum(rows[i - 1, whole[i]] for i in range(len(ctx), len(whole))))
 
 
-def greedy_reply(model, chat: ChatTokenizer, prompt: str, max_tokens: int, stop: str) -> str:
+def greedy_reply(model, model_dir: Path, prompt: str, max_tokens: int, stop: str) -> str:
+    chat = ChatTokenizer(model_dir)
     ids = chat.encode(chat.render_chat([{"role": "user", "content": prompt}]))
-    new, _ = greedy(model, ids, max_tokens, {chat.encode(chat.eos_token or "")[0]})
+    new, _ = greedy(model, ids, max_tokens, eos_ids(model_dir))
     return chat.decode(new).split(stop)[0]
 
 
@@ -158,10 +159,9 @@ def test_generation_through_local_chat_completions(server, model, default_llm_di
         "--model_args",
         f"model={DEFAULT_LLM},base_url={server.url}/v1/chat/completions",
     )
-    chat = ChatTokenizer(default_llm_dir)
     matches = []
     for doc in docs("facts_answer.jsonl"):
-        reply = greedy_reply(model, chat, doc["prompt"], 16, "\n")
+        reply = greedy_reply(model, default_llm_dir, doc["prompt"], 16, "\n")
         matches.append(re.sub(r"\s", "", reply) == re.sub(r"\s", "", doc["target"]))
     expected = float(np.mean(matches))
     assert expected == pytest.approx(0.5)  # three targets are the model's replies, three not

@@ -3,12 +3,20 @@ no Ferry code between the test and the runtime beyond `log_softmax`."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime_genai as og
 
 from ferry.llm.logprobs import log_softmax
+
+
+def eos_ids(model_dir: Path) -> set[int]:
+    """The ids generation stops at, from genai_config.json."""
+    eos = json.loads((model_dir / "genai_config.json").read_text())["model"]["eos_token_id"]
+    return set(eos if isinstance(eos, list) else [eos])
 
 
 def prompt_logprobs(model: Any, ids: list[int]) -> np.ndarray:

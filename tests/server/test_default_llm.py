@@ -26,11 +26,10 @@ from ferry.bench.server_process import (
     tiny_llm_config,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from tests.llm.reference_og import greedy, prompt_logprobs
+from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
 
 MODEL_DIRS = {DEFAULT_LLM: DEFAULT_LLM_DIR, TINY_LLM: TINY_LLM_DIR}
 PROMPTS = {DEFAULT_LLM: "What is the capital of France?", TINY_LLM: "def fibonacci(n):"}
-EOS = {2}  # <|im_end|> in both tokenizers (ChatML)
 WAIT_S = 60
 PENALTY = {"repetition_penalty": 1.3}  # vLLM's extension: the SDK sends it as extra_body
 
@@ -48,8 +47,8 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def references():
-    """name -> (og.Model, ChatTokenizer), loaded once."""
-    return {name: (og.Model(str(d)), ChatTokenizer(d)) for name, d in MODEL_DIRS.items()}
+    """name -> (og.Model, ChatTokenizer, end-of-sequence ids), loaded once."""
+    return {n: (og.Model(str(d)), ChatTokenizer(d), eos_ids(d)) for n, d in MODEL_DIRS.items()}
 
 
 def ask(client, question: str, model: str = DEFAULT_LLM, **kwargs):
@@ -72,9 +71,9 @@ def test_greedy_answers_name_the_fact(client, question, word):
 
 @pytest.mark.parametrize("model", [DEFAULT_LLM, TINY_LLM])
 def test_chat_logprobs_are_the_in_process_log_softmax(client, references, model):
-    og_model, chat = references[model]
+    og_model, chat, eos = references[model]
     prompt = PROMPTS[model]
-    ids, rows = greedy(og_model, chat.encode_chat([{"role": "user", "content": prompt}]), 8, EOS)
+    ids, rows = greedy(og_model, chat.encode_chat([{"role": "user", "content": prompt}]), 8, eos)
     choice = ask(client, prompt, model, max_tokens=8, logprobs=True, top_logprobs=3).choices[0]
     served = choice.logprobs.content
     assert "".join(t.token for t in served) == choice.message.content == chat.decode(ids)
@@ -87,7 +86,7 @@ def test_chat_logprobs_are_the_in_process_log_softmax(client, references, model)
 
 @pytest.mark.parametrize("model", [DEFAULT_LLM, TINY_LLM])
 def test_echoed_prompt_logprobs_are_the_in_process_log_softmax(client, references, model):
-    og_model, chat = references[model]
+    og_model, chat, _ = references[model]
     ids = chat.encode(PROMPTS[model])
     rows = prompt_logprobs(og_model, ids)
     result = client.completions.create(
@@ -100,11 +99,11 @@ def test_echoed_prompt_logprobs_are_the_in_process_log_softmax(client, reference
 
 
 def test_repetition_penalty_applies_on_both_onnxruntime_genai_lanes(client, references):
-    og_model, chat = references[DEFAULT_LLM]
+    og_model, chat, eos = references[DEFAULT_LLM]
     question = "Write a poem about dreams."
     ids = chat.encode_chat([{"role": "user", "content": question}])
-    plain, _ = greedy(og_model, ids, 32, EOS)
-    penalised, _ = greedy(og_model, ids, 32, EOS, repetition_penalty=1.3)
+    plain, _ = greedy(og_model, ids, 32, eos)
+    penalised, _ = greedy(og_model, ids, 32, eos, repetition_penalty=1.3)
     assert penalised != plain  # the penalty changes this answer: the checks below can fail
     expected = chat.decode(penalised)
     # og.Engine's batch (TurnOptions) and a Generator of its own (logprobs: GeneratorParams).
