@@ -60,6 +60,23 @@ def test_the_default_chat_model_carries_its_template_and_stop_token(default_llm_
     assert ids.count(genai["eos_token_id"]) == 2
 
 
+def test_a_gguf_of_an_architecture_transformers_cannot_read_is_named(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "fakearch")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedArchitecture, match="architecture fakearch is not supported"):
+        export_llm(tmp_path / "out", "int4", gguf=path)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_folder_naming_no_architecture_is_refused_before_building(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(UnsupportedArchitecture, match="names no architecture"):
