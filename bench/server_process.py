@@ -19,10 +19,18 @@ DEFAULT_MODEL_DIR = REPO / "artifacts" / "models" / "all-MiniLM-L6-v2"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 TINY_LLM_DIR = REPO / "models" / "tiny-llm" / "onnx"
 TINY_LLM = "tiny-llm"
+# The default chat model, converted by `make model` (ferry export default-llm).
+DEFAULT_LLM = "SmolLM2-135M-Instruct"
+DEFAULT_LLM_DIR = REPO / "artifacts" / "models" / DEFAULT_LLM
+DEFAULT_LLM_HF_DIR = REPO / "artifacts" / "hf" / DEFAULT_LLM
 
 
 def tiny_llm_config(**overrides: Any) -> dict[str, Any]:
     return {"name": TINY_LLM, "engine": "ortgenai", "path": str(TINY_LLM_DIR), **overrides}
+
+
+def default_llm_config(**overrides: Any) -> dict[str, Any]:
+    return {"name": DEFAULT_LLM, "engine": "ortgenai", "path": str(DEFAULT_LLM_DIR), **overrides}
 
 
 def _toml_value(value: Any) -> str:

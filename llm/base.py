@@ -16,6 +16,7 @@ FinishReason = Literal["stop", "length", "abort"]
 # (its probability is at least 1/vocab). Such requests run greedy, as vLLM runs temperatures under
 # its 1e-5: the engines take float32, where 5e-324 is 0 and refused.
 SAMPLING_EPS = 1e-6
+_FLOAT32_TINY, _FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
 
 # The grammar kinds both engines take: onnxruntime-genai's `set_guidance` types (llguidance),
 # which vLLM's structured outputs take as `json`, `regex` and `grammar`.
@@ -43,6 +44,12 @@ class SamplingSettings:
     echo: bool = False
     # Constrained decoding (response_format, guided_*, tools); None: free text.
     guidance: Guidance | None = None
+    # Penalties and biases (vLLM's SamplingParams semantics). Each engine names the ones it
+    # honours in `LLMEngine.sampling_options`; a request asking another one for them is a 400.
+    repetition_penalty: float = 1.0  # > 1 discourages tokens already in prompt or output
+    presence_penalty: float = 0.0  # [-2, 2], subtracted once from a generated token's logit
+    frequency_penalty: float = 0.0  # [-2, 2], subtracted per occurrence in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
     @property
     def greedy(self) -> bool:
@@ -59,6 +66,31 @@ class SamplingSettings:
             raise InvalidSampling("top_p", "top_p must be in (0, 1]")
         if any(not s for s in self.stop):
             raise InvalidSampling("stop", "stop strings must be non-empty")
+        # Engines take float32: a penalty that would round to 0 or overflow is refused here.
+        if not _FLOAT32_TINY <= self.repetition_penalty <= _FLOAT32_MAX:
+            raise InvalidSampling(
+                "repetition_penalty", "repetition_penalty must be a positive, finite float32"
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidSampling(name, f"{name} must be in [-2, 2]")
+        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
+            raise InvalidSampling("logit_bias", "logit_bias values must be in [-100, 100]")
+
+    def requested_options(self) -> list[str]:
+        """The optional fields (SAMPLING_OPTIONS) this request sets to something other than
+        their neutral value: the engine must honour each."""
+        return [name for name in SAMPLING_OPTIONS if getattr(self, name) != _NEUTRAL[name]]
+
+
+# Sampling fields an engine may or may not honour (LLMEngine.sampling_options), neutral values.
+_NEUTRAL: dict[str, object] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": (),
+}
+SAMPLING_OPTIONS: tuple[str, ...] = tuple(_NEUTRAL)
 
 
 @dataclass(frozen=True)
@@ -106,6 +138,9 @@ class LLMEngine(Protocol):
     name: str
     max_context_tokens: int
     tokenizer: ChatTokenizer  # the prompt side: chat template, encode, decode
+    # The optional SamplingSettings fields (SAMPLING_OPTIONS) this engine honours; the serving
+    # layer refuses a request setting any other.
+    sampling_options: frozenset[str]
 
     def generate(
         self,

@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 class OrtGenAIEngine:
     """An LLMEngine over onnxruntime-genai's Engine API (see the module docstring)."""
 
+    # og 0.18's search has a repetition penalty (TurnOptions and GeneratorParams alike), but no
+    # presence or frequency penalty and no logit bias: those are refused with a 400.
+    sampling_options = frozenset({"repetition_penalty"})
+
     def __init__(
         self,
         model_dir: str | Path,

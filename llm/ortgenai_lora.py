@@ -67,6 +67,8 @@ class GeneratorLane:
             # og's random_seed is a C int where -1 means unseeded; OpenAI's seed is any int64
             # (the engine path takes it whole): folded into [0, 2**31), still one stream per seed.
             options["random_seed"] = sampling.seed % 2**31
+        if sampling.repetition_penalty != 1.0:
+            options["repetition_penalty"] = sampling.repetition_penalty
         params.set_search_options(**options)
         apply_guidance(params, sampling.guidance)
         generator = og.Generator(self._model, params)

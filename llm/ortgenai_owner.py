@@ -185,6 +185,9 @@ class OwnerLoop:
         if sampling.seed is not None and self._dynamic:
             turn.set_seed(sampling.seed)
         apply_guidance(turn, sampling.guidance)
+        # i21: repetition_penalty, the one penalty og's search has (sampling_options).
+        if sampling.repetition_penalty != 1.0:
+            turn.set_repetition_penalty(sampling.repetition_penalty)
         request.begin_turn(np.asarray(add.prompt_ids, dtype=np.int32), turn)
         return request
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
+    SAMPLING_OPTIONS,
     EngineStats,
     FinishReason,
     GenerationDelta,
@@ -58,6 +59,10 @@ def to_sampling_params(
         stop=list(settings.stop),
         logprobs=settings.logprobs,
         prompt_logprobs=settings.logprobs if settings.echo else None,
+        repetition_penalty=settings.repetition_penalty,
+        presence_penalty=settings.presence_penalty,
+        frequency_penalty=settings.frequency_penalty,
+        logit_bias=dict(settings.logit_bias) or None,
         **extra,
     )
 
@@ -102,6 +107,8 @@ def prompt_entries(
 
 class VLLMEngine:
     """An LLMEngine over a vLLM async engine (anything with `generate` and `abort`)."""
+
+    sampling_options = frozenset(SAMPLING_OPTIONS)  # every one is a SamplingParams field
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ferry.bench.server_process import DEFAULT_MODEL_DIR
+from ferry.bench.server_process import DEFAULT_LLM_DIR, DEFAULT_MODEL_DIR
 
 
 @pytest.fixture(scope="session")
@@ -13,6 +13,14 @@ def default_model_dir() -> Path:
     if not (DEFAULT_MODEL_DIR / "model.onnx").exists():
         pytest.fail("default model missing: run `make model` (make test does it)")
     return DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def default_llm_dir() -> Path:
+    """The real default chat model (SmolLM2-135M-Instruct, onnxruntime-genai int4)."""
+    if not (DEFAULT_LLM_DIR / "genai_config.json").exists():
+        pytest.fail("default chat model missing: run `make model` (make test does it)")
+    return DEFAULT_LLM_DIR
 
 
 @pytest.fixture(scope="session")

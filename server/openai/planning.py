@@ -121,6 +121,7 @@ def _plan(
 ) -> Plan:
     sampling.validate()
     engine = served.engine
+    _check_options(sampling, engine)
     choices = []
     for p, prompt_ids in enumerate(prompts):
         room = engine.max_context_tokens - len(prompt_ids)
@@ -144,3 +145,17 @@ def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int
             param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
         )
     return ids
+
+
+def _check_options(sampling: SamplingSettings, engine: LLMEngine) -> None:
+    """What this engine cannot honour is refused, never ignored; biased ids must be its own."""
+    for name in sampling.requested_options():
+        if name not in engine.sampling_options:
+            message = f"{name} is not supported by the engine serving {engine.name}"
+            raise InvalidSampling(name, message)
+    vocab_size = engine.tokenizer.vocab_size
+    bad = next((t for t, _ in sampling.logit_bias if t >= vocab_size), None)
+    if bad is not None:
+        raise InvalidSampling(
+            "logit_bias", f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+        )

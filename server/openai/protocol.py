@@ -50,9 +50,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     # The legacy, pre-tools function calling.
     "functions": (None, []),
     "function_call": (None, "none"),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "audio": (None,),
@@ -120,6 +117,13 @@ class _SamplingFields(OpenAIRequestModel):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
     guided_grammar: str | None = None
+    # Penalties: OpenAI's ranges; repetition_penalty is vLLM's extension (> 0, 1 = off). Each
+    # engine honours some (LLMEngine.sampling_options); the others are refused when set.
+    presence_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
+    repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0)
+    # Token id (as a string, OpenAI's JSON) -> bias in [-100, 100], added to its logit.
+    logit_bias: dict[str, StrictFloat] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -149,7 +153,19 @@ class _SamplingFields(OpenAIRequestModel):
             stop=stop,
             logprobs=logprobs,
             echo=echo,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=self._logit_bias(),
         )
+
+    def _logit_bias(self) -> tuple[tuple[int, float], ...]:
+        biases = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.isdecimal():  # OpenAI's keys are token ids; a word is another tokenizer's
+                raise InvalidSampling("logit_bias", f"logit_bias key {key!r} is not a token id")
+            biases.append((int(key), bias))
+        return tuple(sorted(biases))
 
 
 class ChatCompletionRequest(_SamplingFields):

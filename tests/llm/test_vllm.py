@@ -181,7 +181,40 @@ async def test_sampling_settings_become_sampling_params() -> None:
         "stop": ["\n"],
         "logprobs": None,
         "prompt_logprobs": None,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "logit_bias": None,
     }
+
+
+async def test_penalties_and_logit_bias_reach_sampling_params() -> None:
+    # vLLM honours every one (its OpenAI server passes the same fields to SamplingParams).
+    fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
+    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    body = {
+        "model": "tiny-llm",
+        "prompt": "hello there",
+        "repetition_penalty": 1.2,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "logit_bias": {"5": 10, "9": -100},
+    }
+    await asyncio.wait_for(serving.completion(CompletionRequest.model_validate(body)), WAIT_S)
+    params = fake.calls[0][1].kwargs
+    assert params["repetition_penalty"] == 1.2
+    assert (params["presence_penalty"], params["frequency_penalty"]) == (0.5, -0.5)
+    assert params["logit_bias"] == {5: 10.0, 9: -100.0}
+
+
+async def test_a_logit_bias_outside_the_vocabulary_is_refused_before_vllm() -> None:
+    fake = FakeAsyncLLM(steps=[("x", [7])])
+    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    vocab = make_engine(fake).tokenizer.vocab_size
+    body = {"model": "tiny-llm", "prompt": "hi", "logit_bias": {str(vocab): 1}}
+    with pytest.raises(InvalidSampling, match="outside the vocabulary") as err:
+        await serving.completion(CompletionRequest.model_validate(body))
+    assert err.value.field == "logit_bias" and fake.calls == []
 
 
 async def test_abort_finish_reason_passes_through() -> None:

@@ -97,8 +97,10 @@ def test_developer_and_tool_roles(client):
     [
         ("functions", [{"name": "f", "parameters": {}}]),
         ("function_call", "auto"),
+        # onnxruntime-genai has no presence/frequency penalty or logit bias (vLLM has all).
         ("logit_bias", {"5": 10}),
         ("presence_penalty", 0.5),
+        ("frequency_penalty", -0.5),
     ],
 )
 def test_parameters_that_cannot_be_honoured_are_refused(client, param, value):

@@ -32,7 +32,13 @@ def load(tmp_path: Path, text: str) -> Settings:
 def test_the_default_config_serves_an_encoder_and_an_llm():
     settings = load_settings(ROOT / "ferry.toml", environ={})
     assert [m.name for m in settings.models] == ["all-MiniLM-L6-v2"]
-    assert [m.name for m in settings.llm_models] == ["tiny-llm"]
+    assert [m.name for m in settings.llm_models] == ["SmolLM2-135M-Instruct", "tiny-llm"]
+    assert (ROOT / settings.llm_models[0].path).name == "SmolLM2-135M-Instruct"
+    # One LoRA adapter is served under its own name (vLLM's --lora-modules), on the tiny model.
+    assert {k: v.name for k, v in settings.llm_models[1].adapters.items()} == {
+        "zen": "zen.onnx_adapter"
+    }
+    assert all(path.exists() for path in settings.llm_models[1].adapters.values())
     assert (ROOT / settings.models[0].path).name == "all-MiniLM-L6-v2"
 
 

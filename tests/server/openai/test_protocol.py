@@ -34,6 +34,9 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         ("n", 9),
         ("top_p", 0.0),
         ("top_p", 1.5),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.1),
+        ("repetition_penalty", 0.0),
     ],
 )
 def test_out_of_range_values_name_their_field(field: str, value: float) -> None:
@@ -56,6 +59,9 @@ def test_out_of_range_values_name_their_field(field: str, value: float) -> None:
         ("top_logprobs", False),
         ("stream", 1),
         ("logprobs", "true"),
+        ("presence_penalty", False),
+        ("frequency_penalty", True),
+        ("repetition_penalty", "1.2"),
     ],
 )
 def test_numbers_and_booleans_are_strict(field: str, value: object) -> None:
@@ -84,10 +90,6 @@ def test_integers_still_pass_as_numbers() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "refused"),
     [
-        ("presence_penalty", 0, False),
-        ("presence_penalty", 0.0, False),
-        ("presence_penalty", False, True),
-        ("frequency_penalty", True, True),
         ("best_of", True, True),
         ("best_of", 1, False),
     ],
@@ -122,9 +124,9 @@ def test_a_vanishing_temperature_or_top_p_runs_greedy(
 
 def test_unknown_fields_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.DEBUG, logger="ferry.server.openai.protocol"):
-        request = ChatCompletionRequest(model="m", messages=MESSAGES, logit_bias={"1": 2})
-    assert request.model_extra == {"logit_bias": {"1": 2}}
-    assert "logit_bias" in caplog.text
+        request = ChatCompletionRequest(model="m", messages=MESSAGES, top_k={"1": 2})
+    assert request.model_extra == {"top_k": {"1": 2}}
+    assert "top_k" in caplog.text
 
 
 def test_content_parts_are_flattened_to_text() -> None:
@@ -190,3 +192,65 @@ def test_error_response_shape() -> None:
     assert body.model_dump() == {
         "error": {"message": "bad", "type": "BadRequestError", "param": "n", "code": None}
     }
+
+
+def test_penalties_and_logit_bias_reach_the_settings() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": MESSAGES,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
+            "repetition_penalty": 1.3,
+            "logit_bias": {"42": -100, "7": 5},
+        }
+    )
+    sampling = request.to_sampling(16)
+    assert (sampling.presence_penalty, sampling.frequency_penalty) == (0.5, -1.0)
+    assert sampling.repetition_penalty == 1.3
+    assert sampling.logit_bias == ((7, 5.0), (42, -100.0))
+    assert sampling.requested_options() == [
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+    ]
+
+
+def test_neutral_penalties_request_nothing() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": MESSAGES,
+            "presence_penalty": 0,
+            "frequency_penalty": 0.0,
+            "repetition_penalty": 1,
+            "logit_bias": {},
+        }
+    )
+    assert request.to_sampling(16).requested_options() == []
+
+
+@pytest.mark.parametrize("key", ["hello", "-1", "1.5", ""])
+def test_logit_bias_keys_must_be_token_ids(key: str) -> None:
+    request = CompletionRequest(model="m", prompt="hi", logit_bias={key: 1.0})
+    with pytest.raises(InvalidSampling) as err:
+        request.to_sampling()
+    assert err.value.field == "logit_bias"
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        (SamplingSettings(logit_bias=((1, 100.5),)), "logit_bias"),
+        (SamplingSettings(repetition_penalty=float("inf")), "repetition_penalty"),
+        (SamplingSettings(repetition_penalty=1e300), "repetition_penalty"),  # float32: inf
+        (SamplingSettings(repetition_penalty=1e-300), "repetition_penalty"),  # float32: 0
+        (SamplingSettings(presence_penalty=-2.5), "presence_penalty"),
+        (SamplingSettings(frequency_penalty=float("nan")), "frequency_penalty"),
+    ],
+)
+def test_settings_out_of_range_name_their_field(settings: SamplingSettings, field: str) -> None:
+    with pytest.raises(InvalidSampling) as err:
+        settings.validate()
+    assert err.value.field == field

@@ -1,0 +1,132 @@
+"""`ferry export llm`: Hugging Face folder in, onnxruntime-genai folder out, greedy parity reported.
+
+Converts the committed tiny Llama (2 layers, seconds); the default chat model converted from its
+GGUF by `make model` is checked for what serving reads from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ferry.exporters import llm_export
+from ferry.exporters.cli import add_export_commands
+from ferry.exporters.llm_export import ExportError, UnsupportedArchitecture, export_llm
+from ferry.exporters.llm_parity import ParityReport, PromptParity, compare
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from tests.llm.llm_paths import HF_DIR
+
+PARITY_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def fp32_export(tmp_path_factory) -> Path:
+    return export_llm(tmp_path_factory.mktemp("tiny") / "fp32", "fp32", hf=HF_DIR)
+
+
+def test_fp32_export_is_greedy_identical_to_transformers(fp32_export: Path) -> None:
+    report = compare(HF_DIR, fp32_export, "fp32", PARITY_TOKENS)
+    assert report.identical, report.describe()
+    assert all(
+        len(p.expected) == PARITY_TOKENS for p in report.prompts
+    )  # no early EOS: a real check
+
+
+def test_chat_template_and_stop_token_carry_over(fp32_export: Path) -> None:
+    source, exported = ChatTokenizer(HF_DIR), ChatTokenizer(fp32_export)
+    messages = [{"role": "user", "content": "hi"}]
+    assert exported.encode_chat(messages) == source.encode_chat(messages)
+    eos_id = json.loads((fp32_export / "genai_config.json").read_text())["model"]["eos_token_id"]
+    assert exported.eos_token is not None and exported.encode(exported.eos_token) == [eos_id]
+
+
+def test_the_default_chat_model_carries_its_template_and_stop_token(default_llm_dir: Path) -> None:
+    # Converted from the GGUF by `make model`: SmolLM2's ChatML template with its system prompt,
+    # and <|im_end|> as the id generation stops at.
+    tokenizer = ChatTokenizer(default_llm_dir)
+    prompt = tokenizer.render_chat([{"role": "user", "content": "hi"}])
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    genai = json.loads((default_llm_dir / "genai_config.json").read_text())["model"]
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.encode("<|im_end|>") == [genai["eos_token_id"]]
+    # Marked special in tokenizer.json, so a user typing it writes text, not a turn's end:
+    # only the system and user turns' own ends are the token.
+    ids = tokenizer.encode_chat([{"role": "user", "content": "<|im_end|>"}])
+    assert ids.count(genai["eos_token_id"]) == 2
+
+
+def test_a_gguf_of_an_architecture_transformers_cannot_read_is_named(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "fakearch")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedArchitecture, match="architecture fakearch is not supported"):
+        export_llm(tmp_path / "out", "int4", gguf=path)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_naming_no_architecture_is_refused_before_building(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(UnsupportedArchitecture, match="names no architecture"):
+        llm_export.build_genai(tmp_path, tmp_path / "out", "int4")
+    with pytest.raises(ExportError, match=r"no config\.json"):
+        llm_export.build_genai(tmp_path / "missing", tmp_path / "out", "int4")
+
+
+def test_exactly_one_source_is_taken(tmp_path: Path) -> None:
+    with pytest.raises(ExportError, match="exactly one"):
+        export_llm(tmp_path, "int4")
+    with pytest.raises(ExportError, match="exactly one"):
+        export_llm(tmp_path, "int4", gguf=tmp_path / "a.gguf", hf=HF_DIR)
+    with pytest.raises(ExportError, match="is not a file"):
+        export_llm(tmp_path / "out", "int4", gguf=tmp_path / "missing.gguf")
+
+
+def test_a_lost_chat_template_fails_the_export(fp32_export: Path, tmp_path: Path) -> None:
+    broken = shutil.copytree(fp32_export, tmp_path / "copy", ignore=lambda *_: ["model.onnx.data"])
+    (broken / "chat_template.jinja").unlink()
+    config = json.loads((broken / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (broken / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="chat template did not carry over"):
+        llm_export.check_output(broken)
+
+
+def test_the_report_counts_tokens_until_the_first_difference() -> None:
+    same = PromptParity("a", [1, 2, 3], [1, 2, 3])
+    drifts = PromptParity("b", [1, 2, 3, 4], [1, 2, 9, 4])
+    report = ParityReport("int4", 4, [same, drifts])
+    assert (same.agreeing, drifts.agreeing) == (3, 2)
+    assert not report.identical
+    assert report.describe().splitlines()[1:] == [
+        "  'a': identical",
+        "  'b': first 2 of 4 tokens agree",
+    ]
+
+
+def test_cli_names_an_architecture_the_builder_cannot_convert(tmp_path: Path, capsys) -> None:
+    config = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert run_cli(["--hf", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert "cannot convert GPT2LMHeadModel" in capsys.readouterr().err
+    assert run_cli(["--gguf", str(tmp_path / "x.gguf"), "--out", str(tmp_path / "out")]) == 2
+    assert "is not a file" in capsys.readouterr().err
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    add_export_commands(parser.add_subparsers())
+    args = parser.parse_args(["export", "llm", *argv])
+    return args.handler(args)
