@@ -60,7 +60,12 @@ class FakeAsyncLLM:
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     async def generate(
-        self, prompt: Any, params: Any, request_id: str, lora_request: Any = None
+        self,
+        prompt: Any,
+        params: Any,
+        request_id: str,
+        lora_request: Any = None,
+        priority: int = 0,  # AsyncLLM.generate's keyword
     ) -> AsyncIterator[Output]:
         self.calls.append(params)
         ids = prompt["prompt_token_ids"]
