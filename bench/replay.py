@@ -8,7 +8,8 @@ them on 2 cores. HTTP and the event loop's own CPU are left out, for every polic
 
 Policies, all on the same requests:
   ferry      BatchLimits() as served: length grouping in the fairness window, the cost model's cut
-  fifo       batches in arrival order, as full as the limits allow (no grouping, no cost model)
+  fifo       batches in arrival order, as full as the limits allow (no grouping, no cost model,
+             so no fairness window either: arrival order passes nobody over)
   fcfs       one request at a time, first come first served: the strong unbatched server
   window=W   ferry with fairness_window W (--fairness-window W ..., a sweep)
 
