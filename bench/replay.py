@@ -15,11 +15,13 @@ Policies, all on the same requests:
 
 Workloads: mixed (8-128 tokens) and short (8-16), N closed-loop clients (each sends its next
 request when the last one is answered). The first and last N completions (ramp up, drain) are
-left out of the figures. With --priority-clients K, K of the clients send priority -10 and the
-ratio of their median latency to the others' is printed.
+left out of the figures. With --urgent-every K, every K-th request is sent with priority -10 (by
+whichever client sends it) and the ratio of their median latency to the others' is printed.
+(Urgent *clients* would not do: strict priorities let as many urgent closed-loop clients as
+there are batch slots starve the rest, as documented.)
 
 python -m ferry.bench.replay [--clients 64] [--requests 3000] [--fairness-window 0 0.5 ...]
-    [--priority-clients 4] [--costs bench/replay_costs.json]
+    [--urgent-every 20] [--costs bench/replay_costs.json]
 """
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ async def closed_loop(
     costs: CostTable,
     lengths: list[int],
     clients: int,
-    priority_clients: int,
+    urgent_every: int,
     clock: VirtualClock,
 ) -> tuple[list[Completion], list[int]]:
     backend = SimulatedBackend(clock, costs)
@@ -101,18 +103,18 @@ async def closed_loop(
     backend.sizes.clear()
     batcher.start()
     inputs = {n: TokenSequence.from_ids([1] * n) for n in set(lengths)}
-    queue = iter(lengths)
+    queue = iter(enumerate(lengths))
     done: list[Completion] = []
 
-    async def client(priority: int) -> None:
-        for length in queue:
+    async def client() -> None:
+        for index, length in queue:
+            priority = URGENT if urgent_every and index % urgent_every == urgent_every - 1 else 0
             sent = clock.time()
             (future,) = batcher.submit([inputs[length]], priority=priority)
             await future
             done.append(Completion(priority, length, clock.time(), clock.time() - sent))
 
-    urgent = [URGENT] * priority_clients
-    await asyncio.gather(*(client(p) for p in urgent + [0] * (clients - priority_clients)))
+    await asyncio.gather(*(client() for _ in range(clients)))
     await batcher.close(0)
     return done, backend.sizes
 
@@ -141,14 +143,14 @@ def replay(
     workload: str,
     requests: int,
     clients: int,
-    priority_clients: int = 0,
+    urgent_every: int = 0,
 ) -> Figures:
     low, high = WORKLOADS[workload]
     lengths = np.random.default_rng(0).integers(low, high + 1, size=requests).tolist()
 
     async def main() -> Figures:
         clock = VirtualClock()
-        run = closed_loop(limits, costs, lengths, clients, priority_clients, clock)
+        run = closed_loop(limits, costs, lengths, clients, urgent_every, clock)
         done, sizes = await clock.run(run)
         return figures(done, sizes, clients)
 
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
     parser.add_argument("--fairness-window", type=float, nargs="*", default=[])
-    parser.add_argument("--priority-clients", type=int, default=0)
+    parser.add_argument("--urgent-every", type=int, default=0)
     parser.add_argument("--costs", type=Path, default=DEFAULT_TABLE)
     args = parser.parse_args(argv)
     costs = CostTable.load(args.costs)
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         base: Figures | None = None
         for name, limits in policies(args.fairness_window).items():
             result = replay(
-                limits, costs, workload, args.requests, args.clients, args.priority_clients
+                limits, costs, workload, args.requests, args.clients, args.urgent_every
             )
             base = base or result  # fcfs comes first: the others are read against it
             print(f"  {name:12s} {describe(result, base)}")

@@ -37,7 +37,8 @@ def test_a_replay_is_deterministic_and_batching_pays_on_a_fixed_cost():
     assert first.req_per_s > 300  # batches of several cost little more than one
 
 
-def test_urgent_clients_are_served_ahead_of_the_rest():
-    # One urgent client of 8: it never waits behind the others.
-    figures = replay(policies([])["fcfs"], FLAT, "short", 400, clients=8, priority_clients=1)
+def test_urgent_requests_are_served_ahead_of_the_rest():
+    # Every 8th request is urgent: it waits for a running batch at most, not for the queue.
+    figures = replay(policies([])["ferry"], FLAT, "short", 400, clients=8, urgent_every=8)
     assert figures.urgent_ratio is not None and figures.urgent_ratio < 0.5
+    assert replay(policies([])["ferry"], FLAT, "short", 400, clients=8).urgent_ratio is None
