@@ -27,6 +27,15 @@ class Admission(BatcherState):
         full = max(1, min(self.limits.max_batch_size, self.limits.max_batch_tokens // length))
         return self.cost_model.predict(full, length) / full
 
+    def _cost_model_refitted(self) -> None:
+        """Price every queued request again: a share priced before the refit (0 before the cost
+        model was ready) would otherwise stay stale for as long as the request is queued."""
+        work: dict[int, float] = {}
+        for request in self._pending.values():
+            request.cost_s = self.request_cost_s(request.length)
+            work[request.priority] = work.get(request.priority, 0.0) + request.cost_s
+        self._queued_work = work
+
     def predicted_wait_s(self, priority: int = 0, extra_s: float = 0.0) -> float | None:
         """When a request of `priority` costing `extra_s` would finish if queued now.
 

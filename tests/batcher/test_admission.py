@@ -147,6 +147,30 @@ async def test_the_queued_work_follows_cancellations_and_dispatches():
     await batcher.close(1)
 
 
+async def test_a_refit_prices_the_queued_requests_again():
+    from tests.batcher.test_collection import CostedBackend  # it imports this module
+
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_size=1, max_concurrent_batches=1)
+    backend = CostedBackend(clock)  # 10 ms + 1 ms per padded token, as the exact model says
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, clock=clock)
+    # Seven observations: one short of the first refit, so the model is not ready yet.
+    for n, length in [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 16), (8, 2)]:
+        batcher.cost_model.observe(n, length, 0.010 + 0.001 * n * length)
+    assert not batcher.cost_model.ready
+    futures = queue(batcher, 4, 4, 4) + queue(batcher, 2, priority=1)
+    assert batcher._queued_work == {0: 0.0, 1: 0.0}  # priced before it was ready
+    batcher.start()
+    # The first batch (4 tokens, 14 ms) is the eighth observation: the refit prices what is
+    # queued: one 4-token request left at priority 0 (the second batch has just started), one
+    # 2-token request at priority 1, each alone in a batch of one.
+    await clock.advance(0.014)
+    assert batcher.cost_model.ready and batcher.queue_depth == 2
+    assert batcher._queued_work == {0: pytest.approx(0.014), 1: pytest.approx(0.012)}
+    await clock.run_until_done(asyncio.gather(*futures))
+    await batcher.close(0)
+
+
 def admission_batcher(observer=None) -> MicroBatcher:
     limits = BatchLimits(max_batch_size=4, max_batch_tokens=9, max_concurrent_batches=2)
     batcher = MicroBatcher(
