@@ -212,6 +212,63 @@ async def test_less_urgent_work_queued_ahead_does_not_refuse_an_urgent_request()
     await asyncio.gather(*ahead, return_exceptions=True)
 
 
+async def test_a_newcomer_that_would_make_a_queued_less_urgent_request_late_is_refused():
+    observer = RecordingObserver()
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=9, max_concurrent_batches=2)
+    batcher = MicroBatcher("m", HeldBackend().infer, limits, LIMITS, clock=clock, observer=observer)
+    exact_cost_model(batcher)
+    five = seq(1, 2, 3, 4, 5)  # 15 ms each: one per batch
+    # Admitted at priority 1 with 20 ms: it would finish at 15 / 2 = 7.5 ms, within 18 ms.
+    (promised,) = batcher.submit([five], timeout_s=0.020, priority=1)
+    # An urgent 5-token request moves it to (15 + 15) / 2 = 15 ms: still within 18 ms.
+    (first,) = batcher.submit([five], priority=0)
+    # A 3-token one (19 ms / 3 of work) would move it to 18.17 ms: refused, though it would
+    # itself be on time.
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1, 2, 3)], priority=0)
+    assert str(refused.value) == "it would make less urgent queued requests miss their deadlines"
+    assert observer.rejections == ["predicted_late"]
+    # A 1-token one (3.5 ms of work) moves it to 16.75 ms only: admitted.
+    (small,) = batcher.submit([seq(1)], priority=0)
+    # Of the same priority, a newcomer is served after it: admitted.
+    (same,) = batcher.submit([five], priority=1)
+    assert not any(f.done() for f in (promised, first, small, same))
+    await batcher.close(0)
+
+
+async def test_the_running_batch_counts_before_a_queued_request_s_finish():
+    backend, clock = HeldBackend(), ManualClock()
+    batcher = batcher_for(backend, clock, max_batch_size=4, max_concurrent_batches=1)
+    exact_cost_model(batcher)
+    batcher.start()
+    queue(batcher, 1)
+    await settle()
+    assert batcher.running_batches == 1
+    five = seq(1, 2, 3, 4, 5)  # 10 + 4 * 5 ms for a batch of 4: 7.5 ms each, on one slot
+    # 50 ms (the recent batch time) running, then its own 7.5 ms: within 90 % of 70 ms.
+    (promised,) = batcher.submit([five], timeout_s=0.070, priority=1)
+    # An urgent one makes it 65 ms, past 63 ms (without the running batch it would be 15).
+    with pytest.raises(QueueFull):
+        batcher.submit([five], priority=0)
+    await backend.release_all()
+    await batcher.close(0)
+    assert promised.done()
+
+
+async def test_a_queued_request_already_predicted_late_refuses_no_newcomer():
+    clock = ManualClock()
+    batcher = batcher_for(HeldBackend(), clock, max_batch_size=4, max_batch_tokens=9)
+    exact_cost_model(batcher)
+    (late,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.020, priority=1)
+    (no_deadline,) = batcher.submit([seq(1)], priority=1)  # nothing to keep
+    # 15 ms later 90 % of the 5 ms left is 4.5 ms: it finishes at 7.5 ms whatever comes.
+    await clock.advance(0.015)
+    (urgent,) = batcher.submit([seq(1, 2, 3, 4, 5)], priority=0)
+    assert not any(f.done() for f in (late, no_deadline, urgent))
+    await batcher.close(0)
+
+
 async def test_retry_after_is_the_whole_queue_s_predicted_drain_when_it_is_full():
     backend, clock = HeldBackend(), ManualClock()
     batcher = batcher_for(backend, clock, max_queue_size=60, max_concurrent_batches=1)
