@@ -172,9 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{workload} {WORKLOADS[workload]} tokens, {args.clients} closed-loop clients")
         base: Figures | None = None
         for name, limits in policies(args.fairness_window).items():
-            result = replay(
-                limits, costs, workload, args.requests, args.clients, args.urgent_every
-            )
+            result = replay(limits, costs, workload, args.requests, args.clients, args.urgent_every)
             base = base or result  # fcfs comes first: the others are read against it
             print(f"  {name:12s} {describe(result, base)}")
 

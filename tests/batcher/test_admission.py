@@ -199,6 +199,17 @@ async def test_admission_refuses_what_would_finish_past_its_share_of_the_time_le
     await batcher.close(0)
 
 
+async def test_a_late_request_is_told_to_retry_when_the_queue_would_let_it_finish():
+    batcher = small_batches()
+    queue(batcher, *[5] * 400)  # 400 x 15 ms over 2 slots: 3 s
+    wait = batcher.predicted_wait_s(0, 0.015)
+    assert wait == pytest.approx(3.0075)
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=1.0)
+    assert refused.value.retry_after_s == pytest.approx(wait - 1.0)
+    await batcher.close(0)
+
+
 async def test_less_urgent_work_queued_ahead_does_not_refuse_an_urgent_request():
     batcher = admission_batcher()
     ahead = queue(batcher, 5, 5, 5, 5, 5, 5, priority=1)
@@ -219,21 +230,36 @@ async def test_a_newcomer_that_would_make_a_queued_less_urgent_request_late_is_r
     batcher = MicroBatcher("m", HeldBackend().infer, limits, LIMITS, clock=clock, observer=observer)
     exact_cost_model(batcher)
     five = seq(1, 2, 3, 4, 5)  # 15 ms each: one per batch
-    # Admitted at priority 1 with 20 ms: it would finish at 15 / 2 = 7.5 ms, within 18 ms.
-    (promised,) = batcher.submit([five], timeout_s=0.020, priority=1)
-    # An urgent 5-token request moves it to (15 + 15) / 2 = 15 ms: still within 18 ms.
+    (early,) = batcher.submit([seq(1)], priority=0)  # 3.5 ms, queued first, served first
+    # Admitted at priority 1 with 22 ms: it would finish at (3.5 + 15) / 2 = 9.25 ms, within
+    # 90 % of 22 ms (19.8 ms).
+    (promised,) = batcher.submit([five], timeout_s=0.022, priority=1)
+    # An urgent 5-token request moves it to 16.75 ms: still within 19.8 ms.
     (first,) = batcher.submit([five], priority=0)
-    # A 3-token one (19 ms / 3 of work) would move it to 18.17 ms: refused, though it would
+    # A 3-token one (19 ms / 3 of work) would move it to 19.92 ms: refused, though it would
     # itself be on time.
     with pytest.raises(QueueFull) as refused:
         batcher.submit([seq(1, 2, 3)], priority=0)
     assert str(refused.value) == "it would make less urgent queued requests miss their deadlines"
+    assert refused.value.retry_after_s == 1.0  # the whole queue drains in 17 ms: at least 1 s
     assert observer.rejections == ["predicted_late"]
-    # A 1-token one (3.5 ms of work) moves it to 16.75 ms only: admitted.
+    # A 1-token one (3.5 ms of work) moves it to 18.5 ms only: admitted.
     (small,) = batcher.submit([seq(1)], priority=0)
     # Of the same priority, a newcomer is served after it: admitted.
     (same,) = batcher.submit([five], priority=1)
-    assert not any(f.done() for f in (promised, first, small, same))
+    assert not any(f.done() for f in (early, promised, first, small, same))
+    await batcher.close(0)
+
+
+async def test_queued_requests_without_a_deadline_are_passed_over_for_those_with_one():
+    batcher = batcher_for(HeldBackend(), ManualClock(), max_batch_size=4, max_batch_tokens=9)
+    exact_cost_model(batcher)
+    (free,) = batcher.submit([seq(1)], priority=1)
+    # (3.5 + 15) / 2 = 9.25 ms, within 90 % of 12 ms; an urgent 5-token one adds 7.5 ms.
+    (promised,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.012, priority=1)
+    with pytest.raises(QueueFull):
+        batcher.submit([seq(1, 2, 3, 4, 5)], priority=0)
+    assert not free.done() and not promised.done()
     await batcher.close(0)
 
 

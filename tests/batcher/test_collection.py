@@ -208,6 +208,30 @@ async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
     await batcher.close(0)
 
 
+@pytest.mark.parametrize(
+    ("length", "arrivals", "candidates"),
+    [
+        # 10 tokens hold two 4-token rows: one fixed cost (10 ms, not the 2 ms per request) saved,
+        # a window of 3.5 ms.
+        (4, (0.0, 0.003, 0.004), 2),
+        # One 6-token row only: batching saves nothing, the window holds one instant.
+        (6, (0.0, 0.0, 0.001), 2),
+    ],
+)
+async def test_the_window_is_the_fixed_costs_a_full_batch_saves(length, arrivals, candidates):
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_tokens=10)
+    batcher = MicroBatcher("m", CostedBackend(clock).infer, limits, LIMITS, clock=clock)
+    for n, width in [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 16), (8, 2)]:
+        batcher.cost_model.observe(n, width, 0.010 + 0.002 * n + 0.001 * n * width)
+    batcher.cost_model.refit()
+    for at in arrivals:
+        await clock.advance(at - (clock.time() - 1000))
+        batcher.submit([seq(*range(1, length + 1))])
+    assert len(batcher._candidates()) == candidates
+    await batcher.close(0)
+
+
 async def test_batches_in_arrival_order_have_no_window():
     # Arrival order passes nobody over: a FIFO batch takes what came after any window's end.
     clock = ManualClock()
