@@ -27,6 +27,15 @@ class Admission(BatcherState):
         full = max(1, min(self.limits.max_batch_size, self.limits.max_batch_tokens // length))
         return self.cost_model.predict(full, length) / full
 
+    def _cost_model_refitted(self) -> None:
+        """Price every queued request again: a share priced before the refit (0 before the cost
+        model was ready) would otherwise stay stale for as long as the request is queued."""
+        work: dict[int, float] = {}
+        for request in self._pending.values():
+            request.cost_s = self.request_cost_s(request.length)
+            work[request.priority] = work.get(request.priority, 0.0) + request.cost_s
+        self._queued_work = work
+
     def predicted_wait_s(self, priority: int = 0, extra_s: float = 0.0) -> float | None:
         """When a request of `priority` costing `extra_s` would finish if queued now.
 
@@ -45,21 +54,63 @@ class Admission(BatcherState):
         deadline: float | None,
         priority: int,
     ) -> None:
-        """Refuse now (429) what the queue ahead would make finish after its deadline (504).
+        """Refuse now (429) what the queue ahead would make finish after its deadline (504),
+        and what would make a queued request finish after its own.
 
-        Only the deadline counts: a latency objective is a target that steers batch sizes, and
-        refusing at it would turn every burst into 429s. Less urgent work queued does not count.
+        Only deadlines count: a latency objective is a target that steers batch sizes, and
+        refusing at it would turn every burst into 429s. Less urgent work queued does not count
+        against a request; its deadlines do (those requests were admitted on a prediction that
+        the newcomer would break).
         """
-        if deadline is None or not self._pending:
+        if not self._pending:
             return
         own = sum(self.request_cost_s(seq.length) for seq in sequences)
-        wait = self.predicted_wait_s(priority, own)
-        if wait is not None and wait > (deadline - now) * ADMISSION_SHARE:
+        if deadline is not None:
+            wait = self.predicted_wait_s(priority, own)
+            if wait is not None and wait > (deadline - now) * ADMISSION_SHARE:
+                self._observer.rejected("predicted_late")
+                raise QueueFull(
+                    retry_after_s=max(1.0, wait - (deadline - now)),
+                    message=f"the queue ahead would take {wait:.1f}s, past this request's deadline",
+                )
+        if self._would_make_late(priority, own, now):
             self._observer.rejected("predicted_late")
             raise QueueFull(
-                retry_after_s=max(1.0, wait - (deadline - now)),
-                message=f"the queue ahead would take {wait:.1f}s, past this request's deadline",
+                retry_after_s=self._retry_after_s(),
+                message="it would make less urgent queued requests miss their deadlines",
             )
+
+    def _would_make_late(self, priority: int, extra_s: float, now: float) -> bool:
+        """Whether `extra_s` more work at `priority` makes a queued request finish past its
+        share of the time left to its deadline, when it would have made it without.
+
+        Only less urgent requests are served after the newcomer: those of its own priority
+        queued before it go first (arrival order, up to the fairness window). A request already
+        predicted late stops no one: it is not the newcomer that makes it miss.
+        """
+        if all(level <= priority for level in self._queued_work):
+            return False
+        slots = self.limits.max_concurrent_batches
+        running = self._recent_batch_s if self._running else 0.0
+        # Per less urgent level: the work of every more urgent level, then its own in arrival
+        # order up to each request (the insertion-ordered queue is arrival order).
+        before = {
+            level: sum(s for other, s in self._queued_work.items() if other < level)
+            for level in self._queued_work
+            if level > priority
+        }
+        for request in self._pending.values():
+            level = request.priority
+            if level <= priority:
+                continue
+            before[level] += request.cost_s
+            if request.deadline is None:
+                continue
+            allowed = (request.deadline - now) * ADMISSION_SHARE
+            finish = running + before[level] / slots
+            if finish <= allowed < finish + extra_s / slots:
+                return True
+        return False
 
     def _retry_after_s(self) -> float:
         """How long the queue ahead takes to drain (at least 1 s)."""

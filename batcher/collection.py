@@ -61,24 +61,31 @@ class Collection(BatcherState):
         """The queued requests the next batch may take, oldest first: the fairness window
         within the most urgent (lowest) priority queued.
 
-        Only those that arrived within `fairness_window` (a fraction of a full batch's predicted
-        time at the oldest request's length) of the oldest. Length grouping and the cost model's
-        cut still choose within it, but a request is never passed over by one that arrived
-        more than the window after it, so a long request among short ones waits about as long
-        as first come, first served would make it wait, not until the short ones stop coming.
+        Only those that arrived within `fairness_window` times what batching saves, after the
+        oldest: what a full batch at the oldest's length saves over running its members one by
+        one (by the cost model: (n - 1) fixed costs). Length grouping and the cost model's cut
+        choose within it, but a request is never passed over by one that arrived more than the
+        window after it, so it waits about as long as first come, first served would make it
+        wait. Where batching saves little (long sequences on a CPU) the window closes and the
+        order is arrival order; where it saves much (short ones) the batches have room to grow.
+        Before the cost model is ready, the unit is the recent batch time.
         """
         queued = list(self._pending.values())
         if len(self._queued_count) > 1:
             # Strict priorities: a batch holds only the most urgent priority queued.
             urgent = min(self._queued_count)
             queued = [request for request in queued if request.priority == urgent]
+        if not self.limits.group_by_length:
+            return queued  # batches in arrival order pass nobody over
         oldest = queued[0]
         if self.cost_model.ready:
-            full = min(self.limits.max_batch_size, self.limits.max_batch_tokens // oldest.length)
-            batch_s = self.cost_model.predict(max(1, full), oldest.length)
+            limits = self.limits
+            full = max(1, min(limits.max_batch_size, limits.max_batch_tokens // oldest.length))
+            # n * predict(1, L) - predict(n, L), exactly: the model's cost grows linearly in n.
+            saved_s = (full - 1) * self.cost_model.predict(0, 0)
         else:
-            batch_s = self._recent_batch_s
-        cutoff = oldest.enqueued_at + self.limits.fairness_window * batch_s
+            saved_s = self._recent_batch_s
+        cutoff = oldest.enqueued_at + self.limits.fairness_window * saved_s
         count = 1
         while count < len(queued) and queued[count].enqueued_at <= cutoff:
             count += 1

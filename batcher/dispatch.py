@@ -100,6 +100,7 @@ class Dispatch(BatcherState):
                 # Only after a refit: the coefficients change every few batches, not every one.
                 self._published_fits = self.cost_model.fits
                 self._observer.cost_model(self.cost_model.as_dict())
+                self._cost_model_refitted()
 
     async def _infer_within_timeout(self, padded: PaddedBatch) -> Result:
         """A hung backend fails its batch (504) instead of holding its callers forever."""

@@ -34,9 +34,10 @@ class BatchLimits:
     # Let the learned cost model cut each batch where sequences per second peak (padding a
     # batch to one long request can cost more than running that request apart).
     cost_model_batching: bool = True
-    # A request is passed over only by requests that arrived less than this fraction of a full
-    # batch's time after it (by the cost model; the recent batch time before it is ready).
-    fairness_window: float = 0.5
+    # A request is passed over only by requests that arrived less than this fraction of what a
+    # full batch saves after it (by the cost model; the recent batch time before it is ready).
+    # 0.35: the replay's sweep (bench/replay.py; README, Batching).
+    fairness_window: float = 0.35
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
@@ -112,17 +113,27 @@ def best_prefix(
     length when joining this one would pad it too much. Near-ties (within `tolerance`) go to
     the larger batch. `budget_s` is the time left before the tightest member's deadline or
     objective; when no prefix fits it, the smallest batch goes (small is fastest).
+
+    A batch may not take longer than its members would one after another: past that, every
+    member waits longer than a line of them would, and the few percent of throughput it buys
+    (long sequences on a CPU) come back as a tail of slow batches (bench/replay.py: mixed
+    p99 1.10x first come, first served without this rule, 1.00x with it).
     """
     fixed = predict_s(0, 0)
     best_count, best_efficiency = 1, 0.0
     useful = 0.0
+    one_by_one = 0.0
     longest = 0
     for count, length in enumerate(lengths, start=1):
         longest = max(longest, length)
-        useful += predict_s(1, length) - fixed
+        own = predict_s(1, length)
+        useful += own - fixed
+        one_by_one += own
         seconds = max(predict_s(count, longest), 1e-9)
         if budget_s is not None and seconds > budget_s:
             break
+        if seconds > one_by_one:
+            continue
         efficiency = useful / seconds
         if efficiency >= best_efficiency * tolerance:
             best_count, best_efficiency = count, max(efficiency, best_efficiency)

@@ -57,6 +57,9 @@ class BatcherState:
     _queued_work: dict[int, float]
     _published_fits: int
 
+    def _cost_model_refitted(self) -> None:
+        """Called after each refit of the cost model (admission prices the queue again)."""
+
     def _running_clock(self) -> Clock:
         return self._clock or asyncio.get_running_loop()
 

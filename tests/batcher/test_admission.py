@@ -147,6 +147,30 @@ async def test_the_queued_work_follows_cancellations_and_dispatches():
     await batcher.close(1)
 
 
+async def test_a_refit_prices_the_queued_requests_again():
+    from tests.batcher.test_collection import CostedBackend  # it imports this module
+
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_size=1, max_concurrent_batches=1)
+    backend = CostedBackend(clock)  # 10 ms + 1 ms per padded token, as the exact model says
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, clock=clock)
+    # Seven observations: one short of the first refit, so the model is not ready yet.
+    for n, length in [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 16), (8, 2)]:
+        batcher.cost_model.observe(n, length, 0.010 + 0.001 * n * length)
+    assert not batcher.cost_model.ready
+    futures = queue(batcher, 4, 4, 4) + queue(batcher, 2, priority=1)
+    assert batcher._queued_work == {0: 0.0, 1: 0.0}  # priced before it was ready
+    batcher.start()
+    # The first batch (4 tokens, 14 ms) is the eighth observation: the refit prices what is
+    # queued: one 4-token request left at priority 0 (the second batch has just started), one
+    # 2-token request at priority 1, each alone in a batch of one.
+    await clock.advance(0.014)
+    assert batcher.cost_model.ready and batcher.queue_depth == 2
+    assert batcher._queued_work == {0: pytest.approx(0.014), 1: pytest.approx(0.012)}
+    await clock.run_until_done(asyncio.gather(*futures))
+    await batcher.close(0)
+
+
 def admission_batcher(observer=None) -> MicroBatcher:
     limits = BatchLimits(max_batch_size=4, max_batch_tokens=9, max_concurrent_batches=2)
     batcher = MicroBatcher(
@@ -175,6 +199,17 @@ async def test_admission_refuses_what_would_finish_past_its_share_of_the_time_le
     await batcher.close(0)
 
 
+async def test_a_late_request_is_told_to_retry_when_the_queue_would_let_it_finish():
+    batcher = small_batches()
+    queue(batcher, *[5] * 400)  # 400 x 15 ms over 2 slots: 3 s
+    wait = batcher.predicted_wait_s(0, 0.015)
+    assert wait == pytest.approx(3.0075)
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=1.0)
+    assert refused.value.retry_after_s == pytest.approx(wait - 1.0)
+    await batcher.close(0)
+
+
 async def test_less_urgent_work_queued_ahead_does_not_refuse_an_urgent_request():
     batcher = admission_batcher()
     ahead = queue(batcher, 5, 5, 5, 5, 5, 5, priority=1)
@@ -186,6 +221,78 @@ async def test_less_urgent_work_queued_ahead_does_not_refuse_an_urgent_request()
     assert not urgent.done()
     await batcher.close(0)
     await asyncio.gather(*ahead, return_exceptions=True)
+
+
+async def test_a_newcomer_that_would_make_a_queued_less_urgent_request_late_is_refused():
+    observer = RecordingObserver()
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=9, max_concurrent_batches=2)
+    batcher = MicroBatcher("m", HeldBackend().infer, limits, LIMITS, clock=clock, observer=observer)
+    exact_cost_model(batcher)
+    five = seq(1, 2, 3, 4, 5)  # 15 ms each: one per batch
+    (early,) = batcher.submit([seq(1)], priority=0)  # 3.5 ms, queued first, served first
+    # Admitted at priority 1 with 22 ms: it would finish at (3.5 + 15) / 2 = 9.25 ms, within
+    # 90 % of 22 ms (19.8 ms).
+    (promised,) = batcher.submit([five], timeout_s=0.022, priority=1)
+    # An urgent 5-token request moves it to 16.75 ms: still within 19.8 ms.
+    (first,) = batcher.submit([five], priority=0)
+    # A 3-token one (19 ms / 3 of work) would move it to 19.92 ms: refused, though it would
+    # itself be on time.
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1, 2, 3)], priority=0)
+    assert str(refused.value) == "it would make less urgent queued requests miss their deadlines"
+    assert refused.value.retry_after_s == 1.0  # the whole queue drains in 17 ms: at least 1 s
+    assert observer.rejections == ["predicted_late"]
+    # A 1-token one (3.5 ms of work) moves it to 18.5 ms only: admitted.
+    (small,) = batcher.submit([seq(1)], priority=0)
+    # Of the same priority, a newcomer is served after it: admitted.
+    (same,) = batcher.submit([five], priority=1)
+    assert not any(f.done() for f in (early, promised, first, small, same))
+    await batcher.close(0)
+
+
+async def test_queued_requests_without_a_deadline_are_passed_over_for_those_with_one():
+    batcher = batcher_for(HeldBackend(), ManualClock(), max_batch_size=4, max_batch_tokens=9)
+    exact_cost_model(batcher)
+    (free,) = batcher.submit([seq(1)], priority=1)
+    # (3.5 + 15) / 2 = 9.25 ms, within 90 % of 12 ms; an urgent 5-token one adds 7.5 ms.
+    (promised,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.012, priority=1)
+    with pytest.raises(QueueFull):
+        batcher.submit([seq(1, 2, 3, 4, 5)], priority=0)
+    assert not free.done() and not promised.done()
+    await batcher.close(0)
+
+
+async def test_the_running_batch_counts_before_a_queued_request_s_finish():
+    backend, clock = HeldBackend(), ManualClock()
+    batcher = batcher_for(backend, clock, max_batch_size=4, max_concurrent_batches=1)
+    exact_cost_model(batcher)
+    batcher.start()
+    queue(batcher, 1)
+    await settle()
+    assert batcher.running_batches == 1
+    five = seq(1, 2, 3, 4, 5)  # 10 + 4 * 5 ms for a batch of 4: 7.5 ms each, on one slot
+    # 50 ms (the recent batch time) running, then its own 7.5 ms: within 90 % of 70 ms.
+    (promised,) = batcher.submit([five], timeout_s=0.070, priority=1)
+    # An urgent one makes it 65 ms, past 63 ms (without the running batch it would be 15).
+    with pytest.raises(QueueFull):
+        batcher.submit([five], priority=0)
+    await backend.release_all()
+    await batcher.close(0)
+    assert promised.done()
+
+
+async def test_a_queued_request_already_predicted_late_refuses_no_newcomer():
+    clock = ManualClock()
+    batcher = batcher_for(HeldBackend(), clock, max_batch_size=4, max_batch_tokens=9)
+    exact_cost_model(batcher)
+    (late,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.020, priority=1)
+    (no_deadline,) = batcher.submit([seq(1)], priority=1)  # nothing to keep
+    # 15 ms later 90 % of the 5 ms left is 4.5 ms: it finishes at 7.5 ms whatever comes.
+    await clock.advance(0.015)
+    (urgent,) = batcher.submit([seq(1, 2, 3, 4, 5)], priority=0)
+    assert not any(f.done() for f in (late, no_deadline, urgent))
+    await batcher.close(0)
 
 
 async def test_retry_after_is_the_whole_queue_s_predicted_drain_when_it_is_full():

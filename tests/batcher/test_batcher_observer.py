@@ -63,8 +63,14 @@ def make(clock: ManualClock, backend: RecordingBackend, **limits) -> tuple:
 
 async def test_batches_report_shape_waits_duration_and_prediction():
     clock = ManualClock()
+    # In arrival order: a backend without a fixed cost saves nothing by batching, so the
+    # fairness window of length grouping would hold only requests of one instant (collection.py).
     batcher, observer = make(
-        clock, RecordingBackend(clock=clock), dispatch_when_idle=False, cost_model_batching=False
+        clock,
+        RecordingBackend(clock=clock),
+        dispatch_when_idle=False,
+        cost_model_batching=False,
+        group_by_length=False,
     )
     await clock.run_until_done(batcher.calibrate(), step_s=0.05)
     batcher.start()

@@ -156,7 +156,7 @@ async def long_behind_a_stream(window: float) -> tuple[float, list[list[int]]]:
     streamed: list[asyncio.Future] = []
 
     async def stream() -> None:
-        await clock.sleep(0.030)  # after the backlog's fairness window (at most 23 ms)
+        await clock.sleep(0.030)  # after the backlog's fairness window (15 ms)
         while True:
             for length in shorts:
                 streamed.extend(batcher.submit([seq(*range(1, length + 1))]))
@@ -172,9 +172,9 @@ async def long_behind_a_stream(window: float) -> tuple[float, list[list[int]]]:
 
 
 async def test_a_long_request_behind_a_stream_of_short_ones_is_served_within_three_batches():
-    # The window is half a full batch at the oldest's length: 0.5 * (10 ms + 4 * 9 ms) = 23 ms
-    # for the 9-token one, so the stream (from 30 ms on) never joins a short backlog batch: the
-    # backlog and the long request go first come, first served in length groups.
+    # The window is half what a full batch saves: 0.5 * 3 fixed costs of 10 ms = 15 ms, so the
+    # stream (from 30 ms on) never joins a short backlog batch: the backlog and the long
+    # request go first come, first served in length groups.
     took, batches = await long_behind_a_stream(window=0.5)
     assert batches[:3] == [[5, 6, 7, 8], [9, 10, 11, 12], [40]]
     assert took == pytest.approx((0.010 + 0.032) + (0.010 + 0.048) + (0.010 + 0.040))
@@ -193,15 +193,55 @@ async def test_without_the_window_the_stream_passes_the_long_request_by():
 async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
     clock = ManualClock()
     batcher = MicroBatcher("m", CostedBackend(clock).infer, BatchLimits(), LIMITS, clock=clock)
-    # Half a full batch at the oldest's 4 tokens: 0.5 * (10 ms + 32 * 4 ms) = 69 ms with the
-    # cost model; before it is ready, half the recent batch time (50 ms at start): 25 ms.
+    # 0.35 of what a full batch at the oldest's 4 tokens saves: 31 fixed costs of 10 ms with
+    # the cost model (108.5 ms); before it is ready, 0.35 of the recent batch time (50 ms).
     if ready:
         exact_cost_model(batcher)
-    window = 0.069 if ready else 0.025
+        window = 0.35 * (31 * batcher.cost_model.predict(0, 0))
+        assert window == pytest.approx(0.1085)
+    else:
+        window = 0.35 * 0.05
     for step in (0.0, window, 0.001):
         await clock.advance(step)
         batcher.submit([seq(*FOUR)])
     assert [r.enqueued_at - 1000 for r in batcher._candidates()] == pytest.approx([0, window])
+    await batcher.close(0)
+
+
+@pytest.mark.parametrize(
+    ("length", "arrivals", "candidates"),
+    [
+        # 10 tokens hold two 4-token rows: one fixed cost (10 ms, not the 2 ms per request) saved,
+        # a window of 3.5 ms.
+        (4, (0.0, 0.003, 0.004), 2),
+        # One 6-token row only: batching saves nothing, the window holds one instant.
+        (6, (0.0, 0.0, 0.001), 2),
+    ],
+)
+async def test_the_window_is_the_fixed_costs_a_full_batch_saves(length, arrivals, candidates):
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_tokens=10)
+    batcher = MicroBatcher("m", CostedBackend(clock).infer, limits, LIMITS, clock=clock)
+    for n, width in [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 16), (8, 2)]:
+        batcher.cost_model.observe(n, width, 0.010 + 0.002 * n + 0.001 * n * width)
+    batcher.cost_model.refit()
+    for at in arrivals:
+        await clock.advance(at - (clock.time() - 1000))
+        batcher.submit([seq(*range(1, length + 1))])
+    assert len(batcher._candidates()) == candidates
+    await batcher.close(0)
+
+
+async def test_batches_in_arrival_order_have_no_window():
+    # Arrival order passes nobody over: a FIFO batch takes what came after any window's end.
+    clock = ManualClock()
+    limits = BatchLimits(group_by_length=False)
+    batcher = MicroBatcher("m", CostedBackend(clock).infer, limits, LIMITS, clock=clock)
+    exact_cost_model(batcher)
+    for step in (0.0, 1.0, 1.0):
+        await clock.advance(step)
+        batcher.submit([seq(*FOUR)])
+    assert len(batcher._candidates()) == 3
     await batcher.close(0)
 
 

@@ -116,10 +116,33 @@ def test_best_prefix_subtracts_the_fixed_cost_from_each_members_own_cost():
     from ferry.batcher.policy import best_prefix
 
     def predict(n, length):
+        return 30.0 + n * length
+
+    # Alone the members would cost 30 and 10 of real work (60 and 40 with the fixed cost);
+    # together 30 + 2 * 30 = 90, for 40 of real work: less efficient than 30 in 60 alone.
+    # (Counting the fixed cost in each member's own cost would make it 100 in 90: batched.)
+    assert best_prefix([30, 10], predict, budget_s=None) == 1
+
+
+def test_best_prefix_refuses_a_batch_slower_than_its_members_one_after_another():
+    def predict(n, length):
         return 10.0 + n * length
 
-    # Alone the members would cost 10 and 30 of real work; together 10 + 2 * 30.
-    assert best_prefix([10, 30], predict, budget_s=None) == 2
+    # [10, 30]: 70 together, 20 + 40 = 60 one after another, though 40 of real work in 70
+    # beats 10 in 20: refused. [10, 30, 30]: 100 together, exactly 100 one after another, and
+    # 70 in 100 is the most efficient: taken (a refused prefix does not end the search).
+    assert best_prefix([10, 30], predict, budget_s=None) == 1
+    assert best_prefix([10, 30, 30], predict, budget_s=None) == 3
+    # [10, 21]: 52 together against 51 one after another: refused by one.
+    assert best_prefix([10, 21], predict, budget_s=None) == 1
+
+
+def test_best_prefix_takes_the_fixed_cost_of_an_empty_batch():
+    def predict(n, length):  # 1 s per batch and 1 s per request: the fixed cost is 1, not 2
+        return 1 + n + 0.1 * n * length
+
+    # Useful work 2 + 1.5 in 5 s beats 2 in 3 s (counting 2 s as fixed, 1.5 in 5 would not).
+    assert best_prefix([10, 5], predict, budget_s=None) == 2
 
 
 def test_growth_takes_the_shorter_neighbour_on_a_tie_and_fills_the_token_budget_exactly():

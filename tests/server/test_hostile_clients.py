@@ -144,6 +144,27 @@ def test_bad_input_gets_a_4xx_naming_the_field(client, reference, path, body, pa
         assert (error["param"] or "").startswith(param), error
 
 
+PRIORITY_BODIES = {
+    "/predict": {"input_ids": REFERENCE_IDS},
+    "/v1/embeddings": {"model": DEFAULT_MODEL, "input": REFERENCE_IDS},
+}
+
+
+@pytest.mark.parametrize("path", PRIORITY_BODIES)
+@pytest.mark.parametrize("priority", ["1", 1.5, True, None, 2**31 + 1, -(2**31) - 1])
+def test_a_priority_not_an_integer_within_2_31_is_refused_naming_it(client, path, priority):
+    answer = client.post(path, json={**PRIORITY_BODIES[path], "priority": priority})
+    assert answer.status_code in (400, 422), answer.text[:300]
+    assert answer.json()["error"]["param"] == "priority"
+
+
+@pytest.mark.parametrize("path", PRIORITY_BODIES)
+def test_an_integer_priority_is_served(client, path):
+    for priority in (-10, 2**31):
+        answer = client.post(path, json={**PRIORITY_BODIES[path], "priority": priority})
+        assert answer.status_code == 200, answer.text[:300]
+
+
 def test_kserve_bad_input_gets_a_4xx(client, reference):
     path = f"/v2/models/{DEFAULT_MODEL}/infer"
     huge = {
