@@ -93,6 +93,13 @@ class LLMEngine(Protocol):
     max_context_tokens: int
     tokenizer: ChatTokenizer  # the prompt side: chat template, encode, decode
 
+    @property
+    def max_concurrent_generations(self) -> int:
+        """How many generations it holds at once (running + waiting), read without starting
+        any work (valid once started): more are refused with EngineOverloaded, so a request
+        needing more can never be served."""
+        ...
+
     def generate(
         self,
         request_id: str,

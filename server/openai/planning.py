@@ -56,6 +56,7 @@ Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves 
 def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     request.check_supported()
     served = resolve(request.model)
+    _check_capacity(served.engine, 1, request.n)
     tokenizer = served.engine.tokenizer
     prompt_ids = tokenizer.encode_chat(request.chat_messages())
     sampling = request.to_sampling(served.engine.max_context_tokens)
@@ -66,6 +67,7 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
     request.check_supported()
     served = resolve(request.model)
     engine = served.engine
+    _check_capacity(engine, len(request.prompts()), request.n)
     tokenizer = engine.tokenizer
     many = len(request.prompts()) > 1
     prompts, texts = [], []
@@ -104,6 +106,21 @@ def _plan(
         choices += [Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
     prompt_tokens = sum(len(ids) for ids in prompts)
     return Plan(served, response_id, choices, prompt_tokens)
+
+
+def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:
+    """A request needing more generations than the engine ever holds at once can never be
+    served: a 400 before tokenizing, not a 429 that no retry could get past."""
+    limit = engine.max_concurrent_generations
+    if prompts * n <= limit:
+        return
+    param = "n" if n > 1 and prompts <= limit else "prompt"
+    raise InvalidSampling(
+        param,
+        f"{prompts} prompt(s) x n={n} is {prompts * n} generations, but model "
+        f"{engine.name} runs at most {limit} at once (running + waiting): "
+        "send fewer prompts or a smaller n",
+    )
 
 
 def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:

@@ -123,6 +123,9 @@ BAD_INPUTS = [
     ),
     ("/v1/completions", {"model": TINY_LLM, "prompt": "x", "stop": ["s"] * 1000}, "stop"),
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["x"] * 5000}, "prompt"),
+    # More generations than the engine holds (2 running + 8 waiting): a 400, never a 429.
+    ("/v1/completions", {"model": TINY_LLM, "prompt": ["a"] * 256, "n": 8}, "prompt"),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": ["a", "b"], "n": 8}, "n"),
     ("/predict", {"inputs": "word " * 30_000}, "inputs"),
     (
         "/predict",
