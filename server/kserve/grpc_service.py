@@ -62,6 +62,23 @@ def to_grpc_error(exc: BaseException) -> GrpcError:
     return GrpcError(kind.status, text, kind.retry_after)
 
 
+CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
+
+
+def check_contents(tensor: Any, raw: bool) -> None:
+    """Typed contents only in the field of the tensor's datatype (Triton's rule): INT64 data
+    sent as fp32_contents or bool_contents is refused, not read as an empty tensor."""
+    used = [field.name for field, _ in tensor.contents.ListFields()]
+    expected = CONTENTS_FIELD[tensor.datatype]
+    if raw and used:
+        raise InvalidInput(tensor.name, "send raw_input_contents or typed contents, not both")
+    wrong = [f for f in used if f != expected]
+    if wrong:
+        raise InvalidInput(
+            tensor.name, f"{tensor.datatype} data goes in contents.{expected}, got {wrong[0]}"
+        )
+
+
 def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
@@ -69,22 +86,26 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
     tensors = {}
     for index, tensor in enumerate(request.inputs):
         name, shape = tensor.name, list(tensor.shape)
+        if tensor.datatype != "BYTES" and tensor.datatype not in INT_TYPES:
+            raise InvalidInput(
+                name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
+            )
+        check_contents(tensor, bool(raw))
         if tensor.datatype == "BYTES":
             array = (
                 deserialize_bytes(raw[index], name)
                 if raw
                 else np.array(list(tensor.contents.bytes_contents), dtype=object)
             )
-        elif tensor.datatype in INT_TYPES:
+        else:
             dtype, field = INT_TYPES[tensor.datatype]
+            if raw and len(raw[index]) % np.dtype(dtype).itemsize:
+                message = f"{len(raw[index])} raw bytes are not whole {tensor.datatype} values"
+                raise InvalidInput(name, message)
             array = (
                 np.frombuffer(raw[index], dtype=dtype)
                 if raw
                 else np.asarray(getattr(tensor.contents, field), dtype=np.int64)
-            )
-        else:
-            raise InvalidInput(
-                name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
             )
         try:
             array = array.reshape(shape)

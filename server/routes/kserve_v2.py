@@ -21,7 +21,13 @@ from pydantic import BaseModel
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
-from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
+from ferry.server.kserve.infer import (
+    INT_TYPES,
+    deserialize_bytes,
+    infer_tensors,
+    int_data,
+    output_names,
+)
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.model_runtime import ModelRuntime
@@ -30,7 +36,6 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-INT_TYPES = {"INT64": np.int64, "INT32": np.int32}
 NOT_READY_HEADERS = {"Retry-After": "1"}
 
 
@@ -200,15 +205,17 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
             offset += size_bytes
             continue
         dtype = INT_TYPES[datatype]
+        if binary_size is None and "data" not in spec:
+            raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
         try:
             if binary_size is not None:
                 chunk = body[offset : offset + int(binary_size)]
                 offset += int(binary_size)
                 array = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<"))
             else:
-                array = np.asarray(spec["data"], dtype=dtype)
+                array = int_data(name, datatype, spec["data"])
             tensors[name] = array.reshape(shape).astype(np.int64)
-        except (KeyError, ValueError, TypeError, OverflowError) as exc:
+        except (ValueError, TypeError) as exc:
             raise InvalidInput(name, f"data does not fit shape {shape}: {exc}") from None
     return header, tensors
 
