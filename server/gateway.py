@@ -141,6 +141,8 @@ class Gateway:
                 return _route_path(scope)
         route = self._hot.match(method, path) if body is not None else None
         if route is None:
+            if body is not None:
+                state["raw_body"] = body  # for errors.py to name the field of a bad body
             await self.app(scope, _replay(body, receive) if body is not None else receive, send)
             return _route_path(scope)
         call = HotCall(self._state, path, body or b"", scope, receive, state)

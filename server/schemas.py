@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 TokenIds = list[StrictInt] | list[list[StrictInt]]
 
@@ -40,14 +48,19 @@ class PredictRequest(BaseModel):
         default=None, gt=0, le=600_000, description="Deadline for this request (504 after it)."
     )
 
+    @field_validator("inputs", "input_ids")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if value == []:  # named by its field: the error's loc carries it
+            raise ValueError("the input list is empty")
+        return value
+
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> PredictRequest:
         if (self.inputs is None) == (self.input_ids is None):
             raise ValueError("send exactly one of 'inputs' (text) or 'input_ids' (tokens)")
         if self.attention_mask is not None and self.input_ids is None:
             raise ValueError("'attention_mask' goes with 'input_ids'")
-        if self.inputs == [] or self.input_ids == []:
-            raise ValueError("the input list is empty")
         return self
 
     def token_lists(self) -> tuple[list[list[int]], list[list[int]] | None]:

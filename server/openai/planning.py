@@ -60,7 +60,7 @@ def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     tokenizer = served.engine.tokenizer
     prompt_ids = tokenizer.encode_chat(request.chat_messages())
     sampling = request.to_sampling(served.engine.max_context_tokens)
-    return _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
+    return _plan(served, new_chat_id(), [prompt_ids], request.n, sampling, "messages")
 
 
 def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
@@ -79,7 +79,7 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
             prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
             texts.append(tokenizer.decode(prompt) if request.echo else "")
     sampling = request.to_sampling(engine.max_context_tokens)
-    plan = _plan(served, new_completion_id(), prompts, request.n, sampling)
+    plan = _plan(served, new_completion_id(), prompts, request.n, sampling, "prompt")
     if request.echo:
         n = request.n
         choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
@@ -93,6 +93,7 @@ def _plan(
     prompts: list[list[int]],
     n: int,
     sampling: SamplingSettings,
+    field: str,
 ) -> Plan:
     sampling.validate()
     engine = served.engine
@@ -100,7 +101,8 @@ def _plan(
     for p, prompt_ids in enumerate(prompts):
         room = engine.max_context_tokens - len(prompt_ids)
         if room < 1:
-            raise PromptTooLong(len(prompt_ids), engine.max_context_tokens)
+            named = f"{field}[{p}]" if len(prompts) > 1 else field
+            raise PromptTooLong(len(prompt_ids), engine.max_context_tokens, named)
         # Clamp instead of failing, the way a finished-by-length reply reads.
         fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
         choices += [Choice(p * n + j, prompt_ids, fitted) for j in range(n)]

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
+from ferry.server.json_errors import json_error
 from ferry.server.kserve.infer import (
     INT_TYPES,
     deserialize_bytes,
@@ -180,12 +181,13 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
 
 def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
     """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
+    size = len(body) if header_length is None else _header_length(header_length, len(body))
     try:
-        size = int(header_length) if header_length is not None else len(body)
         # orjson: bounded nesting depth, and no lone surrogates in strings.
         header = orjson.loads(body[:size])
     except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedRequest(f"request is not valid JSON: {exc}") from None
+        field, message = json_error(body[:size], str(exc))
+        raise MalformedRequest(f"request is not valid JSON: {message}", field) from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise MalformedRequest("request must be an object with an 'inputs' list")
     tensors: dict[str, np.ndarray] = {}
@@ -218,6 +220,15 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
         except (ValueError, TypeError) as exc:
             raise InvalidInput(name, f"data does not fit shape {shape}: {exc}") from None
     return header, tensors
+
+
+def _header_length(value: str, body_size: int) -> int:
+    if not value.isdigit() or int(value) > body_size:
+        raise MalformedRequest(
+            f"must be the byte length of the JSON header, 0 to {body_size}; got {value[:40]!r}",
+            HEADER_LENGTH,
+        )
+    return int(value)
 
 
 def bytes_input(spec: dict, binary: bytes, shape: list[int]) -> np.ndarray:

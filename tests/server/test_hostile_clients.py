@@ -111,10 +111,15 @@ BAD_INPUTS = [
     ("/predict", {"input_ids": [[101, 102], [101, 2**64 + 5]]}, "input_ids[1]"),
     ("/predict", {"input_ids": [101, 102], "attention_mask": [1, 2**63]}, "attention_mask"),
     ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": [101, 2**63]}, "input"),
-    # The hot routes' JSON parser refuses lone surrogates outright (no field to name).
-    ("/predict", {"inputs": "\ud800 lone"}, None),
-    ("/predict", {"inputs": ["fine", "\udfff"]}, None),
-    ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": "\ud800"}, None),
+    # The hot routes' JSON parser refuses lone surrogates outright; the answer names where.
+    ("/predict", {"inputs": "\ud800 lone"}, "inputs"),
+    ("/predict", {"inputs": ["fine", "\udfff"]}, "inputs[1]"),
+    ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": "\ud800"}, "input"),
+    ("/predict", {"input_ids": []}, "input_ids"),
+    ("/predict", {"inputs": []}, "inputs"),
+    # A prompt that fills the context (tiny-llm: 2048 tokens) leaves no room to generate.
+    ("/v1/completions", {"model": TINY_LLM, "prompt": [5] * 2048}, "prompt"),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": [[5], [5] * 2048]}, "prompt[1]"),
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["", "x"]}, "prompt"),
     (
         "/v1/chat/completions",
@@ -141,10 +146,55 @@ def test_bad_input_gets_a_4xx_naming_the_field(client, reference, path, body, pa
     answer = post_raw(client, path, json.dumps(body).encode())
     assert 400 <= answer.status_code < 500, answer.text[:300]
     error = answer.json()["error"]
-    if param is None:
-        assert error["param"] is None and "Invalid JSON" in error["message"], error
+    assert (error["param"] or "").startswith(param), error
+
+
+DEEP = b"[" * 10_000 + b"]" * 10_000
+BAD_BODIES = [
+    ("/predict", b'{"inputs": ' + DEEP + b"}", "inputs[0]"),
+    ("/v1/embeddings", b'{"model": "m", "input": ' + DEEP + b"}", "input[0]"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": ' + DEEP + b"}", "messages[0]"),
+    ("/v1/completions", b'{"prompt": ' + DEEP + b', "model": "m"}', "prompt[0]"),
+    ("/v1/completions", b'{"model": "m", "prompt": ["a", "b",]}', "prompt[2]"),
+    (f"/v2/models/{DEFAULT_MODEL}/infer", b'{"inputs": [{"name": "\\ud800"}]}', "inputs[0]"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD_BODIES)
+def test_bodies_that_are_not_json_name_the_field_they_break_in(client, path, body, param):
+    answer = post_raw(client, path, body)
+    assert 400 <= answer.status_code < 500, answer.text[:300]
+    error = answer.json()["error"]
+    if path.startswith("/v2/"):  # KServe's shape: the field leads the message
+        assert error.startswith(f"{param}: request is not valid JSON"), error
     else:
-        assert (error["param"] or "").startswith(param), error
+        assert error["param"] == param and "Invalid JSON" in error["message"], error
+
+
+NAMED_BODIES = {
+    "/predict": {"inputs": "x"},
+    "/v1/embeddings": {"input": "x"},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+    "/v1/completions": {"prompt": "x"},
+}
+
+
+@pytest.mark.parametrize("path", [*NAMED_BODIES, "/v1/models/{name}", "/v2/models/{name}/infer"])
+def test_an_unknown_model_is_a_404_naming_model_with_a_bounded_echo(client, path):
+    name = "m" * 3000
+    if "{name}" in path:
+        method = "GET" if path.startswith("/v1/") else "POST"
+        answer = client.request(method, path.format(name=name), json={"inputs": []})
+    else:
+        answer = client.post(path, json={"model": name, **NAMED_BODIES[path]})
+    assert answer.status_code == 404, answer.text[:300]
+    assert len(answer.content) < 1000  # the name is cut, not echoed whole
+    assert "m" * 256 in answer.text and "(3000 characters)" in answer.text
+    error = answer.json()["error"]
+    if path.startswith("/v2/"):
+        assert error.startswith("model: ")
+    else:
+        assert error["param"] == "model", error
 
 
 def test_kserve_bad_input_gets_a_4xx(client, reference):
