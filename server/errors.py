@@ -70,6 +70,12 @@ class MalformedRequest(Exception):
         self.field = field
 
 
+class UnsupportedMediaType(Exception):
+    def __init__(self, given: str, accepted: str) -> None:
+        shown = repr(given[:80]) if given else "none"
+        super().__init__(f"Content-Type must be {accepted}; got {shown}")
+
+
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than the {limit}-byte limit")
@@ -90,6 +96,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (ClientDisconnected, ErrorKind(499, "cancelled_error")),
     (UnknownModel, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
+    (UnsupportedMediaType, ErrorKind(415, "invalid_request_error")),
     (Unauthorized, ErrorKind(401, "authentication_error")),
     (QueueFull, ErrorKind(429, "overloaded_error", retry_after=True)),
     (BatcherClosed, ErrorKind(503, "unavailable_error", retry_after=True)),

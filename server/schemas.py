@@ -107,6 +107,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or wrong API key",
         404: "Unknown model",
         413: "Body larger than the configured limit",
+        415: "Content-Type is not application/json",
         422: "Invalid input; `error.param` names the field",
         429: "Queue full; see Retry-After",
         500: "Inference failed for this request",

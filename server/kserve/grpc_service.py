@@ -10,7 +10,6 @@ table to gRPC status codes.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +21,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry.batcher.errors import InvalidInput
-from ferry.server.errors import ERROR_TABLE, INTERNAL, NotReady, Unauthorized
+from ferry.server.auth import check_bearer
+from ferry.server.errors import ERROR_TABLE, INTERNAL, MalformedRequest, NotReady, Unauthorized
 from ferry.server.kserve.infer import deserialize_bytes, infer_tensors, output_names
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
@@ -131,7 +131,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, state: Any) -> None:
         self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
         settings = state.settings
-        self._key = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._key = settings.api_key.encode() if settings.api_key else None
         self._protect_health = settings.api_key_protects_health
 
     async def _call(
@@ -168,9 +168,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         if self._key is None or (method in HEALTH_CALLS and not self._protect_health):
             return
-        given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if not hmac.compare_digest(str(given).encode(), self._key):
-            raise to_grpc_error(Unauthorized())
+        metadata = context.invocation_metadata() or ()
+        given = [str(value).encode() for name, value in metadata if name == "authorization"]
+        try:
+            check_bearer(given, self._key)
+        except (Unauthorized, MalformedRequest) as exc:
+            raise to_grpc_error(exc) from None
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:

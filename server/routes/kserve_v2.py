@@ -49,6 +49,7 @@ ERROR_DOCS = {
     401: "Missing or wrong API key",
     404: "Unknown model",
     413: "Body over max_body_bytes",
+    415: "Content-Type neither JSON nor application/octet-stream",
     422: "Invalid input; the message names the tensor",
     429: "Queue full (Retry-After)",
     500: "Inference failed",
@@ -173,7 +174,7 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
             path,
             infer,
             summary="Infer",
-            responses=error_docs(400, 404, 422, 429, 500, 503, 504),
+            responses=error_docs(400, 404, 415, 422, 429, 500, 503, 504),
             include_in_schema="version" not in path,
             tags=["kserve-v2"],
         )

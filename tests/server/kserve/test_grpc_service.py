@@ -126,11 +126,19 @@ def test_api_key_guards_inference_but_not_health():
             with pytest.raises(InferenceServerException, match="API key") as info:
                 client.get_model_config(DEFAULT_MODEL)
             assert info.value.status() == "StatusCode.UNAUTHENTICATED"
-            headers = {"authorization": f"Bearer {key}"}
+            headers = {"authorization": f"bearer {key}"}  # the scheme in any case
             config = client.get_model_config(DEFAULT_MODEL, headers=headers, as_json=True)
             assert config["config"]["name"] == DEFAULT_MODEL
         finally:
             client.close()
+        # Two keys in the metadata: refused, whichever comes first.
+        request = service_pb2.ModelConfigRequest(name=DEFAULT_MODEL)
+        twice = (("authorization", f"Bearer {key}"), ("authorization", "Bearer wrong"))
+        with grpc.insecure_channel(grpc_url) as channel, pytest.raises(grpc.RpcError) as error:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            stub.ModelConfig(request, metadata=twice, timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "2 Authorization headers" in error.value.details()
 
 
 @contextlib.contextmanager
