@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 TokenIds = list[StrictInt] | list[list[StrictInt]]
+MIN_TIMEOUT_MS = 1.0
 
 
 class PredictRequest(BaseModel):
@@ -45,7 +46,12 @@ class PredictRequest(BaseModel):
         default=False, description="Cut texts longer than the model's limit instead of a 422."
     )
     timeout_ms: float | None = Field(
-        default=None, gt=0, le=600_000, description="Deadline for this request (504 after it)."
+        default=None,
+        # Under a millisecond no model answers over HTTP: refused (422), not queued to a 504.
+        ge=MIN_TIMEOUT_MS,
+        le=600_000,
+        allow_inf_nan=False,  # NaN is "not a finite number", not "over 600000"
+        description="Deadline for this request (504 after it), at least 1 ms.",
     )
 
     @field_validator("inputs", "input_ids")

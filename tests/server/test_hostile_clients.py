@@ -116,6 +116,8 @@ BAD_INPUTS = [
     ("/predict", {"inputs": ["fine", "\udfff"]}, "inputs[1]"),
     ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": "\ud800"}, "input"),
     ("/predict", {"input_ids": []}, "input_ids"),
+    # A deadline past on arrival: refused before queueing, never a 504.
+    ("/predict", {"input_ids": REFERENCE_IDS, "timeout_ms": 5e-324}, "timeout_ms"),
     ("/predict", {"inputs": []}, "inputs"),
     # A prompt that fills the context (tiny-llm: 2048 tokens) leaves no room to generate.
     ("/v1/completions", {"model": TINY_LLM, "prompt": [5] * 2048}, "prompt"),
@@ -213,6 +215,19 @@ def test_kserve_bad_input_gets_a_4xx(client, reference):
         answer = post_raw(client, path, body)
         assert 400 <= answer.status_code < 500, answer.text[:300]
         assert isinstance(answer.json()["error"], str)  # KServe's error shape
+    assert_others_unharmed(client, reference)
+
+
+def test_a_deadline_the_model_cannot_meet_is_refused_before_queueing(client, reference):
+    # 1 ms for a 256-token row: MiniLM needs several times that on any CPU.
+    ids = [101] + [7592] * 254 + [102]
+    answer = client.post("/predict", json={"input_ids": ids, "timeout_ms": 1})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "timeout_ms" and "cannot be met" in error["message"], error
+    # A deadline it can meet is served.
+    answer = client.post("/predict", json={"input_ids": REFERENCE_IDS, "timeout_ms": 30_000})
+    assert answer.status_code == 200
     assert_others_unharmed(client, reference)
 
 
