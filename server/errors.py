@@ -207,7 +207,8 @@ def _validation_parts(
     if first.get("type") == "json_invalid":
         param, message = _json_invalid(first, body)
     else:
-        param, message = _param_from_loc(first.get("loc", ())), str(first["msg"])
+        param = _param_from_loc(first.get("loc", ()))
+        message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's, says nothing
     message = f"{param}: {message}" if param else message
     status = _openai_status(path, 422)
     return status, _shaped(path, message, "invalid_request_error", param, status), {}

@@ -37,6 +37,7 @@ from ferry.server.errors import (
     NotReady,
     Unauthorized,
     UnknownModel,
+    UnsupportedMediaType,
 )
 from ferry.server.settings import Settings
 
@@ -63,6 +64,8 @@ CASES = [
     (EngineDead("dead"), 503, "unavailable_error", None),
     (GenerationFailed("failed"), 500, "internal_error", None),
     (MalformedRequest("not JSON"), 400, "invalid_request_error", None),
+    (MalformedRequest("twice", "authorization"), 400, "invalid_request_error", "authorization"),
+    (UnsupportedMediaType("text/plain", "application/json"), 415, "invalid_request_error", None),
     (ClientDisconnected("the client left"), 499, "cancelled_error", None),
     (InvalidAdapter("lora_path", "outside adapter_dir"), 400, "invalid_request_error", "lora_path"),
 ]

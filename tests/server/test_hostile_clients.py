@@ -215,6 +215,13 @@ def test_kserve_bad_input_gets_a_4xx(client, reference):
         answer = post_raw(client, path, body)
         assert 400 <= answer.status_code < 500, answer.text[:300]
         assert isinstance(answer.json()["error"], str)  # KServe's error shape
+    # Python's int conversion never leaks into a message.
+    answer = post_raw(client, path, json.dumps(huge).encode())
+    assert answer.json()["error"].startswith("input_ids[1]: 1180591620717411303424 is outside")
+    headers = {"content-type": "application/json", "inference-header-content-length": "abc"}
+    answer = client.post(path, content=json.dumps(outputs).encode(), headers=headers)
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith("Inference-Header-Content-Length: must be the byte")
     assert_others_unharmed(client, reference)
 
 
