@@ -57,8 +57,10 @@ class Gateway:
         drain: DrainState,
         hot: HotRoutes,
         state: object,
+        post_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
+        self._post_paths = post_paths  # the framework's POST routes (the hot ones are in `hot`)
         self._metrics = metrics
         self._drain = drain
         self._hot = hot
@@ -137,7 +139,11 @@ class Gateway:
         method = scope["method"]
         body: bytes | None = None
         if method in BODY_METHODS:
-            refused = _media_type_refusal(scope, path)
+            # Only where a POST is served: elsewhere the framework's 404 or 405 says more.
+            posts = method == "POST" and (
+                path in self._post_paths or self._hot.match(method, path) is not None
+            )
+            refused = _media_type_refusal(scope, path) if posts else None
             if refused is not None:
                 await send_reply(send, error_reply(refused, path))
                 return _route_path(scope)

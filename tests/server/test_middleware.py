@@ -80,6 +80,12 @@ async def test_inference_bodies_must_be_declared_json(http, path, content_type, 
         assert "Content-Type must be" in (error if isinstance(error, str) else error["message"])
 
 
+async def test_a_post_where_none_is_served_is_still_a_405(http):
+    for path in ("/v1/models", "/v2"):
+        response = await http.post(path, content=b"x", headers=AUTH)
+        assert response.status_code == 405, (path, response.text)
+
+
 async def test_health_metrics_and_docs_stay_open(http):
     for path in ("/health/live", "/metrics", "/openapi.json", "/docs"):
         assert (await http.get(path)).status_code == 200, path
