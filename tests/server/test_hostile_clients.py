@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from ferry.bench.rss_by_request import rss_mib
 from ferry.bench.server_process import (
     DEFAULT_MODEL,
     TINY_LLM,
@@ -236,6 +237,27 @@ def test_a_deadline_the_model_cannot_meet_is_refused_before_queueing(client, ref
     answer = client.post("/predict", json={"input_ids": REFERENCE_IDS, "timeout_ms": 30_000})
     assert answer.status_code == 200
     assert_others_unharmed(client, reference)
+
+
+def test_repeated_malformed_bodies_leave_no_memory_behind(server, client):
+    # README (Guarantees): RSS grows with the largest batch run (ONNX Runtime's arena), never
+    # with refused requests. After one round to settle allocator pools, more rounds add nothing.
+    bodies = [
+        b'{"inputs": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+        json.dumps({"model": "x" * 2**20, "inputs": "x"}).encode(),
+        json.dumps({"inputs": ["ok", "a " * 1_950_000]}).encode(),
+        b'{"inputs": ["\\ud800"]}',
+    ]
+
+    def round_of_refusals() -> None:
+        for body in bodies * 5:
+            assert 400 <= post_raw(client, "/predict", body).status_code < 500
+
+    round_of_refusals()
+    settled = rss_mib(server.pid)
+    for _ in range(4):
+        round_of_refusals()
+    assert rss_mib(server.pid) - settled < 16, (settled, rss_mib(server.pid))
 
 
 def test_texts_over_the_character_bound_are_refused_before_tokenizing(client, reference):
