@@ -142,6 +142,13 @@ class LLMEngine(Protocol):
     # layer refuses a request setting any other.
     sampling_options: frozenset[str]
 
+    @property
+    def max_concurrent_generations(self) -> int:
+        """How many generations it holds at once (running + waiting), read without starting
+        any work (valid once started): more are refused with EngineOverloaded, so a request
+        needing more can never be served."""
+        ...
+
     def generate(
         self,
         request_id: str,

@@ -13,10 +13,21 @@ class InvalidSampling(LLMError):
         self.field = field
 
 
+# A client-sent name echoed in a message is cut here: a 2 MiB name is not a 2 MiB answer.
+MAX_SHOWN_NAME = 256
+
+
+def shown_name(name: str) -> str:
+    if len(name) <= MAX_SHOWN_NAME:
+        return name
+    return f"{name[:MAX_SHOWN_NAME]}... ({len(name)} characters)"
+
+
 class PromptTooLong(LLMError):
     """The prompt leaves no room for a single generated token in the model's context."""
 
-    def __init__(self, prompt_tokens: int, max_context_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, max_context_tokens: int, field: str = "prompt") -> None:
+        self.field = field  # `prompt`, `prompt[i]` or `messages`: what to shorten
         super().__init__(
             f"This model's maximum context length is {max_context_tokens} tokens, "
             f"but the prompt has {prompt_tokens} tokens."
@@ -40,8 +51,10 @@ class GenerationFailed(LLMError):
 class ModelNotFound(LLMError):
     """No engine serves the requested model name."""
 
+    field = "model"
+
     def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.")
+        super().__init__(f"The model `{shown_name(model)}` does not exist.")
         self.model = model
 
 

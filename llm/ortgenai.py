@@ -197,6 +197,10 @@ class OrtGenAIEngine:
             self._calls.discard(future)
 
     @property
+    def max_concurrent_generations(self) -> int:
+        return self._capacity
+
+    @property
     def _capacity(self) -> int:
         return (self._max_running or 0) + self._max_waiting
 

@@ -178,6 +178,10 @@ class VLLMEngine:
     def is_ready(self) -> bool:
         return not self._closed and not getattr(self._engine, "errored", False)
 
+    @property
+    def max_concurrent_generations(self) -> int:
+        return self._max_concurrency
+
     def stats(self) -> EngineStats:
         # vLLM schedules internally; from here every in-flight request counts as running.
         return EngineStats(running=len(self._active), waiting=0)

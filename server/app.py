@@ -34,6 +34,16 @@ from ferry.server.routes import (
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
+# The framework's routers (the hot routes register themselves): the gateway learns their POST
+# paths from here, to refuse bodies not declared JSON there and nowhere else.
+ROUTERS = (
+    models.router,
+    openai_chat.router,
+    openai_responses.router,
+    lora_adapters.router,
+    health.router,
+    kserve_v2.router,
+)
 
 
 async def start_grpc(app: FastAPI):
@@ -84,14 +94,10 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     hot = HotRoutes()
     predict.register(app.router, hot)
-    app.include_router(models.router)
     embeddings.register(app.router, hot)
-    app.include_router(openai_chat.router)
-    app.include_router(openai_responses.router)
-    app.include_router(lora_adapters.router)
-    app.include_router(health.router)
     kserve_v2.register(app.router, hot)
-    app.include_router(kserve_v2.router)
+    for router in ROUTERS:
+        app.include_router(router)
     app.outer_layers = lambda inner: _outer_layers(inner, app, settings, hot)
     return app
 
@@ -115,6 +121,12 @@ def _outer_layers(inner: ASGIApp, app: FastAPI, settings: Settings, hot: HotRout
         drain=app.state.drain,
         hot=hot,
         state=app.state,
+        post_paths=frozenset(
+            route.path
+            for router in ROUTERS
+            for route in router.routes
+            if "POST" in getattr(route, "methods", ())
+        ),
     )
     if settings.cors_allow_origins:
         # Outside the gateway, so that hot routes' answers carry the CORS headers too.

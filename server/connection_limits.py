@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from ferry.server.errors import error_body
 
 Phase = Literal["idle", "head", "body"]
 DISCONNECTED = "ferry.disconnected"
@@ -31,6 +34,12 @@ REASONS = {
     431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
 }
+# ferry_connections_refused_total's reasons: a fixed set, whatever the client sends.
+RefusalReason = Literal[
+    "header_timeout", "body_timeout", "header_too_large", "too_many_connections"
+]
+REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
+ERROR_TYPES = {408: "timeout_error", 431: "invalid_request_error", 503: "unavailable_error"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,9 @@ class ConnectionLimits:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    limits: ConnectionLimits  # set on the subclass that `protocol_class` makes
+    # Both set on the subclass that `protocol_class` makes.
+    limits: ConnectionLimits
+    on_refused: Callable[[RefusalReason], None]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -53,7 +64,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._closed_by_us = False
         self._timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
-            self._refuse(503, "too many open connections; retry later", retry_after=True)
+            message = "too many open connections; retry later"
+            self._refuse(503, "too_many_connections", message, retry_after=True)
             return
         # Also the deadline for a connection that never sends a byte.
         self._arm(self.limits.header_timeout_s)
@@ -73,7 +85,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
         super().data_received(data)
         if self._phase == "head" and self._head_bytes > self.limits.max_header_bytes:
-            self._refuse(431, f"request head over {self.limits.max_header_bytes} bytes")
+            message = f"request head over {self.limits.max_header_bytes} bytes"
+            self._refuse(431, "header_too_large", message)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -95,10 +108,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         if self._header_count > self.limits.max_headers:
-            self._refuse(431, f"more than {self.limits.max_headers} header lines")
+            message = f"more than {self.limits.max_headers} header lines"
+            self._refuse(431, "header_too_large", message)
             return
         if self._head_size > self.limits.max_header_bytes:
-            self._refuse(431, f"request head over {self.limits.max_header_bytes} bytes")
+            message = f"request head over {self.limits.max_header_bytes} bytes"
+            self._refuse(431, "header_too_large", message)
             return
         self._phase = "body"
         self._head_bytes = 0
@@ -128,18 +143,21 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _timed_out(self) -> None:
         self._timer = None
-        what = "request body" if self._phase == "body" else "request head"
-        self._refuse(408, f"the {what} did not arrive in time")
+        body = self._phase == "body"
+        what = "request body" if body else "request head"
+        reason: RefusalReason = "body_timeout" if body else "header_timeout"
+        self._refuse(408, reason, f"the {what} did not arrive in time")
 
-    def _refuse(self, status: int, message: str, retry_after: bool = False) -> None:
-        """Answer and close; a request already handed to the app sees a disconnect."""
+    def _refuse(
+        self, status: int, reason: RefusalReason, message: str, retry_after: bool = False
+    ) -> None:
+        """Answer, count and close; a request already handed to the app sees a disconnect."""
         if self._closed_by_us:
             return
         self._closed_by_us = True
         self._disarm()
-        body = json.dumps(
-            {"error": {"message": message, "type": "invalid_request_error", "code": status}}
-        ).encode()
+        self.on_refused(reason)
+        body = json.dumps(error_body(message, ERROR_TYPES[status], None, status)).encode()
         head = [
             b"HTTP/1.1 %d %s" % (status, REASONS[status]),
             b"content-type: application/json",
@@ -154,6 +172,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_class(limits: ConnectionLimits) -> type[GuardedHttpProtocol]:
-    """The protocol class uvicorn instantiates per connection, with these limits."""
-    return type("FerryHttpProtocol", (GuardedHttpProtocol,), {"limits": limits})
+def protocol_class(
+    limits: ConnectionLimits, on_refused: Callable[[RefusalReason], None] = lambda _: None
+) -> type[GuardedHttpProtocol]:
+    """The protocol class uvicorn instantiates per connection, with these limits; `on_refused`
+    hears of every connection it answers itself (408, 431, 503) and closes."""
+    attributes = {"limits": limits, "on_refused": staticmethod(on_refused)}
+    return type("FerryHttpProtocol", (GuardedHttpProtocol,), attributes)

@@ -36,15 +36,20 @@ from ferry.llm.errors import (
     InvalidSampling,
     ModelNotFound,
     PromptTooLong,
+    shown_name,
 )
 from ferry.server.disconnect import ClientDisconnected
+from ferry.server.json_errors import field_at, json_error
 
 logger = logging.getLogger(__name__)
 
 
 class UnknownModel(Exception):
+    field = "model"
+
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"model {name!r} is not served here; known models: {', '.join(known)}")
+        shown = shown_name(name)
+        super().__init__(f"model {shown!r} is not served here; known models: {', '.join(known)}")
 
 
 class NotReady(Exception):
@@ -57,7 +62,18 @@ class Unauthorized(Exception):
 
 
 class MalformedRequest(Exception):
-    """A body that is not the protocol's shape at all (not JSON, tensors that do not fit): 400."""
+    """A body that is not the protocol's shape at all (not JSON, tensors that do not fit): 400.
+    `field` names where, when that is known."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class UnsupportedMediaType(Exception):
+    def __init__(self, given: str, accepted: str) -> None:
+        shown = repr(given[:80]) if given else "none"
+        super().__init__(f"Content-Type must be {accepted}; got {shown}")
 
 
 class BodyTooLarge(Exception):
@@ -80,6 +96,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (ClientDisconnected, ErrorKind(499, "cancelled_error")),
     (UnknownModel, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
+    (UnsupportedMediaType, ErrorKind(415, "invalid_request_error")),
     (Unauthorized, ErrorKind(401, "authentication_error")),
     (QueueFull, ErrorKind(429, "overloaded_error", retry_after=True)),
     (BatcherClosed, ErrorKind(503, "unavailable_error", retry_after=True)),
@@ -100,6 +117,8 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (GenerationFailed, ErrorKind(500, "internal_error")),
 )
 INTERNAL = ErrorKind(500, "internal_error")
+# FastAPI's detail for a body its JSON parser raised on other than a decode error (recursion).
+PARSE_FAILED = "There was an error parsing the body"
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: int | None = None):
@@ -182,15 +201,38 @@ def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = No
 
 
 def _validation_parts(
-    errors: Sequence[Any], path: str
+    errors: Sequence[Any], path: str, body: Any = None
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    param = _param_from_loc(first.get("loc", ()))
     if first.get("type") == "json_invalid":
-        param = None
-    message = f"{param}: {first['msg']}" if param else str(first["msg"])
+        param, message = _json_invalid(first, body)
+    else:
+        param = _param_from_loc(first.get("loc", ()))
+        message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's, says nothing
+    message = f"{param}: {message}" if param else message
     status = _openai_status(path, 422)
     return status, _shaped(path, message, "invalid_request_error", param, status), {}
+
+
+def _json_invalid(error: Any, body: Any) -> tuple[str | None, str]:
+    """A body that is not JSON: the field where it breaks, when one can be named. pydantic keeps
+    the body as the error's input; FastAPI passes it (as text) with the offset in `loc`."""
+    raw = error.get("input") if body is None else body
+    detail = (error.get("ctx") or {}).get("error")
+    message = f"Invalid JSON: {detail}" if detail else str(error["msg"])
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if not isinstance(raw, bytes):
+        return None, message
+    loc = error.get("loc", ())
+    position = loc[-1] if loc and isinstance(loc[-1], int) else None
+    param, plain = json_error(raw, message, position)
+    return param, f"Invalid JSON: {plain}" if plain != message else message
+
+
+def body_parse_error(body: bytes) -> tuple[str | None, str]:
+    """A body the framework's JSON parser gave up on (nesting past Python's recursion limit)."""
+    return field_at(body), "Invalid JSON: nested too deeply"
 
 
 def _param_from_loc(loc: tuple) -> str | None:
@@ -210,10 +252,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc, request.url.path)
 
     async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        status, body, headers = _validation_parts(exc.errors(), request.url.path)
+        errors = exc.errors()
+        json_body = exc.body if errors and errors[0].get("type") == "json_invalid" else None
+        status, body, headers = _validation_parts(errors, request.url.path, json_body)
         return _json(body, status, headers)
 
     async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and exc.detail == PARSE_FAILED:
+            # The gateway read the body already (inference routes) and keeps it for this.
+            param, message = body_parse_error(getattr(request.state, "raw_body", b""))
+            path = request.url.path
+            return render_error(path, 400, message, "invalid_request_error", param)
         return render_error(
             request.url.path,
             exc.status_code,

@@ -11,13 +11,19 @@ back the framework's routes (`hot.as_route`), which keeps them in the OpenAPI sc
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ferry.server.auth import check_bearer
 from ferry.server.drain import DrainState
-from ferry.server.errors import BodyTooLarge, NotReady, Unauthorized
+from ferry.server.errors import (
+    BodyTooLarge,
+    MalformedRequest,
+    NotReady,
+    Unauthorized,
+    UnsupportedMediaType,
+)
 from ferry.server.hot import (
     ClientGone,
     HotCall,
@@ -33,6 +39,7 @@ UNMATCHED = "other"
 OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
 PATH_CLASSES = frozenset({"predict", "v1", "v2", "health", "metrics"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+INFERENCE_HEADER = b"inference-header-content-length"  # KServe's binary tensor extension
 # Sent to a stream still running when the drain deadline passes, so that clients see an end.
 STREAM_ABORTED = (
     b'data: {"error": {"message": "the server is shutting down", "type": "unavailable_error",'
@@ -50,14 +57,16 @@ class Gateway:
         drain: DrainState,
         hot: HotRoutes,
         state: object,
+        post_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
+        self._post_paths = post_paths  # the framework's POST routes (the hot ones are in `hot`)
         self._metrics = metrics
         self._drain = drain
         self._hot = hot
         self._state = state
         self._max_body = settings.max_body_bytes
-        self._expected_key = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._key = settings.api_key.encode() if settings.api_key else None
         self._protect_health = settings.api_key_protects_health
         self._protect_metrics = settings.api_key_protects_metrics
         self._in_flight = {c: metrics.in_flight.labels(f"/{c}") for c in PATH_CLASSES}
@@ -95,10 +104,12 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict
     ) -> str:
         """Answer the request; returns the endpoint label."""
-        if self._expected_key is not None and self._protected(path):
-            given = _header(scope, b"authorization")
-            if not hmac.compare_digest(given, self._expected_key):
-                await send_reply(send, error_reply(Unauthorized(), path))
+        if self._key is not None and self._protected(path):
+            given = [value for name, value in scope["headers"] if name == b"authorization"]
+            try:
+                check_bearer(given, self._key)
+            except (Unauthorized, MalformedRequest) as exc:
+                await send_reply(send, error_reply(exc, path))
                 return _route_path(scope)
         inference = _is_inference(path)
         if not inference:
@@ -128,6 +139,14 @@ class Gateway:
         method = scope["method"]
         body: bytes | None = None
         if method in BODY_METHODS:
+            # Only where a POST is served: elsewhere the framework's 404 or 405 says more.
+            posts = method == "POST" and (
+                path in self._post_paths or self._hot.match(method, path) is not None
+            )
+            refused = _media_type_refusal(scope, path) if posts else None
+            if refused is not None:
+                await send_reply(send, error_reply(refused, path))
+                return _route_path(scope)
             try:
                 declared = _header(scope, b"content-length")
                 if declared.isdigit() and int(declared) > self._max_body:
@@ -141,6 +160,8 @@ class Gateway:
                 return _route_path(scope)
         route = self._hot.match(method, path) if body is not None else None
         if route is None:
+            if body is not None:
+                state["raw_body"] = body  # for errors.py to name the field of a bad body
             await self.app(scope, _replay(body, receive) if body is not None else receive, send)
             return _route_path(scope)
         call = HotCall(self._state, path, body or b"", scope, receive, state)
@@ -204,6 +225,23 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+def _media_type_refusal(scope: Scope, path: str) -> UnsupportedMediaType | None:
+    """415 unless the body is declared JSON, before it is read. A form, text/plain or no type
+    at all is what a page on another origin can post without a CORS preflight. KServe's infer
+    also takes binary tensors (application/octet-stream, or Triton's header) and no type:
+    tritonclient.http sends none with JSON-only requests, and Triton does not ask for one."""
+    given = _header(scope, b"content-type").decode("latin-1")
+    media = given.partition(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    if path.startswith("/v2/"):
+        binary = media == "application/octet-stream" or _header(scope, INFERENCE_HEADER)
+        if binary or not given:
+            return None
+        return UnsupportedMediaType(given, "application/json or application/octet-stream")
+    return UnsupportedMediaType(given, "application/json")
 
 
 def _header(scope: Scope, name: bytes) -> bytes:

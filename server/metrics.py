@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from ferry.batcher.observer import RejectReason
+from ferry.server.connection_limits import REFUSAL_REASONS, RefusalReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
 
 LATENCY_BUCKETS_S = (
@@ -60,6 +61,15 @@ class FerryMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.connections_refused = Counter(
+            "ferry_connections_refused",
+            "Connections answered and closed before reaching the app: a head or body too slow "
+            "(408), a head too large (431), or over max_connections (503).",
+            ["reason"],
+            registry=r,
+        )
+        for reason in REFUSAL_REASONS:  # every series from the start: rate() and alerts see 0
+            self.connections_refused.labels(reason)
         self.in_flight = Gauge(
             "ferry_in_flight_requests",
             "HTTP requests being handled now.",
@@ -213,6 +223,9 @@ class FerryMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+
+    def connection_refused(self, reason: RefusalReason) -> None:
+        self.connections_refused.labels(reason).inc()
 
     def batch_observer(self, model: str, backend: str) -> ModelBatchObserver:
         return ModelBatchObserver(self, model, backend)

@@ -21,6 +21,8 @@ from ferry.server.tokenization import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
+# A deadline under this share of one row's predicted time is refused as one that cannot be met.
+DEADLINE_FLOOR_SHARE = 0.5
 # Outputs computed from `logits` for classification models (not the backend's own).
 DERIVED_OUTPUTS = ("label", "probabilities")
 
@@ -131,7 +133,26 @@ class ModelRuntime:
         priority: int = 0,
     ) -> list[asyncio.Future]:
         assert self.batcher is not None, "submit before start"
+        if timeout_s is not None:
+            self._check_deadline(sequences, timeout_s)
         return self.batcher.submit(sequences, timeout_s, outputs, priority)
+
+    def _check_deadline(self, sequences: Sequence[TokenSequence], timeout_s: float) -> None:
+        """A deadline shorter than the model's time for the longest row alone, on an idle
+        server, can never be met: a 422 naming timeout_ms before queueing, not a 504 after.
+        Only under half that time, since the cost model is fitted on a shared machine."""
+        cost_model = self.batcher.cost_model  # type: ignore[union-attr]
+        if not cost_model.ready or not sequences:
+            return
+        longest = max(seq.length for seq in sequences)
+        floor_s = cost_model.predict(1, longest) * DEADLINE_FLOOR_SHARE
+        if timeout_s < floor_s:
+            raise InvalidInput(
+                "timeout_ms",
+                f"{timeout_s * 1000:g} ms cannot be met: this model needs about "
+                f"{floor_s / DEADLINE_FLOOR_SHARE * 1000:.1f} ms for one row of {longest} tokens "
+                "on an idle server",
+            )
 
     def select_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
         """The outputs a request wants: the ones it names, else the configured ones."""

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 TokenIds = list[StrictInt] | list[list[StrictInt]]
 # vLLM's `priority`: lower is served first; bounded so it stays a plain int64.
 PRIORITY_BOUND = 2**31
 Priority = Annotated[StrictInt, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)]
 PRIORITY_DESCRIPTION = "Queued requests with a lower number are served first (vLLM's meaning)."
+MIN_TIMEOUT_MS = 1.0
 
 
 class PredictRequest(BaseModel):
@@ -41,9 +50,21 @@ class PredictRequest(BaseModel):
         default=False, description="Cut texts longer than the model's limit instead of a 422."
     )
     timeout_ms: float | None = Field(
-        default=None, gt=0, le=600_000, description="Deadline for this request (504 after it)."
+        default=None,
+        # Under a millisecond no model answers over HTTP: refused (422), not queued to a 504.
+        ge=MIN_TIMEOUT_MS,
+        le=600_000,
+        allow_inf_nan=False,  # NaN is "not a finite number", not "over 600000"
+        description="Deadline for this request (504 after it), at least 1 ms.",
     )
     priority: Priority = Field(default=0, description=PRIORITY_DESCRIPTION)
+
+    @field_validator("inputs", "input_ids")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        if value == []:  # named by its field: the error's loc carries it
+            raise ValueError("the input list is empty")
+        return value
 
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> PredictRequest:
@@ -51,8 +72,6 @@ class PredictRequest(BaseModel):
             raise ValueError("send exactly one of 'inputs' (text) or 'input_ids' (tokens)")
         if self.attention_mask is not None and self.input_ids is None:
             raise ValueError("'attention_mask' goes with 'input_ids'")
-        if self.inputs == [] or self.input_ids == []:
-            raise ValueError("the input list is empty")
         return self
 
     def token_lists(self) -> tuple[list[list[int]], list[list[int]] | None]:
@@ -99,6 +118,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "Missing or wrong API key",
         404: "Unknown model",
         413: "Body larger than the configured limit",
+        415: "Content-Type is not application/json",
         422: "Invalid input; `error.param` names the field",
         429: "Queue full; see Retry-After",
         500: "Inference failed for this request",

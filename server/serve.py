@@ -70,7 +70,7 @@ def serve(app: FastAPI, settings: Settings) -> None:
         access_log=settings.access_log,
         # X-Forwarded-For only matters to the access log; it costs every request otherwise.
         proxy_headers=settings.access_log,
-        http=protocol_class(limits),
+        http=protocol_class(limits, app.state.metrics.connection_refused),
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
         # A backstop after the drain: connections still open then are closed.
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),

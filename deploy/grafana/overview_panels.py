@@ -11,6 +11,7 @@ REQUESTS = ferry_metric("requests")
 REQUEST_DURATION = ferry_metric("request_duration")
 IN_FLIGHT = ferry_metric("in_flight")
 REJECTIONS = ferry_metric("rejections")
+CONNECTIONS_REFUSED = ferry_metric("connections_refused")
 QUEUE_WAIT = ferry_metric("queue_wait")
 QUEUE_DEPTH = ferry_metric("queue_depth")
 QUEUE_CAPACITY = ferry_metric("queue_capacity")
@@ -76,10 +77,15 @@ OVERVIEW = (
     ),
     Panel(
         "Rejections by reason",
-        (("{{reason}}", rate_by("reason", REJECTIONS)),),
+        (
+            ("{{reason}}", rate_by("reason", REJECTIONS)),
+            # No model label: refused before a request, let alone its model, was read.
+            ("connection {{reason}}", rate_by("reason", CONNECTIONS_REFUSED, "")),
+        ),
         unit="reqps",
         description="Requests the batcher refused: queue_full, predicted_late, deadline, invalid, "
-        "cancelled, closed.",
+        "cancelled, closed; and connections refused at the socket: too_many_connections (503), "
+        "header_timeout / body_timeout (408), header_too_large (431).",
     ),
     Panel(
         "Request latency",

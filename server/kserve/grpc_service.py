@@ -10,7 +10,6 @@ table to gRPC status codes.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -22,7 +21,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry.batcher.errors import InvalidInput
-from ferry.server.errors import ERROR_TABLE, INTERNAL, NotReady, Unauthorized
+from ferry.server.auth import check_bearer
+from ferry.server.errors import ERROR_TABLE, INTERNAL, MalformedRequest, NotReady, Unauthorized
 from ferry.server.kserve.infer import (
     deserialize_bytes,
     infer_tensors,
@@ -67,6 +67,23 @@ def to_grpc_error(exc: BaseException) -> GrpcError:
     return GrpcError(kind.status, text, kind.retry_after)
 
 
+CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
+
+
+def check_contents(tensor: Any, raw: bool) -> None:
+    """Typed contents only in the field of the tensor's datatype (Triton's rule): INT64 data
+    sent as fp32_contents or bool_contents is refused, not read as an empty tensor."""
+    used = [field.name for field, _ in tensor.contents.ListFields()]
+    expected = CONTENTS_FIELD[tensor.datatype]
+    if raw and used:
+        raise InvalidInput(tensor.name, "send raw_input_contents or typed contents, not both")
+    wrong = [f for f in used if f != expected]
+    if wrong:
+        raise InvalidInput(
+            tensor.name, f"{tensor.datatype} data goes in contents.{expected}, got {wrong[0]}"
+        )
+
+
 def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
     raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
@@ -74,22 +91,26 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
     tensors = {}
     for index, tensor in enumerate(request.inputs):
         name, shape = tensor.name, list(tensor.shape)
+        if tensor.datatype != "BYTES" and tensor.datatype not in INT_TYPES:
+            raise InvalidInput(
+                name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
+            )
+        check_contents(tensor, bool(raw))
         if tensor.datatype == "BYTES":
             array = (
                 deserialize_bytes(raw[index], name)
                 if raw
                 else np.array(list(tensor.contents.bytes_contents), dtype=object)
             )
-        elif tensor.datatype in INT_TYPES:
+        else:
             dtype, field = INT_TYPES[tensor.datatype]
+            if raw and len(raw[index]) % np.dtype(dtype).itemsize:
+                message = f"{len(raw[index])} raw bytes are not whole {tensor.datatype} values"
+                raise InvalidInput(name, message)
             array = (
                 np.frombuffer(raw[index], dtype=dtype)
                 if raw
                 else np.asarray(getattr(tensor.contents, field), dtype=np.int64)
-            )
-        else:
-            raise InvalidInput(
-                name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
             )
         try:
             array = array.reshape(shape)
@@ -115,7 +136,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, state: Any) -> None:
         self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
         settings = state.settings
-        self._key = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+        self._key = settings.api_key.encode() if settings.api_key else None
         self._protect_health = settings.api_key_protects_health
 
     async def _call(
@@ -152,9 +173,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
         if self._key is None or (method in HEALTH_CALLS and not self._protect_health):
             return
-        given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if not hmac.compare_digest(str(given).encode(), self._key):
-            raise to_grpc_error(Unauthorized())
+        metadata = context.invocation_metadata() or ()
+        given = [str(value).encode() for name, value in metadata if name == "authorization"]
+        try:
+            check_bearer(given, self._key)
+        except (Unauthorized, MalformedRequest) as exc:
+            raise to_grpc_error(exc) from None
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:

@@ -9,8 +9,10 @@ traffic. Outputs are FP32; sequence outputs are padded back to the request's wid
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +37,54 @@ def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
         items.append(buffer[offset : offset + size])
         offset += size
     return np.array(items, dtype=object)
+
+
+INT_TYPES = {"INT64": np.int64, "INT32": np.int32}
+
+
+def int_data(name: str, datatype: str, data: Any) -> np.ndarray:
+    """JSON `data` of an integer tensor, flat, every item checked: a float, string or bool is
+    refused naming it, as /predict refuses it, never cast (7592.9 is not token 7592)."""
+    if not isinstance(data, list):
+        raise InvalidInput(name, f"{datatype} data must be a list of integers")
+    flat = _flattened(data) if any(isinstance(d, list) for d in data) else data
+    dtype = INT_TYPES[datatype]
+    if set(map(type, flat)) <= {int}:  # the common case, checked at C speed
+        array = np.array(flat, dtype=object if not flat else None)
+        if array.dtype == np.int64 and _fits(array, dtype):
+            return array.astype(dtype, copy=False)
+    limits = np.iinfo(dtype)
+    for index, item in enumerate(flat):
+        # orjson reads integers beyond 64 bits as floats: only those count as out of range.
+        huge = isinstance(item, float) and item.is_integer() and abs(item) >= 2**63
+        if type(item) is not int and not huge:
+            raise InvalidInput(
+                f"{name}[{index}]", f"{datatype} data must be integers, got {_shown(item)}"
+            )
+        if not limits.min <= item <= limits.max:
+            shown = repr(int(item))[:40]
+            raise InvalidInput(
+                f"{name}[{index}]",
+                f"{shown} is outside {datatype}'s range ({limits.min}..{limits.max})",
+            )
+    return np.array(flat, dtype=dtype)
+
+
+def _flattened(data: list) -> list:
+    flat: list = []
+    for item in data:
+        flat.extend(_flattened(item) if isinstance(item, list) else (item,))
+    return flat
+
+
+def _fits(array: np.ndarray, dtype: type) -> bool:
+    limits = np.iinfo(dtype)
+    return array.size == 0 or (limits.min <= array.min() and array.max() <= limits.max)
+
+
+def _shown(item: Any) -> str:
+    kind = {bool: "a boolean", float: "a float", str: "a string"}.get(type(item), "an object")
+    return f"{kind} ({json.dumps(item)[:40]})" if item is not None else "null"
 
 
 def decoded_texts(texts: np.ndarray) -> list[str]:

@@ -61,6 +61,7 @@ Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves 
 def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     request.check_supported()
     served = resolve(request.model)
+    _check_capacity(served.engine, 1, request.n)
     # Grammars are compiled (and refused) before the prompt is rendered: a 400, never a failure
     # inside the engine.
     tools = plan_tools(request)
@@ -79,7 +80,7 @@ def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     guidance = tools.guidance if tools is not None else output[0] if output else None
     if guidance is not None:
         sampling = replace(sampling, guidance=guidance)
-    plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling)
+    plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling, "messages")
     structured = request_kind(request, tools is not None)
     return replace(plan, tools=tools, structured=structured, priority=request.priority)
 
@@ -89,6 +90,7 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
     served = resolve(request.model)
     output = output_guidance(request)  # compiled (and refused) before any prompt is tokenized
     engine = served.engine
+    _check_capacity(engine, len(request.prompts()), request.n)
     tokenizer = engine.tokenizer
     many = len(request.prompts()) > 1
     prompts, texts = [], []
@@ -102,7 +104,7 @@ def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
     sampling = request.to_sampling(engine.max_context_tokens)
     if output is not None:
         sampling = replace(sampling, guidance=output[0])
-    plan = _plan(served, new_completion_id(), prompts, request.n, sampling)
+    plan = _plan(served, new_completion_id(), prompts, request.n, sampling, "prompt")
     structured = request_kind(request, tools=False)
     plan = replace(plan, structured=structured, priority=request.priority)
     if request.echo:
@@ -118,6 +120,7 @@ def _plan(
     prompts: list[list[int]],
     n: int,
     sampling: SamplingSettings,
+    field: str,
 ) -> Plan:
     sampling.validate()
     engine = served.engine
@@ -126,12 +129,28 @@ def _plan(
     for p, prompt_ids in enumerate(prompts):
         room = engine.max_context_tokens - len(prompt_ids)
         if room < 1:
-            raise PromptTooLong(len(prompt_ids), engine.max_context_tokens)
+            named = f"{field}[{p}]" if len(prompts) > 1 else field
+            raise PromptTooLong(len(prompt_ids), engine.max_context_tokens, named)
         # Clamp instead of failing, the way a finished-by-length reply reads.
         fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
         choices += [Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
     prompt_tokens = sum(len(ids) for ids in prompts)
     return Plan(served, response_id, choices, prompt_tokens)
+
+
+def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:
+    """A request needing more generations than the engine ever holds at once can never be
+    served: a 400 before tokenizing, not a 429 that no retry could get past."""
+    limit = engine.max_concurrent_generations
+    if prompts * n <= limit:
+        return
+    param = "n" if n > 1 and prompts <= limit else "prompt"
+    raise InvalidSampling(
+        param,
+        f"{prompts} prompt(s) x n={n} is {prompts * n} generations, but model "
+        f"{engine.name} runs at most {limit} at once (running + waiting): "
+        "send fewer prompts or a smaller n",
+    )
 
 
 def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:

@@ -16,7 +16,9 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    StrictStr,
     StringConstraints,
+    field_validator,
 )
 
 from ferry.llm.base import SamplingSettings
@@ -37,7 +39,8 @@ MAX_N = 8
 # cannot slow every other stream in the engine step (vLLM has no bound; OpenAI allows 4).
 MAX_STOP = 16
 MAX_STOP_CHARS = 256
-StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS)]
+# OpenAI and vLLM take any int64 seed; beyond it a 400, not a seed silently folded.
+SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}
 Prompt = Annotated[str, StringConstraints(min_length=1)]
 MAX_LOGPROBS = 20
 # Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
@@ -102,12 +105,14 @@ class _SamplingFields(OpenAIRequestModel):
     # Strict types: the schema says number/integer/boolean, and lax mode would take `false` as
     # 0 and "1" as 1, running a request that is not what the client wrote.
     n: StrictInt = Field(default=1, ge=1, le=MAX_N)
-    seed: StrictInt | None = None
-    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
+    seed: StrictInt | None = Field(default=None, **SEED_RANGE)
+    # Bounds checked by `_bounded_stop`, whose messages say which (a union's would not).
+    stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
+    # NaN and infinities: "should be a finite number", not "should be <= 2".
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     user: str | None = None
     # vLLM's extension: queued requests with a lower number are admitted first.
     priority: Priority = 0
@@ -124,6 +129,20 @@ class _SamplingFields(OpenAIRequestModel):
     repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0)
     # Token id (as a string, OpenAI's JSON) -> bias in [-100, 100], added to its logit.
     logit_bias: dict[str, StrictFloat] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings; got {len(strings)}")
+        for index, text in enumerate(strings):
+            if not 1 <= len(text) <= MAX_STOP_CHARS:
+                raise ValueError(
+                    f"stop string {index} has {len(text)} characters; "
+                    f"each has 1 to {MAX_STOP_CHARS}"
+                )
+        return stop
 
     @property
     def include_usage(self) -> bool:

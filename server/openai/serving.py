@@ -68,6 +68,9 @@ class OpenAIServing:
         self._observer: LLMObserver = observer or NullObserver()
         self._clock = clock
         self._unloads: set[asyncio.Task[None]] = set()
+        # Generations admitted per engine and not yet finished: a request is admitted whole or
+        # refused whole, so its own generations never crowd it out mid-way.
+        self._admitted: dict[str, int] = {}
 
     def served_models(self) -> list[ServedModel]:
         """Every base model and every loaded adapter, by name."""
@@ -173,13 +176,39 @@ class OpenAIServing:
         """A planned request's deltas, for renderers other than chat's (the Responses API)."""
         return self._generations(plan)
 
-    def _generations(self, plan: Plan) -> Deltas:
-        """Every choice's deltas tagged with its index; closing this aborts what still runs."""
+    async def _generations(self, plan: Plan) -> Deltas:
+        """Every choice's deltas tagged with its index; closing this aborts what still runs.
+        All of the plan's generations are admitted at once, or none (EngineOverloaded)."""
+        engine, needed = plan.served.engine, len(plan.choices)
+        self._admit(plan)
         if plan.structured is not None:
             self._observer.on_structured(plan.served.name, plan.structured)
-        if len(plan.choices) == 1:
-            return self._generate(plan, plan.choices[0])
-        return merge([self._generate(plan, choice) for choice in plan.choices])
+        try:
+            if needed == 1:
+                generations = self._generate(plan, plan.choices[0])
+            else:
+                generations = merge([self._generate(plan, choice) for choice in plan.choices])
+            async with aclosing(generations) as deltas:
+                async for item in deltas:
+                    yield item
+        finally:
+            self._admitted[engine.name] -= needed
+
+    def _admit(self, plan: Plan) -> None:
+        engine, needed = plan.served.engine, len(plan.choices)
+        held = self._admitted.get(engine.name, 0)
+        limit = engine.max_concurrent_generations
+        if held + needed > limit:
+            for choice in plan.choices:  # refused before it ran: counted as rejected
+                self._observer.on_finished(
+                    plan.served.name, "rejected", len(choice.prompt_ids), 0, 0.0
+                )
+            # Planning refused requests bigger than the engine: this one fits once others end.
+            raise EngineOverloaded(
+                f"model {engine.name} is busy: {held} of its {limit} generations are taken "
+                f"and this request needs {needed}; retry later"
+            )
+        self._admitted[engine.name] = held + needed
 
     async def _generate(self, plan: Plan, choice: Choice) -> Deltas:
         """One engine generation, timed for the observer as it passes."""

@@ -118,7 +118,7 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
         PATH,
         create_embeddings,
         summary="Create Embeddings",
-        responses=error_responses(400, 401, 404, 413, 429, 500, 503, 504),
+        responses=error_responses(400, 401, 404, 413, 415, 429, 500, 503, 504),
         body_model=EmbeddingRequest,
         response_model=EmbeddingResponse,
     )

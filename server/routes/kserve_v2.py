@@ -21,9 +21,12 @@ from pydantic import BaseModel
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
+from ferry.server.json_errors import json_error
 from ferry.server.kserve.infer import (
+    INT_TYPES,
     deserialize_bytes,
     infer_tensors,
+    int_data,
     output_names,
     request_priority,
 )
@@ -35,7 +38,6 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-INT_TYPES = {"INT64": np.int64, "INT32": np.int32}
 NOT_READY_HEADERS = {"Retry-After": "1"}
 
 
@@ -48,6 +50,7 @@ ERROR_DOCS = {
     401: "Missing or wrong API key",
     404: "Unknown model",
     413: "Body over max_body_bytes",
+    415: "Content-Type neither JSON nor application/octet-stream",
     422: "Invalid input; the message names the tensor",
     429: "Queue full (Retry-After)",
     500: "Inference failed",
@@ -173,7 +176,7 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
             path,
             infer,
             summary="Infer",
-            responses=error_docs(400, 404, 422, 429, 500, 503, 504),
+            responses=error_docs(400, 404, 415, 422, 429, 500, 503, 504),
             include_in_schema="version" not in path,
             tags=["kserve-v2"],
         )
@@ -181,12 +184,13 @@ def register(router: APIRouter, hot: HotRoutes) -> None:
 
 def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
     """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
+    size = len(body) if header_length is None else _header_length(header_length, len(body))
     try:
-        size = int(header_length) if header_length is not None else len(body)
         # orjson: bounded nesting depth, and no lone surrogates in strings.
         header = orjson.loads(body[:size])
     except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedRequest(f"request is not valid JSON: {exc}") from None
+        field, message = json_error(body[:size], str(exc))
+        raise MalformedRequest(f"request is not valid JSON: {message}", field) from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise MalformedRequest("request must be an object with an 'inputs' list")
     tensors: dict[str, np.ndarray] = {}
@@ -206,17 +210,28 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
             offset += size_bytes
             continue
         dtype = INT_TYPES[datatype]
+        if binary_size is None and "data" not in spec:
+            raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
         try:
             if binary_size is not None:
                 chunk = body[offset : offset + int(binary_size)]
                 offset += int(binary_size)
                 array = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<"))
             else:
-                array = np.asarray(spec["data"], dtype=dtype)
+                array = int_data(name, datatype, spec["data"])
             tensors[name] = array.reshape(shape).astype(np.int64)
-        except (KeyError, ValueError, TypeError, OverflowError) as exc:
+        except (ValueError, TypeError) as exc:
             raise InvalidInput(name, f"data does not fit shape {shape}: {exc}") from None
     return header, tensors
+
+
+def _header_length(value: str, body_size: int) -> int:
+    if not value.isdigit() or int(value) > body_size:
+        raise MalformedRequest(
+            f"must be the byte length of the JSON header, 0 to {body_size}; got {value[:40]!r}",
+            HEADER_LENGTH,
+        )
+    return int(value)
 
 
 def bytes_input(spec: dict, binary: bytes, shape: list[int]) -> np.ndarray:

@@ -20,7 +20,7 @@ router = APIRouter()
 
 # vLLM answers these with a plain-text sentence; errors stay in the one JSON error shape.
 RESPONSES = {
-    **error_responses(400, 401, 404, 503),
+    **error_responses(400, 401, 404, 415, 503),
     200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Done"},
 }
 

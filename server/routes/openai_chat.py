@@ -19,7 +19,7 @@ from ferry.server.schemas import error_responses
 
 router = APIRouter()
 
-ERRORS = error_responses(400, 401, 404, 413, 429, 500, 503)
+ERRORS = error_responses(400, 401, 404, 413, 415, 429, 500, 503)
 STREAM_DOC = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks"}}
 
 

@@ -8,7 +8,7 @@ from ferry.server.encoder import EncoderInputs
 from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 
-ERROR_RESPONSES = error_responses(401, 404, 413, 422, 429, 500, 503, 504)
+ERROR_RESPONSES = error_responses(401, 404, 413, 415, 422, 429, 500, 503, 504)
 PATH = "/predict"
 
 

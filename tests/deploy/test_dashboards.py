@@ -129,6 +129,16 @@ def test_overview_has_the_panels_the_issue_asks_for():
     }
 
 
+def test_the_shedding_panel_shows_refused_connections_too():
+    (panel,) = [
+        p
+        for p in load_dashboard("ferry-overview.json")["panels"]
+        if p["title"] == "Rejections by reason"
+    ]
+    names = set().union(*(metric_names(t["expr"]) for t in panel["targets"]))
+    assert names == {"ferry_rejections_total", "ferry_connections_refused_total"}
+
+
 def test_provisioning_points_at_the_mounted_dashboards():
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
     mounts = dict(

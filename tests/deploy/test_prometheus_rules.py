@@ -69,6 +69,8 @@ def test_alerts_the_issue_asks_for_exist():
     assert "ferry_request_duration_seconds_bucket" in exprs["FerryLatencyObjective"]
     assert "ferry_model_ready == 0" in exprs["FerryModelNotReady"]
     assert 'up{job="ferry"} == 0' in exprs["FerryTargetDown"]
+    refused = 'ferry_connections_refused_total{reason="too_many_connections"}'
+    assert refused in exprs["FerryShedding"]
 
 
 def test_alerts_use_only_exported_metrics():

@@ -245,6 +245,7 @@ async def test_cancelled_consumer_aborts_the_vllm_request() -> None:
 async def test_overload_is_checked_before_calling_vllm() -> None:
     fake = FakeAsyncLLM(steps=[("a", [1]), ("b", [2])], hold=asyncio.Event())
     engine = make_engine(fake, max_concurrency=1)
+    assert engine.max_concurrent_generations == 1  # what the serving layer plans against
     busy = engine.generate("a", [1], SamplingSettings())
     await asyncio.wait_for(anext(busy), WAIT_S)
     with pytest.raises(EngineOverloaded):

@@ -1,14 +1,79 @@
 """schemathesis hooks (SCHEMATHESIS_HOOKS=tests.server.fuzz_hooks): pin every `model` field and
 the KServe `{name}` path parameter to the models the fuzzed server really serves, so requests
 reach the batcher and the LLM engine instead of stopping at 404 "unknown model". Negative cases
-still break the enum, which must then be refused with a 4xx."""
+still break the enum, which must then be refused with a 4xx.
+
+Two more kinds of hostile request are generated: KServe infer bodies with tensors of every
+datatype and mismatched data, and completions with hundreds of prompts (x `n`). After every
+answer, `loop_stayed_responsive` checks that the server's event loop never stalled: a thread
+polls /health/live all along, and the slowest answer since the last check must stay under
+LIVE_BOUND_S; after an inference request, a normal /predict must be answered within
+NORMAL_BOUND_S.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from typing import Any
+from urllib.parse import urlsplit
 
+import httpx
 import schemathesis
+
+# Bounds on a shared 2-core machine (a healthy server answers /health/live in ~1 ms, a normal
+# /predict in ~10 ms; the stalls this guards against were 85-284 ms per request, repeated).
+LIVE_BOUND_S = 1.0
+NORMAL_BOUND_S = 10.0
+POLL_EVERY_S = 0.02
+KSERVE_DATATYPES = (
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+    "FP16", "FP32", "FP64", "BYTES",
+)  # fmt: skip
+MISMATCHED_ITEM = {
+    "anyOf": [
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "string", "maxLength": 8},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"type": "array", "items": {"type": "integer"}, "maxItems": 4},
+    ]
+}
+KSERVE_BODY = {
+    "type": "object",
+    "required": ["inputs"],
+    "properties": {
+        "inputs": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 2,
+            "items": {
+                "type": "object",
+                "required": ["name", "shape", "datatype", "data"],
+                "properties": {
+                    "name": {"enum": ["input_ids", "attention_mask", "text"]},
+                    "shape": {
+                        "type": "array",
+                        "items": {"type": "integer", "minimum": 0, "maximum": 16},
+                        "minItems": 1,
+                        "maxItems": 3,
+                    },
+                    "datatype": {"enum": list(KSERVE_DATATYPES)},
+                    "data": {"type": "array", "items": MISMATCHED_ITEM, "maxItems": 16},
+                },
+            },
+        }
+    },
+}
+# Beyond the engine's max_running + max_waiting (2 + 64 in the test), with or without n.
+MANY_PROMPTS = {
+    "type": "array",
+    "items": {"type": "string", "minLength": 1, "maxLength": 4},
+    "minItems": 60,
+    "maxItems": 300,
+}
 
 LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 ENCODER_PATHS = ("/predict", "/v1/embeddings")
@@ -36,9 +101,68 @@ def before_load_schema(ctx, raw_schema: dict[str, Any]) -> None:
     for paths, name in ((LLM_PATHS, llm), (ENCODER_PATHS, encoder)):
         for path in paths:
             _pin(_body_schema(raw_schema["paths"][path]["post"], components), name)
+    infer = raw_schema["paths"]["/v2/models/{name}/infer"]["post"]
+    infer["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": KSERVE_BODY}},
+    }
+    prompt = components["CompletionRequest"]["properties"]["prompt"]
+    prompt["anyOf"] = [*prompt["anyOf"], MANY_PROMPTS]
     for path, operations in raw_schema["paths"].items():
         if path.startswith("/v2/models/{name}"):
             for operation in operations.values():
                 for parameter in operation.get("parameters", []):
                     if parameter["name"] == "name":
                         parameter["schema"] = {"type": "string", "enum": [encoder]}
+
+
+class LivenessProbe:
+    """Polls /health/live from a thread for the whole run; `slowest()` is the longest answer
+    since the last call (or the time the current one has been waiting, if that is longer)."""
+
+    def __init__(self, base_url: str) -> None:
+        self._client = httpx.Client(base_url=base_url, timeout=60)
+        self._lock = threading.Lock()
+        self._slowest = 0.0
+        self._sent_at: float | None = None
+        threading.Thread(target=self._run, daemon=True, name="liveness-probe").start()
+
+    def _run(self) -> None:
+        while True:
+            started = time.perf_counter()
+            with self._lock:
+                self._sent_at = started
+            self._client.get("/health/live").raise_for_status()
+            took = time.perf_counter() - started
+            with self._lock:
+                self._sent_at = None
+                self._slowest = max(self._slowest, took)
+            time.sleep(POLL_EVERY_S)
+
+    def slowest(self) -> float:
+        with self._lock:
+            waiting = 0.0 if self._sent_at is None else time.perf_counter() - self._sent_at
+            slowest, self._slowest = max(self._slowest, waiting), 0.0
+        return slowest
+
+
+_probe: LivenessProbe | None = None
+INFERENCE = ("/predict", "/v1/", "/v2/models/")
+
+
+@schemathesis.check
+def loop_stayed_responsive(ctx, response, case) -> None:
+    global _probe
+    url = urlsplit(str(response.request.url))
+    base = f"{url.scheme}://{url.netloc}"
+    if _probe is None:
+        _probe = LivenessProbe(base)
+    stall = _probe.slowest()
+    assert stall < LIVE_BOUND_S, f"/health/live took {stall:.3f}s (bound {LIVE_BOUND_S}s)"
+    if not url.path.startswith(INFERENCE) or case.method != "POST":
+        return
+    started = time.perf_counter()
+    answer = httpx.post(f"{base}/predict", json={"input_ids": [101, 7592, 102]}, timeout=60)
+    took = time.perf_counter() - started
+    assert answer.status_code == 200, f"a normal /predict got {answer.status_code} after it"
+    assert took < NORMAL_BOUND_S, f"a normal /predict took {took:.3f}s (bound {NORMAL_BOUND_S}s)"

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from ferry.bench.server_process import default_model_config, ferry_server
+from ferry.bench.server_process import default_model_config, ferry_server, metric_value
 
 LIMITS = {
     "header_timeout_s": 1.0,
@@ -50,7 +50,13 @@ def predict_ok(url: str) -> bool:
     return httpx.post(f"{url}/predict", json={"input_ids": [101, 102]}, timeout=30).is_success
 
 
+def refused(server, reason: str) -> float:
+    """ferry_connections_refused_total{reason}: every refusal leaves a trace in /metrics."""
+    return metric_value(server.metrics(), "ferry_connections_refused_total", reason=reason)
+
+
 def test_idle_connections_are_closed_and_capped(server):
+    before = {r: refused(server, r) for r in ("too_many_connections", "header_timeout")}
     idle = [connect(server.url) for _ in range(50)]
     answers = [read_until_closed(sock) for sock in idle]
     for sock in idle:
@@ -61,9 +67,15 @@ def test_idle_connections_are_closed_and_capped(server):
     assert set(statuses) <= {408, 503}, statuses
     assert all(b"retry-after: 1" in a for a in answers if status_of(a) == 503)
     assert predict_ok(server.url)
+    counted = {r: refused(server, r) - before[r] for r in before}
+    assert counted == {
+        "too_many_connections": statuses.count(503),
+        "header_timeout": statuses.count(408),
+    }
 
 
 def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(server):
+    before = refused(server, "header_timeout")
     sock = connect(server.url)
     head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     sent = 0
@@ -79,9 +91,11 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(server):
     assert status_of(answer) == 408
     assert sent < len(head)  # closed before the slow client finished its head
     assert predict_ok(server.url)
+    assert refused(server, "header_timeout") == before + 1
 
 
 def test_a_body_that_never_arrives_is_cut_off(server):
+    before = refused(server, "body_timeout")
     sock = connect(server.url)
     sock.sendall(
         b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -91,6 +105,7 @@ def test_a_body_that_never_arrives_is_cut_off(server):
     sock.close()
     assert status_of(answer) == 408
     assert predict_ok(server.url)
+    assert refused(server, "body_timeout") == before + 1
 
 
 @pytest.mark.parametrize(
@@ -101,6 +116,7 @@ def test_a_body_that_never_arrives_is_cut_off(server):
     ],
 )
 def test_oversized_request_heads_get_431(server, headers):
+    before = refused(server, "header_too_large")
     sock = connect(server.url)
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
         sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
@@ -108,3 +124,5 @@ def test_oversized_request_heads_get_431(server, headers):
     sock.close()
     assert status_of(answer) == 431
     assert predict_ok(server.url)
+    assert refused(server, "header_too_large") == before + 1
+    assert b'"type": "invalid_request_error"' in answer  # the one error body shape

@@ -37,13 +37,14 @@ from ferry.server.errors import (
     NotReady,
     Unauthorized,
     UnknownModel,
+    UnsupportedMediaType,
 )
 from ferry.server.settings import Settings
 
 # One instance of every class in the table, and what the caller must see for it.
 CASES = [
     (InvalidInput("input_ids", "bad ids"), 422, "invalid_request_error", "input_ids"),
-    (UnknownModel("nope", ["a"]), 404, "not_found_error", None),
+    (UnknownModel("nope", ["a"]), 404, "not_found_error", "model"),
     (BodyTooLarge(1024), 413, "invalid_request_error", None),
     (Unauthorized(), 401, "authentication_error", None),
     (QueueFull(retry_after_s=2.2), 429, "overloaded_error", None),
@@ -57,12 +58,14 @@ CASES = [
     (BatchAbandoned("stopped"), 503, "unavailable_error", None),
     (InferenceFailed("boom"), 500, "internal_error", None),
     (InvalidSampling("temperature", "too hot"), 400, "invalid_request_error", "temperature"),
-    (PromptTooLong(10, 5), 400, "invalid_request_error", None),
-    (ModelNotFound("x"), 404, "not_found_error", None),
+    (PromptTooLong(10, 5), 400, "invalid_request_error", "prompt"),
+    (ModelNotFound("x"), 404, "not_found_error", "model"),
     (EngineOverloaded("full"), 429, "overloaded_error", None),
     (EngineDead("dead"), 503, "unavailable_error", None),
     (GenerationFailed("failed"), 500, "internal_error", None),
     (MalformedRequest("not JSON"), 400, "invalid_request_error", None),
+    (MalformedRequest("twice", "authorization"), 400, "invalid_request_error", "authorization"),
+    (UnsupportedMediaType("text/plain", "application/json"), 415, "invalid_request_error", None),
     (ClientDisconnected("the client left"), 499, "cancelled_error", None),
     (InvalidAdapter("lora_path", "outside adapter_dir"), 400, "invalid_request_error", "lora_path"),
 ]

@@ -13,7 +13,8 @@ from ferry.server.settings import Settings
 
 
 def scope(path: str, method: str = "POST") -> dict:
-    return {"type": "http", "method": method, "path": path, "headers": [], "state": {}}
+    headers = [(b"content-type", b"application/json")]
+    return {"type": "http", "method": method, "path": path, "headers": headers, "state": {}}
 
 
 async def run_until_expired(gateway: Gateway, drain: DrainState, path: str, started: asyncio.Event):

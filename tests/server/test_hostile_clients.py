@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from ferry.bench.rss_by_request import rss_mib
 from ferry.bench.server_process import (
     DEFAULT_MODEL,
     TINY_LLM,
@@ -111,10 +112,17 @@ BAD_INPUTS = [
     ("/predict", {"input_ids": [[101, 102], [101, 2**64 + 5]]}, "input_ids[1]"),
     ("/predict", {"input_ids": [101, 102], "attention_mask": [1, 2**63]}, "attention_mask"),
     ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": [101, 2**63]}, "input"),
-    # The hot routes' JSON parser refuses lone surrogates outright (no field to name).
-    ("/predict", {"inputs": "\ud800 lone"}, None),
-    ("/predict", {"inputs": ["fine", "\udfff"]}, None),
-    ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": "\ud800"}, None),
+    # The hot routes' JSON parser refuses lone surrogates outright; the answer names where.
+    ("/predict", {"inputs": "\ud800 lone"}, "inputs"),
+    ("/predict", {"inputs": ["fine", "\udfff"]}, "inputs[1]"),
+    ("/v1/embeddings", {"model": DEFAULT_MODEL, "input": "\ud800"}, "input"),
+    ("/predict", {"input_ids": []}, "input_ids"),
+    # A deadline past on arrival: refused before queueing, never a 504.
+    ("/predict", {"input_ids": REFERENCE_IDS, "timeout_ms": 5e-324}, "timeout_ms"),
+    ("/predict", {"inputs": []}, "inputs"),
+    # A prompt that fills the context (tiny-llm: 2048 tokens) leaves no room to generate.
+    ("/v1/completions", {"model": TINY_LLM, "prompt": [5] * 2048}, "prompt"),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": [[5], [5] * 2048]}, "prompt[1]"),
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["", "x"]}, "prompt"),
     (
         "/v1/chat/completions",
@@ -123,6 +131,9 @@ BAD_INPUTS = [
     ),
     ("/v1/completions", {"model": TINY_LLM, "prompt": "x", "stop": ["s"] * 1000}, "stop"),
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["x"] * 5000}, "prompt"),
+    # More generations than the engine holds (2 running + 8 waiting): a 400, never a 429.
+    ("/v1/completions", {"model": TINY_LLM, "prompt": ["a"] * 256, "n": 8}, "prompt"),
+    ("/v1/completions", {"model": TINY_LLM, "prompt": ["a", "b"], "n": 8}, "n"),
     ("/predict", {"inputs": "word " * 30_000}, "inputs"),
     (
         "/predict",
@@ -138,10 +149,55 @@ def test_bad_input_gets_a_4xx_naming_the_field(client, reference, path, body, pa
     answer = post_raw(client, path, json.dumps(body).encode())
     assert 400 <= answer.status_code < 500, answer.text[:300]
     error = answer.json()["error"]
-    if param is None:
-        assert error["param"] is None and "Invalid JSON" in error["message"], error
+    assert (error["param"] or "").startswith(param), error
+
+
+DEEP = b"[" * 10_000 + b"]" * 10_000
+BAD_BODIES = [
+    ("/predict", b'{"inputs": ' + DEEP + b"}", "inputs[0]"),
+    ("/v1/embeddings", b'{"model": "m", "input": ' + DEEP + b"}", "input[0]"),
+    ("/v1/chat/completions", b'{"model": "m", "messages": ' + DEEP + b"}", "messages[0]"),
+    ("/v1/completions", b'{"prompt": ' + DEEP + b', "model": "m"}', "prompt[0]"),
+    ("/v1/completions", b'{"model": "m", "prompt": ["a", "b",]}', "prompt[2]"),
+    (f"/v2/models/{DEFAULT_MODEL}/infer", b'{"inputs": [{"name": "\\ud800"}]}', "inputs[0]"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), BAD_BODIES)
+def test_bodies_that_are_not_json_name_the_field_they_break_in(client, path, body, param):
+    answer = post_raw(client, path, body)
+    assert 400 <= answer.status_code < 500, answer.text[:300]
+    error = answer.json()["error"]
+    if path.startswith("/v2/"):  # KServe's shape: the field leads the message
+        assert error.startswith(f"{param}: request is not valid JSON"), error
     else:
-        assert (error["param"] or "").startswith(param), error
+        assert error["param"] == param and "Invalid JSON" in error["message"], error
+
+
+NAMED_BODIES = {
+    "/predict": {"inputs": "x"},
+    "/v1/embeddings": {"input": "x"},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+    "/v1/completions": {"prompt": "x"},
+}
+
+
+@pytest.mark.parametrize("path", [*NAMED_BODIES, "/v1/models/{name}", "/v2/models/{name}/infer"])
+def test_an_unknown_model_is_a_404_naming_model_with_a_bounded_echo(client, path):
+    name = "m" * 3000
+    if "{name}" in path:
+        method = "GET" if path.startswith("/v1/") else "POST"
+        answer = client.request(method, path.format(name=name), json={"inputs": []})
+    else:
+        answer = client.post(path, json={"model": name, **NAMED_BODIES[path]})
+    assert answer.status_code == 404, answer.text[:300]
+    assert len(answer.content) < 1000  # the name is cut, not echoed whole
+    assert "m" * 256 in answer.text and "(3000 characters)" in answer.text
+    error = answer.json()["error"]
+    if path.startswith("/v2/"):
+        assert error.startswith("model: ")
+    else:
+        assert error["param"] == "model", error
 
 
 PRIORITY_BODIES = {
@@ -181,7 +237,48 @@ def test_kserve_bad_input_gets_a_4xx(client, reference):
         answer = post_raw(client, path, body)
         assert 400 <= answer.status_code < 500, answer.text[:300]
         assert isinstance(answer.json()["error"], str)  # KServe's error shape
+    # Python's int conversion never leaks into a message.
+    answer = post_raw(client, path, json.dumps(huge).encode())
+    assert answer.json()["error"].startswith("input_ids[1]: 1180591620717411303424 is outside")
+    headers = {"content-type": "application/json", "inference-header-content-length": "abc"}
+    answer = client.post(path, content=json.dumps(outputs).encode(), headers=headers)
+    assert answer.status_code == 400
+    assert answer.json()["error"].startswith("Inference-Header-Content-Length: must be the byte")
     assert_others_unharmed(client, reference)
+
+
+def test_a_deadline_the_model_cannot_meet_is_refused_before_queueing(client, reference):
+    # 1 ms for a 256-token row: MiniLM needs several times that on any CPU.
+    ids = [101] + [7592] * 254 + [102]
+    answer = client.post("/predict", json={"input_ids": ids, "timeout_ms": 1})
+    assert answer.status_code == 422, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "timeout_ms" and "cannot be met" in error["message"], error
+    # A deadline it can meet is served.
+    answer = client.post("/predict", json={"input_ids": REFERENCE_IDS, "timeout_ms": 30_000})
+    assert answer.status_code == 200
+    assert_others_unharmed(client, reference)
+
+
+def test_repeated_malformed_bodies_leave_no_memory_behind(server, client):
+    # README (Guarantees): RSS grows with the largest batch run (ONNX Runtime's arena), never
+    # with refused requests. After one round to settle allocator pools, more rounds add nothing.
+    bodies = [
+        b'{"inputs": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",
+        json.dumps({"model": "x" * 2**20, "inputs": "x"}).encode(),
+        json.dumps({"inputs": ["ok", "a " * 1_950_000]}).encode(),
+        b'{"inputs": ["\\ud800"]}',
+    ]
+
+    def round_of_refusals() -> None:
+        for body in bodies * 5:
+            assert 400 <= post_raw(client, "/predict", body).status_code < 500
+
+    round_of_refusals()
+    settled = rss_mib(server.pid)
+    for _ in range(4):
+        round_of_refusals()
+    assert rss_mib(server.pid) - settled < 16, (settled, rss_mib(server.pid))
 
 
 def test_texts_over_the_character_bound_are_refused_before_tokenizing(client, reference):

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.aio as triton_grpc_aio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
@@ -124,11 +126,19 @@ def test_api_key_guards_inference_but_not_health():
             with pytest.raises(InferenceServerException, match="API key") as info:
                 client.get_model_config(DEFAULT_MODEL)
             assert info.value.status() == "StatusCode.UNAUTHENTICATED"
-            headers = {"authorization": f"Bearer {key}"}
+            headers = {"authorization": f"bearer {key}"}  # the scheme in any case
             config = client.get_model_config(DEFAULT_MODEL, headers=headers, as_json=True)
             assert config["config"]["name"] == DEFAULT_MODEL
         finally:
             client.close()
+        # Two keys in the metadata: refused, whichever comes first.
+        request = service_pb2.ModelConfigRequest(name=DEFAULT_MODEL)
+        twice = (("authorization", f"Bearer {key}"), ("authorization", "Bearer wrong"))
+        with grpc.insecure_channel(grpc_url) as channel, pytest.raises(grpc.RpcError) as error:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            stub.ModelConfig(request, metadata=twice, timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "2 Authorization headers" in error.value.details()
 
 
 @contextlib.contextmanager
@@ -136,3 +146,39 @@ def kserve_server_with_env(env: dict[str, str]):
     port = free_port()
     with ferry_server(server={"grpc_port": port}, env=env):
         yield f"127.0.0.1:{port}"
+
+
+def typed_request(datatype: str, **contents) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=DEFAULT_MODEL)
+    tensor = request.inputs.add(name="input_ids", datatype=datatype, shape=[1, 2])
+    for field, values in contents.items():
+        getattr(tensor.contents, field).extend(values)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_", "named"),
+    [
+        (typed_request("INT64", fp32_contents=[101.0, 7592.9]), "got fp32_contents"),
+        (typed_request("INT64", bool_contents=[True, False]), "got bool_contents"),
+        (typed_request("INT64", int_contents=[101, 102]), "got int_contents"),
+        (typed_request("INT32", int64_contents=[101, 102]), "got int64_contents"),
+        (typed_request("FP32", fp32_contents=[1.0, 2.0]), "datatype must be INT64"),
+    ],
+)
+def test_typed_contents_of_the_wrong_type_are_refused_naming_the_input(kserve, request_, named):
+    with grpc.insecure_channel(kserve.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request_, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details().startswith("input_ids:") and named in info.value.details()
+
+
+def test_raw_contents_that_are_not_whole_values_are_refused(kserve):
+    request = typed_request("INT64")
+    request.raw_input_contents.append(b"\x01" * 12)  # one and a half INT64s
+    with grpc.insecure_channel(kserve.grpc_url) as channel, pytest.raises(grpc.RpcError) as info:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not whole INT64 values" in info.value.details()

@@ -151,6 +151,23 @@ async def test_bad_tensors_are_422s_naming_the_input(client):
     assert "does not fit shape [1, 3]" in await refused(client, misfit)
 
 
+@in_module_loop
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ([101, 7592.9, 102], "input_ids[1]: INT64 data must be integers, got a float (7592.9)"),
+        ([101, "7592", 102], 'input_ids[1]: INT64 data must be integers, got a string ("7592")'),
+        ([101, True, 102], "input_ids[1]: INT64 data must be integers, got a boolean"),
+        ([101, -0.5, 102], "input_ids[1]: INT64 data must be integers, got a float (-0.5)"),
+        ([101, 2**70, 102], "input_ids[1]: 1180591620717411303424 is outside INT64's range"),
+        ([101, 2**63, 102], "input_ids[1]: 9223372036854775808 is outside INT64's range"),
+    ],
+)
+async def test_int64_data_that_is_not_integers_is_refused_naming_the_item(client, data, named):
+    tensor = {"name": "input_ids", "shape": [1, 3], "datatype": "INT64", "data": data}
+    assert (await refused(client, {"inputs": [tensor]})).startswith(named)
+
+
 def test_length_prefixed_bytes_round_trip_and_truncation_is_named():
     texts = ["", "é", "a" * 300]
     assert deserialize_bytes(length_prefixed(texts), "text").tolist() == [t.encode() for t in texts]

@@ -37,6 +37,8 @@ MESSAGES = [{"role": "user", "content": "hi"}]
         ("presence_penalty", 2.5),
         ("frequency_penalty", -2.1),
         ("repetition_penalty", 0.0),
+        ("seed", 2**63),
+        ("seed", -(2**63) - 1),
     ],
 )
 def test_out_of_range_values_name_their_field(field: str, value: float) -> None:
@@ -78,6 +80,30 @@ def test_completion_numbers_and_booleans_are_strict(field: str, value: object) -
     with pytest.raises(ValidationError) as err:
         CompletionRequest.model_validate({"model": "m", "prompt": "hi", field: value})
     assert err.value.errors()[0]["loc"] == (field,)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("temperature", float("nan"), "finite number"),
+        ("top_p", float("nan"), "finite number"),
+        ("temperature", float("inf"), "finite number"),
+        ("stop", ["s"] * 17, "at most 16 stop strings; got 17"),
+        ("stop", "s" * 257, "stop string 0 has 257 characters"),
+        ("stop", ["ok", ""], "stop string 1 has 0 characters"),
+    ],
+)
+def test_messages_say_what_is_wrong(field: str, value: object, says: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        CompletionRequest(model="m", prompt="x", **{field: value})
+    assert err.value.errors()[0]["loc"] == (field,)
+    assert says in err.value.errors()[0]["msg"]
+
+
+@pytest.mark.parametrize("seed", [-1, 0, 2**63 - 1, -(2**63)])
+def test_any_int64_seed_is_taken_as_vllm_and_openai_take_it(seed: int) -> None:
+    request = CompletionRequest(model="m", prompt="x", seed=seed, stop=["s"] * 16)
+    assert request.to_sampling(100).seed == seed
 
 
 def test_integers_still_pass_as_numbers() -> None:

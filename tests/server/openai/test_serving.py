@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, ModelNotFound, PromptTooLong
+from ferry.llm.errors import EngineOverloaded, InvalidSampling, ModelNotFound, PromptTooLong
 from ferry.llm.ortgenai import OrtGenAIEngine
 from ferry.llm.ortgenai_owner import OwnerLoop
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -335,3 +335,38 @@ async def test_guided_requests_are_counted_by_kind_and_their_tokens_timed(
     await asyncio.wait_for(serving.chat(chat_request(case, max_tokens=3)), WAIT_S)
     assert observer.structured == ["guided_choice"]
     assert len(observer.guided_gaps) < len(observer.gaps)
+
+
+async def test_requests_are_refused_whole_before_any_work(observer: RecordingObserver) -> None:
+    # Room for 3 generations: 1 running + 2 waiting.
+    engine = OrtGenAIEngine(ONNX_DIR, name=MODEL_NAME, max_running=1, max_waiting=2)
+    await engine.start()
+    serving = OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    assert engine.max_concurrent_generations == 3
+
+    def completion(prompts: int, n: int) -> CompletionRequest:
+        fields = {"model": MODEL_NAME, "prompt": ["def"] * prompts, "n": n, "max_tokens": 4}
+        return CompletionRequest.model_validate(fields)
+
+    try:
+        # Bigger than the engine could ever hold: a 400 naming the field, nothing started.
+        for prompts, n, param in ((4, 1, "prompt"), (2, 2, "n"), (4, 2, "prompt")):
+            with pytest.raises(InvalidSampling) as refused:
+                await serving.completion(completion(prompts, n))
+            assert refused.value.field == param
+        assert observer.finished == []
+        # One generation holds a slot: a request for all 3 is refused whole, none of its own
+        # generations started (they would have been aborted, not rejected).
+        case = {"messages": [{"role": "user", "content": "count to nine"}]}
+        running = await serving.chat_stream(chat_request(case, max_tokens=1000))
+        assert (await asyncio.wait_for(anext(running), WAIT_S)).startswith("data: ")
+        with pytest.raises(EngineOverloaded, match="needs 3"):
+            await serving.completion(completion(3, 1))
+        assert [reason for reason, _, _ in observer.finished] == ["rejected"] * 3
+        assert engine.stats().running + engine.stats().waiting == 1
+        await running.aclose()
+        # Once the slot is free the same request fits: the 429 was one a retry gets past.
+        answer = await asyncio.wait_for(serving.completion(completion(3, 1)), WAIT_S)
+        assert len(answer.choices) == 3
+    finally:
+        await engine.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import numpy as np
@@ -146,13 +147,22 @@ def test_oversized_body_gets_413(server):
     assert "limit" in response.json()["error"]["message"]
 
 
-def test_passed_deadline_gets_504(server):
-    response = httpx.post(
-        f"{server.url}/predict", json={"input_ids": random_ids(128), "timeout_ms": 0.001}
-    )
-    assert response.status_code == 504
+def test_a_deadline_that_passes_after_admission_gets_504(server):
+    row = random_ids(256)
+    started = time.perf_counter()
+    assert httpx.post(f"{server.url}/predict", json={"input_ids": row}).status_code == 200
+    one_row_s = time.perf_counter() - started
+    # One row's whole round trip clears the "cannot be met" floor (half one row's compute);
+    # 32 such rows cannot fit in it, so this one is admitted and then runs late.
+    body = {"input_ids": [row] * 32, "timeout_ms": 1000 * one_row_s}
+    response = httpx.post(f"{server.url}/predict", json=body, timeout=60)
+    assert response.status_code == 504, response.text
     assert response.json()["error"]["type"] == "timeout_error"
     assert metric_value(server.metrics(), "ferry_rejections_total", reason="deadline") >= 1
+    # A deadline already past on arrival is refused before queueing instead.
+    body = {"input_ids": random_ids(128), "timeout_ms": 0.001}
+    response = httpx.post(f"{server.url}/predict", json=body)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "timeout_ms"
 
 
 def test_models_health_and_docs(server):
