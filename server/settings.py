@@ -144,6 +144,15 @@ class LLMSettings(_Strict):
     max_running: int | None = Field(default=None, ge=1)
     max_waiting: int = Field(default=64, ge=0)
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    # Prefix reuse (vLLM's automatic prefix caching): a prompt sharing a prefix with a recent one
+    # computes only the rest. ortgenai: finished generators kept within prefix_cache_bytes of KV
+    # buffers, least recently used evicted first; vllm: enable_prefix_caching.
+    prefix_cache: bool = True
+    prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)  # ortgenai only
+    prefill_chunk: int = Field(default=256, ge=0)  # ortgenai: prompt tokens per turn; 0: whole
+    # vllm only: its batch-invariant kernels (VLLM_BATCH_INVARIANT=1), so greedy text does not
+    # depend on what else runs. ortgenai is batch-invariant by construction (batch-1 generators).
+    batch_invariant: bool = False
     # LoRA adapters, each served as a model of its own name (ortgenai: an .onnx_adapter file for
     # a model exported with LoRA inputs; vllm: a peft folder). max_adapters: loaded at once, also
     # vLLM's max_loras. adapter_dir: POST /v1/load_lora_adapter loads only from inside it (unset:
