@@ -10,7 +10,8 @@ Why batch 1 (measured on 2 CPU cores, SmolLM2-135M int4; README "onnxruntime-gen
   cache (ortgenai_prefix.py) and rewound (`rewind_to`) for the next prompt that shares a prefix.
 
 One turn (`step`) gives every running request one unit of work: the next chunk of its prompt
-(`prefill_chunk` tokens, so a long prompt does not stall the streams already decoding) or one
+(`prefill_chunk` tokens, so a long prompt does not stall the streams already decoding; never a
+piece of one token, which the CPU kernels compute differently, see ortgenai_prefix.py) or one
 new token. The last prompt chunk is followed at once by the first token (og samples it from the
 logits the chunk left), so a request's first token comes within its prompt's chunks' turns.
 
@@ -85,7 +86,7 @@ class GeneratorLane:
         self._eos_ids = eos_ids
         self._context = context
         self.cache = cache  # None: prefix reuse is off
-        self._chunk = prefill_chunk  # 0: a whole prompt in one piece
+        self._chunk = prefill_chunk  # 0: a whole prompt in one piece; else at least 2
         self.jobs: list[Any] = []  # the owner loop's jobs running here, in admission order
 
     def load(self, key: str, path: Path) -> None:
@@ -117,7 +118,7 @@ class GeneratorLane:
             generator = self._new_generator(options, max_length, adapter)
         job.generator, job.max_length, job.options = generator, max_length, key
         job.cacheable, job.cached_tokens = cacheable, reused
-        job.tokens = list(prompt_ids[:reused])  # tokens whose keys and values are computed
+        job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are computed
         job.pending = list(prompt_ids[reused:])
         if sampling.echo:  # every prompt position's logits: one piece, now
             self._feed(job, len(job.pending))
@@ -135,6 +136,8 @@ class GeneratorLane:
         return generator
 
     def _feed(self, job: Any, count: int) -> None:
+        if len(job.pending) - count == 1:
+            count -= 1  # leave two for the last piece: a piece of one runs other kernels
         piece, job.pending = job.pending[:count], job.pending[count:]
         job.generator.append_tokens(np.asarray(piece, dtype=np.int32))
         job.tokens += piece
@@ -161,12 +164,9 @@ class GeneratorLane:
                     self._feed(job, self._chunk or len(job.pending))
                     if job.pending:
                         continue
-                elif job.generated:
-                    job.tokens.append(job.last_token)  # the next step computes its KV
                 row = None if top is None else log_softmax(generator.get_logits()[0, -1])
                 generator.generate_next_token()
                 token = int(generator.get_next_tokens()[0])
-                job.last_token = token
                 job.logprob = None if row is None else token_logprob(row, token, top)
             except Exception as exc:  # this request failed; the others go on
                 yield job, None, None, exc

@@ -62,7 +62,6 @@ class Job:
     # Lane state: see GeneratorLane.begin.
     tokens: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
-    last_token: int = 0
     max_length: int = 0
     options: Any = None
     cacheable: bool = False

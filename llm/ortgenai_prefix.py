@@ -11,6 +11,12 @@ evicted least recently used first to stay within the byte budget. A generator ca
 only if its `max_length` covers the new prompt plus max_tokens, so lengths are rounded up to
 buckets (`kv_length`) that leave a chat's next turn room to reuse it.
 
+Same greedy text with or without a hit: onnxruntime's CPU kernels give bit-identical keys, values
+and logits for a prompt fed in pieces of any length >= 2 (measured: whole, chunks of 2, 3, 7, 16,
+a tail of 2 or 3), but not for a piece of ONE token, which takes the decode kernels (logits off
+by up to 1.0). So only keys and values computed from prompt pieces are kept (a generated token
+was computed alone), and a hit leaves at least TAIL tokens of the new prompt to run.
+
 Counters follow vLLM's `prefix_cache_queries` / `prefix_cache_hits`: prompt tokens looked up, and
 those found. Pure Python (generators are opaque objects here): tested without a model.
 """
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MIN_KV_LENGTH = 512  # the smallest bucket: short chats' next turns still fit
+TAIL = 2  # prompt tokens a hit still runs: never one alone (see the module docstring)
 
 
 def kv_length(need: int, context: int) -> int:
@@ -43,7 +50,7 @@ def kv_bytes_per_token(decoder: dict[str, Any], dtype_bytes: int = 4) -> int:
 @dataclass
 class CachedGenerator:
     generator: Any
-    tokens: list[int]  # the tokens whose keys and values the generator holds, in order
+    tokens: list[int]  # prompt tokens whose keys and values the generator holds, in order
     max_length: int
     options: Hashable  # search options fixed at creation: only a request with equal ones fits
 
@@ -82,22 +89,21 @@ class PrefixCache:
     ) -> tuple[CachedGenerator | None, int]:
         """The idle generator sharing the longest prefix with `prompt` that fits (`need` tokens,
         equal options), removed from the cache, and how many prompt tokens it saves: at most
-        len(prompt) - 1, since the last prompt token must run to give the next token's logits."""
+        len(prompt) - TAIL, so that what runs is computed exactly as without the cache."""
         self.queries += len(prompt)
         best_key, best = None, 0
         for key, entry in self._entries.items():
             if entry.max_length < need or entry.options != options:
                 continue
-            shared = common_prefix(entry.tokens, prompt)
+            shared = min(common_prefix(entry.tokens, prompt), len(prompt) - TAIL)
             if shared > best:
                 best_key, best = key, shared
         if best_key is None:
             return None, 0
         entry = self._entries.pop(best_key)
         self.used_bytes -= self.cost(entry.max_length)
-        reused = min(best, len(prompt) - 1)
-        self.hits += reused
-        return entry, reused
+        self.hits += best
+        return entry, best
 
     def put(self, entry: CachedGenerator) -> None:
         """Park an idle generator as the most recent; evict the oldest beyond the budget."""

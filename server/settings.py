@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from ferry.batcher.policy import BatchLimits
 
@@ -141,7 +149,7 @@ class LLMSettings(_Strict):
     # ortgenai: an onnxruntime-genai model folder (CPU); vllm: a Hugging Face folder (GPU hosts).
     engine: Literal["ortgenai", "vllm"] = "ortgenai"
     path: Path
-    max_running: int | None = Field(default=None, ge=1)
+    max_running: int | None = Field(default=None, ge=1)  # None: the engine's default (16)
     max_waiting: int = Field(default=64, ge=0)
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
     # Prefix reuse (vLLM's automatic prefix caching): a prompt sharing a prefix with a recent one
@@ -170,6 +178,13 @@ class LLMSettings(_Strict):
         if len(self.adapters) > self.max_adapters:
             raise ValueError(f"{len(self.adapters)} adapters but max_adapters={self.max_adapters}")
         return self
+
+    @field_validator("prefill_chunk")
+    @classmethod
+    def _check_prefill_chunk(cls, value: int) -> int:
+        if value == 1:  # a one-token piece runs other CPU kernels: greedy text would change
+            raise ValueError("prefill_chunk must be 0 (whole prompts) or at least 2")
+        return value
 
 
 class Settings(_Strict):
