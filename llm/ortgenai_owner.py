@@ -175,8 +175,11 @@ class OwnerLoop:
         for job, token, finish, error in self.lane.step():
             if error is not None:
                 self._finish(job, GenerationFailed(f"generation failed: {error}"))
-            else:
-                self._advance(job, token, finish)
+                continue
+            first = job.generated == 0
+            self._advance(job, token, finish)
+            if first:  # a first token goes out now, not after the rest of the turn's prefills
+                self._flush()
         self._publish_counts()
 
     def _advance(self, job: Job, token: int | None, finish: FinishReason | None) -> None:
