@@ -43,7 +43,8 @@ def adapter_key(name: str, adapter_id: int) -> str:
 
 def search_options(sampling: SamplingSettings) -> dict[str, Any]:
     """og search options for `sampling`, except max_length: the one place sampling settings
-    become GeneratorParams options (penalties and the like belong here too)."""
+    become GeneratorParams search options (penalties such as `repetition_penalty` belong here).
+    They also key the prefix cache: a parked generator serves only equal options."""
     options: dict[str, Any] = {}
     if sampling.greedy:
         options["do_sample"] = False
@@ -61,7 +62,8 @@ def search_options(sampling: SamplingSettings) -> dict[str, Any]:
 def reusable(adapter: str | None, sampling: SamplingSettings) -> bool:
     """Whether a request may take a cached generator and leave its own behind. Not with an
     adapter (bound to the generator), a seed (its random stream must start fresh) or `echo`
-    (it needs every prompt position's logits, computed in one piece)."""
+    (it needs every prompt position's logits, computed in one piece). Guided decoding set on the
+    GeneratorParams (`set_guidance`) is bound to the generator too: such requests belong here."""
     return adapter is None and sampling.seed is None and not sampling.echo
 
 
@@ -130,6 +132,7 @@ class GeneratorLane:
         og = self._og
         params = og.GeneratorParams(self._model)
         params.set_search_options(max_length=max_length, **options)
+        # Anything else bound to GeneratorParams (guided decoding) is applied here, once.
         generator = og.Generator(self._model, params)
         if adapter is not None:
             generator.set_active_adapter(self._adapters, adapter)  # before any token goes in
