@@ -117,7 +117,7 @@ class GeneratorLane:
             generator, max_length = entry.generator, entry.max_length
         else:
             max_length = kv_length(need, self._context) if cacheable else need
-            generator = self._new_generator(options, max_length, adapter)
+            generator = self._new_generator(sampling, options, max_length, adapter)
         job.generator, job.max_length, job.options = generator, max_length, key
         job.cacheable, job.cached_tokens = cacheable, reused
         job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are computed
@@ -128,11 +128,17 @@ class GeneratorLane:
             job.prompt_logprobs = prompt_logprobs(logits, prompt_ids, sampling.logprobs or 0)
         self.jobs.append(job)
 
-    def _new_generator(self, options: dict[str, Any], max_length: int, adapter: str | None):
+    def _new_generator(
+        self,
+        sampling: SamplingSettings,
+        options: dict[str, Any],
+        max_length: int,
+        adapter: str | None,
+    ) -> Any:
         og = self._og
         params = og.GeneratorParams(self._model)
         params.set_search_options(max_length=max_length, **options)
-        # Anything else bound to GeneratorParams (guided decoding) is applied here, once.
+        # Anything else `sampling` binds to GeneratorParams (guided decoding) goes here, once.
         generator = og.Generator(self._model, params)
         if adapter is not None:
             generator.set_active_adapter(self._adapters, adapter)  # before any token goes in
