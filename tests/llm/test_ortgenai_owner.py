@@ -23,6 +23,13 @@ QUESTIONS = (
     "What do bees make?",
     "How many legs does a spider have?",
 )
+# Greedy answers of at least 150 tokens (measured), so none can end before the test looks.
+LONG_TASKS = (
+    "Write a long story about a dragon.",
+    "Write a detailed essay on the history of Rome.",
+    "Explain in detail how computers work.",
+    "Write a long poem about the ocean.",
+)
 GREEDY = SamplingSettings(max_tokens=12, temperature=0.0)
 
 
@@ -56,8 +63,9 @@ async def test_a_request_arriving_while_four_decode_starts_before_any_finishes(
     events: list[str] = []
     long = SamplingSettings(max_tokens=400, temperature=0.0)
 
-    async def consume(name: str, question: str, sampling: SamplingSettings) -> None:
-        async with aclosing(engine.generate(name, chat_ids(engine, question), sampling)) as it:
+    async def consume(name: str, task: str, sampling: SamplingSettings) -> None:
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": task}])
+        async with aclosing(engine.generate(name, prompt, sampling)) as it:
             async for delta in it:
                 if delta.token_count and f"{name} first" not in events:
                     events.append(f"{name} first")
@@ -67,9 +75,15 @@ async def test_a_request_arriving_while_four_decode_starts_before_any_finishes(
                     return  # seen its first token: the test has what it needs
 
     try:
-        decoding = [asyncio.create_task(consume(f"r{i}", q, long)) for i, q in enumerate(QUESTIONS)]
-        while sum(e.endswith("first") for e in events) < 4:  # all four are decoding
-            await asyncio.sleep(0.001)
+        decoding = [
+            asyncio.create_task(consume(f"r{i}", t, long)) for i, t in enumerate(LONG_TASKS)
+        ]
+
+        async def four_decoding() -> None:
+            while sum(e.endswith("first") for e in events) < 4:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(four_decoding(), WAIT_S)
         await asyncio.wait_for(consume("late", "Say hello.", GREEDY), WAIT_S)
         assert "late first" in events
         assert not any(e.endswith("done") for e in events)  # none of the four has finished
@@ -143,8 +157,12 @@ async def test_waiting_requests_start_lowest_priority_first() -> None:
         hold = engine.generate("hold", prompt, SamplingSettings(max_tokens=400))
         await asyncio.wait_for(anext(hold), WAIT_S)  # the only running slot is taken
         tasks = [asyncio.create_task(run(n, p)) for n, p in (("low", 5), ("high", 0), ("mid", 2))]
-        while engine.stats().waiting < 3:
-            await asyncio.sleep(0.001)
+
+        async def three_waiting() -> None:
+            while engine.stats().waiting < 3:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(three_waiting(), WAIT_S)
         await hold.aclose()
         await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
     finally:
