@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,10 +142,10 @@ async def test_a_chat_turn_reuses_the_previous_turn(real_model: Path) -> None:
         await cold.close()
 
 
-async def test_waiting_requests_start_lowest_priority_first() -> None:
+async def test_waiting_requests_start_lowest_priority_first(reference: dict[str, Any]) -> None:
     engine = await started(ONNX_DIR, max_running=1)
     order: list[str] = []
-    prompt = engine.tokenizer.encode("def f(x):")
+    prompt = engine.tokenizer.encode(reference["cases"][1]["prompt"])  # greedy: no early end
 
     async def run(name: str, priority: int) -> None:
         deltas = engine.generate(name, prompt, SamplingSettings(max_tokens=2), priority=priority)
@@ -154,7 +155,7 @@ async def test_waiting_requests_start_lowest_priority_first() -> None:
                     order.append(name)
 
     try:
-        hold = engine.generate("hold", prompt, SamplingSettings(max_tokens=400))
+        hold = engine.generate("hold", prompt, SamplingSettings(max_tokens=400, temperature=0))
         await asyncio.wait_for(anext(hold), WAIT_S)  # the only running slot is taken
         tasks = [asyncio.create_task(run(n, p)) for n, p in (("low", 5), ("high", 0), ("mid", 2))]
 
