@@ -104,7 +104,9 @@ class LlamaServer(Server):
         }
 
     def parse(self, events: list[dict]) -> tuple[str, int]:
-        return "".join(e.get("content", "") for e in events), events[-1]["tokens_predicted"]
+        text = "".join(e.get("content", "") for e in events)
+        counted = sum(1 for e in events if not e.get("stop"))  # one event per token otherwise
+        return text, events[-1].get("tokens_predicted", counted)
 
 
 async def run_cell(
