@@ -134,7 +134,10 @@ async def run_cell(
         cell.tokens += tokens
         cell.texts[index] = text
 
-    async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+    # A new connection per request, for both: llama-server closes a connection after a stream,
+    # and a pooled one reused after that fails with "Server disconnected".
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, timeout=300, limits=no_reuse) as client:
         started = time.perf_counter()
         await asyncio.gather(*(one(client, i) for i in range(len(prompts))))
         cell.seconds = time.perf_counter() - started
