@@ -112,6 +112,9 @@ class GenerationDelta:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when sampling.logprobs is set
     # On the first delta when sampling.echo: one per prompt token (None for the first).
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # On the first delta, from engines that know: prompt tokens whose computation was reused
+    # from an earlier request (prefix cache), OpenAI's usage.prompt_tokens_details.cached_tokens.
+    cached_tokens: int | None = None
 
 
 def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationDelta:
@@ -122,6 +125,7 @@ def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationD
         finish_reason=second.finish_reason,
         logprobs=first.logprobs + second.logprobs,
         prompt_logprobs=first.prompt_logprobs or second.prompt_logprobs,
+        cached_tokens=second.cached_tokens if first.cached_tokens is None else first.cached_tokens,
     )
 
 
@@ -129,6 +133,9 @@ def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationD
 class EngineStats:
     running: int  # requests inside the runtime
     waiting: int  # admitted, queued in front of the runtime
+    # Prefix cache counters since start, in prompt tokens (vLLM's prefix_cache_queries/hits).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class LLMEngine(Protocol):

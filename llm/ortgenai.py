@@ -1,16 +1,13 @@
-"""onnxruntime-genai engine: one owner thread drives `og.Engine`; asyncio callers get deltas.
+"""onnxruntime-genai engine: one owner thread drives the runtime; asyncio callers get deltas.
 
-onnxruntime-genai's Engine must be used only from the thread that created it, so every call into
+onnxruntime-genai objects are used only from the thread that created them, so every call into
 it happens on one dedicated thread (ortgenai_owner.py) fed by a `queue.Queue` of commands. Deltas
 go back to the event loop with `loop.call_soon_threadsafe` into one asyncio queue per request.
 
-Batching: on CPU (and any model built without paged attention) og.Engine uses its *static* batch
-path: up to `configured_max_batch_size` requests run together and a finished request leaves at
-once, but new requests join only when the whole batch has drained. A model built with
-`use_paged_attention` (CUDA, fp16/bf16) gets true continuous batching with the same code.
-Stop strings are matched by Ferry (ortgenai_owner.py), since og.Engine supports them only on the
-dynamic path.
-Requests on a LoRA adapter run beside the engine on generators of their own (ortgenai_lora.py).
+Scheduling: every request runs on its own batch-1 `og.Generator` (ortgenai_lora.py), all stepped
+in turn, so a new request starts on the next turn (up to `max_running`), greedy text does not
+depend on what else runs, and a finished generator's KV state is kept for the next prompt that
+shares its prefix (ortgenai_prefix.py). Stop strings are matched by Ferry (stops.py).
 """
 
 from __future__ import annotations
@@ -29,7 +26,15 @@ from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings, merge
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
 from ferry.llm.ortgenai_lora import adapter_key
-from ferry.llm.ortgenai_owner import STOP, AbortRequest, AddRequest, OwnerCall, OwnerLoop
+from ferry.llm.ortgenai_owner import (
+    STOP,
+    AbortRequest,
+    AddRequest,
+    EngineOptions,
+    OwnerCall,
+    OwnerLoop,
+)
+from ferry.llm.ortgenai_prefix import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,9 @@ class OrtGenAIEngine:
         name: str = "tiny-llm",
         max_running: int | None = None,
         max_waiting: int = 64,
+        prefix_cache: bool = True,
+        prefix_cache_bytes: int = EngineOptions.prefix_cache_bytes,
+        prefill_chunk: int = EngineOptions.prefill_chunk,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
         special_tokens_in_content: bool = False,
@@ -60,13 +68,19 @@ class OrtGenAIEngine:
         )
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
-        self._engine_config: dict[str, Any] = genai_config.get("engine", {})
+        self._kv_bytes_per_token = kv_bytes_per_token(genai_config["model"]["decoder"])
+        self._options = EngineOptions(
+            max_running=max_running or EngineOptions.max_running,
+            prefix_cache=prefix_cache,
+            prefix_cache_bytes=prefix_cache_bytes,
+            prefill_chunk=prefill_chunk,
+        )
         eos = genai_config["model"].get("eos_token_id", [])
         self._eos_ids = set(eos) if isinstance(eos, list) else {eos}
         self._initial_adapters = dict(adapters or {})
         self._adapters = AdapterTable(max_adapters)
         self._calls: set[asyncio.Future[None]] = set()  # owner-thread calls awaiting an answer
-        self._max_running = max_running  # None: the runtime's own batch size, read at start
+        self._max_running = self._options.max_running
         self._max_waiting = max_waiting
         self._commands: queue.Queue[object] = queue.Queue()
         self._streams: dict[str, asyncio.Queue[GenerationDelta | Exception]] = {}
@@ -77,6 +91,7 @@ class OrtGenAIEngine:
         # Written by the owner thread only; plain ints are safe to read anywhere.
         self._running = 0
         self._waiting = 0
+        self._cache_counts = (0, 0)  # prefix cache (queries, hits) in tokens
         self._outbox: list[tuple[str, GenerationDelta | Exception]] = []  # owner thread only
 
     # -- lifecycle --------------------------------------------------------------------------------
@@ -107,7 +122,8 @@ class OrtGenAIEngine:
         return alive and self._failure is None and not self._closing
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=self._running, waiting=self._waiting)
+        queries, hits = self._cache_counts
+        return EngineStats(self._running, self._waiting, queries, hits)
 
     # -- requests (event-loop thread) -------------------------------------------------------------
 
@@ -119,6 +135,7 @@ class OrtGenAIEngine:
         adapter: str | None = None,
         priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
+        """`priority`: waiting requests start lowest first (vLLM's priority scheduling)."""
         if not self.is_ready():
             raise EngineDead(f"engine {self.name} is not running") from self._failure
         if request_id in self._streams:
@@ -202,7 +219,7 @@ class OrtGenAIEngine:
 
     @property
     def _capacity(self) -> int:
-        return (self._max_running or 0) + self._max_waiting
+        return self._max_running + self._max_waiting
 
     def _deliver(self, request_id: str, item: GenerationDelta | Exception) -> None:
         """Owner thread: queue an item for the event loop; `_flush` sends them."""
@@ -242,14 +259,14 @@ class OrtGenAIEngine:
             worker = OwnerLoop(
                 og,
                 model,
-                self._engine_config,
-                self._max_running,
+                self._options,
+                self.max_context_tokens,
+                self._kv_bytes_per_token,
                 self._eos_ids,
                 self._deliver,
                 self._set_counts,
                 self._flush,
             )
-            self._max_running = worker.max_running
         except BaseException as exc:
             self._failure = exc
             loop.call_soon_threadsafe(_set_exception, started, EngineDead(f"load failed: {exc}"))
@@ -267,8 +284,10 @@ class OrtGenAIEngine:
             worker.release()  # og objects are freed on the thread that owns them
             self._set_counts(0, 0)
 
-    def _set_counts(self, running: int, waiting: int) -> None:
+    def _set_counts(self, running: int, waiting: int, cache: tuple[int, int] = (0, 0)) -> None:
         self._running, self._waiting = running, waiting
+        if cache != (0, 0):
+            self._cache_counts = cache
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

@@ -1,21 +1,31 @@
-"""LoRA requests on onnxruntime-genai: one `og.Generator` each, on the engine's owner thread.
+"""Every request on its own batch-1 `og.Generator`, stepped round-robin on the owner thread.
 
-onnxruntime-genai 0.18 selects adapters only per Generator (`set_active_adapter`); its batching
-`og.Engine` takes none. An adapter is a set of tensors bound to the model's LoRA inputs for a
-whole session run, so requests on different adapters cannot share a step. Each adapter request
-therefore runs on its own Generator, stepped one token per owner-loop turn, round-robin with
-the engine's batched base step: every running request, base or adapter, advances once per turn,
-so none starves. The model must be exported with LoRA inputs (tools/build_tiny_lora.py).
+Why batch 1 (measured on 2 CPU cores, SmolLM2-135M int4; README "onnxruntime-genai engine"):
+- og.Engine's CPU path is a static batch: a new request waits for the whole batch to drain, and
+  its padded batched kernels give a different greedy text at 4 or 8 streams than at 1. Stepping
+  one generator per request in turn gave the same aggregate tokens/s on this CPU (decode is
+  bound by weight reads either way), lets a request join on the next turn, and makes greedy text
+  independent of load by construction: each request's arithmetic is the same whoever else runs.
+- A generator keeps its keys and values after it finishes, so it can be parked in the prefix
+  cache (ortgenai_prefix.py) and rewound (`rewind_to`) for the next prompt that shares a prefix.
 
-Requests that ask for log probabilities (`logprobs`, `echo`) run here too, with or without an
-adapter, because only a Generator exposes logits: the prompt's (every position, after
-`append_tokens`) and the last position's before each new token. Their log-softmax, the model's
-own distribution before temperature or top-p, is noted on the job for the owner loop's delta.
+One turn (`step`) gives every running request one unit of work: the next chunk of its prompt
+(`prefill_chunk` tokens, so a long prompt does not stall the streams already decoding; never a
+piece of one token, which the CPU kernels compute differently, see ortgenai_prefix.py) or one
+new token. The last prompt chunk is followed at once by the first token (og samples it from the
+logits the chunk left), so a request's first token comes within its prompt's chunks' turns.
+
+LoRA: onnxruntime-genai 0.18 selects adapters only per Generator (`set_active_adapter`), before
+any token goes in; such generators are not reused across requests, so unloading is never held up
+by the cache. The model must be exported with LoRA inputs (tools/build_tiny_lora.py).
+Log probabilities come from the generator's logits: the prompt's (every position, after one
+whole `append_tokens`, for `echo`) and the last position's before each new token; the model's
+own distribution before temperature or top-p, noted on the job for the owner loop's delta.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +34,7 @@ import numpy as np
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.guidance import apply_guidance
 from ferry.llm.logprobs import log_softmax, prompt_logprobs, token_logprob
+from ferry.llm.ortgenai_prefix import CachedGenerator, PrefixCache, kv_length
 
 
 def adapter_key(name: str, adapter_id: int) -> str:
@@ -31,15 +42,62 @@ def adapter_key(name: str, adapter_id: int) -> str:
     return f"{name}#{adapter_id}"
 
 
-class GeneratorLane:
-    """Adapter requests, each on its own og.Generator. Lives and dies on the owner thread."""
+def search_options(sampling: SamplingSettings) -> dict[str, Any]:
+    """og search options for `sampling`, except max_length: the one place sampling settings
+    become GeneratorParams search options (penalties such as `repetition_penalty` belong here).
+    They also key the prefix cache: a parked generator serves only equal options."""
+    options: dict[str, Any] = {}
+    if sampling.greedy:
+        options["do_sample"] = False
+    else:  # OpenAI semantics: nucleus only (top_k 0), no implicit top-k from the config
+        options.update(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0
+        )
+    if sampling.seed is not None:
+        # og's random_seed is a C int where -1 means unseeded; OpenAI's seed is any int64:
+        # folded into [0, 2**31), still one stream per seed.
+        options["random_seed"] = sampling.seed % 2**31
+    if sampling.repetition_penalty != 1.0:
+        options["repetition_penalty"] = sampling.repetition_penalty
+    return options
 
-    def __init__(self, og: Any, model: Any, max_running: int, eos_ids: set[int]) -> None:
+
+def reusable(adapter: str | None, sampling: SamplingSettings) -> bool:
+    """Whether a request may take a cached generator and leave its own behind. Not with an
+    adapter (bound to the generator), a seed (its random stream must start fresh) or `echo`
+    (it needs every prompt position's logits, computed in one piece), nor under a grammar: the
+    guidance set on the GeneratorParams stays bound to the generator, and its matcher state would
+    follow it to the next request."""
+    return (
+        adapter is None
+        and sampling.seed is None
+        and not sampling.echo
+        and sampling.guidance is None
+    )
+
+
+class GeneratorLane:
+    """Running requests, each on its own og.Generator. Lives and dies on the owner thread."""
+
+    def __init__(
+        self,
+        og: Any,
+        model: Any,
+        max_running: int,
+        eos_ids: set[int],
+        *,
+        context: int,
+        cache: PrefixCache | None = None,
+        prefill_chunk: int = 0,
+    ) -> None:
         self._og = og
         self._model = model
         self._adapters = og.Adapters(model)
         self.max_running = max_running
         self._eos_ids = eos_ids
+        self._context = context
+        self.cache = cache  # None: prefix reuse is off
+        self._chunk = prefill_chunk  # 0: a whole prompt in one piece; else at least 2
         self.jobs: list[Any] = []  # the owner loop's jobs running here, in admission order
 
     def load(self, key: str, path: Path) -> None:
@@ -53,46 +111,77 @@ class GeneratorLane:
 
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
-    ):
+    ) -> None:
+        """Give `job` a generator: a cached one sharing a prefix, or a new one. Its prompt (the
+        part not already computed) goes in over the next turns (`step`)."""
+        options = search_options(sampling)
+        key: Hashable = tuple(sorted(options.items()))
+        need = len(prompt_ids) + sampling.max_tokens
+        cacheable = self.cache is not None and reusable(adapter, sampling)
+        entry, reused = (None, 0)
+        if cacheable:
+            entry, reused = self.cache.take(prompt_ids, need, key)  # type: ignore[union-attr]
+        if entry is not None:
+            entry.generator.rewind_to(reused)
+            generator, max_length = entry.generator, entry.max_length
+        else:
+            max_length = kv_length(need, self._context) if cacheable else need
+            generator = self._new_generator(sampling, options, max_length, adapter)
+        job.generator, job.max_length, job.options = generator, max_length, key
+        job.cacheable, job.cached_tokens = cacheable, reused
+        job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are computed
+        job.pending = list(prompt_ids[reused:])
+        if sampling.echo:  # every prompt position's logits: one piece, now
+            self._feed(job, len(job.pending))
+            logits = generator.get_output("logits")[0]
+            job.prompt_logprobs = prompt_logprobs(logits, prompt_ids, sampling.logprobs or 0)
+        self.jobs.append(job)
+
+    def _new_generator(
+        self,
+        sampling: SamplingSettings,
+        options: dict[str, Any],
+        max_length: int,
+        adapter: str | None,
+    ) -> Any:
         og = self._og
         params = og.GeneratorParams(self._model)
-        options: dict[str, Any] = {"max_length": len(prompt_ids) + sampling.max_tokens}
-        if sampling.greedy:
-            options["do_sample"] = False
-        else:  # OpenAI semantics: nucleus only (top_k 0), as on the engine path
-            options.update(
-                do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0
-            )
-        if sampling.seed is not None:
-            # og's random_seed is a C int where -1 means unseeded; OpenAI's seed is any int64
-            # (the engine path takes it whole): folded into [0, 2**31), still one stream per seed.
-            options["random_seed"] = sampling.seed % 2**31
-        if sampling.repetition_penalty != 1.0:
-            options["repetition_penalty"] = sampling.repetition_penalty
-        params.set_search_options(**options)
-        apply_guidance(params, sampling.guidance)
+        params.set_search_options(max_length=max_length, **options)
+        apply_guidance(params, sampling.guidance)  # bound to this generator for its life
         generator = og.Generator(self._model, params)
         if adapter is not None:
             generator.set_active_adapter(self._adapters, adapter)  # before any token goes in
-        generator.append_tokens(np.asarray(prompt_ids, dtype=np.int32))
-        if sampling.echo:
-            logits = generator.get_output("logits")[0]
-            job.prompt_logprobs = prompt_logprobs(logits, prompt_ids, sampling.logprobs or 0)
-        job.generator = generator
-        self.jobs.append(job)
+        return generator
 
-    def remove(self, job: Any) -> None:
-        if job.generator is not None:
-            self.jobs.remove(job)
-            job.generator = None  # freed here, on the owner thread: releases the adapter too
+    def _feed(self, job: Any, count: int) -> None:
+        if len(job.pending) - count == 1:
+            count -= 1  # leave two for the last piece: a piece of one runs other kernels
+        piece, job.pending = job.pending[:count], job.pending[count:]
+        job.generator.append_tokens(np.asarray(piece, dtype=np.int32))
+        job.tokens += piece
+
+    def remove(self, job: Any, reuse: bool = False) -> None:
+        """Take `job` off the lane; with `reuse`, park its generator in the prefix cache."""
+        if job.generator is None:
+            return
+        self.jobs.remove(job)
+        generator, job.generator = job.generator, None
+        if reuse and job.cacheable and self.cache is not None:
+            entry = CachedGenerator(generator, job.tokens, job.max_length, job.options)
+            self.cache.put(entry)
+        # otherwise freed here, on the owner thread (an adapter's generator releases it too)
 
     def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
-        """One token for every running adapter request: (job, token or None, finish reason or
-        None, error or None)."""
+        """One unit of work for every running request: (job, token or None, finish reason or
+        None, error or None); a turn spent on a prompt chunk yields nothing for its job."""
         for job in list(self.jobs):
             generator = job.generator
             top = job.add.sampling.logprobs
             try:
+                if job.pending:
+                    self._feed(job, self._chunk or len(job.pending))
+                    if job.pending:
+                        continue
                 row = None if top is None else log_softmax(generator.get_logits()[0, -1])
                 generator.generate_next_token()
                 token = int(generator.get_next_tokens()[0])
@@ -100,7 +189,7 @@ class GeneratorLane:
             except Exception as exc:  # this request failed; the others go on
                 yield job, None, None, exc
                 continue
-            if token in self._eos_ids:  # og.Engine does not count or emit it either
+            if token in self._eos_ids:  # not counted or emitted, as OpenAI servers do
                 yield job, None, "stop", None
             elif generator.is_done() or job.generated + 1 >= job.add.sampling.max_tokens:
                 yield job, token, "length", None
@@ -110,4 +199,6 @@ class GeneratorLane:
     def release(self) -> None:
         for job in list(self.jobs):
             self.remove(job)
+        if self.cache is not None:
+            self.cache.clear()
         del self._adapters, self._model

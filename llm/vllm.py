@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,7 @@ class VLLMEngine:
         self._initial_adapters = dict(adapters or {})
         self._adapters = AdapterTable(max_adapters)
         self._lora_requests: dict[int, Any] = {}  # adapter id (vLLM's lora_int_id) -> LoRARequest
+        self._cache_queries = self._cache_hits = 0  # prompt tokens, from num_cached_tokens
 
     async def start(self) -> None:
         """AsyncLLM starts its engine core on construction; only the adapters are left."""
@@ -184,7 +186,7 @@ class VLLMEngine:
 
     def stats(self) -> EngineStats:
         # vLLM schedules internally; from here every in-flight request counts as running.
-        return EngineStats(running=len(self._active), waiting=0)
+        return EngineStats(len(self._active), 0, self._cache_queries, self._cache_hits)
 
     async def generate(
         self,
@@ -203,6 +205,7 @@ class VLLMEngine:
         lora = None if adapter_id is None else self._lora_requests[adapter_id]
         self._active.add(request_id)
         finished = False
+        first = True
         text_len = token_len = 0
         try:
             # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
@@ -232,7 +235,12 @@ class VLLMEngine:
                 if completion.finish_reason is not None or output.finished:
                     reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
                 finished = reason is not None
-                yield GenerationDelta(text, tokens, reason, logprobs, echoed)
+                cached = None
+                if first:  # vLLM's automatic prefix caching: prompt tokens it found computed
+                    cached, first = getattr(output, "num_cached_tokens", None), False
+                    self._cache_queries += len(prompt_ids)
+                    self._cache_hits += cached or 0
+                yield GenerationDelta(text, tokens, reason, logprobs, echoed, cached)
                 if finished:
                     return
         finally:
@@ -256,13 +264,19 @@ def create_vllm_engine(
     max_adapters: int = 4,
     max_lora_rank: int = 16,
     special_tokens_in_content: bool = False,
+    enable_prefix_caching: bool = True,
+    batch_invariant: bool = False,
     **engine_kwargs: Any,
 ) -> VLLMEngine:
     """Build a VLLMEngine from a Hugging Face model folder; needs vllm (and a GPU) installed.
 
     With LoRA on (`enable_lora`, or configured adapters), `max_adapters` is vLLM's `max_loras`
     (adapters in one batch) and also how many Ferry keeps loaded, so every loaded adapter can
-    run at once."""
+    run at once. `enable_prefix_caching` is vLLM's automatic prefix caching; `batch_invariant`
+    turns on its batch-invariant kernels, which vLLM reads from the environment
+    (VLLM_BATCH_INVARIANT=1, for the whole process and its engine core) before it is imported."""
+    if batch_invariant:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.lora.request import LoRARequest
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -281,6 +295,7 @@ def create_vllm_engine(
         model=str(model_dir),
         max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization,
+        enable_prefix_caching=enable_prefix_caching,
         **engine_kwargs,
     )
     engine = AsyncLLM.from_engine_args(args)

@@ -19,6 +19,8 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
             max_adapters=settings.max_adapters,
             max_lora_rank=settings.max_lora_rank,
             special_tokens_in_content=settings.special_tokens_in_content,
+            enable_prefix_caching=settings.prefix_cache,
+            batch_invariant=settings.batch_invariant,
         )
     from ferry.llm.ortgenai import OrtGenAIEngine
 
@@ -27,6 +29,9 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
         name=settings.name,
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,
+        prefix_cache=settings.prefix_cache,
+        prefix_cache_bytes=settings.prefix_cache_bytes,
+        prefill_chunk=settings.prefill_chunk,
         adapters=settings.adapters,
         max_adapters=settings.max_adapters,
         special_tokens_in_content=settings.special_tokens_in_content,

@@ -223,6 +223,19 @@ class FerryMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        # vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits, in prompt tokens.
+        self.llm_prefix_cache_queries = Counter(
+            "ferry_llm_prefix_cache_queries",
+            "Prompt tokens looked up in the engine's prefix cache.",
+            ["model"],
+            registry=r,
+        )
+        self.llm_prefix_cache_hits = Counter(
+            "ferry_llm_prefix_cache_hits",
+            "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
+            ["model"],
+            registry=r,
+        )
 
     def connection_refused(self, reason: RefusalReason) -> None:
         self.connections_refused.labels(reason).inc()
@@ -294,6 +307,7 @@ class LLMMetricsObserver:
 
     def __init__(self, metrics: FerryMetrics) -> None:
         self._m = metrics
+        self._cache_seen: dict[str, tuple[int, int]] = {}  # model -> engine's (queries, hits)
 
     def on_first_token(self, model: str, seconds: float) -> None:
         self._m.llm_ttft.labels(model).observe(seconds)
@@ -324,3 +338,13 @@ class LLMMetricsObserver:
     def engine_counts(self, model: str, running: int, waiting: int) -> None:
         self._m.llm_running.labels(model).set(running)
         self._m.llm_waiting.labels(model).set(waiting)
+
+    def engine_prefix_cache(self, model: str, queries: int, hits: int) -> None:
+        """The engine's running totals, read at scrape time, added as increments (a restarted
+        engine starts again from zero)."""
+        seen_queries, seen_hits = self._cache_seen.get(model, (0, 0))
+        if queries < seen_queries or hits < seen_hits:
+            seen_queries = seen_hits = 0
+        self._m.llm_prefix_cache_queries.labels(model).inc(queries - seen_queries)
+        self._m.llm_prefix_cache_hits.labels(model).inc(hits - seen_hits)
+        self._cache_seen[model] = (queries, hits)

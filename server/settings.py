@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from ferry.batcher.policy import BatchLimits
 from ferry.server.metrics import DEFAULT_PRIORITY_LEVELS
@@ -142,9 +150,18 @@ class LLMSettings(_Strict):
     # ortgenai: an onnxruntime-genai model folder (CPU); vllm: a Hugging Face folder (GPU hosts).
     engine: Literal["ortgenai", "vllm"] = "ortgenai"
     path: Path
-    max_running: int | None = Field(default=None, ge=1)
+    max_running: int | None = Field(default=None, ge=1)  # None: the engine's default (16)
     max_waiting: int = Field(default=64, ge=0)
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    # Prefix reuse (vLLM's automatic prefix caching): a prompt sharing a prefix with a recent one
+    # computes only the rest. ortgenai: finished generators kept within prefix_cache_bytes of KV
+    # buffers, least recently used evicted first; vllm: enable_prefix_caching.
+    prefix_cache: bool = True
+    prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)  # ortgenai only
+    prefill_chunk: int = Field(default=256, ge=0)  # ortgenai: prompt tokens per turn; 0: whole
+    # vllm only: its batch-invariant kernels (VLLM_BATCH_INVARIANT=1), so greedy text does not
+    # depend on what else runs. ortgenai is batch-invariant by construction (batch-1 generators).
+    batch_invariant: bool = False
     # LoRA adapters, each served as a model of its own name (ortgenai: an .onnx_adapter file for
     # a model exported with LoRA inputs; vllm: a peft folder). max_adapters: loaded at once, also
     # vLLM's max_loras. adapter_dir: POST /v1/load_lora_adapter loads only from inside it (unset:
@@ -162,6 +179,13 @@ class LLMSettings(_Strict):
         if len(self.adapters) > self.max_adapters:
             raise ValueError(f"{len(self.adapters)} adapters but max_adapters={self.max_adapters}")
         return self
+
+    @field_validator("prefill_chunk")
+    @classmethod
+    def _check_prefill_chunk(cls, value: int) -> int:
+        if value == 1:  # a one-token piece runs other CPU kernels: greedy text would change
+            raise ValueError("prefill_chunk must be 0 (whole prompts) or at least 2")
+        return value
 
 
 class Settings(_Strict):

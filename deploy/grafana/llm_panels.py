@@ -15,6 +15,8 @@ RUNNING = ferry_metric("llm_running")
 WAITING = ferry_metric("llm_waiting")
 STRUCTURED = ferry_metric("llm_structured")
 GUIDED_ITL = ferry_metric("llm_guided_itl")
+CACHE_QUERIES = ferry_metric("llm_prefix_cache_queries")
+CACHE_HITS = ferry_metric("llm_prefix_cache_hits")
 
 LLM = (
     Panel(
@@ -44,6 +46,17 @@ LLM = (
         "Requests running / waiting",
         (("running", f"sum({RUNNING}{{{M}}})"), ("waiting", f"sum({WAITING}{{{M}}})")),
         description="Requests generating now, and those queued for a slot.",
+    ),
+    Panel(
+        "Prefix cache: prompt tokens reused",
+        (
+            (
+                "hit rate",
+                f"{rate_by('', CACHE_HITS)} / clamp_min({rate_by('', CACHE_QUERIES)}, 1e-9)",
+            ),
+        ),
+        unit="percentunit",
+        description="Share of prompt tokens found computed (vLLM's prefix_cache_hits/queries).",
     ),
     Panel(
         "Finished requests/s by reason",

@@ -60,8 +60,10 @@ class StreamChunks:
             template = self._templates[index] = TextTemplate(dump_chunk(chunk))
         return template.fill(delta.text)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
-        return self._event([], UsageInfo.of(prompt_tokens, completion_tokens))
+    def usage(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> str:
+        return self._event([], UsageInfo.of(prompt_tokens, completion_tokens, cached_tokens))
 
     def event(self, choices: list[Any]) -> str:
         """One chunk of these choices, rendered in full (for deltas other than text)."""

@@ -54,6 +54,7 @@ class _Result:
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    cached_tokens: int | None = None  # prompt tokens the engine reused (first delta)
 
 
 class OpenAIServing:
@@ -266,6 +267,8 @@ class OpenAIServing:
                 result.finish_reason = delta.finish_reason or result.finish_reason
                 result.logprobs += delta.logprobs
                 result.prompt_logprobs = delta.prompt_logprobs or result.prompt_logprobs
+                if delta.cached_tokens is not None:
+                    result.cached_tokens = delta.cached_tokens
         return results
 
     async def _stream(
@@ -279,7 +282,9 @@ class OpenAIServing:
             await deltas.aclose()
             raise
         usage_prompt_tokens = plan.prompt_tokens if include_usage else None
-        return sse_events(deltas, first, chunks, usage_prompt_tokens)
+        return sse_events(
+            deltas, first, chunks, usage_prompt_tokens, lambda cached: cached_tokens(plan, cached)
+        )
 
 
 def _completion_choice(
@@ -315,4 +320,19 @@ def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, str | None]
 
 
 def _usage(plan: Plan, results: list[_Result]) -> UsageInfo:
-    return UsageInfo.of(plan.prompt_tokens, sum(r.completion_tokens for r in results))
+    cached = {i: r.cached_tokens for i, r in enumerate(results) if r.cached_tokens is not None}
+    completion_tokens = sum(r.completion_tokens for r in results)
+    return UsageInfo.of(plan.prompt_tokens, completion_tokens, cached_tokens(plan, cached))
+
+
+def cached_tokens(plan: Plan, by_choice: dict[int, int]) -> int | None:
+    """usage.prompt_tokens_details.cached_tokens: like prompt_tokens, each distinct prompt once
+    (its `n` choices share it; the most any of them reused); None when no engine reported."""
+    if not by_choice:
+        return None
+    per_prompt: dict[int, int] = {}  # the n choices of one prompt share its list object
+    for choice in plan.choices:
+        if choice.index in by_choice:
+            key = id(choice.prompt_ids)
+            per_prompt[key] = max(per_prompt.get(key, 0), by_choice[choice.index])
+    return sum(per_prompt.values())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from ferry.llm.base import GenerationDelta
@@ -19,16 +19,22 @@ async def sse_events(
     first: tuple[int, GenerationDelta],
     chunks: StreamChunks,
     usage_prompt_tokens: int | None,
+    usage_cached: Callable[[dict[int, int]], int | None] = lambda cached: None,
 ) -> AsyncIterator[str]:
     """The SSE text of a started response: deltas, the usage if asked for, then [DONE]. An error
     after streaming began is one error event, since the HTTP status has already been sent."""
     index, delta = first
     completion_tokens = delta.token_count
+    cached: dict[int, int] = {}  # choice index -> its prompt tokens the engine reused
+    if delta.cached_tokens is not None:
+        cached[index] = delta.cached_tokens
     try:
         async with aclosing(deltas):
             yield chunks.opening + chunks.delta(index, delta)
             async for index, delta in deltas:
                 completion_tokens += delta.token_count
+                if delta.cached_tokens is not None:
+                    cached[index] = delta.cached_tokens
                 event = chunks.delta(index, delta)
                 if event:
                     yield event
@@ -37,7 +43,7 @@ async def sse_events(
         yield DONE
         return
     if usage_prompt_tokens is not None:
-        yield chunks.usage(usage_prompt_tokens, completion_tokens)
+        yield chunks.usage(usage_prompt_tokens, completion_tokens, usage_cached(cached))
     yield DONE
 
 

@@ -139,13 +139,13 @@ async def wait_idle(engine: OrtGenAIEngine) -> None:
 def runtime_tokens(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Request ids of every token event the runtime produced (a spy; the real method runs)."""
     seen: list[str] = []
-    original = OwnerLoop._on_event
+    original = OwnerLoop._advance
 
-    def spy(self: OwnerLoop, job: Any, event: Any, flags: Any) -> None:
+    def spy(self: OwnerLoop, job: Any, token: int | None, finish: Any) -> None:
         seen.append(job.add.request_id)
-        original(self, job, event, flags)
+        original(self, job, token, finish)
 
-    monkeypatch.setattr(OwnerLoop, "_on_event", spy)
+    monkeypatch.setattr(OwnerLoop, "_advance", spy)
     return seen
 
 
@@ -217,7 +217,7 @@ async def test_engine_thread_death_fails_requests_and_readiness(
     def broken_step(self: OwnerLoop) -> None:
         raise RuntimeError("simulated runtime crash")
 
-    monkeypatch.setattr(OwnerLoop, "_step", broken_step)
+    monkeypatch.setattr(OwnerLoop, "_step_lane", broken_step)
     with pytest.raises(EngineDead):
         await collect(engine, "r1", reference["cases"][0]["prompt"], GREEDY)
     assert not engine.is_ready()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import types
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ class RequestOutput:  # shaped like vllm.outputs.RequestOutput
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    num_cached_tokens: int | None = None
 
 
 @dataclass
@@ -54,6 +56,7 @@ class FakeAsyncLLM:
     steps: list[tuple[str, list[int]]]
     finish_reason: str = "length"
     hold: asyncio.Event | None = None  # when set, stream pauses after the first output
+    cached: int | None = None  # num_cached_tokens on every output, as vLLM reports it
     aborted: list[str] = field(default_factory=list)
     calls: list[tuple[Any, Any, str]] = field(default_factory=list)
     priorities: list[int] = field(default_factory=list)
@@ -79,7 +82,8 @@ class FakeAsyncLLM:
             text, ids = text + piece, ids + piece_ids
             last = i == len(self.steps) - 1
             completion = CompletionOutput(0, text, list(ids), self.finish_reason if last else None)
-            yield RequestOutput(request_id, prompt["prompt_token_ids"], [completion], last)
+            prompt_ids = prompt["prompt_token_ids"]
+            yield RequestOutput(request_id, prompt_ids, [completion], last, self.cached)
             if self.hold is not None:
                 await self.hold.wait()
 
@@ -354,9 +358,59 @@ def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.Mo
     # Ferry's grammars are llguidance's: vLLM's guidance backend runs them.
     assert made["structured_outputs_config"] == {"backend": "guidance"}
     assert engine.max_context_tokens == 512
+    assert made["enable_prefix_caching"] is True  # on by default, as in vLLM
     made.clear()
     create_vllm_engine(HF_DIR)
     assert "enable_lora" not in made  # no adapters, no adapter_dir: LoRA stays off
+
+
+def test_prefix_caching_and_batch_invariance_pass_through_from_the_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Through build_llm_engine from [[llm_models]] settings, up to vllm's own entry points."""
+    made: dict[str, Any] = {}
+    seen_env: list[str | None] = []
+
+    class AsyncEngineArgs:
+        def __init__(self, **kwargs: Any) -> None:
+            made.update(kwargs)
+            seen_env.append(os.environ.get("VLLM_BATCH_INVARIANT"))
+
+    class AsyncLLM:
+        model_config = types.SimpleNamespace(max_model_len=512)
+
+        @classmethod
+        def from_engine_args(cls, args: AsyncEngineArgs) -> AsyncLLM:
+            return cls()
+
+    modules = {
+        "vllm": types.SimpleNamespace(AsyncEngineArgs=AsyncEngineArgs, SamplingParams=dict),
+        "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
+        "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=AsyncLLM),
+    }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    from ferry.server.llm_engines import build_llm_engine
+    from ferry.server.settings import LLMSettings
+
+    off = LLMSettings(name="m", engine="vllm", path=HF_DIR, prefix_cache=False)
+    build_llm_engine(off)
+    assert made["enable_prefix_caching"] is False
+    assert seen_env == [None]  # batch invariance off: the environment is left alone
+    on = LLMSettings(name="m", engine="vllm", path=HF_DIR, batch_invariant=True)
+    build_llm_engine(on)
+    assert made["enable_prefix_caching"] is True
+    assert seen_env[-1] == "1"  # set before vllm is imported, as vLLM reads it
+
+
+async def test_cached_prompt_tokens_reach_the_first_delta_and_the_counters() -> None:
+    fake = FakeAsyncLLM(steps=[("a", [1]), ("b", [2])], cached=4)
+    engine = make_engine(fake)
+    deltas = await collect(engine, SamplingSettings(max_tokens=2))
+    assert [d.cached_tokens for d in deltas] == [4, None]
+    stats = engine.stats()
+    assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (len(PROMPT_IDS), 4)
 
 
 @pytest.mark.gpu

@@ -104,6 +104,7 @@ async def test_chat_non_streaming(
         "prompt_tokens": prompt_tokens,
         "completion_tokens": 20,
         "total_tokens": prompt_tokens + 20,
+        "prompt_tokens_details": {"cached_tokens": 0},  # a fresh engine has nothing cached
     }
     assert len(observer.first) == 1
     assert len(observer.gaps) == 19
@@ -277,7 +278,7 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
     serving: OpenAIServing, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stream = await serving.chat_stream(chat_request(reference["cases"][0], max_tokens=200))
-    original = OwnerLoop._step
+    original = OwnerLoop._step_lane
 
     def crash_soon(self: OwnerLoop, calls: list[int] = []) -> None:  # noqa: B006
         calls.append(1)
@@ -285,7 +286,7 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
             raise RuntimeError("simulated runtime crash")
         original(self)
 
-    monkeypatch.setattr(OwnerLoop, "_step", crash_soon)  # fault injection after the start
+    monkeypatch.setattr(OwnerLoop, "_step_lane", crash_soon)  # fault injection after the start
     events = await read_sse(stream)
     assert events[-1] == "[DONE]"
     # The same error table as HTTP answers: a dead engine is a 503.

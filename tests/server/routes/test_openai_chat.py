@@ -14,6 +14,7 @@ import pytest
 
 from ferry.bench.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.ortgenai_prefix import common_prefix
 from tests.llm.llm_paths import HF_DIR
 from tests.llm.llm_paths import TINY_LLM as TINY_LLM_DIR
 
@@ -196,3 +197,26 @@ def test_disconnect_mid_stream_stops_generation(server):
     assert settled - before < 1000
     text = server.metrics()
     assert metric_value(text, "ferry_llm_requests_finished_total", finish_reason="abort") >= 1
+
+
+def test_a_shared_system_prompt_is_reused_and_reported_as_cached(server, client):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens, and vLLM's prefix-cache counters."""
+    system = {"role": "system", "content": "You write short, plain Python. " * 4}
+    chats = [[system, {"role": "user", "content": c}] for c in ("def add(a, b):", "class Stack:")]
+    tokenizer = ChatTokenizer(HF_DIR)
+    first_ids, second_ids = (tokenizer.encode_chat(m) for m in chats)
+    shared = common_prefix(first_ids, second_ids)
+    assert shared > 20  # the system prompt and the template around it
+    hits_before = metric_value(httpx.get(f"{server.url}/metrics").text, HITS)
+    first, second = (
+        client.chat.completions.create(model=TINY_LLM, messages=m, max_tokens=4, temperature=0)
+        for m in chats
+    )
+    assert second.usage.prompt_tokens == len(second_ids)
+    assert second.usage.prompt_tokens_details.cached_tokens == shared
+    assert first.usage.prompt_tokens_details.cached_tokens < shared
+    hits_after = metric_value(httpx.get(f"{server.url}/metrics").text, HITS)
+    assert hits_after - hits_before >= shared
+
+
+HITS = "ferry_llm_prefix_cache_hits_total"

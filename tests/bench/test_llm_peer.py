@@ -1,0 +1,38 @@
+"""bench.llm_peer's bookkeeping: both servers' streams parsed, the table's ratios and the greedy
+identity count (the servers themselves run only in the benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ferry.bench.llm_peer import Cell, FerryServer, LlamaServer, report
+
+
+def test_both_streams_give_text_and_token_counts() -> None:
+    ferry = [
+        {"choices": [{"text": "Par"}]},
+        {"choices": [{"text": "is"}]},
+        {"choices": [], "usage": {"completion_tokens": 2}},
+    ]
+    assert FerryServer("ferry", "", "").parse(ferry) == ("Paris", 2)
+    llama = [{"content": "Par"}, {"content": "is"}, {"content": "", "stop": True}]
+    assert LlamaServer("llama", "", "").parse(llama) == ("Paris", 2)
+    llama[-1]["tokens_predicted"] = 3
+    assert LlamaServer("llama", "", "").parse(llama) == ("Paris", 3)
+
+
+def test_the_report_gives_ratios_and_counts_identical_greedy_texts(capsys) -> None:
+    def cell(tokens: int, seconds: float, ttft: float, texts: dict[int, str]) -> Cell:
+        return Cell(tokens, seconds, [ttft], texts)
+
+    results = {}
+    for cache in (False, True):
+        for streams in (1, 8):
+            changed = "b" if streams == 8 and not cache else "a"
+            results[("llama", cache, streams)] = cell(100, 1.0, 0.2, {0: "x", 1: "y"})
+            results[("ferry", cache, streams)] = cell(150, 1.0, 0.1, {0: "x", 1: changed})
+    report(results, argparse.Namespace(streams=[1, 8]))
+    out = capsys.readouterr().out
+    assert "ferry/llama tok/s 1.50x, TTFT 0.50x" in out
+    assert "ferry, cache off: 1/2" in out and "ferry, cache on: 2/2" in out
+    assert "llama, cache off: 2/2" in out

@@ -1,0 +1,171 @@
+"""The engine's scheduling on the real SmolLM2-135M-Instruct (int4, CPU): a request joins while
+others decode, greedy text does not depend on load or on the prefix cache, chats reuse their
+previous turns, waiting work starts by priority. Short generations keep it cheap."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferry.llm.base import GenerationDelta, SamplingSettings
+from ferry.llm.ortgenai import OrtGenAIEngine
+from tests.llm.llm_paths import ONNX_DIR, WAIT_S
+
+REAL_MODEL = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "SmolLM2-135M-Instruct"
+SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."}
+QUESTIONS = (
+    "What is the capital of France?",
+    "Name a primary colour.",
+    "What do bees make?",
+    "How many legs does a spider have?",
+)
+# Greedy answers of at least 150 tokens (measured), so none can end before the test looks.
+LONG_TASKS = (
+    "Write a long story about a dragon.",
+    "Write a detailed essay on the history of Rome.",
+    "Explain in detail how computers work.",
+    "Write a long poem about the ocean.",
+)
+GREEDY = SamplingSettings(max_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def real_model() -> Path:
+    assert (REAL_MODEL / "genai_config.json").is_file(), "run `make model` first"
+    return REAL_MODEL
+
+
+async def started(model: Path, **options: object) -> OrtGenAIEngine:
+    engine = OrtGenAIEngine(model, name="smol", **options)  # type: ignore[arg-type]
+    await engine.start()
+    return engine
+
+
+def chat_ids(engine: OrtGenAIEngine, question: str) -> list[int]:
+    return engine.tokenizer.encode_chat([SYSTEM, {"role": "user", "content": question}])
+
+
+async def text_of(deltas: AsyncIterator[GenerationDelta]) -> str:
+    async def run() -> str:
+        return "".join([d.text async for d in deltas])
+
+    return await asyncio.wait_for(run(), WAIT_S)
+
+
+async def test_a_request_arriving_while_four_decode_starts_before_any_finishes(
+    real_model: Path,
+) -> None:
+    engine = await started(real_model, max_running=8)
+    events: list[str] = []
+    long = SamplingSettings(max_tokens=400, temperature=0.0)
+
+    async def consume(name: str, task: str, sampling: SamplingSettings) -> None:
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": task}])
+        async with aclosing(engine.generate(name, prompt, sampling)) as it:
+            async for delta in it:
+                if delta.token_count and f"{name} first" not in events:
+                    events.append(f"{name} first")
+                if delta.finish_reason is not None:
+                    events.append(f"{name} done")
+                if name == "late" and delta.token_count:
+                    return  # seen its first token: the test has what it needs
+
+    try:
+        decoding = [
+            asyncio.create_task(consume(f"r{i}", t, long)) for i, t in enumerate(LONG_TASKS)
+        ]
+
+        async def four_decoding() -> None:
+            while sum(e.endswith("first") for e in events) < 4:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(four_decoding(), WAIT_S)
+        await asyncio.wait_for(consume("late", "Say hello.", GREEDY), WAIT_S)
+        assert "late first" in events
+        assert not any(e.endswith("done") for e in events)  # none of the four has finished
+    finally:
+        for task in decoding:
+            task.cancel()
+        await asyncio.gather(*decoding, return_exceptions=True)
+        await engine.close()
+
+
+async def test_greedy_text_is_the_single_stream_reference_under_load(real_model: Path) -> None:
+    # The reference: one request at a time, nothing cached.
+    alone = await started(real_model, prefix_cache=False)
+    try:
+        reference = [
+            await text_of(alone.generate(f"a{i}", chat_ids(alone, q), GREEDY))
+            for i, q in enumerate(QUESTIONS)
+        ]
+    finally:
+        await alone.close()
+    # Under load: every question twice at once (the second copies may take the first ones'
+    # cached prefixes), with prompts going in a few tokens per turn.
+    busy = await started(real_model, max_running=8, prefill_chunk=7)
+    try:
+        prompts = [chat_ids(busy, q) for q in QUESTIONS] * 2
+        texts = await asyncio.gather(
+            *(text_of(busy.generate(f"b{i}", p, GREEDY)) for i, p in enumerate(prompts))
+        )
+        again = await text_of(busy.generate("c", prompts[0], GREEDY))  # a whole-prompt hit
+        assert busy.stats().prefix_cache_hits > 0
+    finally:
+        await busy.close()
+    assert texts == reference * 2
+    assert again == reference[0]
+    assert len(set(reference)) == len(reference)  # four different answers, not one echoed
+
+
+async def test_a_chat_turn_reuses_the_previous_turn(real_model: Path) -> None:
+    engine = await started(real_model)
+    try:
+        first = [SYSTEM, {"role": "user", "content": QUESTIONS[0]}]
+        first_ids = engine.tokenizer.encode_chat(first)
+        answer = await text_of(engine.generate("t1", first_ids, GREEDY))
+        second = [*first, {"role": "assistant", "content": answer}]
+        second_ids = engine.tokenizer.encode_chat([*second, {"role": "user", "content": "Why?"}])
+        deltas = [d async for d in engine.generate("t2", second_ids, GREEDY)]
+        assert deltas[0].cached_tokens >= len(first_ids)  # the whole first turn, and more
+        reused = "".join(d.text for d in deltas)
+    finally:
+        await engine.close()
+    cold = await started(real_model, prefix_cache=False)
+    try:
+        assert await text_of(cold.generate("t2", second_ids, GREEDY)) == reused
+    finally:
+        await cold.close()
+
+
+async def test_waiting_requests_start_lowest_priority_first(reference: dict[str, Any]) -> None:
+    engine = await started(ONNX_DIR, max_running=1)
+    order: list[str] = []
+    prompt = engine.tokenizer.encode(reference["cases"][1]["prompt"])  # greedy: no early end
+
+    async def run(name: str, priority: int) -> None:
+        deltas = engine.generate(name, prompt, SamplingSettings(max_tokens=2), priority=priority)
+        async with aclosing(deltas) as it:
+            async for _ in it:
+                if name not in order:
+                    order.append(name)
+
+    try:
+        hold = engine.generate("hold", prompt, SamplingSettings(max_tokens=400, temperature=0))
+        await asyncio.wait_for(anext(hold), WAIT_S)  # the only running slot is taken
+        tasks = [asyncio.create_task(run(n, p)) for n, p in (("low", 5), ("high", 0), ("mid", 2))]
+
+        async def three_waiting() -> None:
+            while engine.stats().waiting < 3:
+                await asyncio.sleep(0.001)
+
+        await asyncio.wait_for(three_waiting(), WAIT_S)
+        await hold.aclose()
+        await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+    finally:
+        await engine.close()
+    assert order == ["high", "mid", "low"]
