@@ -101,23 +101,22 @@ async def test_a_vanishing_temperature_or_top_p_is_the_greedy_answer(
     assert "".join(d.text for d in deltas) == reference_text(case)
 
 
-async def test_concurrent_generations_all_complete_and_batch(
+async def test_concurrent_generations_all_complete_without_cross_talk(
     engine: OrtGenAIEngine, reference: dict[str, Any]
 ) -> None:
+    # That they run side by side is test_ortgenai_owner's join-at-once test: the toy decodes 8 x 20
+    # tokens faster than the event loop reads one delta, so a running count read here is timing.
     cases = reference["cases"]
     prompts = [ids(case["prompt"]) for case in cases]
-    running_seen: list[int] = []
 
     async def one(i: int) -> str:
         text = ""
         async for delta in engine.generate(f"r{i}", prompts[i % 3], GREEDY):
-            running_seen.append(engine.stats().running)
             text += delta.text
         return text
 
     texts = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(8))), WAIT_S)
     assert texts == [reference_text(cases[i % 3]) for i in range(8)]  # no cross-talk
-    assert max(running_seen) > 1
     assert engine.stats().running == engine.stats().waiting == 0
 
 
