@@ -25,6 +25,7 @@ own distribution before temperature or top-p, noted on the job for the owner loo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,9 @@ class GeneratorLane:
         """One unit of work for every running request: (job, token or None, finish reason or
         None, error or None); a turn spent on a prompt chunk yields nothing for its job."""
         for job in list(self.jobs):
+            # og's binding holds the GIL through a whole step: let the event loop in between
+            # steps, or its deltas, aborts and HTTP wait for a whole turn of every request.
+            time.sleep(0)
             generator = job.generator
             top = job.add.sampling.logprobs
             try:

@@ -336,17 +336,7 @@ def test_create_vllm_engine_turns_lora_on_from_the_config(monkeypatch: pytest.Mo
         def from_engine_args(cls, args: AsyncEngineArgs) -> AsyncLLM:
             return cls()
 
-    modules = {
-        "vllm": types.SimpleNamespace(AsyncEngineArgs=AsyncEngineArgs, SamplingParams=dict),
-        "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
-        "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=AsyncLLM),
-        "vllm.sampling_params": types.SimpleNamespace(
-            StructuredOutputsParams=FakeStructuredOutputsParams
-        ),
-        "vllm.config": types.SimpleNamespace(StructuredOutputsConfig=dict),
-    }
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
+    install_fake_vllm(monkeypatch, AsyncEngineArgs, AsyncLLM)
     from ferry.llm.vllm import create_vllm_engine
 
     engine = create_vllm_engine(
@@ -383,13 +373,7 @@ def test_prefix_caching_and_batch_invariance_pass_through_from_the_config(
         def from_engine_args(cls, args: AsyncEngineArgs) -> AsyncLLM:
             return cls()
 
-    modules = {
-        "vllm": types.SimpleNamespace(AsyncEngineArgs=AsyncEngineArgs, SamplingParams=dict),
-        "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
-        "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=AsyncLLM),
-    }
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
+    install_fake_vllm(monkeypatch, AsyncEngineArgs, AsyncLLM)
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     from ferry.server.llm_engines import build_llm_engine
     from ferry.server.settings import LLMSettings
@@ -550,3 +534,18 @@ async def test_a_vllm_without_structured_outputs_refuses_guidance() -> None:
     with pytest.raises(InvalidSampling):
         await collect(make_engine(fake), settings)
     assert fake.calls == []
+
+
+def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, engine_args: type, async_llm: type) -> None:
+    """vllm's modules as create_vllm_engine imports them, around the given engine classes."""
+    modules = {
+        "vllm": types.SimpleNamespace(AsyncEngineArgs=engine_args, SamplingParams=dict),
+        "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
+        "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=async_llm),
+        "vllm.sampling_params": types.SimpleNamespace(
+            StructuredOutputsParams=FakeStructuredOutputsParams
+        ),
+        "vllm.config": types.SimpleNamespace(StructuredOutputsConfig=dict),
+    }
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
