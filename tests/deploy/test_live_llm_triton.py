@@ -52,6 +52,8 @@ def chat(client: httpx.Client, i: int, stream: bool) -> int:
         "max_tokens": 8 + i % 8,
         "stream": stream,
     }
+    if i % 3 == 0:  # guided traffic, for the structured-output panels
+        body["guided_regex"] = "[a-z ]{4,12}"
     if not stream:
         return client.post("/v1/chat/completions", json=body).status_code
     with client.stream("POST", "/v1/chat/completions", json=body) as response:
