@@ -75,8 +75,9 @@ class Collection(BatcherState):
             # Strict priorities: a batch holds only the most urgent priority queued.
             urgent = min(self._queued_count)
             queued = [request for request in queued if request.priority == urgent]
-        if not self.limits.group_by_length:
-            return queued  # batches in arrival order pass nobody over
+        window = self.limits.fairness_window
+        if not self.limits.group_by_length or window is None:
+            return queued  # batches in arrival order pass nobody over; None: no window
         oldest = queued[0]
         if self.cost_model.ready:
             limits = self.limits
@@ -85,7 +86,7 @@ class Collection(BatcherState):
             saved_s = (full - 1) * self.cost_model.predict(0, 0)
         else:
             saved_s = self._recent_batch_s
-        cutoff = oldest.enqueued_at + self.limits.fairness_window * saved_s
+        cutoff = oldest.enqueued_at + window * saved_s
         count = 1
         while count < len(queued) and queued[count].enqueued_at <= cutoff:
             count += 1
