@@ -49,7 +49,7 @@ def chat(client: httpx.Client, i: int, stream: bool) -> int:
     body = {
         "model": LLM_MODEL,
         "messages": [{"role": "user", "content": f"Count to {i % 7 + 2}, please."}],
-        "max_tokens": 8 + i % 8,
+        "max_tokens": 24 + i % 8,  # several deltas per stream, so inter-token gaps exist
         "stream": stream,
     }
     if i % 3 == 0:  # guided traffic, for the structured-output panels
