@@ -233,22 +233,18 @@ async def test_the_window_is_the_fixed_costs_a_full_batch_saves(length, arrivals
     await batcher.close(0)
 
 
-async def test_the_default_has_no_window():
-    # Off by default: on the real server the window cost mixed throughput without lowering p99.
+@pytest.mark.parametrize(
+    "limits",
+    [
+        # Off by default: on the real server the window cost mixed throughput, p99 unchanged.
+        BatchLimits(),
+        # Arrival order passes nobody over: a FIFO batch takes what came after a window's end.
+        BatchLimits(group_by_length=False, fairness_window=0.35),
+    ],
+    ids=["default", "arrival-order"],
+)
+async def test_no_window_where_none_applies(limits):
     clock = ManualClock()
-    batcher = MicroBatcher("m", CostedBackend(clock).infer, BatchLimits(), LIMITS, clock=clock)
-    exact_cost_model(batcher)
-    for step in (0.0, 1.0, 1.0):
-        await clock.advance(step)
-        batcher.submit([seq(*FOUR)])
-    assert len(batcher._candidates()) == 3
-    await batcher.close(0)
-
-
-async def test_batches_in_arrival_order_have_no_window():
-    # Arrival order passes nobody over: a FIFO batch takes what came after any window's end.
-    clock = ManualClock()
-    limits = BatchLimits(group_by_length=False)
     batcher = MicroBatcher("m", CostedBackend(clock).infer, limits, LIMITS, clock=clock)
     exact_cost_model(batcher)
     for step in (0.0, 1.0, 1.0):
