@@ -8,10 +8,7 @@ ones), spread over the concurrent batch slots, after the batches running now.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ferry.batcher.errors import QueueFull
-from ferry.batcher.request import TokenSequence
 from ferry.batcher.state import BatcherState
 
 # The cost model errs both ways on a shared machine: admit only what fits in this share of the
@@ -49,13 +46,14 @@ class Admission(BatcherState):
 
     def _admit_by_predicted_wait(
         self,
-        sequences: Sequence[TokenSequence],
+        own_s: float,
         now: float,
         deadline: float | None,
         priority: int,
     ) -> None:
         """Refuse now (429) what the queue ahead would make finish after its deadline (504),
-        and what would make a queued request finish after its own.
+        and what would make a queued request finish after its own. `own_s`: the newcomer's
+        predicted work (its requests' `request_cost_s`, summed once by `submit`).
 
         Only deadlines count: a latency objective is a target that steers batch sizes, and
         refusing at it would turn every burst into 429s. Less urgent work queued does not count
@@ -64,16 +62,15 @@ class Admission(BatcherState):
         """
         if not self._pending:
             return
-        own = sum(self.request_cost_s(seq.length) for seq in sequences)
         if deadline is not None:
-            wait = self.predicted_wait_s(priority, own)
+            wait = self.predicted_wait_s(priority, own_s)
             if wait is not None and wait > (deadline - now) * ADMISSION_SHARE:
                 self._observer.rejected("predicted_late")
                 raise QueueFull(
                     retry_after_s=max(1.0, wait - (deadline - now)),
                     message=f"the queue ahead would take {wait:.1f}s, past this request's deadline",
                 )
-        if self._would_make_late(priority, own, now):
+        if self._would_make_late(priority, own_s, now):
             self._observer.rejected("predicted_late")
             raise QueueFull(
                 retry_after_s=self._retry_after_s(),

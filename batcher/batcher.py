@@ -24,7 +24,6 @@ from ferry.batcher.errors import (
     BatcherClosed,
     BatcherError,
     DeadlineExceeded,
-    InvalidInput,
     QueueFull,
 )
 from ferry.batcher.observer import BatchObserver, NullObserver
@@ -103,21 +102,15 @@ class MicroBatcher(Admission, Collection, Dispatch):
         within one priority the fairness window holds (collection.py).
 
         `outputs` names what the caller will read (None: every output); a batch fetches only the
-        union of what its members asked for. Raises InvalidInput (naming the field), QueueFull
+        union of what its members asked for. Raises QueueFull
         (also when the queue ahead would make the request miss its deadline) or BatcherClosed
         at once.
         """
         if self._closed:
             self._observer.rejected("closed")
             raise BatcherClosed(f"model {self.name!r} is shutting down")
-        for index, seq in enumerate(sequences):
-            try:
-                self.sequence_limits.validate(seq)
-            except InvalidInput as exc:
-                self._observer.rejected("invalid")
-                # `input_ids[1]`: the one param format of every route (README, Errors).
-                field = f"{exc.field}[{index}]" if len(sequences) > 1 else exc.field
-                raise InvalidInput(field, exc.message) from None
+        # Validated once, by the server (encoder_validation.py): asserted, not checked again.
+        assert all(map(self.sequence_limits.admits, sequences)), "unvalidated sequences"
         if len(self._pending) + len(sequences) > self.limits.max_queue_size:
             self._observer.rejected("queue_full")
             raise QueueFull(retry_after_s=self._retry_after_s())
@@ -126,9 +119,10 @@ class MicroBatcher(Admission, Collection, Dispatch):
         now = clock.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
-        self._admit_by_predicted_wait(sequences, now, deadline, priority)
+        costs = [self.request_cost_s(seq.length) for seq in sequences]
+        self._admit_by_predicted_wait(sum(costs), now, deadline, priority)
         futures = []
-        for seq in sequences:
+        for seq, cost_s in zip(sequences, costs, strict=True):
             request = QueuedRequest(
                 seq,
                 loop.create_future(),
@@ -136,7 +130,7 @@ class MicroBatcher(Admission, Collection, Dispatch):
                 deadline=deadline,
                 outputs=outputs,
                 priority=priority,
-                cost_s=self.request_cost_s(seq.length),
+                cost_s=cost_s,
             )
             if deadline is not None:
                 request.expiry = clock.call_at(deadline, self._expire, request)
