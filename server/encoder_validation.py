@@ -15,6 +15,7 @@ from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder_request import (
     MASK_FIELD,
     EncoderInputs,
+    Texts,
     TokenArrays,
     TokenLists,
     ValidSequences,
@@ -56,32 +57,24 @@ class EncoderValidation:
         timeout_s: float | None,
         priority: int,
     ) -> ValidSequences:
-        field = inputs.field
+        field, vocab_size = inputs.field, model.manifest.vocab_size
         self._check_count(field, _count(inputs))
         if isinstance(inputs, TokenArrays):
             ids, mask = inputs.input_ids, inputs.attention_mask
             lengths = _lengths_of(mask)
             _check_lengths(field, lengths, model.manifest.max_length)
+            _check_ids(field, ids, lengths, vocab_size)
+            _check_mask(mask)
         elif isinstance(inputs, TokenLists):
             lengths = tuple(len(ids) for ids in inputs.input_ids)
             _check_lengths(field, lengths, model.manifest.max_length)
             ids, mask = _padded_lists(inputs, lengths)
+            _check_ids(field, ids, lengths, vocab_size)
+            if inputs.attention_mask is not None:  # else made here: ones, then padding
+                _check_mask(mask)
         else:
-            count = len(inputs.texts)
-            for index, text in enumerate(inputs.texts):
-                if len(text) > self._limits.max_chars_per_text:
-                    raise InvalidInput(
-                        item_field(field, index, count),
-                        f"text has {len(text)} characters; "
-                        f"at most {self._limits.max_chars_per_text}",
-                    )
-            try:
-                tokenized = await model.tokenizer.encode_async(list(inputs.texts), inputs.truncate)
-            except TextRejected as exc:
-                raise InvalidInput(item_field(field, exc.index, count), exc.message) from None
-            ids, mask, lengths = tokenized.input_ids, tokenized.attention_mask, tokenized.lengths
-            _check_lengths(field, lengths, model.manifest.max_length, texts=True)
-        _check_values(field, ids, mask, lengths, model.manifest.vocab_size)
+            # The tokenizer's ids and mask need no checks: only their lengths.
+            ids, mask, lengths = await self._tokenized(model, inputs)
         tokens = sum(lengths)
         if tokens > self._limits.max_tokens_per_request:
             raise InvalidInput(
@@ -93,6 +86,23 @@ class EncoderValidation:
         return ValidSequences(
             model.name, ids, mask, lengths, tokens, outputs, field, timeout_s, priority
         )
+
+    async def _tokenized(
+        self, model: ModelRuntime, inputs: Texts
+    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+        field, count = inputs.field, len(inputs.texts)
+        for index, text in enumerate(inputs.texts):
+            if len(text) > self._limits.max_chars_per_text:
+                raise InvalidInput(
+                    item_field(field, index, count),
+                    f"text has {len(text)} characters; at most {self._limits.max_chars_per_text}",
+                )
+        try:
+            tokenized = await model.tokenizer.encode_async(list(inputs.texts), inputs.truncate)
+        except TextRejected as exc:
+            raise InvalidInput(item_field(field, exc.index, count), exc.message) from None
+        _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)
+        return tokenized.input_ids, tokenized.attention_mask, tokenized.lengths
 
     def _check_count(self, field: str, count: int) -> None:
         if count == 0:
@@ -162,6 +172,12 @@ def _padded_lists(inputs: TokenLists, lengths: tuple[int, ...]) -> tuple[np.ndar
         raise InvalidInput(
             MASK_FIELD, f"attention_mask has {len(masks)} items but input_ids has {count}"
         )
+    if masks is None and min(lengths) == max(lengths) > 0:
+        try:  # one conversion for equal lengths (a lone item always): no padding to place
+            ids = np.asarray(inputs.input_ids, dtype=np.int64)
+            return ids, np.ones_like(ids)
+        except (OverflowError, ValueError, TypeError):
+            pass  # the loop below names the item at fault
     ids = np.zeros((count, max(lengths)), dtype=np.int64)
     mask = np.zeros_like(ids)
     for index, length in enumerate(lengths):
@@ -188,32 +204,34 @@ def _padded_lists(inputs: TokenLists, lengths: tuple[int, ...]) -> tuple[np.ndar
     return ids, mask
 
 
-def _check_values(
-    field: str, ids: np.ndarray, mask: np.ndarray, lengths: Sequence[int], vocab_size: int
-) -> None:
-    """Ids in the vocabulary and a 0/1 mask keeping a token, over each row's real part only
-    (a client's padding is not the model's input). Whole-array min/max: this runs on the loop."""
-    count = len(lengths)
+def _check_ids(field: str, ids: np.ndarray, lengths: Sequence[int], vocab_size: int) -> None:
+    """Every id in the vocabulary, over each row's real part only (a client's padding is not
+    the model's input). Whole-array min/max first: this runs on the loop."""
     real = ids if min(lengths) == ids.shape[1] else _padding_zeroed(ids, lengths)
-    if int(real.min()) < 0 or int(real.max()) >= vocab_size:
-        for index, row in enumerate(real):
-            low, high = int(row.min()), int(row.max())
-            if low < 0 or high >= vocab_size:
-                raise InvalidInput(
-                    item_field(field, index, count),
-                    f"token id {low if low < 0 else high} is outside the vocabulary "
-                    f"[0, {vocab_size})",
-                )
+    if int(real.min()) >= 0 and int(real.max()) < vocab_size:
+        return
+    for index, row in enumerate(real):
+        low, high = int(row.min()), int(row.max())
+        if low < 0 or high >= vocab_size:
+            raise InvalidInput(
+                item_field(field, index, len(lengths)),
+                f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab_size})",
+            )
+
+
+def _check_mask(mask: np.ndarray) -> None:
+    """A client's mask: 0 or 1, and at least one token kept per row."""
+    count = mask.shape[0]
     if int(mask.min()) < 0 or int(mask.max()) > 1:
-        index = int(np.argmax((mask < 0).any(axis=1) | (mask > 1).any(axis=1)))
+        index = int(np.argmax(((mask < 0) | (mask > 1)).any(axis=1)))
         raise InvalidInput(
             item_field(MASK_FIELD, index, count), "attention_mask values must be 0 or 1"
         )
     kept = mask.any(axis=1)
     if not kept.all():
-        index = int(np.argmin(kept))
         raise InvalidInput(
-            item_field(MASK_FIELD, index, count), "attention_mask must keep at least one token"
+            item_field(MASK_FIELD, int(np.argmin(kept)), count),
+            "attention_mask must keep at least one token",
         )
 
 
