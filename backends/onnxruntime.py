@@ -13,6 +13,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from ferry.backends.placement import (
     onnxruntime_providers,
 )
 from ferry.batcher.padding import PaddedBatch
+
+if TYPE_CHECKING:
+    from ferry.backends.options import OnnxRuntimeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +77,18 @@ class OnnxRuntimeBackend:
         self.sequence_outputs: frozenset[str] = frozenset()
         self.providers: list[str] = []
         self._on_cuda = False
+
+    @classmethod
+    def from_options(cls, model_path: Path, options: OnnxRuntimeOptions) -> OnnxRuntimeBackend:
+        return cls(
+            model_path,
+            sessions=options.sessions,
+            intra_op_threads=options.intra_op_threads,
+            spin_threads=options.spin_threads,
+            solo_session=options.solo_session,
+            device=options.device,
+            allow_cpu_fallback=options.allow_cpu_fallback,
+        )
 
     async def start(self) -> None:
         import onnxruntime as ort

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.manifest import Task
 from ferry.backends.placement import Device, torch_device
 from ferry.batcher.padding import PaddedBatch
-from ferry.exporters.manifest import Task
 
 if TYPE_CHECKING:
-    from ferry.server.settings import TorchOptions
+    from ferry.backends.options import TorchOptions
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class TorchBackend:
         self._ready = False
 
     @classmethod
-    def from_settings(cls, path: Path, options: TorchOptions) -> TorchBackend:
+    def from_options(cls, path: Path, options: TorchOptions) -> TorchBackend:
         return cls(
             path,
             folder_manifest(path).task,

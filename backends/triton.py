@@ -29,7 +29,7 @@ from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavai
 from ferry.batcher.padding import PaddedBatch
 
 if TYPE_CHECKING:
-    from ferry.server.settings import ModelSettings, TritonOptions
+    from ferry.backends.options import TritonOptions
 
 logger = logging.getLogger(__name__)
 
@@ -109,11 +109,14 @@ class TritonBackend:
         self._module: Any = None
 
     @classmethod
-    def from_settings(cls, settings: ModelSettings, options: TritonOptions) -> TritonBackend:
+    def from_options(
+        cls, options: TritonOptions, *, name: str, infer_timeout_s: float, max_batch_size: int
+    ) -> TritonBackend:
+        """`name` is Ferry's name for the model, Triton's too unless `options.model` says."""
         target = TritonTarget(
             url=options.url,
             protocol=options.protocol,
-            model=options.model or settings.name,
+            model=options.model or name,
             version=options.model_version,
         )
         return cls(
@@ -121,9 +124,9 @@ class TritonBackend:
             mode=options.mode,
             # One Triton call is one batch (or one passthrough request): it may run as long as
             # the model lets any batch run.
-            timeout_s=settings.infer_timeout_s,
+            timeout_s=infer_timeout_s,
             max_concurrency=options.concurrency,
-            max_batch_size=settings.batching.max_batch_size,
+            max_batch_size=max_batch_size,
         )
 
     # -- lifecycle --------------------------------------------------------------------------
