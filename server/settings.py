@@ -27,23 +27,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# Keys of the flat layout before backend and batching options had tables of their own: each
-# names where it went, so an old config fails with the fix rather than "extra input".
-_MOVED = {
-    **{key: f"batching.{key}" for key in ("max_batch_size", "max_batch_tokens", "max_queue_size")},
-    **{key: f"batching.{key}" for key in ("group_by_length", "dispatch_when_idle")},
-    "cost_model_batching": "batching.cost_model_batching",
-    "max_queue_delay_ms": "batching.max_queue_delay_s (seconds)",
-    "latency_objective_ms": "batching.latency_objective_s (seconds)",
-    **{key: f"backend.{key}" for key in ("sessions", "intra_op_threads", "spin_threads")},
-    **{key: f"backend.{key}" for key in ("solo_session", "device", "allow_cpu_fallback")},
-    "torch_dtype": "backend.dtype",
-    "torch_compile": "backend.compile",
-    **{f"triton_{key}": f"backend.{key}" for key in ("url", "protocol", "model", "mode")},
-    "triton_model_version": "backend.model_version",
-}
-
-
 class ModelSettings(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
     # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
@@ -60,24 +43,15 @@ class ModelSettings(_Strict):
     # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
     batching: BatchLimits = BatchLimits()
 
-    @model_validator(mode="before")
+    @field_validator("batching", mode="before")
     @classmethod
-    def _name_moved_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if isinstance(data.get("backend"), str):
-            raise ValueError(f'backend is a table: [models.backend] kind = "{data["backend"]}"')
-        for key in data:
-            if key in _MOVED:
-                table = _MOVED[key].split(".")[0]
-                raise ValueError(f"{key} is now {_MOVED[key]}, in a [models.{table}] table")
-        batching = data.get("batching")
+    def _concurrency_is_the_backends(cls, batching: Any) -> Any:
         if isinstance(batching, dict) and "max_concurrent_batches" in batching:
             raise ValueError(
                 "batching.max_concurrent_batches is the backend's: backend.sessions "
                 "(onnxruntime) or backend.concurrency (triton)"
             )
-        return data
+        return batching
 
 
 _SERVED_NAME = r"^[A-Za-z0-9._:/-]+$"
