@@ -86,7 +86,7 @@ def ferry_server(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 60.0,
     llm_models: list[dict[str, Any]] | None = None,
-    module: str = "ferry.server.cli",  # another entry point with ferry's CLI (bench.null_backend)
+    module: str = "ferry",  # another entry point with ferry's CLI (bench.null_backend)
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(
@@ -108,7 +108,7 @@ class FerryProcess(ManagedProcess):
         self,
         config: Path,
         log_path: Path,
-        module: str = "ferry.server.cli",
+        module: str = "ferry",
         env: dict[str, str] | None = None,
         launcher: Sequence[str] | None = None,
         cwd: Path = REPO,
