@@ -16,8 +16,9 @@ from tritonclient.utils import InferenceServerException
 
 import ferry
 from ferry.bench.processes import free_port
-from ferry.bench.server_process import DEFAULT_MODEL, ferry_server, metric_value
+from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
 from tests.server.kserve_support import padded_batch
+from tests.support.metrics import metric_value
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 

@@ -11,8 +11,9 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 import ferry
-from ferry.bench.server_process import DEFAULT_MODEL, metric_value
+from ferry.bench.server_process import DEFAULT_MODEL
 from tests.server.kserve_support import RNG, padded_batch
+from tests.support.metrics import metric_value
 
 
 @pytest.fixture(scope="module")

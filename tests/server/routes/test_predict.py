@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import ferry
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
+from tests.support.metrics import metric_value
 
 RNG = np.random.default_rng(7)
 
