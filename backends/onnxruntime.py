@@ -13,10 +13,10 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.ort_cuda import run_bound
 from ferry.backends.ort_session import session_options
 from ferry.backends.placement import (
@@ -26,9 +26,6 @@ from ferry.backends.placement import (
     onnxruntime_providers,
 )
 from ferry.batcher.padding import PaddedBatch
-
-if TYPE_CHECKING:
-    from ferry.backends.options import OnnxRuntimeOptions
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,10 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from ferry.backends.placement import Device
 
+TorchDType = Literal["auto", "float32", "float16", "bfloat16"]
+TritonProtocol = Literal["http", "grpc"]
+TritonMode = Literal["batch", "passthrough"]
+
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -37,17 +41,17 @@ class OnnxRuntimeOptions(_Placement):
 class TorchOptions(_Placement):
     kind: Literal["torch"]
     # `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile with dynamic shapes.
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    dtype: TorchDType = "auto"
     compile: bool = False
 
 
 class TritonOptions(_Options):
     kind: Literal["triton"]
     url: str = "127.0.0.1:8001"
-    protocol: Literal["http", "grpc"] = "grpc"
+    protocol: TritonProtocol = "grpc"
     model: str = ""  # the model's name in Triton; empty: Ferry's name for it
     model_version: str = ""
-    mode: Literal["batch", "passthrough"] = "batch"
+    mode: TritonMode = "batch"
     # Batches in flight to Triton at once (Triton's own instances run them).
     concurrency: int = Field(default=2, ge=1, le=256)
 
