@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ferry.exporters.manifest import MANIFEST_NAME, ModelManifest, Task
+from ferry.backends.manifest import MANIFEST_NAME, ModelManifest, Task
 
 CLASSIFICATION_SUFFIX = "ForSequenceClassification"
 

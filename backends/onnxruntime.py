@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.ort_cuda import run_bound
 from ferry.backends.ort_session import session_options
 from ferry.backends.placement import (
@@ -73,6 +74,18 @@ class OnnxRuntimeBackend:
         self.sequence_outputs: frozenset[str] = frozenset()
         self.providers: list[str] = []
         self._on_cuda = False
+
+    @classmethod
+    def from_options(cls, model_path: Path, options: OnnxRuntimeOptions) -> OnnxRuntimeBackend:
+        return cls(
+            model_path,
+            sessions=options.sessions,
+            intra_op_threads=options.intra_op_threads,
+            spin_threads=options.spin_threads,
+            solo_session=options.solo_session,
+            device=options.device,
+            allow_cpu_fallback=options.allow_cpu_fallback,
+        )
 
     async def start(self) -> None:
         import onnxruntime as ort

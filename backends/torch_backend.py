@@ -17,21 +17,18 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.manifest import Task
+from ferry.backends.options import TorchDType, TorchOptions
 from ferry.backends.placement import Device, torch_device
 from ferry.batcher.padding import PaddedBatch
-from ferry.exporters.manifest import Task
-
-if TYPE_CHECKING:
-    from ferry.server.settings import TorchOptions
 
 logger = logging.getLogger(__name__)
 
-DType = Literal["auto", "float32", "float16", "bfloat16"]
 WARMUP_SHAPES = ((1, 8), (4, 32), (8, 64))
 # On a GPU a second batch's host work (copies, kernel launches) overlaps the first's compute.
 CUDA_CONCURRENCY = 2
@@ -46,7 +43,7 @@ class TorchBackend:
         model_dir: Path,
         task: Task = "embedding",
         device: Device = "auto",
-        dtype: DType = "auto",
+        dtype: TorchDType = "auto",
         compile: bool = False,
         allow_cpu_fallback: bool = False,
     ) -> None:
@@ -71,7 +68,7 @@ class TorchBackend:
         self._ready = False
 
     @classmethod
-    def from_settings(cls, path: Path, options: TorchOptions) -> TorchBackend:
+    def from_options(cls, path: Path, options: TorchOptions) -> TorchBackend:
         return cls(
             path,
             folder_manifest(path).task,

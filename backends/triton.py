@@ -19,22 +19,18 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import aiohttp
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
+from ferry.backends.options import TritonMode, TritonOptions, TritonProtocol
 from ferry.batcher.padding import PaddedBatch, stack_rows
-
-if TYPE_CHECKING:
-    from ferry.server.settings import ModelSettings, TritonOptions
 
 logger = logging.getLogger(__name__)
 
-Protocol = Literal["http", "grpc"]
-Mode = Literal["batch", "passthrough"]
 INPUTS = ("input_ids", "attention_mask")
 HEALTH_TIMEOUT_S = 2.0
 START_POLL_S = 0.25
@@ -56,7 +52,7 @@ TIMED_OUT = {"408", "504", "StatusCode.DEADLINE_EXCEEDED"}
 @dataclass(frozen=True)
 class TritonTarget:
     url: str
-    protocol: Protocol
+    protocol: TritonProtocol
     model: str
     version: str = ""
 
@@ -91,7 +87,7 @@ class TritonBackend:
     def __init__(
         self,
         target: TritonTarget,
-        mode: Mode = "batch",
+        mode: TritonMode = "batch",
         timeout_s: float = 30.0,
         max_concurrency: int = 2,
         start_timeout_s: float = 120.0,
@@ -109,11 +105,14 @@ class TritonBackend:
         self._module: Any = None
 
     @classmethod
-    def from_settings(cls, settings: ModelSettings, options: TritonOptions) -> TritonBackend:
+    def from_options(
+        cls, options: TritonOptions, *, name: str, infer_timeout_s: float, max_batch_size: int
+    ) -> TritonBackend:
+        """`name` is Ferry's name for the model, Triton's too unless `options.model` says."""
         target = TritonTarget(
             url=options.url,
             protocol=options.protocol,
-            model=options.model or settings.name,
+            model=options.model or name,
             version=options.model_version,
         )
         return cls(
@@ -121,9 +120,9 @@ class TritonBackend:
             mode=options.mode,
             # One Triton call is one batch (or one passthrough request): it may run as long as
             # the model lets any batch run.
-            timeout_s=settings.infer_timeout_s,
+            timeout_s=infer_timeout_s,
             max_concurrency=options.concurrency,
-            max_batch_size=settings.batching.max_batch_size,
+            max_batch_size=max_batch_size,
         )
 
     # -- lifecycle --------------------------------------------------------------------------

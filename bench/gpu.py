@@ -97,7 +97,7 @@ def unbatched_url(model: Path, device: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def ferry_url(models: list[dict], module: str = "ferry.server.cli") -> Iterator[str]:
+def ferry_url(models: list[dict], module: str = "ferry") -> Iterator[str]:
     with ferry_server(models, ready_timeout_s=READY_TIMEOUT_S, module=module) as ferry:
         yield ferry.url
 

@@ -44,7 +44,8 @@ def build_null_backend(settings: ModelSettings) -> NullBackend:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ferry.server import cli, model_runtime
+    from ferry import cli
+    from ferry.server import model_runtime
 
     # The one seam: ModelRuntime builds its backend through this module-level function.
     model_runtime.build_backend = build_null_backend

@@ -1,4 +1,4 @@
-"""Child processes for benchmarks, tests and tools: Ferry, Triton, Prometheus and the peers.
+"""Child processes for benchmarks and tests: Ferry, Triton and the peers.
 
 One `ManagedProcess` starts a command with its output in a log file, polls a readiness probe
 until it passes (or the process dies, or time runs out: an error carrying the log's tail), and
@@ -9,7 +9,6 @@ stops it with SIGTERM, then SIGKILL after a grace period. The starters here, `fe
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +17,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
-import yaml
 
 from ferry.bench.triton_env import DEFAULT_VENV, TritonLayout
 
@@ -181,44 +179,3 @@ def triton_server(
     triton = TritonProcess(repository, log_dir / "tritonserver.log", layout)
     with running(triton):
         yield triton
-
-
-def prometheus_config(targets: dict[str, str], rule_files: list[Path], scrape_s: float = 1) -> str:
-    config = {
-        "global": {"scrape_interval": f"{scrape_s}s", "evaluation_interval": f"{scrape_s}s"},
-        "rule_files": [str(path) for path in rule_files],
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": [target]}]}
-            for job, target in targets.items()
-        ],
-    }
-    return yaml.safe_dump(config, sort_keys=False)
-
-
-@contextlib.contextmanager
-def prometheus_server(
-    targets: dict[str, str], workdir: Path, rule_files: list[Path] | None = None
-) -> Iterator[ManagedProcess]:
-    """Our own Prometheus on loopback (never a system service): a free port, a temp data dir.
-
-    `targets`: job name -> host:port, scraped every second.
-    """
-    binary = shutil.which("prometheus")
-    if binary is None:
-        raise FileNotFoundError("prometheus is missing: run `bash tools/install_prometheus.sh`")
-    port = free_port()
-    config = workdir / f"prometheus-{port}.yml"
-    config.write_text(prometheus_config(targets, rule_files or []))
-    url = f"http://127.0.0.1:{port}"
-    command = [
-        binary,
-        f"--config.file={config}",
-        f"--storage.tsdb.path={workdir / f'prometheus-data-{port}'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--storage.tsdb.retention.time=1h",
-    ]
-    log = workdir / f"prometheus-{port}.log"
-    ready = http_ok(f"{url}/-/ready")
-    prometheus = ManagedProcess("prometheus", command, log, ready, url, cwd=workdir)
-    with running(prometheus, timeout_s=30):
-        yield prometheus

@@ -1,4 +1,4 @@
-"""Start `ferry serve` as a real process on a real socket, for tests and benchmarks."""
+"""Start `ferry serve` as a real process on a real socket, for benchmarks and tests."""
 
 from __future__ import annotations
 
@@ -23,14 +23,6 @@ TINY_LLM = "tiny-llm"
 DEFAULT_LLM = "SmolLM2-135M-Instruct"
 DEFAULT_LLM_DIR = REPO / "artifacts" / "models" / DEFAULT_LLM
 DEFAULT_LLM_HF_DIR = REPO / "artifacts" / "hf" / DEFAULT_LLM
-
-
-def tiny_llm_config(**overrides: Any) -> dict[str, Any]:
-    return {"name": TINY_LLM, "engine": "ortgenai", "path": str(TINY_LLM_DIR), **overrides}
-
-
-def default_llm_config(**overrides: Any) -> dict[str, Any]:
-    return {"name": DEFAULT_LLM, "engine": "ortgenai", "path": str(DEFAULT_LLM_DIR), **overrides}
 
 
 def _toml_value(value: Any) -> str:
@@ -86,7 +78,7 @@ def ferry_server(
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 60.0,
     llm_models: list[dict[str, Any]] | None = None,
-    module: str = "ferry.server.cli",  # another entry point with ferry's CLI (bench.null_backend)
+    module: str = "ferry",  # another entry point with ferry's CLI (bench.null_backend)
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(
@@ -108,7 +100,7 @@ class FerryProcess(ManagedProcess):
         self,
         config: Path,
         log_path: Path,
-        module: str = "ferry.server.cli",
+        module: str = "ferry",
         env: dict[str, str] | None = None,
         launcher: Sequence[str] | None = None,
         cwd: Path = REPO,
@@ -132,15 +124,3 @@ class FerryProcess(ManagedProcess):
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=5).text
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of `name` whose labels include `labels` (Prometheus text format)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total

@@ -249,7 +249,7 @@ def _export_optimize(args: argparse.Namespace) -> int:
 
 
 def _export_tensorrt(args: argparse.Namespace) -> int:
-    from ferry.exporters.manifest import ModelManifest
+    from ferry.backends.manifest import ModelManifest
     from ferry.exporters.tensorrt import EXIT_NO_GPU, NoGpu, build_plan, derive_profile
 
     max_length = args.max_length or ModelManifest.read(args.model_dir).max_length

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ferry.exporters.manifest import ModelManifest, Task
+from ferry.backends.manifest import ModelManifest, Task
 
 OPSET = 17
 INPUT_NAMES = ["input_ids", "attention_mask"]

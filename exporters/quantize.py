@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 
-from ferry.exporters.manifest import MANIFEST_NAME
+from ferry.backends.manifest import MANIFEST_NAME
 from ferry.exporters.onnx_export import TOKENIZER_FILES
 
 Variant = Literal["int8", "fp16"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ferry.backends.manifest import ModelManifest
 from ferry.batcher.policy import BatchLimits
-from ferry.exporters.manifest import ModelManifest
 
 Flavour = Literal["python", "onnxruntime", "tensorrt"]
 FLAVOURS: tuple[Flavour, ...] = ("python", "onnxruntime", "tensorrt")

@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
+from ferry import __version__
 from ferry.server.drain import DrainState
 from ferry.server.encoder import EncoderServing
 from ferry.server.errors import install_error_handlers
@@ -82,7 +83,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FerryAPI(
         title="Ferry",
         summary="Dynamic micro-batching model server.",
-        version="0.1.0",
+        version=__version__,
         lifespan=lifespan,
     )
     app.state.settings = settings

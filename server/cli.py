@@ -1,21 +1,13 @@
-"""The `ferry` command: `ferry serve`, `ferry export ...`."""
+"""`ferry serve`: the server's subcommand of the `ferry` command (ferry/cli.py)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="ferry",
-        description="Ferry: async model serving with dynamic micro-batching.",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve = commands.add_parser(
         "serve",
         help="Serve the configured models over HTTP.",
@@ -39,13 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(handler=_serve)
 
-    from ferry.bench.cli import add_bench_command
-    from ferry.exporters.cli import add_export_commands
-
-    add_export_commands(commands)
-    add_bench_command(commands)
-    return parser
-
 
 def _serve(args: argparse.Namespace) -> int:
     from ferry.server.app import create_app
@@ -58,12 +43,3 @@ def _serve(args: argparse.Namespace) -> int:
     )
     serve(create_app(settings), settings)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,9 @@ import numpy as np
 
 from ferry.backends.base import Backend
 from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.manifest import ModelManifest
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits
 from ferry.batcher.errors import InvalidInput
-from ferry.exporters.manifest import ModelManifest
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
@@ -35,22 +35,19 @@ def build_backend(settings: ModelSettings) -> Backend:
             TritonBackend,  # tritonclient is only needed for this backend
         )
 
-        return TritonBackend.from_settings(settings, options)
+        return TritonBackend.from_options(
+            options,
+            name=settings.name,
+            infer_timeout_s=settings.infer_timeout_s,
+            max_batch_size=settings.batching.max_batch_size,
+        )
     if options.kind == "torch":
         from ferry.backends.torch_backend import TorchBackend  # imports torch only when chosen
 
-        return TorchBackend.from_settings(settings.path, options)
+        return TorchBackend.from_options(settings.path, options)
     from ferry.backends.onnxruntime import OnnxRuntimeBackend
 
-    return OnnxRuntimeBackend(
-        settings.path / "model.onnx",
-        sessions=options.sessions,
-        intra_op_threads=options.intra_op_threads,
-        spin_threads=options.spin_threads,
-        solo_session=options.solo_session,
-        device=options.device,
-        allow_cpu_fallback=options.allow_cpu_fallback,
-    )
+    return OnnxRuntimeBackend.from_options(settings.path / "model.onnx", options)
 
 
 class ModelRuntime:

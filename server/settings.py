@@ -16,92 +16,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ferry.backends.options import BackendOptions, OnnxRuntimeOptions
 from ferry.batcher.policy import BatchLimits
 from ferry.server.metrics import DEFAULT_PRIORITY_LEVELS
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class _Placement(_Strict):
-    # `auto` takes the GPU when the runtime can reach one; a model meant for the GPU refuses to
-    # start on the CPU unless the fallback is allowed (backends/placement.py).
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    allow_cpu_fallback: bool = False
-
-
-class OnnxRuntimeOptions(_Placement):
-    kind: Literal["onnxruntime"] = "onnxruntime"
-    # Sessions = batches that may run at once; 0 measures the best count at start.
-    sessions: int = Field(default=0, ge=0, le=64)
-    intra_op_threads: int = Field(default=1, ge=1, le=256)
-    spin_threads: bool = False
-    # One more session, with every core, for a batch that runs alone (low-load latency).
-    solo_session: bool = True
-
-
-class TorchOptions(_Placement):
-    kind: Literal["torch"]
-    # `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile with dynamic shapes.
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    compile: bool = False
-
-
-class TritonOptions(_Strict):
-    kind: Literal["triton"]
-    url: str = "127.0.0.1:8001"
-    protocol: Literal["http", "grpc"] = "grpc"
-    model: str = ""  # the model's name in Triton; empty: Ferry's name for it
-    model_version: str = ""
-    mode: Literal["batch", "passthrough"] = "batch"
-    # Batches in flight to Triton at once (Triton's own instances run them).
-    concurrency: int = Field(default=2, ge=1, le=256)
-
-
-def _backend_kind(options: Any) -> str | None:
-    # A [models.backend] table without `kind` is the default backend's.
-    if isinstance(options, dict):
-        return options.get("kind", "onnxruntime")
-    return getattr(options, "kind", None)
-
-
-BackendOptions = Annotated[
-    Annotated[OnnxRuntimeOptions, Tag("onnxruntime")]
-    | Annotated[TorchOptions, Tag("torch")]
-    | Annotated[TritonOptions, Tag("triton")],
-    Discriminator(
-        _backend_kind,
-        custom_error_type="backend_kind",
-        custom_error_message="kind must be onnxruntime, torch or triton",
-    ),
-]
-
-# Keys of the flat layout before backend and batching options had tables of their own: each
-# names where it went, so an old config fails with the fix rather than "extra input".
-_MOVED = {
-    **{key: f"batching.{key}" for key in ("max_batch_size", "max_batch_tokens", "max_queue_size")},
-    **{key: f"batching.{key}" for key in ("group_by_length", "dispatch_when_idle")},
-    "cost_model_batching": "batching.cost_model_batching",
-    "max_queue_delay_ms": "batching.max_queue_delay_s (seconds)",
-    "latency_objective_ms": "batching.latency_objective_s (seconds)",
-    **{key: f"backend.{key}" for key in ("sessions", "intra_op_threads", "spin_threads")},
-    **{key: f"backend.{key}" for key in ("solo_session", "device", "allow_cpu_fallback")},
-    "torch_dtype": "backend.dtype",
-    "torch_compile": "backend.compile",
-    **{f"triton_{key}": f"backend.{key}" for key in ("url", "protocol", "model", "mode")},
-    "triton_model_version": "backend.model_version",
-}
 
 
 class ModelSettings(_Strict):
@@ -120,24 +43,15 @@ class ModelSettings(_Strict):
     # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
     batching: BatchLimits = BatchLimits()
 
-    @model_validator(mode="before")
+    @field_validator("batching", mode="before")
     @classmethod
-    def _name_moved_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        if isinstance(data.get("backend"), str):
-            raise ValueError(f'backend is a table: [models.backend] kind = "{data["backend"]}"')
-        for key in data:
-            if key in _MOVED:
-                table = _MOVED[key].split(".")[0]
-                raise ValueError(f"{key} is now {_MOVED[key]}, in a [models.{table}] table")
-        batching = data.get("batching")
+    def _concurrency_is_the_backends(cls, batching: Any) -> Any:
         if isinstance(batching, dict) and "max_concurrent_batches" in batching:
             raise ValueError(
                 "batching.max_concurrent_batches is the backend's: backend.sessions "
                 "(onnxruntime) or backend.concurrency (triton)"
             )
-        return data
+        return batching
 
 
 _SERVED_NAME = r"^[A-Za-z0-9._:/-]+$"

@@ -2,9 +2,10 @@
 tests/batcher; prints the score and every surviving mutant that is not listed as equivalent.
 
 mutmut names a mutant after its file's path and records hits by the importing module's name, so
-the code must be imported as `ferry.batcher.x` from `ferry/batcher/x.py`. The repository maps
-`batcher/` onto `ferry.batcher` with setuptools' package-dir instead, so the run happens in a
-staging copy (build/mutation) laid out the way mutmut expects; the repository is never touched.
+the code must be imported as `ferry.batcher.x` from `ferry/batcher/x.py`. In the repository
+`ferry/batcher` is a symlink to `batcher/`; the run happens in a staging copy (build/mutation)
+with real folders, only tests/batcher and a pytest configuration of its own, so mutmut's
+`mutants/` and results never touch the repository.
 
 `--survivors` re-tests only the last run's unexplained survivors against the current tests
 (after adding tests for them): the staged copy and mutmut's results are kept, so every other

@@ -19,9 +19,9 @@ HERE = Path(__file__).resolve().parent
 # The panel modules sit beside this script, which runs as a file (make dashboards, the tests).
 sys.path.insert(0, str(HERE))
 
-from dashboard_kit import DATASOURCE, Panel  # noqa: E402
-from llm_panels import GENERATION_TOKENS, LLM  # noqa: E402
-from overview_panels import MODEL_READY, OVERVIEW  # noqa: E402
+from dashboard_kit import DATASOURCE, GENERATION_TOKENS, MODEL_READY, Panel  # noqa: E402
+from llm_panels import LLM  # noqa: E402
+from overview_panels import OVERVIEW  # noqa: E402
 from triton_panels import SUCCESS, TRITON  # noqa: E402
 
 DASHBOARD_DIR = HERE / "dashboards"

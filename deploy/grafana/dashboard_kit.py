@@ -28,6 +28,36 @@ def ferry_metric(attribute: str) -> str:
     return f"{family.name}_total" if family.type == "counter" else family.name
 
 
+# Every Ferry series the dashboards query, by its FerryMetrics attribute.
+MODEL_READY = ferry_metric("model_ready")
+REQUESTS = ferry_metric("requests")
+REQUEST_DURATION = ferry_metric("request_duration")
+IN_FLIGHT = ferry_metric("in_flight")
+REJECTIONS = ferry_metric("rejections")
+CONNECTIONS_REFUSED = ferry_metric("connections_refused")
+QUEUE_WAIT = ferry_metric("queue_wait")
+QUEUE_DEPTH = ferry_metric("queue_depth")
+QUEUE_CAPACITY = ferry_metric("queue_capacity")
+BATCH_SIZE = ferry_metric("batch_size")
+BATCH_TOKENS = ferry_metric("batch_tokens")
+PADDING_RATIO = ferry_metric("padding_ratio")
+BACKEND_DURATION = ferry_metric("backend_duration")
+BACKEND_FAILURES = ferry_metric("backend_failures")
+# The LLM path (server/openai/observer.py observes these).
+TTFT = ferry_metric("llm_ttft")
+ITL = ferry_metric("llm_itl")
+DURATION = ferry_metric("llm_duration")
+PROMPT_TOKENS = ferry_metric("llm_prompt_tokens")
+GENERATION_TOKENS = ferry_metric("llm_generation_tokens")
+FINISHED = ferry_metric("llm_finished")
+RUNNING = ferry_metric("llm_running")
+WAITING = ferry_metric("llm_waiting")
+STRUCTURED = ferry_metric("llm_structured")
+GUIDED_ITL = ferry_metric("llm_guided_itl")
+CACHE_QUERIES = ferry_metric("llm_prefix_cache_queries")
+CACHE_HITS = ferry_metric("llm_prefix_cache_hits")
+
+
 @dataclass(frozen=True)
 class Panel:
     title: str
@@ -65,3 +95,18 @@ def rate_by(by: str, metric: str, selector: str = M) -> str:
     """Per-second rate of a counter, summed by `by` (empty: over everything)."""
     total = f"sum by ({by}) " if by else "sum"
     return f"{total}(rate({metric}{{{selector}}}{RATE}))"
+
+
+def rate_panel(
+    title: str,
+    by: str,
+    metric: str,
+    description: str,
+    *,
+    selector: str = M,
+    unit: str = "reqps",
+    legend: str = "",
+) -> Panel:
+    """One series per value of the label `by`: a counter's per-second rate (the common panel)."""
+    series = ((legend or f"{{{{{by}}}}}", rate_by(by, metric, selector)),)
+    return Panel(title, series, unit=unit, description=description)

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-from dashboard_kit import RATE, M, Panel, ferry_metric, quantiles, rate_by
-
-REQUESTS = ferry_metric("requests")
-TTFT = ferry_metric("llm_ttft")
-ITL = ferry_metric("llm_itl")
-DURATION = ferry_metric("llm_duration")
-PROMPT_TOKENS = ferry_metric("llm_prompt_tokens")
-GENERATION_TOKENS = ferry_metric("llm_generation_tokens")
-FINISHED = ferry_metric("llm_finished")
-RUNNING = ferry_metric("llm_running")
-WAITING = ferry_metric("llm_waiting")
-STRUCTURED = ferry_metric("llm_structured")
-GUIDED_ITL = ferry_metric("llm_guided_itl")
-CACHE_QUERIES = ferry_metric("llm_prefix_cache_queries")
-CACHE_HITS = ferry_metric("llm_prefix_cache_hits")
+from dashboard_kit import (
+    CACHE_HITS,
+    CACHE_QUERIES,
+    DURATION,
+    FINISHED,
+    GENERATION_TOKENS,
+    GUIDED_ITL,
+    ITL,
+    PROMPT_TOKENS,
+    RATE,
+    REQUESTS,
+    RUNNING,
+    STRUCTURED,
+    TTFT,
+    WAITING,
+    M,
+    Panel,
+    quantiles,
+    rate_by,
+    rate_panel,
+)
 
 LLM = (
     Panel(
@@ -58,29 +64,29 @@ LLM = (
         unit="percentunit",
         description="Share of prompt tokens found computed (vLLM's prefix_cache_hits/queries).",
     ),
-    Panel(
-        "Finished requests/s by reason",
-        (("{{finish_reason}}", rate_by("finish_reason", FINISHED)),),
-        unit="reqps",
-        description="stop, length, abort, error...",
+    rate_panel(
+        "Finished requests/s by reason", "finish_reason", FINISHED, "stop, length, abort, error..."
     ),
     Panel(
         "Generated tokens per request",
         (("mean", f"{rate_by('', GENERATION_TOKENS)} / {rate_by('', FINISHED)}"),),
         description="Mean completion length.",
     ),
-    Panel(
+    rate_panel(
         "Chat HTTP responses/s",
-        (("{{status}}", rate_by("status", REQUESTS, f'endpoint="/v1/chat/completions", {M}')),),
-        unit="reqps",
-        description="/v1/chat/completions responses by status code.",
+        "status",
+        REQUESTS,
+        "/v1/chat/completions responses by status code.",
+        selector=f'endpoint="/v1/chat/completions", {M}',
     ),
     # LoRA adapters are served models of their own name: these split the load and latency by
     # it (base models and adapters alike; running/waiting above are per base engine).
-    Panel(
+    rate_panel(
         "Generated tokens/s by model or adapter",
-        (("{{model}}", rate_by("model", GENERATION_TOKENS)),),
-        description="Tokens generated per second by each base model and each LoRA adapter.",
+        "model",
+        GENERATION_TOKENS,
+        "Tokens generated per second by each base model and each LoRA adapter.",
+        unit="short",
     ),
     Panel(
         "Time to first token p95 by model or adapter",
@@ -93,17 +99,17 @@ LLM = (
         unit="s",
         description="Whether one adapter waits longer than the others for its first token.",
     ),
-    Panel(
+    rate_panel(
         "Finished requests/s by model or adapter",
-        (("{{model}}", rate_by("model", FINISHED)),),
-        unit="reqps",
-        description="Request rate per base model and per LoRA adapter.",
+        "model",
+        FINISHED,
+        "Request rate per base model and per LoRA adapter.",
     ),
-    Panel(
+    rate_panel(
         "Structured-output requests/s by kind",
-        (("{{kind}}", rate_by("kind", STRUCTURED)),),
-        unit="reqps",
-        description="Requests under a grammar: response_format json_object / json_schema, "
+        "kind",
+        STRUCTURED,
+        "Requests under a grammar: response_format json_object / json_schema, "
         "vLLM's guided_*, or tools.",
     ),
     Panel(

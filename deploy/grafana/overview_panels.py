@@ -2,24 +2,32 @@
 
 from __future__ import annotations
 
-from dashboard_kit import RATE, SERVED, M, Panel, ferry_metric, mean, quantiles, rate_by
+from dashboard_kit import (
+    BACKEND_DURATION,
+    BACKEND_FAILURES,
+    BATCH_SIZE,
+    BATCH_TOKENS,
+    CONNECTIONS_REFUSED,
+    IN_FLIGHT,
+    MODEL_READY,
+    PADDING_RATIO,
+    QUEUE_CAPACITY,
+    QUEUE_DEPTH,
+    QUEUE_WAIT,
+    RATE,
+    REJECTIONS,
+    REQUEST_DURATION,
+    REQUESTS,
+    SERVED,
+    M,
+    Panel,
+    mean,
+    quantiles,
+    rate_by,
+    rate_panel,
+)
 
 from ferry.server.gpu_metrics import MEMORY_TOTAL, MEMORY_USED, UTILIZATION
-
-MODEL_READY = ferry_metric("model_ready")
-REQUESTS = ferry_metric("requests")
-REQUEST_DURATION = ferry_metric("request_duration")
-IN_FLIGHT = ferry_metric("in_flight")
-REJECTIONS = ferry_metric("rejections")
-CONNECTIONS_REFUSED = ferry_metric("connections_refused")
-QUEUE_WAIT = ferry_metric("queue_wait")
-QUEUE_DEPTH = ferry_metric("queue_depth")
-QUEUE_CAPACITY = ferry_metric("queue_capacity")
-BATCH_SIZE = ferry_metric("batch_size")
-BATCH_TOKENS = ferry_metric("batch_tokens")
-PADDING_RATIO = ferry_metric("padding_ratio")
-BACKEND_DURATION = ferry_metric("backend_duration")
-BACKEND_FAILURES = ferry_metric("backend_failures")
 
 OVERVIEW = (
     Panel(
@@ -58,22 +66,20 @@ OVERVIEW = (
         width=6,
         description="Queue depth / bound (alert: FerryQueueSaturated at 80%).",
     ),
-    Panel(
+    rate_panel(
         "Requests/s",
-        (("{{endpoint}}", rate_by("endpoint", REQUESTS, f"{M}, {SERVED}")),),
-        unit="reqps",
-        description="Requests answered per second, any status, by route.",
+        "endpoint",
+        REQUESTS,
+        "Requests answered per second, any status, by route.",
+        selector=f"{M}, {SERVED}",
     ),
-    Panel(
+    rate_panel(
         "Errors by status",
-        (
-            (
-                "{{status}} {{endpoint}}",
-                rate_by("status, endpoint", REQUESTS, f'status!~"2..", {SERVED}'),
-            ),
-        ),
-        unit="reqps",
-        description="Non-2xx responses per second (404s for unknown models carry no model).",
+        "status, endpoint",
+        REQUESTS,
+        "Non-2xx responses per second (404s for unknown models carry no model).",
+        selector=f'status!~"2..", {SERVED}',
+        legend="{{status}} {{endpoint}}",
     ),
     Panel(
         "Rejections by reason",
@@ -148,11 +154,12 @@ OVERVIEW = (
         ),
         description="Dispatch rate and the mean padded size (batch x longest) of a batch.",
     ),
-    Panel(
+    rate_panel(
         "Backend failures/s",
-        (("{{backend}}", rate_by("backend", BACKEND_FAILURES)),),
+        "backend",
+        BACKEND_FAILURES,
+        "Batches whose backend call failed.",
         unit="ops",
-        description="Batches whose backend call failed.",
     ),
     # Per GPU, from NVML (server/gpu_metrics.py); empty on hosts without a GPU.
     Panel(

@@ -20,6 +20,7 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
+from ferry import __version__
 from ferry.batcher.errors import InvalidInput
 from ferry.server.auth import check_bearer
 from ferry.server.errors import ERROR_TABLE, INTERNAL, MalformedRequest, NotReady, Unauthorized
@@ -208,7 +209,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request, context):
         response = service_pb2.ServerMetadataResponse(
             name="ferry",
-            version="0.1.0",
+            version=__version__,
             extensions=["binary_tensor_data", "model_configuration", "statistics"],
         )
         return await self._call("ServerMetadata", context, lambda: _value(response))

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from ferry import __version__
 from ferry.batcher.errors import InvalidInput
 from ferry.server.errors import MalformedRequest, error_response
 from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
@@ -91,7 +92,7 @@ async def ready(request: Request) -> JSONResponse:
 async def server_metadata() -> dict[str, Any]:
     return {
         "name": "ferry",
-        "version": "0.1.0",
+        "version": __version__,
         "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
     }
 

@@ -13,9 +13,10 @@ import pytest
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.placement import CUDA_EP
 from ferry.batcher import TokenSequence, pad_batch
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
 from ferry.exporters.quantize import convert_fp16
 from tests.gpu import requires_gpu
+from tests.support.metrics import metric_value
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 

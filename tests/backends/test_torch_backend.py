@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.manifest import ModelManifest
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.placement import DeviceUnavailable
 from ferry.backends.torch_backend import TorchBackend
 from ferry.batcher import TokenSequence, pad_batch
 from ferry.bench.server_process import ferry_server
 from ferry.exporters.default_model import default_model_source
-from ferry.exporters.manifest import ModelManifest
 from ferry.server.tokenization import TextTokenizer
 from tests.exporters.tiny_classifier import build_tiny_classifier
 

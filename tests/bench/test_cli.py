@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL, REPO, default_model_config, ferry_server
-from ferry.server.cli import main
+from ferry.cli import main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -21,7 +21,7 @@ def ferry():
 
 def test_help_explains_every_option():
     done = subprocess.run(
-        [sys.executable, "-m", "ferry.server.cli", "bench", "--help"],
+        [sys.executable, "-m", "ferry", "bench", "--help"],
         cwd=REPO,
         capture_output=True,
         text=True,

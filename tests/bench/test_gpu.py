@@ -9,10 +9,11 @@ from ferry.bench.gpu import FERRY_ORT, UNBATCHED, Config, Results, report, verdi
 from ferry.bench.gpu_model import write_tokenizer
 from ferry.bench.loadgen import LoadResult
 from ferry.bench.multiload import load_pool, merge, run_load_processes, split_clients
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
 from ferry.server.tokenization import TextTokenizer
+from tests.support.metrics import metric_value
 
 
 def test_clients_are_split_evenly_and_never_to_an_idle_process():

@@ -20,9 +20,10 @@ import onnxruntime_genai as og
 import pytest
 from tokenizers import Tokenizer
 
-from ferry.bench.server_process import DEFAULT_LLM, default_llm_config, ferry_server
+from ferry.bench.server_process import DEFAULT_LLM, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
+from tests.support.llm_configs import default_llm_config
 
 DATA = Path(__file__).parent / "data"
 CHOICE_TASK = f"""

@@ -26,10 +26,11 @@ import pytest
 import yaml
 
 from ferry.bench.processes import free_port
-from ferry.bench.server_process import DEFAULT_MODEL_DIR, metric_value
+from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from tests.deploy.deploy_support import DEPLOY, ROOT
 from tests.deploy.docker_engine import docker, docker_engine
 from tests.exporters.triton_models import TRITON_MODELS, export_default
+from tests.support.metrics import metric_value
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from ferry.bench.processes import prometheus_server
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config, ferry_server
 from tests.deploy.deploy_support import (
     DEPLOY,
@@ -29,6 +28,7 @@ from tests.deploy.deploy_support import (
     wait_until,
 )
 from tests.gpu import requires_gpu
+from tests.support.prometheus import prometheus_server
 from tools.render_dashboard import substitute
 
 pytestmark = [needs_prometheus, pytest.mark.timeout(180)]

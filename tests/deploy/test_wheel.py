@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 import pytest
 
+import ferry
 from ferry.bench.processes import running
 from ferry.bench.server_process import (
     DEFAULT_MODEL_DIR,
@@ -57,12 +58,15 @@ def run(args: list[str | Path], cwd: Path, timeout_s: float = BUILD_TIMEOUT_S) -
 
 
 def copy_sources(dest: Path) -> None:
-    """What the build reads: pyproject.toml, the readme and every folder package-dir maps."""
+    """What the build reads: pyproject.toml, the readme, ferry/ with its symlinks as they are
+    (as Docker's COPY keeps them), and the top-level folders they point to."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    folders = {"ferry", *project["tool"]["setuptools"]["package-dir"].values()}
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in sorted(folders):
-        shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
+    shutil.copytree(REPO / "ferry", dest / "ferry", symlinks=True, ignore=ignore)
+    for link in (REPO / "ferry").iterdir():
+        if link.is_symlink():
+            folder = link.resolve().relative_to(REPO)
+            shutil.copytree(REPO / folder, dest / folder, ignore=ignore)
     for name in ("pyproject.toml", project["project"]["readme"]):
         shutil.copy2(REPO / name, dest / name)
 
@@ -123,7 +127,7 @@ def test_the_wheel_holds_only_the_ferry_package(built: tuple[Path, str]) -> None
     wheel, output = built
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
-    assert tops == {"ferry", "ferry-0.1.0.dist-info"}, tops
+    assert tops == {"ferry", f"ferry-{ferry.__version__}.dist-info"}, tops
     for module in (
         "server/app.py",
         "server/openai/serving.py",

@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 import pytest
 
+from ferry.backends.manifest import ModelManifest
 from ferry.exporters.default_model import export_default_model
-from ferry.exporters.manifest import ModelManifest
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 
+from ferry.backends.manifest import ModelManifest
 from ferry.bench.server_process import default_model_config, ferry_server
-from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.quantize import compare, convert_fp16, quantize_int8, sample_batch
 
 

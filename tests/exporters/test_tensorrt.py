@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ferry.cli import main
 from ferry.exporters.tensorrt import EXIT_NO_GPU, derive_profile, gpu_present, trtexec_command
-from ferry.server.cli import main
 
 
 def test_profile_spans_one_token_to_the_batchers_limits():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ferry.server.cli import main
+from ferry.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_MODELS = ROOT / "triton_models"

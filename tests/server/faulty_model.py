@@ -98,7 +98,7 @@ def build(folder: Path, tokenizer_json: Path) -> Path:
     onnx.checker.check_model(model)
     onnx.save(model, folder / "model.onnx")
     shutil.copy(tokenizer_json, folder / "tokenizer.json")
-    from ferry.exporters.manifest import ModelManifest
+    from ferry.backends.manifest import ModelManifest
 
     ModelManifest(task="embedding", max_length=16, vocab_size=VOCAB, source="tests").write(folder)
     return folder

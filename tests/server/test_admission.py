@@ -7,7 +7,8 @@ import asyncio
 
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
+from tests.support.metrics import metric_value
 
 BURST = 800
 TIMEOUT_MS = 5000

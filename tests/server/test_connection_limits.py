@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
+from tests.support.metrics import metric_value
 
 LIMITS = {
     "header_timeout_s": 1.0,

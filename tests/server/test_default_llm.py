@@ -20,13 +20,12 @@ from ferry.bench.server_process import (
     DEFAULT_LLM_DIR,
     TINY_LLM,
     TINY_LLM_DIR,
-    default_llm_config,
     ferry_server,
-    metric_value,
-    tiny_llm_config,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
+from tests.support.llm_configs import default_llm_config, tiny_llm_config
+from tests.support.metrics import metric_value
 
 MODEL_DIRS = {DEFAULT_LLM: DEFAULT_LLM_DIR, TINY_LLM: TINY_LLM_DIR}
 PROMPTS = {DEFAULT_LLM: "What is the capital of France?", TINY_LLM: "def fibonacci(n):"}

@@ -7,7 +7,8 @@ import contextlib
 
 import httpx
 
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
+from tests.support.metrics import metric_value
 
 LONG = [101, *range(2000, 2250), 102]
 

@@ -9,8 +9,9 @@ import asyncio
 import httpx
 import pytest
 
-from ferry.bench.server_process import DEFAULT_MODEL_DIR, ferry_server, metric_value
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, ferry_server
 from tests.server import faulty_model
+from tests.support.metrics import metric_value
 
 NAME = "faulty"
 INFER_TIMEOUT_S = 0.5  # a normal batch of this model takes about a millisecond

@@ -18,13 +18,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from ferry.bench.rss_by_request import rss_mib
-from ferry.bench.server_process import (
-    DEFAULT_MODEL,
-    TINY_LLM,
-    default_model_config,
-    ferry_server,
-    tiny_llm_config,
-)
+from ferry.bench.server_process import DEFAULT_MODEL, TINY_LLM, default_model_config, ferry_server
+from tests.support.llm_configs import tiny_llm_config
 
 REFERENCE_IDS = [101, 7592, 2088, 102]
 POST_ROUTES = (

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ferry.bench.server_process import metric_value
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
+from tests.support.metrics import metric_value
 
 KEY = "k3y"
 LIMIT = 2048

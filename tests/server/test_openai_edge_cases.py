@@ -9,8 +9,9 @@ import math
 import openai
 import pytest
 
-from ferry.bench.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server, tiny_llm_config
+from ferry.bench.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from tests.support.llm_configs import tiny_llm_config
 
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
 TOKENIZER = ChatTokenizer(TINY_LLM_DIR)

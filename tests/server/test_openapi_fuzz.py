@@ -9,14 +9,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from ferry.bench.server_process import (
-    DEFAULT_MODEL,
-    REPO,
-    TINY_LLM,
-    ferry_server,
-    metric_value,
-    tiny_llm_config,
-)
+from ferry.bench.server_process import DEFAULT_MODEL, REPO, TINY_LLM, ferry_server
+from tests.support.llm_configs import tiny_llm_config
+from tests.support.metrics import metric_value
 
 EXAMPLES = "60"
 

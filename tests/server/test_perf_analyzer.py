@@ -22,8 +22,8 @@ from ferry.bench.server_process import (
     default_model_config,
     ferry_server,
     free_port,
-    tiny_llm_config,
 )
+from tests.support.llm_configs import tiny_llm_config
 
 PERF_ANALYZER = REPO / ".perf_analyzer" / "perf_analyzer"
 # Short count windows, any spread accepted: the test checks the protocol, not the speed.

@@ -150,19 +150,3 @@ def test_the_defaults_are_the_batchers_and_concurrency_is_the_backends(tmp_path)
     for bad in ("max_batch_tokens = 0", "latency_objective_s = 0.0", "max_queue_delay_s = -1.0"):
         with pytest.raises(ValidationError, match=bad.split(" =")[0]):
             load_settings(write(tmp_path, TOML.replace("max_batch_size = 16", bad)), environ={})
-
-
-@pytest.mark.parametrize(
-    ("old", "hint"),
-    [
-        ("max_queue_delay_ms = 2", "batching.max_queue_delay_s (seconds)"),
-        ("sessions = 2", "backend.sessions"),
-        ('triton_url = "t:8001"', "backend.url"),
-        ('backend = "triton"', '[models.backend] kind = "triton"'),
-    ],
-)
-def test_a_config_in_the_old_flat_layout_names_where_each_key_went(tmp_path, old, hint):
-    flat = TOML.replace("\n[models.batching]\nmax_batch_size = 16\n", f"\n{old}\n")
-    with pytest.raises(ValidationError) as failure:
-        load_settings(write(tmp_path, flat), environ={})
-    assert hint in str(failure.value)

@@ -8,7 +8,8 @@ import time
 
 import httpx
 
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from ferry.bench.server_process import default_model_config, ferry_server
+from tests.support.metrics import metric_value
 
 
 async def _fire(url: str, count: int) -> list[int | str]:

@@ -107,6 +107,7 @@ def test_model_failure_is_left_for_the_batcher_to_isolate():
 
 
 def test_settings_map_one_to_one_onto_the_backend():
+    from ferry.server.model_runtime import build_backend
     from ferry.server.settings import ModelSettings
 
     settings = ModelSettings(
@@ -117,7 +118,7 @@ def test_settings_map_one_to_one_onto_the_backend():
         backend={"kind": "triton", "url": "t:8001", "model": "remote", "concurrency": 5},
         batching={"max_batch_size": 12},
     )
-    backend = TritonBackend.from_settings(settings, settings.backend)
+    backend = build_backend(settings)
     assert (backend.target.url, backend.target.model) == ("t:8001", "remote")
     assert (backend.timeout_s, backend.max_concurrency) == (45, 5)
     assert backend._ferry_max_batch_size == 12

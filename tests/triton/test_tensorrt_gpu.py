@@ -18,9 +18,9 @@ import httpx
 import numpy as np
 import pytest
 
+from ferry.backends.manifest import ModelManifest
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.server_process import default_model_config, ferry_server
-from ferry.exporters.manifest import ModelManifest
 from ferry.exporters.tensorrt import build_plan, derive_profile, gpu_present
 from ferry.exporters.triton_repo import Batching, write_repository
 

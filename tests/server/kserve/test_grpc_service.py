@@ -14,9 +14,11 @@ import tritonclient.grpc.aio as triton_grpc_aio
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+import ferry
 from ferry.bench.processes import free_port
-from ferry.bench.server_process import DEFAULT_MODEL, ferry_server, metric_value
+from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
 from tests.server.kserve_support import padded_batch
+from tests.support.metrics import metric_value
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -40,7 +42,8 @@ def token_inputs(module, ids: np.ndarray, mask: np.ndarray) -> list:
 def test_health_metadata_and_config(client):
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready(DEFAULT_MODEL)
-    assert "statistics" in client.get_server_metadata(as_json=True)["extensions"]
+    server = client.get_server_metadata(as_json=True)
+    assert "statistics" in server["extensions"] and server["version"] == ferry.__version__
     metadata = client.get_model_metadata(DEFAULT_MODEL, as_json=True)
     assert {i["name"] for i in metadata["inputs"]} == {"input_ids", "attention_mask", "text"}
     config = client.get_model_config(DEFAULT_MODEL, as_json=True)["config"]

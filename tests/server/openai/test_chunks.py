@@ -9,7 +9,7 @@ import json
 import pytest
 import pytest_asyncio
 
-from ferry.bench.server_process import TINY_LLM, tiny_llm_config
+from ferry.bench.server_process import TINY_LLM
 from ferry.server.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionStreamChoice,
@@ -19,6 +19,7 @@ from ferry.server.openai.protocol import (
 from ferry.server.openai.sse import DONE, TextTemplate, sse_data
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
+from tests.support.llm_configs import tiny_llm_config
 
 # One engine for the module: the tests share its loop.
 in_module_loop = pytest.mark.asyncio(loop_scope="module")

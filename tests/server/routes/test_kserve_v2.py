@@ -10,8 +10,10 @@ import pytest
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from ferry.bench.server_process import DEFAULT_MODEL, metric_value
+import ferry
+from ferry.bench.server_process import DEFAULT_MODEL
 from tests.server.kserve_support import RNG, padded_batch
+from tests.support.metrics import metric_value
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,7 @@ def test_health_and_model_metadata(client):
     assert client.is_server_live()
     assert client.is_server_ready()
     assert client.is_model_ready(DEFAULT_MODEL)
+    assert client.get_server_metadata()["version"] == ferry.__version__
     metadata = client.get_model_metadata(DEFAULT_MODEL)
     assert {i["name"]: i["datatype"] for i in metadata["inputs"]} == {
         "input_ids": "INT64",

@@ -11,8 +11,10 @@ import httpx
 import openai
 import pytest
 
-from ferry.bench.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
+from ferry.bench.server_process import TINY_LLM, ferry_server
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR
+from tests.support.llm_configs import tiny_llm_config
+from tests.support.metrics import metric_value
 
 KEY = "lora-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

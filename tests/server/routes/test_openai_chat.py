@@ -12,11 +12,13 @@ import httpx
 import openai
 import pytest
 
-from ferry.bench.server_process import TINY_LLM, ferry_server, metric_value, tiny_llm_config
+from ferry.bench.server_process import TINY_LLM, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_prefix import common_prefix
 from tests.llm.llm_paths import HF_DIR
 from tests.llm.llm_paths import TINY_LLM as TINY_LLM_DIR
+from tests.support.llm_configs import tiny_llm_config
+from tests.support.metrics import metric_value
 
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
 # Greedy continuations recorded with transformers (tools/build_tiny_llm.py): the served text

@@ -9,7 +9,9 @@ import httpx
 import numpy as np
 import pytest
 
-from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+import ferry
+from ferry.bench.server_process import default_model_config, ferry_server
+from tests.support.metrics import metric_value
 
 RNG = np.random.default_rng(7)
 
@@ -171,7 +173,7 @@ def test_models_health_and_docs(server):
     assert httpx.get(f"{server.url}/health/live").status_code == 200
     assert httpx.get(f"{server.url}/health/ready").json()["status"] == "ready"
     schema = httpx.get(f"{server.url}/openapi.json").json()
-    assert "/predict" in schema["paths"]
+    assert "/predict" in schema["paths"] and schema["info"]["version"] == ferry.__version__
     assert httpx.get(f"{server.url}/docs").status_code == 200
 
 

@@ -1,7 +1,8 @@
-"""The small JSON file beside every exported model that tells the server how to serve it.
+"""The small JSON file beside every model folder that tells the server how to serve it.
 
 Written at export time so that the server never needs torch or transformers to learn a model's
-limits (max length, vocabulary size) or its labels.
+limits (max length, vocabulary size) or its labels. It lives with the backends, the lowest layer
+that reads it: the server reads it through them, and the build-time exporters import it downwards.
 """
 
 from __future__ import annotations

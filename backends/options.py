@@ -1,0 +1,75 @@
+"""Each backend's options: the `[models.backend]` table of a model, told apart by `kind`.
+
+The backends own these types and build themselves from them (`from_options`); the server's
+settings only name them as one field, so configuration reads downwards into the backends.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from ferry.backends.placement import Device
+
+TorchDType = Literal["auto", "float32", "float16", "bfloat16"]
+TritonProtocol = Literal["http", "grpc"]
+TritonMode = Literal["batch", "passthrough"]
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Placement(_Options):
+    # `auto` takes the GPU when the runtime can reach one; a model meant for the GPU refuses to
+    # start on the CPU unless the fallback is allowed (backends/placement.py).
+    device: Device = "auto"
+    allow_cpu_fallback: bool = False
+
+
+class OnnxRuntimeOptions(_Placement):
+    kind: Literal["onnxruntime"] = "onnxruntime"
+    # Sessions = batches that may run at once; 0 measures the best count at start.
+    sessions: int = Field(default=0, ge=0, le=64)
+    intra_op_threads: int = Field(default=1, ge=1, le=256)
+    spin_threads: bool = False
+    # One more session, with every core, for a batch that runs alone (low-load latency).
+    solo_session: bool = True
+
+
+class TorchOptions(_Placement):
+    kind: Literal["torch"]
+    # `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile with dynamic shapes.
+    dtype: TorchDType = "auto"
+    compile: bool = False
+
+
+class TritonOptions(_Options):
+    kind: Literal["triton"]
+    url: str = "127.0.0.1:8001"
+    protocol: TritonProtocol = "grpc"
+    model: str = ""  # the model's name in Triton; empty: Ferry's name for it
+    model_version: str = ""
+    mode: TritonMode = "batch"
+    # Batches in flight to Triton at once (Triton's own instances run them).
+    concurrency: int = Field(default=2, ge=1, le=256)
+
+
+def _backend_kind(options: Any) -> str | None:
+    # A [models.backend] table without `kind` is the default backend's.
+    if isinstance(options, dict):
+        return options.get("kind", "onnxruntime")
+    return getattr(options, "kind", None)
+
+
+BackendOptions = Annotated[
+    Annotated[OnnxRuntimeOptions, Tag("onnxruntime")]
+    | Annotated[TorchOptions, Tag("torch")]
+    | Annotated[TritonOptions, Tag("triton")],
+    Discriminator(
+        _backend_kind,
+        custom_error_type="backend_kind",
+        custom_error_message="kind must be onnxruntime, torch or triton",
+    ),
+]
