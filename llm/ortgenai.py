@@ -25,6 +25,7 @@ from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings, merge_deltas
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
+from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import adapter_key
 from ferry.llm.ortgenai_owner import (
     STOP,
@@ -56,6 +57,7 @@ class OrtGenAIEngine:
         prefix_cache: bool = True,
         prefix_cache_bytes: int = EngineOptions.prefix_cache_bytes,
         prefill_chunk: int = EngineOptions.prefill_chunk,
+        deterministic: bool = False,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
         special_tokens_in_content: bool = False,
@@ -74,6 +76,7 @@ class OrtGenAIEngine:
             prefix_cache=prefix_cache,
             prefix_cache_bytes=prefix_cache_bytes,
             prefill_chunk=prefill_chunk,
+            deterministic=deterministic,
         )
         eos = genai_config["model"].get("eos_token_id", [])
         self._eos_ids = set(eos) if isinstance(eos, list) else {eos}
@@ -259,6 +262,7 @@ class OrtGenAIEngine:
             worker = OwnerLoop(
                 og,
                 model,
+                KVModel(self._model_dir),
                 self._options,
                 self.max_context_tokens,
                 self._kv_bytes_per_token,

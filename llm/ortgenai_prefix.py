@@ -63,6 +63,15 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
+def _covers(new: CachedGenerator, old: CachedGenerator) -> bool:
+    """Whether `new` serves every request `old` could: same options, room, and old's tokens."""
+    return (
+        old.options == new.options
+        and old.max_length <= new.max_length
+        and new.tokens[: len(old.tokens)] == old.tokens
+    )
+
+
 class PrefixCache:
     """Idle generators by their tokens, LRU within a byte budget. Owner thread only."""
 
@@ -111,6 +120,11 @@ class PrefixCache:
         if cost > self.budget_bytes or not entry.tokens:
             self._free(entry.generator)
             return
+        for key, held in list(self._entries.items()):  # one it covers is no longer needed
+            if held is not entry and _covers(entry, held):
+                del self._entries[key]
+                self.used_bytes -= self.cost(held.max_length)
+                self._free(held.generator)
         self._entries[self._next_key] = entry
         self._next_key += 1
         self.used_bytes += cost
