@@ -217,6 +217,11 @@ class OrtGenAIEngine:
             self._calls.discard(future)
 
     @property
+    def deterministic(self) -> bool:
+        """Greedy text independent of load (ortgenai_batch.py), at a one-stream cost."""
+        return self._options.deterministic
+
+    @property
     def max_concurrent_generations(self) -> int:
         return self._capacity
 
