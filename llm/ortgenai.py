@@ -35,7 +35,6 @@ from ferry.llm.ortgenai_owner import (
     OwnerCall,
     OwnerLoop,
 )
-from ferry.llm.ortgenai_prefix import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,6 @@ class OrtGenAIEngine:
         )
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
-        self._kv_bytes_per_token = kv_bytes_per_token(genai_config["model"]["decoder"])
         self._options = EngineOptions(
             max_running=max_running or EngineOptions.max_running,
             prefix_cache=prefix_cache,
@@ -269,8 +267,6 @@ class OrtGenAIEngine:
                 model,
                 KVModel(self._model_dir),
                 self._options,
-                self.max_context_tokens,
-                self._kv_bytes_per_token,
                 self._eos_ids,
                 self._deliver,
                 self._set_counts,

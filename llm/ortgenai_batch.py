@@ -29,10 +29,9 @@ import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
-from ferry.llm.ortgenai_prefix import CachedGenerator, PrefixCache
+from ferry.llm.ortgenai_prefix import CachedPrefix, PrefixCache
 from ferry.llm.sampling import Sampler
 
-_KV_OPTIONS = "kv"  # prompt keys and values do not depend on sampling: one cache key for all
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
 
 
@@ -69,9 +68,6 @@ class BatchLane:
         self._lengths = np.zeros(0, np.int64)  # tokens in each row's KV
         self._tokens = np.zeros(0, np.int64)  # the token each row feeds next
 
-    def has_room(self) -> bool:
-        return len(self.jobs) < self.max_running
-
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
     ) -> None:
@@ -80,10 +76,9 @@ class BatchLane:
         block = self._model.new_block(1, len(prompt_ids))
         reused = 0
         if self.cache is not None:
-            entry, reused = self.cache.take(prompt_ids, 0, _KV_OPTIONS)
+            entry, reused = self.cache.lookup(prompt_ids)
             if entry is not None:
-                block.copy_row(entry.generator, 0, 0, reused)
-                self.cache.put(entry)  # still there for the next one: copied, not taken
+                block.copy_row(entry.kv, 0, 0, reused)
         job.generator = block  # the owner loop's "running" marker
         job.sampler = Sampler(sampling, prompt_ids)
         job.cached_tokens = reused
@@ -124,8 +119,7 @@ class BatchLane:
         self._prefilling.remove(job)
         prompt: KVBlock = job.generator
         if self.cache is not None:
-            tokens = list(job.tokens)
-            self.cache.put(CachedGenerator(prompt, tokens, len(tokens), _KV_OPTIONS))
+            self.cache.put(CachedPrefix(prompt, list(job.tokens)))
         row = len(self._rows)
         self._reserve(row + 1, len(job.tokens) + 1)
         assert self._block is not None
@@ -184,7 +178,7 @@ class BatchLane:
             job.generator = grown
         self._model.forget_bindings()
 
-    def remove(self, job: Any, reuse: bool = False) -> None:
+    def remove(self, job: Any) -> None:
         """Take `job` off the lane (its prompt's keys and values are already in the cache)."""
         if job.generator is None:
             return

@@ -67,12 +67,9 @@ class Job:
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # until delivered (echo)
     cached_tokens: int | None = None  # prompt tokens reused; reported on the first delta
-    # Lane state: see GeneratorLane.begin.
+    # Lane state: prompt tokens computed, and still to go in.
     tokens: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
-    max_length: int = 0
-    options: Any = None
-    cacheable: bool = False
 
 
 @dataclass
@@ -96,8 +93,6 @@ class OwnerLoop:
         model: Any,
         kv_model: KVModel,
         options: EngineOptions,
-        context: int,
-        kv_bytes_per_token: int,
         eos_ids: set[int],
         deliver: Callable[[str, GenerationDelta | Exception], None],
         set_counts: Callable[[int, int, tuple[int, int]], None],
@@ -108,7 +103,7 @@ class OwnerLoop:
         self._tokenizer = og.Tokenizer(model)
         self.max_running = options.max_running
         self.cache = (
-            PrefixCache(options.prefix_cache_bytes, kv_bytes_per_token)
+            PrefixCache(options.prefix_cache_bytes, kv_model.token_bytes)
             if options.prefix_cache
             else None
         )
@@ -117,7 +112,6 @@ class OwnerLoop:
             model,
             self.max_running,
             eos_ids,
-            context=context,
             prefill_chunk=options.prefill_chunk,
         )
         self.batch = BatchLane(
@@ -237,8 +231,7 @@ class OwnerLoop:
     def _finish(self, job: Job, last: GenerationDelta | Exception) -> None:
         self._deliver(job.add.request_id, last)
         self._by_id.pop(job.add.request_id, None)
-        # A generator that failed may hold anything; one that ended cleanly is worth keeping.
-        job.lane.remove(job, reuse=not isinstance(last, Exception))
+        job.lane.remove(job)
 
     def _abort(self, request_id: str) -> None:
         job = self._by_id.get(request_id)
