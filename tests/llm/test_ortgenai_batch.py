@@ -4,33 +4,14 @@ the deterministic mode every request's greedy tokens are the ones it gets alone.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from ferry.llm.base import SamplingSettings
-from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_owner import AddRequest, Job
 from ferry.llm.ortgenai_prefix import PrefixCache
 from ferry.llm.stops import StopMatcher
 
-REAL_MODEL = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "SmolLM2-135M-Instruct"
-QUESTIONS = ("What is the capital of France?", "Name a primary colour.", "What do bees make?")
 EOS = {2}
-
-
-@pytest.fixture(scope="module")
-def kv_model() -> KVModel:
-    assert (REAL_MODEL / "genai_config.json").is_file(), "run `make model` first"
-    return KVModel(REAL_MODEL)
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    chat = ChatTokenizer(REAL_MODEL)
-    return [chat.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
 def job(name: str, prompt: list[int], max_tokens: int) -> Job:

@@ -4,30 +4,12 @@ on the others; prompts in pieces land in their row."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnxruntime_genai as og
-import pytest
 
-from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
+from tests.llm.llm_paths import REAL_MODEL
 from tests.llm.reference_og import eos_ids, greedy
-
-REAL_MODEL = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "SmolLM2-135M-Instruct"
-QUESTIONS = ("What is the capital of France?", "Name a primary colour.", "What do bees make?")
-
-
-@pytest.fixture(scope="module")
-def kv_model() -> KVModel:
-    assert (REAL_MODEL / "genai_config.json").is_file(), "run `make model` first"
-    return KVModel(REAL_MODEL)
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    chat = ChatTokenizer(REAL_MODEL)
-    return [chat.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
 
 
 def fill(model: KVModel, block: KVBlock, row: int, prompt: list[int], piece: int) -> int:

@@ -14,9 +14,8 @@ import pytest
 
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.llm.llm_paths import ONNX_DIR, WAIT_S
+from tests.llm.llm_paths import ONNX_DIR, REAL_MODEL, WAIT_S
 
-REAL_MODEL = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "SmolLM2-135M-Instruct"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."}
 QUESTIONS = (
     "What is the capital of France?",
