@@ -4,10 +4,13 @@ onnxruntime-genai objects are used only from the thread that created them, so ev
 it happens on one dedicated thread (ortgenai_owner.py) fed by a `queue.Queue` of commands. Deltas
 go back to the event loop with `loop.call_soon_threadsafe` into one asyncio queue per request.
 
-Scheduling: every request runs on its own batch-1 `og.Generator` (ortgenai_lora.py), all stepped
-in turn, so a new request starts on the next turn (up to `max_running`), greedy text does not
-depend on what else runs, and a finished generator's KV state is kept for the next prompt that
-shares its prefix (ortgenai_prefix.py). Stop strings are matched by Ferry (stops.py).
+Scheduling: the running requests decode together, one onnxruntime forward pass per turn
+(ortgenai_batch.py over ortgenai_kv.py), a new request's prompt starts on the next turn (up to
+`max_running`), and every prompt's keys and values are kept for the next prompt that shares its
+prefix (ortgenai_prefix.py). Requests only an og.Generator serves (adapters, grammars, `echo`)
+run on batch-1 generators stepped in turn (ortgenai_lora.py). `deterministic`: greedy text
+independent of load, at a one-stream cost (ortgenai_batch.py). Stop strings are matched by Ferry
+(stops.py).
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ Prefix cache: every finished prompt's keys and values are parked in the PrefixCa
 (ortgenai_prefix.py) at once, so requests running together with one system prompt already share
 it; a hit copies the shared part in and computes only the rest (at least TAIL tokens).
 
-Batch invariance (measured on SmolLM2-135M int4, 40 greedy tokens, 4 prompts): a decode step of
-two or more rows gives every row the same logits whatever the other rows hold (equal text at 2,
-4 and 8 rows), but onnxruntime's MatMulNBits runs other kernels for a single row (M = 1), whose
-rounding differs: 2 of the 4 texts changed between one stream and several. `deterministic` keeps
-greedy text independent of load by never stepping fewer than two rows (a lone request is paired
-with an idle scratch row), at the price of the one-stream decode (see README). Prompt chunks are
-never one token for the same reason (ortgenai_lora._feed's rule).
+Batch invariance (SmolLM2-135M int4): a decode step of two or more rows gives every row the same
+logits whatever the other rows hold (tested), but onnxruntime's MatMulNBits runs other kernels
+for a single row (M = 1), whose rounding differs. A request that decodes alone for part of its
+life (one stream, or the tail of a burst) may so get another greedy text: on bench.llm_peer's 8
+prompts, 64 tokens, the text was the same at 1, 4 and 8 streams for 2 of 8 by default, 8 of 8
+with `deterministic`, which never steps fewer than two rows (a lone request is paired with an
+idle scratch row) at the price of a slower one-stream decode (README). Prompt chunks are never
+one token for the same reason.
 """
 
 from __future__ import annotations
