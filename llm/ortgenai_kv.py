@@ -78,6 +78,10 @@ class KVModel:
         options = ort.SessionOptions()
         options.log_severity_level = 3  # LoRA-ready models warn about every adapter input
         options.intra_op_num_threads = intra_op_threads  # 0: one per physical core, as og
+        # No spinning: pool threads left spinning between ops and runs take the cores from the
+        # event loop and the owner thread; on 2 shared cores spinning made decode 1.5-2x slower
+        # than og's Generator, without it they are level (backends/ort_session.py says the same).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(
             str(model_dir / decoder["filename"]), options, providers=["CPUExecutionProvider"]
         )
