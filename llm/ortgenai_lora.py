@@ -62,7 +62,6 @@ class GeneratorLane:
         self,
         og: Any,
         model: Any,
-        max_running: int,
         eos_ids: set[int],
         *,
         prefill_chunk: int = 0,
@@ -70,7 +69,6 @@ class GeneratorLane:
         self._og = og
         self._model = model
         self._adapters = og.Adapters(model)
-        self.max_running = max_running
         self._eos_ids = eos_ids
         self._chunk = prefill_chunk  # 0: a whole prompt in one piece; else at least 2
         self.jobs: list[Any] = []  # the owner loop's jobs running here, in admission order

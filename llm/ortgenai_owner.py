@@ -110,7 +110,6 @@ class OwnerLoop:
         self.lane = GeneratorLane(
             og,
             model,
-            self.max_running,
             eos_ids,
             prefill_chunk=options.prefill_chunk,
         )
