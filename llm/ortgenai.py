@@ -4,10 +4,13 @@ onnxruntime-genai objects are used only from the thread that created them, so ev
 it happens on one dedicated thread (ortgenai_owner.py) fed by a `queue.Queue` of commands. Deltas
 go back to the event loop with `loop.call_soon_threadsafe` into one asyncio queue per request.
 
-Scheduling: every request runs on its own batch-1 `og.Generator` (ortgenai_lora.py), all stepped
-in turn, so a new request starts on the next turn (up to `max_running`), greedy text does not
-depend on what else runs, and a finished generator's KV state is kept for the next prompt that
-shares its prefix (ortgenai_prefix.py). Stop strings are matched by Ferry (stops.py).
+Scheduling: the running requests decode together, one onnxruntime forward pass per turn
+(ortgenai_batch.py over ortgenai_kv.py), a new request's prompt starts on the next turn (up to
+`max_running`), and every prompt's keys and values are kept for the next prompt that shares its
+prefix (ortgenai_prefix.py). Requests only an og.Generator serves (adapters, grammars, `echo`)
+run on batch-1 generators stepped in turn (ortgenai_lora.py). `deterministic`: greedy text
+independent of load, at a one-stream cost (ortgenai_batch.py). Stop strings are matched by Ferry
+(stops.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings, merge_deltas
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
+from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import adapter_key
 from ferry.llm.ortgenai_owner import (
     STOP,
@@ -34,7 +38,6 @@ from ferry.llm.ortgenai_owner import (
     OwnerCall,
     OwnerLoop,
 )
-from ferry.llm.ortgenai_prefix import kv_bytes_per_token
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ class OrtGenAIEngine:
         prefix_cache: bool = True,
         prefix_cache_bytes: int = EngineOptions.prefix_cache_bytes,
         prefill_chunk: int = EngineOptions.prefill_chunk,
+        deterministic: bool = False,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
         special_tokens_in_content: bool = False,
@@ -68,12 +72,12 @@ class OrtGenAIEngine:
         )
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
-        self._kv_bytes_per_token = kv_bytes_per_token(genai_config["model"]["decoder"])
         self._options = EngineOptions(
             max_running=max_running or EngineOptions.max_running,
             prefix_cache=prefix_cache,
             prefix_cache_bytes=prefix_cache_bytes,
             prefill_chunk=prefill_chunk,
+            deterministic=deterministic,
         )
         eos = genai_config["model"].get("eos_token_id", [])
         self._eos_ids = set(eos) if isinstance(eos, list) else {eos}
@@ -214,6 +218,11 @@ class OrtGenAIEngine:
             self._calls.discard(future)
 
     @property
+    def deterministic(self) -> bool:
+        """Greedy text independent of load (ortgenai_batch.py), at a one-stream cost."""
+        return self._options.deterministic
+
+    @property
     def max_concurrent_generations(self) -> int:
         return self._capacity
 
@@ -259,9 +268,8 @@ class OrtGenAIEngine:
             worker = OwnerLoop(
                 og,
                 model,
+                KVModel(self._model_dir),
                 self._options,
-                self.max_context_tokens,
-                self._kv_bytes_per_token,
                 self._eos_ids,
                 self._deliver,
                 self._set_counts,

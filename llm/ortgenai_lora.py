@@ -1,32 +1,26 @@
-"""Every request on its own batch-1 `og.Generator`, stepped round-robin on the owner thread.
+"""Requests only an og.Generator serves, each on its own batch-1 generator, stepped in turn.
 
-Why batch 1 (measured on 2 CPU cores, SmolLM2-135M int4; README "onnxruntime-genai engine"):
-- og.Engine's CPU path is a static batch: a new request waits for the whole batch to drain, and
-  its padded batched kernels give a different greedy text at 4 or 8 streams than at 1. Stepping
-  one generator per request in turn gave the same aggregate tokens/s on this CPU (decode is
-  bound by weight reads either way), lets a request join on the next turn, and makes greedy text
-  independent of load by construction: each request's arithmetic is the same whoever else runs.
-- A generator keeps its keys and values after it finishes, so it can be parked in the prefix
-  cache (ortgenai_prefix.py) and rewound (`rewind_to`) for the next prompt that shares a prefix.
+Most requests run on the batch lane (ortgenai_batch.py). These do not (ortgenai_batch.
+needs_generator): a LoRA adapter (onnxruntime-genai 0.18 selects adapters only per Generator,
+`set_active_adapter`, before any token goes in; the model must be exported with LoRA inputs,
+tools/build_tiny_lora.py), a grammar (og's guidance, llguidance, bound to the GeneratorParams),
+and `echo` (every prompt position's logits, after one whole `append_tokens`). Their generators are
+never reused across requests, so unloading an adapter is never held up, and none of them reads
+or fills the prefix cache.
 
 One turn (`step`) gives every running request one unit of work: the next chunk of its prompt
-(`prefill_chunk` tokens, so a long prompt does not stall the streams already decoding; never a
-piece of one token, which the CPU kernels compute differently, see ortgenai_prefix.py) or one
-new token. The last prompt chunk is followed at once by the first token (og samples it from the
-logits the chunk left), so a request's first token comes within its prompt's chunks' turns.
-
-LoRA: onnxruntime-genai 0.18 selects adapters only per Generator (`set_active_adapter`), before
-any token goes in; such generators are not reused across requests, so unloading is never held up
-by the cache. The model must be exported with LoRA inputs (tools/build_tiny_lora.py).
-Log probabilities come from the generator's logits: the prompt's (every position, after one
-whole `append_tokens`, for `echo`) and the last position's before each new token; the model's
-own distribution before temperature or top-p, noted on the job for the owner loop's delta.
+(`prefill_chunk` tokens; never a piece of one token, which the CPU kernels compute differently,
+see ortgenai_prefix.py) or one new token. The last prompt chunk is followed at once by the first
+token (og samples it from the logits the chunk left).
+Log probabilities come from the generator's logits: the prompt's (for `echo`) and the last
+position's before each new token; the model's own distribution before temperature or top-p,
+noted on the job for the owner loop's delta.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +29,6 @@ import numpy as np
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.guidance import apply_guidance
 from ferry.llm.logprobs import log_softmax, prompt_logprobs, token_logprob
-from ferry.llm.ortgenai_prefix import CachedGenerator, PrefixCache, kv_length
 
 
 def adapter_key(name: str, adapter_id: int) -> str:
@@ -45,8 +38,7 @@ def adapter_key(name: str, adapter_id: int) -> str:
 
 def search_options(sampling: SamplingSettings) -> dict[str, Any]:
     """og search options for `sampling`, except max_length: the one place sampling settings
-    become GeneratorParams search options (penalties such as `repetition_penalty` belong here).
-    They also key the prefix cache: a parked generator serves only equal options."""
+    become GeneratorParams search options (penalties such as `repetition_penalty` belong here)."""
     options: dict[str, Any] = {}
     if sampling.greedy:
         options["do_sample"] = False
@@ -63,20 +55,6 @@ def search_options(sampling: SamplingSettings) -> dict[str, Any]:
     return options
 
 
-def reusable(adapter: str | None, sampling: SamplingSettings) -> bool:
-    """Whether a request may take a cached generator and leave its own behind. Not with an
-    adapter (bound to the generator), a seed (its random stream must start fresh) or `echo`
-    (it needs every prompt position's logits, computed in one piece), nor under a grammar: the
-    guidance set on the GeneratorParams stays bound to the generator, and its matcher state would
-    follow it to the next request."""
-    return (
-        adapter is None
-        and sampling.seed is None
-        and not sampling.echo
-        and sampling.guidance is None
-    )
-
-
 class GeneratorLane:
     """Running requests, each on its own og.Generator. Lives and dies on the owner thread."""
 
@@ -84,20 +62,14 @@ class GeneratorLane:
         self,
         og: Any,
         model: Any,
-        max_running: int,
         eos_ids: set[int],
         *,
-        context: int,
-        cache: PrefixCache | None = None,
         prefill_chunk: int = 0,
     ) -> None:
         self._og = og
         self._model = model
         self._adapters = og.Adapters(model)
-        self.max_running = max_running
         self._eos_ids = eos_ids
-        self._context = context
-        self.cache = cache  # None: prefix reuse is off
         self._chunk = prefill_chunk  # 0: a whole prompt in one piece; else at least 2
         self.jobs: list[Any] = []  # the owner loop's jobs running here, in admission order
 
@@ -107,34 +79,17 @@ class GeneratorLane:
     def unload(self, key: str) -> None:
         self._adapters.unload(key)  # og refuses while a generator still uses it
 
-    def has_room(self) -> bool:
-        return len(self.jobs) < self.max_running
-
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
     ) -> None:
-        """Give `job` a generator: a cached one sharing a prefix, or a new one. Its prompt (the
-        part not already computed) goes in over the next turns (`step`)."""
+        """Give `job` a new generator; its prompt goes in over the next turns (`step`)."""
         options = search_options(sampling)
-        key: Hashable = tuple(sorted(options.items()))
         need = len(prompt_ids) + sampling.max_tokens
-        cacheable = self.cache is not None and reusable(adapter, sampling)
-        entry, reused = (None, 0)
-        if cacheable:
-            entry, reused = self.cache.take(prompt_ids, need, key)  # type: ignore[union-attr]
-        if entry is not None:
-            entry.generator.rewind_to(reused)
-            generator, max_length = entry.generator, entry.max_length
-        else:
-            max_length = kv_length(need, self._context) if cacheable else need
-            generator = self._new_generator(sampling, options, max_length, adapter)
-        job.generator, job.max_length, job.options = generator, max_length, key
-        job.cacheable, job.cached_tokens = cacheable, reused
-        job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are computed
-        job.pending = list(prompt_ids[reused:])
+        job.generator = self._new_generator(sampling, options, need, adapter)
+        job.tokens, job.pending, job.cached_tokens = [], list(prompt_ids), 0
         if sampling.echo:  # every prompt position's logits: one piece, now
             self._feed(job, len(job.pending))
-            logits = generator.get_output("logits")[0]
+            logits = job.generator.get_output("logits")[0]
             job.prompt_logprobs = prompt_logprobs(logits, prompt_ids, sampling.logprobs or 0)
         self.jobs.append(job)
 
@@ -161,16 +116,13 @@ class GeneratorLane:
         job.generator.append_tokens(np.asarray(piece, dtype=np.int32))
         job.tokens += piece
 
-    def remove(self, job: Any, reuse: bool = False) -> None:
-        """Take `job` off the lane; with `reuse`, park its generator in the prefix cache."""
+    def remove(self, job: Any) -> None:
+        """Take `job` off the lane; its generator is freed here, on the owner thread (an
+        adapter's generator releases the adapter too)."""
         if job.generator is None:
             return
         self.jobs.remove(job)
-        generator, job.generator = job.generator, None
-        if reuse and job.cacheable and self.cache is not None:
-            entry = CachedGenerator(generator, job.tokens, job.max_length, job.options)
-            self.cache.put(entry)
-        # otherwise freed here, on the owner thread (an adapter's generator releases it too)
+        job.generator = None
 
     def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
         """One unit of work for every running request: (job, token or None, finish reason or
@@ -203,6 +155,4 @@ class GeneratorLane:
     def release(self) -> None:
         for job in list(self.jobs):
             self.remove(job)
-        if self.cache is not None:
-            self.cache.clear()
         del self._adapters, self._model

@@ -5,6 +5,10 @@ on a `queue.Queue`; `OwnerLoop.serve` applies them, admits waiting requests (low
 first, then in arrival order) onto the generator lane (ortgenai_lora.py) whenever it has room,
 steps every running request once per turn, and hands each request's deltas back through the
 callbacks it was given. A request that arrives while others decode starts on the next turn.
+
+Two lanes: most requests run on the batch lane (ortgenai_batch.py: one forward pass per turn for
+all of them, prefix cache); those only an og.Generator serves (an adapter, a grammar, `echo`:
+ortgenai_batch.needs_generator) run on the generator lane (ortgenai_lora.py), one step each.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 from ferry.llm.base import FinishReason, GenerationDelta, SamplingSettings, TokenLogprob
 from ferry.llm.errors import GenerationFailed
+from ferry.llm.ortgenai_batch import BatchLane, needs_generator
+from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import GeneratorLane
 from ferry.llm.ortgenai_prefix import PrefixCache
 from ferry.llm.stops import StopMatcher
@@ -53,18 +59,17 @@ class Job:
 
     add: AddRequest
     matcher: StopMatcher
-    generator: Any = None  # on the lane
+    generator: Any = None  # on a lane
+    lane: Any = None  # the lane it runs on
+    sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
     decoder: Any = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # until delivered (echo)
     cached_tokens: int | None = None  # prompt tokens reused; reported on the first delta
-    # Lane state: see GeneratorLane.begin.
+    # Lane state: prompt tokens computed, and still to go in.
     tokens: list[int] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
-    max_length: int = 0
-    options: Any = None
-    cacheable: bool = False
 
 
 @dataclass
@@ -75,6 +80,8 @@ class EngineOptions:
     prefix_cache: bool = True
     prefix_cache_bytes: int = 512 * 2**20
     prefill_chunk: int = 256  # prompt tokens per turn; 0: a whole prompt at once
+    # Greedy text independent of load: decode steps never run a single row (ortgenai_batch.py).
+    deterministic: bool = False
 
 
 class OwnerLoop:
@@ -84,9 +91,8 @@ class OwnerLoop:
         self,
         og: Any,
         model: Any,
+        kv_model: KVModel,
         options: EngineOptions,
-        context: int,
-        kv_bytes_per_token: int,
         eos_ids: set[int],
         deliver: Callable[[str, GenerationDelta | Exception], None],
         set_counts: Callable[[int, int, tuple[int, int]], None],
@@ -97,18 +103,23 @@ class OwnerLoop:
         self._tokenizer = og.Tokenizer(model)
         self.max_running = options.max_running
         self.cache = (
-            PrefixCache(options.prefix_cache_bytes, kv_bytes_per_token)
+            PrefixCache(options.prefix_cache_bytes, kv_model.token_bytes)
             if options.prefix_cache
             else None
         )
         self.lane = GeneratorLane(
             og,
             model,
+            eos_ids,
+            prefill_chunk=options.prefill_chunk,
+        )
+        self.batch = BatchLane(
+            kv_model,
             self.max_running,
             eos_ids,
-            context=context,
             cache=self.cache,
             prefill_chunk=options.prefill_chunk,
+            deterministic=options.deterministic,
         )
         self._deliver = deliver
         self._set_counts = set_counts
@@ -120,12 +131,15 @@ class OwnerLoop:
     def serve(self, commands: queue.Queue[object]) -> None:
         while True:
             self._flush()  # before any blocking wait: nothing decoded may sit in the outbox
-            idle = not self._waiting and not self.lane.jobs
+            idle = not self._waiting and not self._running()
             if not self._drain(commands, block=idle):
                 return
             self._admit()
-            if self.lane.jobs:
-                self._step_lane()
+            if self._running():
+                self._step_lanes()
+
+    def _running(self) -> int:
+        return len(self.lane.jobs) + len(self.batch.jobs)
 
     def _drain(self, commands: queue.Queue[object], block: bool) -> bool:
         """Apply queued commands; False once told to stop."""
@@ -151,11 +165,13 @@ class OwnerLoop:
                 return True
 
     def _admit(self) -> None:
-        while self._waiting and self.lane.has_room():
+        while self._waiting and self._running() < self.max_running:
             _, _, job = heapq.heappop(self._waiting)
             add = job.add
+            generator_only = needs_generator(add.adapter, add.sampling)
+            job.lane = self.lane if generator_only else self.batch
             try:
-                self.lane.begin(job, add.adapter, add.prompt_ids, add.sampling)
+                job.lane.begin(job, add.adapter, add.prompt_ids, add.sampling)
             except Exception as exc:  # a bad request must not kill the engine
                 self._by_id.pop(add.request_id, None)
                 self._deliver(add.request_id, GenerationFailed(str(exc)))
@@ -171,8 +187,8 @@ class OwnerLoop:
         else:
             call.done(None)
 
-    def _step_lane(self) -> None:
-        for job, token, finish, error in self.lane.step():
+    def _step_lanes(self) -> None:
+        for job, token, finish, error in self._steps():
             if error is not None:
                 self._finish(job, GenerationFailed(f"generation failed: {error}"))
                 continue
@@ -181,6 +197,12 @@ class OwnerLoop:
             if first:  # a first token goes out now, not after the rest of the turn's prefills
                 self._flush()
         self._publish_counts()
+
+    def _steps(self) -> Any:
+        if self.batch.jobs:
+            yield from self.batch.step()
+        if self.lane.jobs:
+            yield from self.lane.step()
 
     def _advance(self, job: Job, token: int | None, finish: FinishReason | None) -> None:
         """One generated token (or none) and maybe the end."""
@@ -208,8 +230,7 @@ class OwnerLoop:
     def _finish(self, job: Job, last: GenerationDelta | Exception) -> None:
         self._deliver(job.add.request_id, last)
         self._by_id.pop(job.add.request_id, None)
-        # A generator that failed may hold anything; one that ended cleanly is worth keeping.
-        self.lane.remove(job, reuse=not isinstance(last, Exception))
+        job.lane.remove(job)
 
     def _abort(self, request_id: str) -> None:
         job = self._by_id.get(request_id)
@@ -225,11 +246,10 @@ class OwnerLoop:
 
     def _publish_counts(self) -> None:
         cache = (0, 0) if self.cache is None else (self.cache.queries, self.cache.hits)
-        self._set_counts(len(self.lane.jobs), len(self._waiting), cache)
+        self._set_counts(self._running(), len(self._waiting), cache)
 
     def release(self) -> None:
-        for job in list(self.lane.jobs):
-            self.lane.remove(job)
+        self.batch.release()
         self.lane.release()
         self._waiting.clear()
         self._by_id.clear()

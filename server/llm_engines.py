@@ -32,6 +32,7 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
         prefix_cache=settings.prefix_cache,
         prefix_cache_bytes=settings.prefix_cache_bytes,
         prefill_chunk=settings.prefill_chunk,
+        deterministic=settings.batch_invariant,
         adapters=settings.adapters,
         max_adapters=settings.max_adapters,
         special_tokens_in_content=settings.special_tokens_in_content,

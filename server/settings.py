@@ -73,8 +73,9 @@ class LLMSettings(_Strict):
     prefix_cache: bool = True
     prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)  # ortgenai only
     prefill_chunk: int = Field(default=256, ge=0)  # ortgenai: prompt tokens per turn; 0: whole
-    # vllm only: its batch-invariant kernels (VLLM_BATCH_INVARIANT=1), so greedy text does not
-    # depend on what else runs. ortgenai is batch-invariant by construction (batch-1 generators).
+    # Greedy text that does not depend on what else runs. vllm: its batch-invariant kernels
+    # (VLLM_BATCH_INVARIANT=1); ortgenai: decode steps never run a lone row, whose int4 kernel
+    # rounds differently (slower at one stream; README "onnxruntime-genai engine").
     batch_invariant: bool = False
     # LoRA adapters, each served as a model of its own name (ortgenai: an .onnx_adapter file for
     # a model exported with LoRA inputs; vllm: a peft folder). max_adapters: loaded at once, also

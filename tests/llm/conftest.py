@@ -1,1 +1,1 @@
-from tests.llm.fixtures import engine, reference  # noqa: F401 - pytest finds fixtures by name
+from tests.llm.fixtures import engine, kv_model, prompts, reference  # noqa: F401 - by name

@@ -1,5 +1,6 @@
 """Fixtures for the tests that run the committed tiny model for real (no mocks): the LLM engine's
-and the OpenAI serving layer's. Each of their conftest.py files imports them by name."""
+and the OpenAI serving layer's. Each of their conftest.py files imports them by name. Also the
+real SmolLM2's decoder on onnxruntime, with three short chat prompts, for the batch lane's tests."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from typing import Any
 
 import pytest
 
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.llm.llm_paths import MODEL_NAME, ONNX_DIR, TINY_LLM
+from ferry.llm.ortgenai_kv import KVModel
+from tests.llm.llm_paths import MODEL_NAME, ONNX_DIR, REAL_MODEL, TINY_LLM
+
+QUESTIONS = ("What is the capital of France?", "Name a primary colour.", "What do bees make?")
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +29,16 @@ async def engine() -> AsyncIterator[OrtGenAIEngine]:
     await eng.start()
     yield eng
     await eng.close()
+
+
+@pytest.fixture(scope="session")
+def kv_model() -> KVModel:
+    assert (REAL_MODEL / "genai_config.json").is_file(), "run `make model` first"
+    return KVModel(REAL_MODEL)
+
+
+@pytest.fixture(scope="session")
+def prompts() -> list[list[int]]:
+    """QUESTIONS as SmolLM2 chat prompts (different lengths)."""
+    chat = ChatTokenizer(REAL_MODEL)
+    return [chat.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]

@@ -10,6 +10,8 @@ HF_DIR = TINY_LLM / "hf"
 MODEL_NAME = "tiny-llm"
 WAIT_S = 30  # every await on the engine is bounded by this
 ADAPTERS_DIR = TINY_LLM / "adapters"
+# The real default chat model (SmolLM2-135M-Instruct, int4 CPU), made by `make model`.
+REAL_MODEL = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "SmolLM2-135M-Instruct"
 ADAPTER_NAMES = ("zen", "shout")
 
 

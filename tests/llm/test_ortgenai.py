@@ -216,7 +216,7 @@ async def test_engine_thread_death_fails_requests_and_readiness(
     def broken_step(self: OwnerLoop) -> None:
         raise RuntimeError("simulated runtime crash")
 
-    monkeypatch.setattr(OwnerLoop, "_step_lane", broken_step)
+    monkeypatch.setattr(OwnerLoop, "_step_lanes", broken_step)
     with pytest.raises(EngineDead):
         await collect(engine, "r1", reference["cases"][0]["prompt"], GREEDY)
     assert not engine.is_ready()

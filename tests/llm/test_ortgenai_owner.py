@@ -14,9 +14,8 @@ import pytest
 
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.llm.llm_paths import ONNX_DIR, WAIT_S
+from tests.llm.llm_paths import ONNX_DIR, REAL_MODEL, WAIT_S
 
-REAL_MODEL = Path(__file__).resolve().parents[2] / "artifacts" / "models" / "SmolLM2-135M-Instruct"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."}
 QUESTIONS = (
     "What is the capital of France?",
@@ -96,8 +95,9 @@ async def test_a_request_arriving_while_four_decode_starts_before_any_finishes(
 
 
 async def test_greedy_text_is_the_single_stream_reference_under_load(real_model: Path) -> None:
+    # In the deterministic mode (the default batches a lone request's decode differently).
     # The reference: one request at a time, nothing cached.
-    alone = await started(real_model, prefix_cache=False)
+    alone = await started(real_model, prefix_cache=False, deterministic=True)
     try:
         reference = [
             await text_of(alone.generate(f"a{i}", chat_ids(alone, q), GREEDY))
@@ -107,7 +107,7 @@ async def test_greedy_text_is_the_single_stream_reference_under_load(real_model:
         await alone.close()
     # Under load: every question twice at once (the second copies may take the first ones'
     # cached prefixes), with prompts going in a few tokens per turn.
-    busy = await started(real_model, max_running=8, prefill_chunk=7)
+    busy = await started(real_model, max_running=8, prefill_chunk=7, deterministic=True)
     try:
         prompts = [chat_ids(busy, q) for q in QUESTIONS] * 2
         texts = await asyncio.gather(

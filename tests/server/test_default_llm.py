@@ -105,11 +105,15 @@ def test_repetition_penalty_applies_on_both_onnxruntime_genai_lanes(client, refe
     penalised, _ = greedy(og_model, ids, 32, eos, repetition_penalty=1.3)
     assert penalised != plain  # the penalty changes this answer: the checks below can fail
     expected = chat.decode(penalised)
-    # og.Engine's batch (TurnOptions) and a Generator of its own (logprobs: GeneratorParams).
-    engine_lane = ask(client, question, max_tokens=32, extra_body=PENALTY)
-    generator_lane = ask(client, question, max_tokens=32, extra_body=PENALTY, logprobs=True)
-    assert engine_lane.choices[0].message.content == expected
-    assert generator_lane.choices[0].message.content == expected
+    # The batch lane (numpy sampling), with logprobs too, and an og.Generator of its own (echo).
+    batch_lane = ask(client, question, max_tokens=32, extra_body=PENALTY)
+    with_logprobs = ask(client, question, max_tokens=32, extra_body=PENALTY, logprobs=True)
+    generator_lane = client.completions.create(
+        model=DEFAULT_LLM, prompt=ids, max_tokens=32, temperature=0, echo=True, extra_body=PENALTY
+    )
+    assert batch_lane.choices[0].message.content == expected
+    assert with_logprobs.choices[0].message.content == expected
+    assert generator_lane.choices[0].text == chat.decode(ids) + expected
 
 
 def test_what_onnxruntime_genai_cannot_honour_is_a_400_naming_it(client):

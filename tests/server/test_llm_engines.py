@@ -42,3 +42,9 @@ async def test_the_prefix_cache_switch_reaches_the_engine(switch, reused):
 def test_a_one_token_prefill_chunk_is_refused():
     with pytest.raises(ValidationError, match="prefill_chunk"):
         LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, prefill_chunk=1)
+
+
+@pytest.mark.parametrize("switch", [True, False])
+def test_batch_invariant_makes_the_ortgenai_engine_deterministic(switch):
+    settings = LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, batch_invariant=switch)
+    assert build_llm_engine(settings).deterministic is switch

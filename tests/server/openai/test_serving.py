@@ -278,7 +278,7 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
     serving: OpenAIServing, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stream = await serving.chat_stream(chat_request(reference["cases"][0], max_tokens=200))
-    original = OwnerLoop._step_lane
+    original = OwnerLoop._step_lanes
 
     def crash_soon(self: OwnerLoop, calls: list[int] = []) -> None:  # noqa: B006
         calls.append(1)
@@ -286,7 +286,7 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
             raise RuntimeError("simulated runtime crash")
         original(self)
 
-    monkeypatch.setattr(OwnerLoop, "_step_lane", crash_soon)  # fault injection after the start
+    monkeypatch.setattr(OwnerLoop, "_step_lanes", crash_soon)  # fault injection after the start
     events = await read_sse(stream)
     assert events[-1] == "[DONE]"
     # The same error table as HTTP answers: a dead engine is a 503.

@@ -1,0 +1,208 @@
+"""Running requests decoded together: one forward pass per turn for all of them (ortgenai_kv.py).
+
+One turn (`step`) gives every prompt still going in its next chunk (`prefill_chunk` tokens, one
+request at a time: the attention kernel takes a piece after a past only at batch 1), then runs
+ONE decode step for every request that has a token to feed. A new request therefore starts on the
+next turn, up to `max_running`, while the others keep decoding. A prompt's keys and values go in a
+block of their own; once it is in, they are copied into the next free row of the shared decode
+block, and the block is kept packed (a finished row takes the last row's place).
+
+Prefix cache: every finished prompt's keys and values are parked in the PrefixCache
+(ortgenai_prefix.py) at once, so requests running together with one system prompt already share
+it; a hit copies the shared part in and computes only the rest (at least TAIL tokens).
+
+Batch invariance (SmolLM2-135M int4): a decode step of two or more rows gives every row the same
+logits whatever the other rows hold (tested), but onnxruntime's MatMulNBits runs other kernels
+for a single row (M = 1), whose rounding differs. A request that decodes alone for part of its
+life (one stream, or the tail of a burst) may so get another greedy text: on bench.llm_peer's 8
+prompts, 64 tokens, the text was the same at 1, 4 and 8 streams for 2 of 8 by default, 8 of 8
+with `deterministic`, which never steps fewer than two rows (a lone request is paired with an
+idle scratch row) at the price of the one-stream decode (up to half as fast, README). Prompt
+chunks are never one token for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ferry.llm.base import FinishReason, SamplingSettings
+from ferry.llm.ortgenai_kv import KVBlock, KVModel
+from ferry.llm.ortgenai_prefix import CachedPrefix, PrefixCache
+from ferry.llm.sampling import Sampler
+
+_MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
+
+
+def needs_generator(adapter: str | None, sampling: SamplingSettings) -> bool:
+    """Requests only an og.Generator serves (ortgenai_lora.GeneratorLane): an adapter is bound
+    to a generator, a grammar needs og's guidance (llguidance) in its search, and `echo` wants
+    every prompt position's logits in one piece."""
+    return adapter is not None or sampling.guidance is not None or sampling.echo
+
+
+class BatchLane:
+    """Running requests on one KVModel, decoded as a batch. Lives and dies on the owner thread."""
+
+    def __init__(
+        self,
+        model: KVModel,
+        max_running: int,
+        eos_ids: set[int],
+        *,
+        cache: PrefixCache | None = None,
+        prefill_chunk: int = 0,
+        deterministic: bool = False,
+    ) -> None:
+        self._model = model
+        self.max_running = max_running
+        self._eos_ids = eos_ids
+        self.cache = cache
+        self._chunk = prefill_chunk  # 0: a whole prompt in one piece; else at least 2
+        self._min_rows = 2 if deterministic else 1
+        self.jobs: list[Any] = []  # every job here, in admission order
+        self._prefilling: list[Any] = []  # prompt still going in (own block)
+        self._rows: list[Any] = []  # decoding; job i sits in row i of self._block
+        self._block: KVBlock | None = None
+        self._lengths = np.zeros(0, np.int64)  # tokens in each row's KV
+        self._tokens = np.zeros(0, np.int64)  # the token each row feeds next
+
+    def begin(
+        self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
+    ) -> None:
+        """Give `job` its own prompt block, filled from the prefix cache where it can be."""
+        assert adapter is None
+        block = self._model.new_block(1, len(prompt_ids))
+        reused = 0
+        if self.cache is not None:
+            entry, reused = self.cache.lookup(prompt_ids)
+            if entry is not None:
+                block.copy_row(entry.kv, 0, 0, reused)
+        job.generator = block  # the owner loop's "running" marker
+        job.sampler = Sampler(sampling, prompt_ids)
+        job.cached_tokens = reused
+        job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are in
+        job.pending = list(prompt_ids[reused:])
+        self.jobs.append(job)
+        self._prefilling.append(job)
+
+    def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
+        """(job, token or None, finish reason or None, error or None) for every request that
+        produced a token or failed this turn; a turn spent on a prompt chunk yields nothing."""
+        for job in list(self._prefilling):
+            try:
+                logits = self._feed(job)
+                if logits is None:
+                    continue
+                token, job.logprob = job.sampler.choose(logits)
+            except Exception as exc:  # this request failed; the others go on
+                yield job, None, None, exc
+                continue
+            self._join(job, token)
+            yield self._outcome(job, token)
+        if self._rows:
+            yield from self._decode()
+
+    def _feed(self, job: Any) -> np.ndarray | None:
+        """The next chunk of `job`'s prompt; the last position's logits once it is all in."""
+        count = self._chunk or len(job.pending)
+        if len(job.pending) - count == 1:
+            count -= 1  # leave two for the last piece: a piece of one runs other kernels
+        piece, job.pending = job.pending[:count], job.pending[count:]
+        logits = self._model.prefill(job.generator, 0, len(job.tokens), piece)
+        job.tokens += piece
+        return None if job.pending else logits
+
+    def _join(self, job: Any, token: int) -> None:
+        """A prompt is in: park its keys and values, move them to the next decode row."""
+        self._prefilling.remove(job)
+        prompt: KVBlock = job.generator
+        if self.cache is not None:
+            self.cache.put(CachedPrefix(prompt, list(job.tokens)))
+        row = len(self._rows)
+        self._reserve(row + 1, len(job.tokens) + 1)
+        assert self._block is not None
+        self._block.copy_row(prompt, 0, row, len(job.tokens))
+        self._rows.append(job)
+        self._lengths[row] = len(job.tokens)
+        self._tokens[row] = token
+        job.generator = self._block
+
+    def _decode(self) -> list[tuple[Any, int | None, FinishReason | None, Exception | None]]:
+        rows = len(self._rows)
+        self._reserve(rows, int(self._lengths[:rows].max()) + 1)
+        assert self._block is not None
+        run = max(rows, self._min_rows)
+        try:
+            logits = self._model.decode(self._block, run, self._lengths[:run], self._tokens[:run])
+        except Exception as exc:  # the step failed for all of them
+            return [(job, None, None, exc) for job in self._rows]
+        self._lengths[:rows] += 1
+        results = []
+        for row, job in enumerate(list(self._rows)):
+            token, job.logprob = job.sampler.choose(logits[row])
+            self._tokens[row] = token
+            results.append(self._outcome(job, token))
+        return results  # after every row's choice: finishing ones repack the block
+
+    def _outcome(
+        self, job: Any, token: int
+    ) -> tuple[Any, int | None, FinishReason | None, Exception | None]:
+        if token in self._eos_ids:  # not counted or emitted, as OpenAI servers do
+            return job, None, "stop", None
+        if job.generated + 1 >= job.sampler.sampling.max_tokens:
+            return job, token, "length", None
+        return job, token, None, None
+
+    def _reserve(self, rows: int, length: int) -> None:
+        """Grow the decode block (doubling) to hold `rows` rows of `length` tokens."""
+        rows = max(rows, self._min_rows)
+        block = self._block
+        if block is not None and block.rows >= rows and block.length >= length:
+            return
+        new_rows = 1 if block is None else block.rows
+        while new_rows < rows:
+            new_rows = min(2 * new_rows, max(rows, self.max_running))
+        new_length = _MIN_LENGTH if block is None else block.length
+        while new_length < length:
+            new_length *= 2
+        grown = self._model.new_block(new_rows, new_length)
+        for row in range(len(self._rows)):
+            grown.copy_row(block, row, row, int(self._lengths[row]))  # type: ignore[arg-type]
+        lengths, tokens = np.zeros(new_rows, np.int64), np.zeros(new_rows, np.int64)
+        lengths[: self._lengths.size] = self._lengths
+        tokens[: self._tokens.size] = self._tokens
+        self._block, self._lengths, self._tokens = grown, lengths, tokens
+        for job in self._rows:
+            job.generator = grown
+        self._model.forget_bindings()
+
+    def remove(self, job: Any) -> None:
+        """Take `job` off the lane (its prompt's keys and values are already in the cache)."""
+        if job.generator is None:
+            return
+        self.jobs.remove(job)
+        job.generator = None
+        if job in self._prefilling:
+            self._prefilling.remove(job)
+            return
+        row, last = self._rows.index(job), len(self._rows) - 1
+        if row != last:  # keep the block packed: the last row takes the freed place
+            assert self._block is not None
+            self._block.copy_row(self._block, last, row, int(self._lengths[last]))
+            self._rows[row] = self._rows[last]
+            self._lengths[row], self._tokens[row] = self._lengths[last], self._tokens[last]
+        self._rows.pop()
+        self._lengths[last] = 0
+        if not self._rows:  # idle: give the memory back
+            self._block = None
+            self._lengths, self._tokens = np.zeros(0, np.int64), np.zeros(0, np.int64)
+            self._model.forget_bindings()
+
+    def release(self) -> None:
+        for job in list(self.jobs):
+            self.remove(job)
+        if self.cache is not None:
+            self.cache.clear()

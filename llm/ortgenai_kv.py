@@ -1,0 +1,148 @@
+"""The builder's decoder model run by onnxruntime itself, with keys and values kept in numpy.
+
+onnxruntime-genai's Python binding holds the GIL through every step and batches only statically
+on CPU; its model file is a plain ONNX graph, though, which onnxruntime's own InferenceSession
+runs with the GIL released. Its attention is GroupQueryAttention, whose CPU kernel (onnxruntime
+contrib_ops/cpu/bert/group_query_attention*.{h,cc}) takes every row's length from the attention
+mask (`seqlens_k` = row sum - 1, `total_sequence_length` = mask width) and:
+- in a decode step (one new token per row) places each row's token at its own length and attends
+  over that row's tokens only, so rows of different lengths, right-padded, batch together;
+- takes a prompt piece of several tokens after a past only at batch 1 (`is_subsequent_prompt`),
+  so prompts are computed one request at a time (`prefill`), decode steps for all (`decode`);
+- writes the new keys and values in place when `present.*` is bound to the very buffer given
+  as `past_key_values.*` (past_present_share_buffer, as onnxruntime-genai runs it): no copy of
+  the whole cache per step, only a buffer as long as the longest row.
+
+Numerics (measured on SmolLM2-135M int4, MatMulNBits accuracy_level 4): at batch 1 this gives
+the same logits as og's Generator, token for token. A step of several rows (a decode of two or
+more, a prompt piece of two or more tokens) runs other MatMulNBits kernels than a step of one
+row, but gives each row the same result whatever the other rows are: see ortgenai_batch.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+@dataclass
+class KVBlock:
+    """Keys and values of `rows` sequences, room for `length` tokens each:
+    [layers, rows, kv heads, length, head size] float32 arrays."""
+
+    keys: np.ndarray
+    values: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return self.keys.shape[1]
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[3]
+
+    def copy_row(self, source: KVBlock, src_row: int, dst_row: int, tokens: int) -> None:
+        """Copy the first `tokens` positions of `source`'s row into one of ours."""
+        self.keys[:, dst_row, :, :tokens] = source.keys[:, src_row, :, :tokens]
+        self.values[:, dst_row, :, :tokens] = source.values[:, src_row, :, :tokens]
+
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
+
+class KVModel:
+    """An onnxruntime-genai model folder's decoder on an InferenceSession. Not thread-safe:
+    one owner thread runs it (the session releases the GIL inside `run`)."""
+
+    def __init__(self, model_dir: Path, intra_op_threads: int = 0) -> None:
+        config = json.loads((model_dir / "genai_config.json").read_text())["model"]
+        decoder = config["decoder"]
+        self.layers: int = decoder["num_hidden_layers"]
+        self.heads: int = decoder.get("num_key_value_heads", decoder["num_attention_heads"])
+        self.head_size: int = decoder["head_size"]
+        names = decoder["inputs"]
+        self._ids_name = names["input_ids"]
+        self._mask_name = names["attention_mask"]
+        past_k, past_v = names["past_key_names"], names["past_value_names"]
+        present_k = decoder["outputs"]["present_key_names"]
+        present_v = decoder["outputs"]["present_value_names"]
+        self._kv_names = [
+            (past_k % layer, past_v % layer, present_k % layer, present_v % layer)
+            for layer in range(self.layers)
+        ]
+        self._logits_name = decoder["outputs"]["logits"]
+        options = ort.SessionOptions()
+        options.log_severity_level = 3  # LoRA-ready models warn about every adapter input
+        options.intra_op_num_threads = intra_op_threads  # 0: one per physical core, as og
+        # No spinning: pool threads left spinning between ops and runs take the cores from the
+        # event loop and the owner thread; on 2 shared cores spinning made decode 1.5-2x slower
+        # than og's Generator, without it they are level (backends/ort_session.py says the same).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._session = ort.InferenceSession(
+            str(model_dir / decoder["filename"]), options, providers=["CPUExecutionProvider"]
+        )
+        types = {i.name: i.type for i in self._session.get_inputs()}
+        self._ids_dtype = np.int32 if types[self._ids_name] == "tensor(int32)" else np.int64
+        self._mask_dtype = np.int32 if types[self._mask_name] == "tensor(int32)" else np.int64
+        self._decode_binding: tuple[tuple[int, int], ort.IOBinding] | None = None
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of keys and values one token takes in every layer."""
+        return self.layers * 2 * self.heads * self.head_size * 4
+
+    def new_block(self, rows: int, length: int) -> KVBlock:
+        shape = (self.layers, rows, self.heads, length, self.head_size)
+        return KVBlock(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+
+    def prefill(self, block: KVBlock, row: int, done: int, ids: list[int]) -> np.ndarray:
+        """Run `ids` after the `done` tokens row `row` of `block` holds (room for all of them);
+        their keys and values land in the row. Returns the last position's logits."""
+        total = done + len(ids)
+        assert total <= block.length
+        mask = np.ones((1, total), self._mask_dtype)
+        tokens = np.asarray([ids], self._ids_dtype)
+        binding = self._bind(block, slice(row, row + 1))
+        return self._run(binding, tokens, mask)[0, -1]
+
+    def decode(
+        self, block: KVBlock, rows: int, lengths: np.ndarray, tokens: np.ndarray
+    ) -> np.ndarray:
+        """One new token for each of the first `rows` rows of `block`, after `lengths[i]` tokens
+        each (every length + 1 fits the block). Returns [rows, vocab] logits."""
+        width = int(lengths.max()) + 1
+        assert width <= block.length
+        mask = (np.arange(width) <= lengths[:, None]).astype(self._mask_dtype)
+        key = (id(block.keys), rows)
+        if self._decode_binding is None or self._decode_binding[0] != key:
+            self._decode_binding = (key, self._bind(block, slice(0, rows)))
+        ids = np.asarray(tokens, self._ids_dtype).reshape(rows, 1)
+        return self._run(self._decode_binding[1], ids, mask)[:, -1]
+
+    def forget_bindings(self) -> None:
+        """Drop the cached decode binding (it holds the block it was made for)."""
+        self._decode_binding = None
+
+    def _bind(self, block: KVBlock, rows: slice) -> ort.IOBinding:
+        binding = self._session.io_binding()
+        # Logits first: outputs come back in binding order; ORT allocates them on every run.
+        binding.bind_output(self._logits_name, "cpu")
+        for layer, (past_k, past_v, present_k, present_v) in enumerate(self._kv_names):
+            for past, present, array in (
+                (past_k, present_k, block.keys[layer, rows]),
+                (past_v, present_v, block.values[layer, rows]),
+            ):
+                value = ort.OrtValue.ortvalue_from_numpy(array)  # a view: written in place
+                binding.bind_ortvalue_input(past, value)
+                binding.bind_ortvalue_output(present, value)
+        return binding
+
+    def _run(self, binding: ort.IOBinding, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        binding.bind_cpu_input(self._ids_name, ids)
+        binding.bind_cpu_input(self._mask_name, mask)
+        self._session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()

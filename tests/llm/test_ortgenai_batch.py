@@ -1,0 +1,81 @@
+"""The batch lane (ortgenai_batch.py) on the real SmolLM2-135M int4: rows stay packed as requests
+finish, a request joins while others decode and takes its prompt from the prefix cache, and in
+the deterministic mode every request's greedy tokens are the ones it gets alone."""
+
+from __future__ import annotations
+
+from ferry.llm.base import SamplingSettings
+from ferry.llm.ortgenai_batch import BatchLane, needs_generator
+from ferry.llm.ortgenai_kv import KVModel
+from ferry.llm.ortgenai_owner import AddRequest, Job
+from ferry.llm.ortgenai_prefix import PrefixCache
+from ferry.llm.stops import StopMatcher
+
+EOS = {2}
+
+
+def job(name: str, prompt: list[int], max_tokens: int) -> Job:
+    sampling = SamplingSettings(max_tokens=max_tokens, temperature=0.0)
+    return Job(AddRequest(name, prompt, sampling), StopMatcher(()))
+
+
+def turn(lane: BatchLane, out: dict[str, list[int]]) -> None:
+    """One lane step, with what the owner loop does with its results."""
+    for j, token, finish, error in lane.step():
+        assert error is None
+        if token is not None:
+            j.generated += 1
+            out.setdefault(j.add.request_id, []).append(token)
+        if finish is not None:
+            lane.remove(j)
+
+
+def run(lane: BatchLane, jobs: list[Job]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for j in jobs:
+        lane.begin(j, None, j.add.prompt_ids, j.add.sampling)
+    while lane.jobs:
+        turn(lane, out)
+    return out
+
+
+def alone(model: KVModel, prompt: list[int], max_tokens: int) -> list[int]:
+    lane = BatchLane(model, 4, EOS, deterministic=True)
+    return run(lane, [job("solo", prompt, max_tokens)])["solo"]
+
+
+def test_a_finished_row_is_refilled_and_the_others_decode_on_unchanged(kv_model, prompts):
+    lane = BatchLane(kv_model, 4, EOS, deterministic=True)
+    jobs = [job("a", prompts[0], 2), job("b", prompts[1], 8), job("c", prompts[2], 8)]
+    out = run(lane, jobs)  # "a" ends first: the last row ("c") moves into its place
+    assert len(out["a"]) == 2 and len(out["b"]) == len(out["c"]) == 8
+    assert out["b"] == alone(kv_model, prompts[1], 8)
+    assert out["c"] == alone(kv_model, prompts[2], 8)
+    assert lane._block is None  # idle: the decode block is given back
+
+
+def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, prompts):
+    cache = PrefixCache(2**30, kv_model.token_bytes)
+    lane = BatchLane(kv_model, 4, EOS, cache=cache, prefill_chunk=8, deterministic=True)
+    first = job("first", prompts[0], 8)
+    lane.begin(first, None, prompts[0], first.add.sampling)
+    out: dict[str, list[int]] = {}
+    while len(out.get("first", [])) < 3:
+        turn(lane, out)
+    late = job("late", prompts[0], 8)
+    lane.begin(late, None, prompts[0], late.add.sampling)
+    assert late.cached_tokens == len(prompts[0]) - 2  # the whole prompt but the last two
+    turn(lane, out)
+    # Its first token from its prompt, its second from the decode step it shares with "first".
+    assert len(out["late"]) == 2 and len(out["first"]) == 4
+    while lane.jobs:
+        turn(lane, out)
+    assert out["late"] == out["first"] == alone(kv_model, prompts[0], 8)
+
+
+def test_adapters_grammars_and_echo_need_a_generator():
+    plain = SamplingSettings()
+    assert not needs_generator(None, plain)
+    assert not needs_generator(None, SamplingSettings(logprobs=2, seed=3, temperature=0.7))
+    assert needs_generator("zen", plain)
+    assert needs_generator(None, SamplingSettings(echo=True))
