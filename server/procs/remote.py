@@ -1,0 +1,179 @@
+"""Stand-ins, in an API process, for the model runtimes and LLM engines the engine process owns.
+
+They implement what the server calls on the real ones (the narrow seam): a model's metadata,
+tokenizer, output checks and rendering stay here, `submit` forwards validated sequences and
+resolves with the engine's raw rows; an LLM's chat tokenizer stays here, `generate` streams the
+engine's deltas. Everything above (routes, encoder path, OpenAI serving) is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from ferry.backends.hf_folder import folder_manifest
+from ferry.batcher import TokenSequence
+from ferry.exporters.manifest import ModelManifest
+from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.procs.client import EngineClient
+from ferry.server.procs.wire import LLMInfo, ModelInfo
+from ferry.server.registry import ModelRegistry
+from ferry.server.settings import LLMSettings, ModelSettings, Settings
+from ferry.server.tokenization import TextTokenizer
+
+
+@dataclass(frozen=True)
+class BackendView:
+    """What the API side reads of a backend (KServe metadata, output names)."""
+
+    name: str
+    output_names: tuple[str, ...]
+    sequence_outputs: frozenset[str]
+    max_concurrency: int
+
+
+class RemoteModelRuntime(ModelRuntime):
+    def __init__(self, settings: ModelSettings, client: EngineClient) -> None:
+        # Not ModelRuntime.__init__: no backend (and no model weights) in an API process.
+        self.settings = settings
+        self.name = settings.name
+        self.manifest = (
+            folder_manifest(settings.path)
+            if settings.backend.kind == "torch"
+            else ModelManifest.read(settings.path)
+        )
+        self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
+        self._client = client
+        self.batcher = None
+        self._widths: dict[str, int] = {}
+
+    def learn(self, info: ModelInfo) -> None:
+        self.backend = BackendView(  # type: ignore[assignment]
+            info.backend,
+            info.output_names,
+            frozenset(info.sequence_outputs),
+            info.max_concurrency,
+        )
+        self._widths = dict(info.widths)
+
+    @property
+    def ready(self) -> bool:  # type: ignore[override]
+        stats = self._client.stats
+        return self._client.alive and stats is not None and stats.models_ready.get(self.name, False)
+
+    async def start(self) -> None:  # the engine process starts the real one
+        pass
+
+    async def healthy(self) -> bool:
+        return self.ready
+
+    def submit(
+        self,
+        sequences: Sequence[TokenSequence],
+        timeout_s: float | None,
+        outputs: frozenset[str] | None = None,
+        priority: int = 0,
+    ) -> list[asyncio.Future]:
+        # The deadline floor and admission are the engine's: its batcher has the cost model.
+        return self._client.submit(self.name, sequences, timeout_s, outputs, priority)
+
+    async def close(self, drain_timeout_s: float) -> None:
+        self.tokenizer.close()
+
+
+class RemoteRegistry(ModelRegistry):
+    def __init__(self, settings: Settings, client: EngineClient) -> None:
+        self.default_name = settings.default_model_name
+        self.models = {m.name: RemoteModelRuntime(m, client) for m in settings.models}
+        self._client = client
+
+    async def start(self) -> None:
+        info = self._client.info
+        assert info is not None, "start the client first"
+        for model in info.models:
+            self.models[model.name].learn(model)
+
+    async def close(self, drain_timeout_s: float) -> None:
+        await super().close(drain_timeout_s)
+        await self._client.close()
+
+
+class RemoteLLMEngine:
+    """An `LLMEngine` whose generations run in the engine process."""
+
+    def __init__(self, settings: LLMSettings, client: EngineClient) -> None:
+        self.name = settings.name
+        self.tokenizer = ChatTokenizer(
+            settings.path, escape_special_tokens=not settings.special_tokens_in_content
+        )
+        self._client = client
+        self.max_context_tokens = 0
+        self.sampling_options: frozenset[str] = frozenset()
+        self._max_concurrent = 1
+        self._adapters: tuple[str, ...] = ()
+
+    @property
+    def max_concurrent_generations(self) -> int:
+        return self._max_concurrent
+
+    def learn(self, info: LLMInfo) -> None:
+        self.max_context_tokens = info.max_context_tokens
+        self.sampling_options = frozenset(info.sampling_options)
+        self._max_concurrent = info.max_concurrent_generations
+        self._adapters = info.adapters
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[GenerationDelta]:
+        stream = self._client.generate(
+            self.name, request_id, prompt_ids, sampling, adapter, priority
+        )
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()  # an early close aborts the generation in the engine
+
+    def adapter_names(self) -> list[str]:
+        return list(self._adapters)
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        self._adapters = await self._client.call(self.name, "load_adapter", name, str(path))  # type: ignore[assignment]
+
+    async def unload_adapter(self, name: str) -> None:
+        self._adapters = await self._client.call(self.name, "unload_adapter", name)  # type: ignore[assignment]
+
+    async def start(self) -> None:
+        info = self._client.info
+        assert info is not None, "start the client first"
+        self.learn(next(llm for llm in info.llms if llm.name == self.name))
+
+    async def close(self) -> None:
+        pass
+
+    def is_ready(self) -> bool:
+        stats = self._client.stats
+        return self._client.alive and stats is not None and stats.llms_ready.get(self.name, False)
+
+    def stats(self) -> EngineStats:
+        # The engine process writes its own running/waiting/prefix-cache series (merged into the
+        # one /metrics); an API process writing them too would count them twice.
+        return EngineStats(0, 0)
+
+
+async def connect(
+    settings: Settings, client: EngineClient
+) -> tuple[RemoteRegistry, dict[str, RemoteLLMEngine]]:
+    await client.start()
+    return RemoteRegistry(settings, client), {
+        m.name: RemoteLLMEngine(m, client) for m in settings.llm_models
+    }
