@@ -18,7 +18,8 @@ import signal
 import socket
 import tempfile
 import time
-from multiprocessing import connection
+from collections.abc import Iterator
+from multiprocessing import connection, resource_tracker
 from multiprocessing.process import BaseProcess
 
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 # the server stops with status 1 rather than restarting it forever.
 STARTUP_GRACE_S = 5.0
 POLL_S = 0.2
+ROLE_ENV = "FERRY_PROCESS"
 
 
 def api_main(settings: Settings, sock: socket.socket, address: str) -> None:
@@ -74,6 +76,8 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        # Started before any child, so that it does not inherit a child's FERRY_PROCESS.
+        resource_tracker.ensure_running()
         try:
             self._start_engine()
             for index in range(len(self._apis)):
@@ -96,7 +100,8 @@ class Supervisor:
         self._engine = self._context.Process(
             target=engine_entry, args=(self._settings, self._address), name="ferry-engine"
         )
-        self._engine.start()
+        with _role("engine"):
+            self._engine.start()
         self._engine_started = time.monotonic()
         logger.info("engine process %d started", self._engine.pid)
 
@@ -106,7 +111,8 @@ class Supervisor:
             args=(self._settings, self._sock, self._address),
             name=f"ferry-api-{index}",
         )
-        process.start()
+        with _role("api"):
+            process.start()
         self._apis[index] = process
         logger.info("API process %d started (%d of %d)", process.pid, index + 1, len(self._apis))
 
@@ -153,6 +159,16 @@ class Supervisor:
             if self._engine.is_alive() and self._engine.pid is not None:
                 _signal(self._engine.pid, signal.SIGTERM)
             _join_all([self._engine], grace)
+
+
+@contextlib.contextmanager
+def _role(role: str) -> Iterator[None]:
+    """FERRY_PROCESS in the child's environment says which it is (`ps e`, the fault tests)."""
+    os.environ[ROLE_ENV] = role
+    try:
+        yield
+    finally:
+        del os.environ[ROLE_ENV]
 
 
 def _signal(pid: int, signum: int) -> None:

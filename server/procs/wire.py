@@ -150,7 +150,8 @@ def unpack_sequences(lengths: Sequence[int], ids: bytes, masks: bytes) -> list[T
 
 
 def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> list[bytes]:
-    arrays = [np.ascontiguousarray(value) for value in row.values()]
+    # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
+    arrays = [np.require(value, requirements="C") for value in row.values()]
     header = Row(
         rid,
         index,

@@ -1,0 +1,161 @@
+"""`api_servers = 2`: one server to the outside, and the process faults.
+
+The route suites run in this mode through their own fixtures (predict, KServe HTTP and gRPC,
+OpenAI chat, shutdown); this module covers what only exists with several processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.bench.server_process import (
+    TINY_LLM,
+    default_model_config,
+    ferry_server,
+    metric_value,
+    tiny_llm_config,
+)
+
+READY_TIMEOUT_S = 90.0
+# Greedy on this prompt runs to max_tokens (no end token): long enough to be cut.
+CHAT = {
+    "model": TINY_LLM,
+    "messages": [{"role": "user", "content": "def fibonacci(n):"}],
+    "max_tokens": 2000,
+    "temperature": 0,
+}
+
+
+def roles(pid: int) -> dict[int, str]:
+    """The server's children by FERRY_PROCESS (engine / api)."""
+    found = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for entry in environ:
+            if entry.startswith(b"FERRY_PROCESS="):
+                found[int(child)] = entry.split(b"=", 1)[1].decode()
+    return found
+
+
+def pids(server, role: str) -> list[int]:
+    return sorted(p for p, r in roles(server.pid).items() if r == role)
+
+
+def wait_until(condition, timeout_s: float = READY_TIMEOUT_S, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def ready(server) -> bool:
+    try:
+        return httpx.get(f"{server.url}/health/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = default_model_config(backend={"sessions": 1})
+    with ferry_server(
+        [model],
+        server={"api_servers": 2, "drain_timeout_s": 30},
+        llm_models=[tiny_llm_config(max_running=8)],
+    ) as handle:
+        wait_until(lambda: len(pids(handle, "api")) == 2, what="two API processes")
+        yield handle
+
+
+def predict(server, client: httpx.Client | None = None) -> int:
+    body = {"inputs": ["a ferry across the river"]}
+    if client is None:  # a new connection each time: any API process may take it
+        return httpx.post(f"{server.url}/predict", json=body, timeout=30).status_code
+    return client.post("/predict", json=body).status_code
+
+
+def test_metrics_count_the_requests_of_every_api_process_once(server):
+    before = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
+
+    async def burst() -> list[int]:
+        async def one() -> int:
+            # One connection per request, all open at once: both processes accept some.
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                r = await client.post("/predict", json={"inputs": ["x"]})
+                return r.status_code
+
+        return await asyncio.gather(*(one() for _ in range(40)))
+
+    assert asyncio.run(burst()) == [200] * 40
+    text = server.metrics()
+    assert metric_value(text, "ferry_requests_total", endpoint="/predict") == before + 40
+    # Batch metrics come from the engine process, under the same names and labels.
+    assert metric_value(text, "ferry_batch_size_requests_sum") >= 40
+    assert metric_value(text, "ferry_model_ready", model="all-MiniLM-L6-v2") == 1
+    # Gauges carry no `pid` label: every family keeps a single-process server's labels.
+    assert 'pid="' not in text
+
+
+def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server):
+    before = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
+    victim, survivor = pids(server, "api")
+    os.kill(victim, signal.SIGKILL)
+    statuses = [predict(server) for _ in range(10)]
+    assert statuses == [200] * 10
+    wait_until(
+        lambda: victim not in pids(server, "api") and len(pids(server, "api")) == 2,
+        what="a new API process",
+    )
+    assert survivor in pids(server, "api")
+    wait_until(lambda: ready(server), what="readiness")
+    # The dead process's requests stay counted: counters never go down.
+    after = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
+    assert after >= before + 10
+
+
+def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(server):
+    (engine,) = pids(server, "engine")
+
+    async def scenario() -> tuple[list[int], list[str], int]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            first_delta = asyncio.Event()
+
+            async def stream() -> list[str]:
+                lines = []
+                body = {**CHAT, "stream": True}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data:"):
+                            lines.append(line)
+                            first_delta.set()
+                return lines
+
+            async def chat() -> int:
+                return (await client.post("/v1/chat/completions", json=CHAT)).status_code
+
+            streaming = asyncio.create_task(stream())
+            chats = [asyncio.create_task(chat()) for _ in range(3)]
+            await first_delta.wait()
+            os.kill(engine, signal.SIGKILL)
+            statuses = await asyncio.gather(*chats)
+            lines = await streaming
+            readiness = (await client.get("/health/ready")).status_code
+            return statuses, lines, readiness
+
+    statuses, lines, readiness = asyncio.run(scenario())
+    # Every waiting request ends, with a 503 (a stream: an error event, then [DONE]).
+    assert statuses == [503, 503, 503]
+    assert '"code": 503' in lines[-2].replace('"code":503', '"code": 503')
+    assert lines[-1] == "data: [DONE]"
+    assert readiness == 503
+    wait_until(lambda: ready(server), what="the restarted engine")
+    assert pids(server, "engine") != [engine]
+    assert predict(server) == 200
