@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ferry.bench.server_process import default_model_config, ferry_server, metric_value
+from tests.server.conftest import API_SERVERS
 
 RNG = np.random.default_rng(7)
 
@@ -19,9 +20,12 @@ def random_ids(length: int) -> list[int]:
     return [101, *RNG.integers(2000, 29000, size=length - 2).tolist(), 102]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ferry_server([default_model_config(batching={"max_queue_delay_s": 0.005})]) as handle:
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request):
+    with ferry_server(
+        [default_model_config(batching={"max_queue_delay_s": 0.005})],
+        server={"api_servers": request.param},
+    ) as handle:
         yield handle
 
 
