@@ -16,13 +16,13 @@ import os
 from collections.abc import AsyncIterator, Sequence
 
 import zmq
-import zmq.asyncio
 
 from ferry.batcher import TokenSequence
 from ferry.batcher.errors import BatcherClosed, InferenceFailed
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, GenerationFailed
 from ferry.server.procs import wire
+from ferry.server.procs.loop_socket import LoopSocket
 
 logger = logging.getLogger(__name__)
 HELLO_EVERY_S = 0.25
@@ -31,10 +31,9 @@ ENGINE_GONE = "the engine process stopped; it is being restarted"
 
 class EngineClient:
     def __init__(self, address: str) -> None:
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.DEALER)
-        self._socket.setsockopt(zmq.LINGER, 0)
-        self._socket.connect(address)
+        self._address = address
+        self._context = zmq.Context()
+        self._socket: LoopSocket | None = None
         self._ids = itertools.count(1)
         self._rows: dict[int, list[asyncio.Future]] = {}
         self._streams: dict[int, asyncio.Queue] = {}
@@ -51,7 +50,10 @@ class EngineClient:
 
     async def start(self) -> wire.Info:
         """Waits for the engine's first answer (it may still be loading its models)."""
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._greet())]
+        socket = self._context.socket(zmq.DEALER)
+        socket.connect(self._address)
+        self._socket = LoopSocket(socket, wire.to_api, wire.frame_count, self._receive)
+        self._tasks = [asyncio.create_task(self._greet())]
         await self._connected.wait()
         assert self.info is not None
         return self.info
@@ -60,7 +62,8 @@ class EngineClient:
         for task in self._tasks:
             task.cancel()
         self._unwatch()
-        self._socket.close(0)
+        if self._socket is not None:
+            self._socket.close()
         self._context.term()
 
     # -- encoder requests ----------------------------------------------------------------------
@@ -84,13 +87,13 @@ class EngineClient:
         lengths, frames = wire.pack_sequences(sequences)
         names = None if outputs is None else tuple(sorted(outputs))
         header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
-        self._send([wire.encoder.encode(header), *frames])
+        self._send(header, frames)
 
         def cancelled(future: asyncio.Future) -> None:
             # The caller dropped its futures (client gone, or another item failed): the engine
             # drops the rest from its queue.
             if future.cancelled() and self._rows.pop(rid, None) is not None:
-                self._send([wire.encoder.encode(wire.Cancel(rid))])
+                self._send(wire.Cancel(rid))
 
         for future in futures:
             future.add_done_callback(cancelled)
@@ -113,7 +116,7 @@ class EngineClient:
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = queue
         message = wire.Generate(rid, model, request_id, prompt_ids, sampling, adapter, priority)
-        self._send([wire.encoder.encode(message)])
+        self._send(message)
         finished = False
         try:
             while True:
@@ -128,7 +131,7 @@ class EngineClient:
         finally:
             self._streams.pop(rid, None)
             if not finished and self.alive:
-                self._send([wire.encoder.encode(wire.Cancel(rid))])
+                self._send(wire.Cancel(rid))
 
     async def call(self, model: str, method: str, *args: str) -> bool | tuple[str, ...] | None:
         if not self.alive:
@@ -136,7 +139,7 @@ class EngineClient:
         rid = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._replies[rid] = future
-        self._send([wire.encoder.encode(wire.Call(rid, model, method, args))])
+        self._send(wire.Call(rid, model, method, args))
         try:
             return await future
         finally:
@@ -147,16 +150,12 @@ class EngineClient:
 
     # -- the socket ----------------------------------------------------------------------------
 
-    def _send(self, frames: list) -> None:
-        self._socket.send_multipart(frames, copy=False)
+    def _send(self, header: wire.ToEngine, frames: list[bytes] | None = None) -> None:
+        assert self._socket is not None, "start the client first"
+        self._socket.send(header, frames or ())
 
-    async def _read(self) -> None:
-        while True:
-            frames = await self._socket.recv_multipart()
-            try:
-                self._handle(wire.to_api.decode(frames[0]), frames[1:])
-            except Exception:  # a bad message must not stop every later one
-                logger.exception("engine message dropped")
+    def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
+        self._handle(header, frames)  # type: ignore[arg-type]
 
     def _handle(self, message: wire.ToApi, frames: list[bytes]) -> None:
         if isinstance(message, wire.Row):
@@ -206,7 +205,7 @@ class EngineClient:
         """Hello until an engine answers (at start, and after each restart)."""
         while True:
             if not self.alive:
-                self._send([wire.encoder.encode(wire.Hello())])
+                self._send(wire.Hello())
             await asyncio.sleep(HELLO_EVERY_S)
 
     def _engine_up(self, info: wire.Info) -> None:

@@ -15,11 +15,12 @@ from functools import partial
 from pathlib import Path
 
 import zmq
-import zmq.asyncio
 
+from ferry.llm.base import EngineStats
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.procs import wire
+from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import Settings
 
@@ -39,33 +40,32 @@ class EngineServer:
         self._calls: set[asyncio.Task] = set()
         self._rows: dict[tuple[bytes, int], list[asyncio.Future]] = {}
         self._streams: dict[tuple[bytes, int], asyncio.Task] = {}
-        self._context = zmq.asyncio.Context()
-        self._socket = self._context.socket(zmq.ROUTER)
-        self._socket.setsockopt(zmq.LINGER, 0)
+        self._context = zmq.Context()
+        self._socket: LoopSocket | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         await asyncio.gather(self.registry.start(), *(e.start() for e in self.engines.values()))
-        self._socket.bind(self._address)
+        socket = self._context.socket(zmq.ROUTER)
+        socket.bind(self._address)
+        self._socket = LoopSocket(
+            socket, wire.to_engine, wire.frame_count, self._receive, routed=True
+        )
         logger.info("engine process %d serving %s", os.getpid(), self._address)
-        tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._report())]
+        report = asyncio.create_task(self._report())
         await stop.wait()
-        for task in tasks:
-            task.cancel()
+        report.cancel()
         await self.registry.close(self._settings.drain_timeout_s)
         await asyncio.gather(*(e.close() for e in self.engines.values()), return_exceptions=True)
-        self._socket.close(0)
+        self._socket.close()
         self._context.term()
 
-    def _send(self, peer: bytes, frames: list) -> None:
-        self._socket.send_multipart([peer, *frames], copy=False)
+    def _send(self, peer: bytes, header: wire.ToApi, frames: list | None = None) -> None:
+        assert self._socket is not None
+        self._socket.send(header, frames or (), peer)
 
-    async def _read(self) -> None:
-        while True:
-            peer, head, *frames = await self._socket.recv_multipart()
-            try:
-                self._handle(peer, wire.to_engine.decode(head), frames)
-            except Exception:
-                logger.exception("API message dropped")
+    def _receive(self, peer: bytes | None, header: object, frames: list[bytes]) -> None:
+        assert peer is not None
+        self._handle(peer, header, frames)  # type: ignore[arg-type]
 
     def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[bytes]) -> None:
         if isinstance(message, wire.Submit):
@@ -81,8 +81,8 @@ class EngineServer:
             task.add_done_callback(self._calls.discard)
         elif isinstance(message, wire.Hello):
             self._peers.add(peer)
-            self._send(peer, [wire.encoder.encode(self._info())])
-            self._send(peer, [wire.encoder.encode(self._stats_now())])
+            self._send(peer, self._info())
+            self._send(peer, self._stats_now())
 
     # -- encoder requests ----------------------------------------------------------------------
 
@@ -94,7 +94,7 @@ class EngineServer:
             futures = model.submit(sequences, message.timeout_s, outputs, message.priority)
         except Exception as exc:
             failed = wire.Failed(message.rid, -1, wire.error_to_wire(exc))
-            self._send(peer, [wire.encoder.encode(failed)])
+            self._send(peer, failed)
             return
         key = (peer, message.rid)
         self._rows[key] = futures
@@ -110,10 +110,10 @@ class EngineServer:
         peer, rid = key
         error = future.exception()
         if error is None:
-            self._send(peer, wire.pack_row(rid, index, future.result()))
+            self._send(peer, *wire.pack_row(rid, index, future.result()))
         else:
             message = wire.Failed(rid, index, wire.error_to_wire(error))
-            self._send(peer, [wire.encoder.encode(message)])
+            self._send(peer, message)
 
     def _cancel(self, key: tuple[bytes, int]) -> None:
         for future in self._rows.pop(key, ()):
@@ -136,14 +136,17 @@ class EngineServer:
             )
             try:
                 async for delta in stream:
-                    self._send(peer, [wire.encoder.encode(wire.Delta(message.rid, delta))])
+                    if delta.finish_reason is not None:
+                        # Before the client sees its end: a scrape after it counts its tokens.
+                        self._write_engine_metrics(message.model, engine.stats())
+                    self._send(peer, wire.Delta(message.rid, delta))
             finally:
                 await stream.aclose()  # cancelled (the client left): the engine aborts it
         except asyncio.CancelledError:
             pass
         except Exception as exc:
             failed = wire.Failed(message.rid, -1, wire.error_to_wire(exc))
-            self._send(peer, [wire.encoder.encode(failed)])
+            self._send(peer, failed)
         finally:
             self._streams.pop((peer, message.rid), None)
 
@@ -159,7 +162,7 @@ class EngineServer:
             reply.value = tuple(engine.adapter_names())
         except Exception as exc:
             reply.error = wire.error_to_wire(exc)
-        self._send(peer, [wire.encoder.encode(reply)])
+        self._send(peer, reply)
 
     # -- what the API processes learn ----------------------------------------------------------
 
@@ -194,19 +197,21 @@ class EngineServer:
             {name: engine.is_ready() for name, engine in self.engines.items()},
         )
 
+    def _write_engine_metrics(self, name: str, stats: EngineStats) -> None:
+        self._observer.engine_counts(name, stats.running, stats.waiting)
+        self._observer.engine_prefix_cache(
+            name, stats.prefix_cache_queries, stats.prefix_cache_hits
+        )
+
     async def _report(self) -> None:
         """Model health and engine counters, to every API process and the metrics files."""
         while True:
             await self.registry.ready()  # each model's healthy() sets ferry_model_ready
             stats = self._stats_now()
             for name, engine_stats in stats.llms.items():
-                self._observer.engine_counts(name, engine_stats.running, engine_stats.waiting)
-                self._observer.engine_prefix_cache(
-                    name, engine_stats.prefix_cache_queries, engine_stats.prefix_cache_hits
-                )
-            frame = wire.encoder.encode(stats)
+                self._write_engine_metrics(name, engine_stats)
             for peer in self._peers:
-                self._send(peer, [frame])
+                self._send(peer, stats)
             await asyncio.sleep(STATS_EVERY_S)
 
 

@@ -127,8 +127,18 @@ ToEngine = Hello | Submit | Cancel | Generate | Call
 ToApi = Info | Row | Failed | Delta | Reply | Stats
 
 encoder = msgspec.msgpack.Encoder()
-to_engine = msgspec.msgpack.Decoder(ToEngine)
-to_api = msgspec.msgpack.Decoder(ToApi)
+# One ZMQ message carries a list of headers (what one loop turn sent), then their frames.
+to_engine = msgspec.msgpack.Decoder(list[ToEngine])
+to_api = msgspec.msgpack.Decoder(list[ToApi])
+
+
+def frame_count(header: object) -> int:
+    """How many of the frames after the headers belong to this header."""
+    if isinstance(header, Submit):
+        return 2  # ids, masks
+    if isinstance(header, Row):
+        return len(header.names)
+    return 0
 
 
 def pack_sequences(sequences: Sequence[TokenSequence]) -> tuple[tuple[int, ...], list[bytes]]:
@@ -149,7 +159,7 @@ def unpack_sequences(lengths: Sequence[int], ids: bytes, masks: bytes) -> list[T
     return sequences
 
 
-def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> list[bytes]:
+def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> tuple[Row, list[memoryview]]:
     # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
     arrays = [np.require(value, requirements="C") for value in row.values()]
     header = Row(
@@ -159,7 +169,7 @@ def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> list[bytes]:
         tuple(a.dtype.str for a in arrays),
         tuple(a.shape for a in arrays),
     )
-    return [encoder.encode(header), *(memoryview(a).cast("B") for a in arrays)]
+    return header, [memoryview(a).cast("B") for a in arrays]
 
 
 def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:

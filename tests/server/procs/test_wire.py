@@ -31,8 +31,9 @@ def test_a_row_keeps_names_dtypes_and_shapes():
         "last_hidden_state": np.arange(12, dtype=np.float16).reshape(4, 3),
         "label": np.array(3, dtype=np.int64),
     }
-    head, *frames = wire.pack_row(9, 1, row)
-    message = wire.to_api.decode(head)
+    header, frames = wire.pack_row(9, 1, row)
+    (message,) = wire.to_api.decode(wire.encoder.encode([header]))
+    assert wire.frame_count(message) == len(frames) == 3
     assert isinstance(message, wire.Row) and (message.rid, message.index) == (9, 1)
     back = wire.unpack_row(message, [bytes(f) for f in frames])
     assert list(back) == list(row)
@@ -52,11 +53,11 @@ def test_generation_requests_and_deltas_keep_every_field():
         logit_bias=((5, -1.5),),
     )
     request = wire.Generate(4, "m", "req-1", [1, 2, 3], sampling, "adapter", -10)
-    assert wire.to_engine.decode(wire.encoder.encode(request)) == request
+    assert wire.to_engine.decode(wire.encoder.encode([request])) == [request]
     delta = GenerationDelta(
         "hi", 2, "stop", (TokenLogprob(1, -0.1, ((2, -0.5),)),), (None,), cached_tokens=4
     )
-    got = wire.to_api.decode(wire.encoder.encode(wire.Delta(4, delta)))
+    (got,) = wire.to_api.decode(wire.encoder.encode([wire.Delta(4, delta)]))
     assert isinstance(got, wire.Delta) and got.delta == delta
 
 
