@@ -63,12 +63,16 @@ class ModelRuntime:
             else ModelManifest.read(settings.path)
         )
         self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
-        self.backend = build_backend(settings)
+        self.backend = self._build_backend(settings)
         self._metrics = metrics
         self.batcher: MicroBatcher | None = None
         # Floats per item (pooled) or per token (sequence outputs), learned at start.
         self._widths: dict[str, int] = {}
         self.ready = False
+
+    def _build_backend(self, settings: ModelSettings) -> Backend:
+        # An API process's stand-in (server/procs/remote.py) has no backend of its own.
+        return build_backend(settings)
 
     async def start(self) -> None:
         await self.backend.start()

@@ -107,8 +107,8 @@ class EngineClient:
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingSettings,
-        adapter: str | None,
-        priority: int,
+        adapter: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         if not self.alive:
             raise EngineDead(ENGINE_GONE)

@@ -12,18 +12,17 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ferry.backends.hf_folder import folder_manifest
 from ferry.batcher import TokenSequence
-from ferry.exporters.manifest import ModelManifest
-from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
+from ferry.llm.base import EngineStats, GenerationDelta
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.server.metrics import FerryMetrics
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.procs.client import EngineClient
 from ferry.server.procs.wire import LLMInfo, ModelInfo
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import LLMSettings, ModelSettings, Settings
-from ferry.server.tokenization import TextTokenizer
 
 
 @dataclass(frozen=True)
@@ -37,19 +36,14 @@ class BackendView:
 
 
 class RemoteModelRuntime(ModelRuntime):
-    def __init__(self, settings: ModelSettings, client: EngineClient) -> None:
-        # Not ModelRuntime.__init__: no backend (and no model weights) in an API process.
-        self.settings = settings
-        self.name = settings.name
-        self.manifest = (
-            folder_manifest(settings.path)
-            if settings.backend.kind == "torch"
-            else ModelManifest.read(settings.path)
-        )
-        self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
+    def __init__(
+        self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
+    ) -> None:
         self._client = client
-        self.batcher = None
-        self._widths: dict[str, int] = {}
+        super().__init__(settings, metrics)
+
+    def _build_backend(self, settings: ModelSettings) -> BackendView:  # type: ignore[override]
+        return BackendView(settings.backend.kind, (), frozenset(), 1)  # until `learn`
 
     def learn(self, info: ModelInfo) -> None:
         self.backend = BackendView(  # type: ignore[assignment]
@@ -64,6 +58,10 @@ class RemoteModelRuntime(ModelRuntime):
     def ready(self) -> bool:  # type: ignore[override]
         stats = self._client.stats
         return self._client.alive and stats is not None and stats.models_ready.get(self.name, False)
+
+    @ready.setter
+    def ready(self, _: bool) -> None:  # ModelRuntime's own flag; here the engine's state decides
+        pass
 
     async def start(self) -> None:  # the engine process starts the real one
         pass
@@ -86,9 +84,9 @@ class RemoteModelRuntime(ModelRuntime):
 
 
 class RemoteRegistry(ModelRegistry):
-    def __init__(self, settings: Settings, client: EngineClient) -> None:
+    def __init__(self, settings: Settings, client: EngineClient, metrics: FerryMetrics) -> None:
         self.default_name = settings.default_model_name
-        self.models = {m.name: RemoteModelRuntime(m, client) for m in settings.models}
+        self.models = {m.name: RemoteModelRuntime(m, client, metrics) for m in settings.models}
         self._client = client
 
     async def start(self) -> None:
@@ -126,22 +124,9 @@ class RemoteLLMEngine:
         self._max_concurrent = info.max_concurrent_generations
         self._adapters = info.adapters
 
-    async def generate(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        sampling: SamplingSettings,
-        adapter: str | None = None,
-        priority: int = 0,
-    ) -> AsyncIterator[GenerationDelta]:
-        stream = self._client.generate(
-            self.name, request_id, prompt_ids, sampling, adapter, priority
-        )
-        try:
-            async for delta in stream:
-                yield delta
-        finally:
-            await stream.aclose()  # an early close aborts the generation in the engine
+    def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[GenerationDelta]:
+        """`LLMEngine.generate`, run by the engine process; closing the iterator aborts it."""
+        return self._client.generate(self.name, *args, **kwargs)
 
     def adapter_names(self) -> list[str]:
         return list(self._adapters)
@@ -171,9 +156,9 @@ class RemoteLLMEngine:
 
 
 async def connect(
-    settings: Settings, client: EngineClient
+    settings: Settings, client: EngineClient, metrics: FerryMetrics
 ) -> tuple[RemoteRegistry, dict[str, RemoteLLMEngine]]:
     await client.start()
-    return RemoteRegistry(settings, client), {
+    return RemoteRegistry(settings, client, metrics), {
         m.name: RemoteLLMEngine(m, client) for m in settings.llm_models
     }

@@ -38,4 +38,4 @@ async def build_runtimes(
     from ferry.server.procs.client import EngineClient
     from ferry.server.procs.remote import connect
 
-    return await connect(settings, EngineClient(ENGINE_ADDRESS))
+    return await connect(settings, EngineClient(ENGINE_ADDRESS), metrics)
