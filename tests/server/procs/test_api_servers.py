@@ -123,7 +123,7 @@ def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server):
 def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(server):
     (engine,) = pids(server, "engine")
 
-    async def scenario() -> tuple[list[int], list[str], int]:
+    async def scenario() -> tuple[list[int], list[str], int, list[int]]:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             first_delta = asyncio.Event()
 
@@ -141,18 +141,27 @@ def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(serv
             async def chat() -> int:
                 return (await client.post("/v1/chat/completions", json=CHAT)).status_code
 
+            async def predicts() -> list[int]:
+                body = {"inputs": ["a ferry across the river"] * 8}
+                sent = [client.post("/predict", json=body) for _ in range(64)]
+                return [r.status_code for r in await asyncio.gather(*sent)]
+
             streaming = asyncio.create_task(stream())
             chats = [asyncio.create_task(chat()) for _ in range(3)]
             await first_delta.wait()
+            burst = asyncio.create_task(predicts())
+            await asyncio.sleep(0)  # the burst is on its way when the engine dies
             os.kill(engine, signal.SIGKILL)
             statuses = await asyncio.gather(*chats)
             lines = await streaming
             readiness = (await client.get("/health/ready")).status_code
-            return statuses, lines, readiness
+            return statuses, lines, readiness, await burst
 
-    statuses, lines, readiness = asyncio.run(scenario())
+    statuses, lines, readiness, predicted = asyncio.run(scenario())
     # Every waiting request ends, with a 503 (a stream: an error event, then [DONE]).
     assert statuses == [503, 503, 503]
+    # Encoder requests too: answered before the death, or refused with 503; none hangs.
+    assert set(predicted) <= {200, 503} and len(predicted) == 64
     assert '"code": 503' in lines[-2].replace('"code":503', '"code": 503')
     assert lines[-1] == "data: [DONE]"
     assert readiness == 503
