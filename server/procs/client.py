@@ -39,6 +39,7 @@ class EngineClient:
         self._streams: dict[int, asyncio.Queue] = {}
         self._replies: dict[int, asyncio.Future] = {}
         self.info: wire.Info | None = None
+        self.adapters: dict[str, tuple[str, ...]] = {}  # per LLM, as the engine last said
         self.stats: wire.Stats | None = None
         self._connected = asyncio.Event()
         self._pidfd: int | None = None
@@ -181,6 +182,9 @@ class EngineClient:
                     future.set_result(message.value)
         elif isinstance(message, wire.Stats):
             self.stats = message
+        elif isinstance(message, wire.Adapters):
+            self.adapters[message.model] = message.names
+            self._send(wire.Ack(message.seq))
         elif isinstance(message, wire.Info):
             self._engine_up(message)
 
@@ -214,6 +218,7 @@ class EngineClient:
         if self.alive:  # a new engine, before the old one's death was seen
             self._engine_down()
         self.info = info
+        self.adapters = {llm.name: llm.adapters for llm in info.llms}
         self._connected.set()
         self._watch(info.pid)
         logger.info("engine process %d connected", info.pid)

@@ -8,6 +8,7 @@ rendering all happened in the API processes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
 STATS_EVERY_S = 0.25
+ACK_TIMEOUT_S = 2.0
 
 
 class EngineServer:
@@ -38,6 +40,8 @@ class EngineServer:
         self.engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
         self._peers: set[bytes] = set()
         self._calls: set[asyncio.Task] = set()
+        self._seq = itertools.count(1)
+        self._acks: dict[int, tuple[set[bytes], asyncio.Event]] = {}
         self._rows: dict[tuple[bytes, int], list[asyncio.Future]] = {}
         self._streams: dict[tuple[bytes, int], asyncio.Task] = {}
         self._context = zmq.Context()
@@ -79,6 +83,8 @@ class EngineServer:
             task = asyncio.create_task(self._call(peer, message))
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
+        elif isinstance(message, wire.Ack):
+            self._acked(peer, message.seq)
         elif isinstance(message, wire.Hello):
             self._peers.add(peer)
             self._send(peer, self._info())
@@ -159,10 +165,34 @@ class EngineServer:
                 await engine.load_adapter(name, Path(path))
             elif message.method == "unload_adapter":
                 await engine.unload_adapter(message.args[0])
-            reply.value = tuple(engine.adapter_names())
+            await self._publish_adapters(message.model, tuple(engine.adapter_names()))
         except Exception as exc:
             reply.error = wire.error_to_wire(exc)
         self._send(peer, reply)
+
+    async def _publish_adapters(self, model: str, names: tuple[str, ...]) -> None:
+        """Every API process knows the change before the load is answered: a request for the
+        new adapter that reaches any of them right after finds it."""
+        seq = next(self._seq)
+        waiting = self._acks[seq] = (set(self._peers), asyncio.Event())
+        for peer in self._peers:
+            self._send(peer, wire.Adapters(seq, model, names))
+        try:
+            # A process that died meanwhile never answers: its successor learns at Hello.
+            await asyncio.wait_for(waiting[1].wait(), ACK_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning(
+                "adapter update %d: %d API processes did not answer", seq, len(waiting[0])
+            )
+        finally:
+            del self._acks[seq]
+
+    def _acked(self, peer: bytes, seq: int) -> None:
+        waiting = self._acks.get(seq)
+        if waiting is not None:
+            waiting[0].discard(peer)
+            if not waiting[0]:
+                waiting[1].set()
 
     # -- what the API processes learn ----------------------------------------------------------
 

@@ -112,7 +112,6 @@ class RemoteLLMEngine:
         self.max_context_tokens = 0
         self.sampling_options: frozenset[str] = frozenset()
         self._max_concurrent = 1
-        self._adapters: tuple[str, ...] = ()
 
     @property
     def max_concurrent_generations(self) -> int:
@@ -122,20 +121,20 @@ class RemoteLLMEngine:
         self.max_context_tokens = info.max_context_tokens
         self.sampling_options = frozenset(info.sampling_options)
         self._max_concurrent = info.max_concurrent_generations
-        self._adapters = info.adapters
 
     def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[GenerationDelta]:
         """`LLMEngine.generate`, run by the engine process; closing the iterator aborts it."""
         return self._client.generate(self.name, *args, **kwargs)
 
     def adapter_names(self) -> list[str]:
-        return list(self._adapters)
+        return list(self._client.adapters.get(self.name, ()))
 
     async def load_adapter(self, name: str, path: Path) -> None:
-        self._adapters = await self._client.call(self.name, "load_adapter", name, str(path))  # type: ignore[assignment]
+        # Answered once every API process has the new list (wire.Adapters).
+        await self._client.call(self.name, "load_adapter", name, str(path))
 
     async def unload_adapter(self, name: str) -> None:
-        self._adapters = await self._client.call(self.name, "unload_adapter", name)  # type: ignore[assignment]
+        await self._client.call(self.name, "unload_adapter", name)
 
     async def start(self) -> None:
         info = self._client.info

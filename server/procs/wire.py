@@ -80,6 +80,12 @@ class Call(msgspec.Struct, tag=True):
     args: tuple[str, ...] = ()
 
 
+class Ack(msgspec.Struct, tag=True):
+    """An API process has applied an Adapters update."""
+
+    seq: int
+
+
 class WireError(msgspec.Struct):
     kind: str
     args: tuple[str, ...]
@@ -115,6 +121,14 @@ class Reply(msgspec.Struct, tag=True):
     error: WireError | None = None
 
 
+class Adapters(msgspec.Struct, tag=True):
+    """An LLM's adapters changed: every API process applies it before the load is answered."""
+
+    seq: int
+    model: str
+    names: tuple[str, ...]
+
+
 class Stats(msgspec.Struct, tag=True):
     """The engine's LLM counters and model health, pushed periodically."""
 
@@ -123,8 +137,8 @@ class Stats(msgspec.Struct, tag=True):
     llms_ready: dict[str, bool]
 
 
-ToEngine = Hello | Submit | Cancel | Generate | Call
-ToApi = Info | Row | Failed | Delta | Reply | Stats
+ToEngine = Hello | Submit | Cancel | Generate | Call | Ack
+ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters
 
 encoder = msgspec.msgpack.Encoder()
 # One ZMQ message carries a list of headers (what one loop turn sent), then their frames.
