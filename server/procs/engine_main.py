@@ -22,6 +22,7 @@ from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.procs import wire
 from ferry.server.procs.loop_socket import LoopSocket
+from ferry.server.procs.parent import on_parent_exit
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import Settings
 
@@ -245,7 +246,7 @@ class EngineServer:
             await asyncio.sleep(STATS_EVERY_S)
 
 
-def engine_main(settings: Settings, address: str) -> None:
+def engine_main(settings: Settings, address: str, parent: int | None = None) -> None:
     """The engine process's entry (multiprocessing spawn target)."""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -254,8 +255,11 @@ def engine_main(settings: Settings, address: str) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        # SIGTERM from the supervisor, once the API processes have drained.
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
+        if parent is not None:
+            on_parent_exit(parent, stop.set)
         await EngineServer(settings, address).run(stop)
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:

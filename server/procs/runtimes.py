@@ -8,6 +8,7 @@ stand-ins of `remote`, connected to the engine process, and metrics merge across
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -20,6 +21,7 @@ from ferry.server.settings import Settings
 
 # Set by `api_main` before the app is created; None: everything runs in this process.
 ENGINE_ADDRESS: str | None = None
+SUPERVISOR_PID: int | None = None
 
 
 def metrics_registry() -> CollectorRegistry | None:
@@ -36,6 +38,9 @@ async def build_runtimes(
             m.name: build_llm_engine(m) for m in settings.llm_models
         }
     from ferry.server.procs.client import EngineClient
+    from ferry.server.procs.parent import on_parent_exit
     from ferry.server.procs.remote import connect
 
+    if SUPERVISOR_PID is not None:  # killed supervisor: drain and stop, as on SIGTERM
+        on_parent_exit(SUPERVISOR_PID, lambda: os.kill(os.getpid(), signal.SIGTERM))
     return await connect(settings, EngineClient(ENGINE_ADDRESS), metrics)

@@ -33,11 +33,15 @@ POLL_S = 0.2
 ROLE_ENV = "FERRY_PROCESS"
 
 
-def api_main(settings: Settings, sock: socket.socket, address: str) -> None:
+def api_main(settings: Settings, sock: socket.socket, address: str, parent: int) -> None:
     """An API process: the usual app, its models and engines stand-ins for the engine's."""
+    # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains
+    # the API processes before it stops the engine.
+    os.setpgrp()
     from ferry.server.procs import runtimes
 
     runtimes.ENGINE_ADDRESS = address
+    runtimes.SUPERVISOR_PID = parent
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -47,10 +51,11 @@ def api_main(settings: Settings, sock: socket.socket, address: str) -> None:
     serve(create_app(settings), settings, sockets=[sock])
 
 
-def engine_entry(settings: Settings, address: str) -> None:
+def engine_entry(settings: Settings, address: str, parent: int) -> None:
+    os.setpgrp()
     from ferry.server.procs.engine_main import engine_main
 
-    engine_main(settings, address)
+    engine_main(settings, address, parent)
 
 
 class Supervisor:
@@ -98,7 +103,9 @@ class Supervisor:
 
     def _start_engine(self) -> None:
         self._engine = self._context.Process(
-            target=engine_entry, args=(self._settings, self._address), name="ferry-engine"
+            target=engine_entry,
+            args=(self._settings, self._address, os.getpid()),
+            name="ferry-engine",
         )
         with _role("engine"):
             self._engine.start()
@@ -108,7 +115,7 @@ class Supervisor:
     def _start_api(self, index: int) -> None:
         process = self._context.Process(
             target=api_main,
-            args=(self._settings, self._sock, self._address),
+            args=(self._settings, self._sock, self._address, os.getpid()),
             name=f"ferry-api-{index}",
         )
         with _role("api"):

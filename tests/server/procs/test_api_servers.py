@@ -168,3 +168,21 @@ def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(serv
     wait_until(lambda: ready(server), what="the restarted engine")
     assert pids(server, "engine") != [engine]
     assert predict(server) == 200
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie waiting for its new parent to reap it counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_killed_supervisor_takes_its_processes_with_it(server):
+    # Last in this module: it ends the module's server.
+    children = list(roles(server.pid))
+    assert len(children) == 3
+    server.process.kill()
+    server.process.wait()
+    wait_until(lambda: all(gone(pid) for pid in children), what="the orphans to stop")
