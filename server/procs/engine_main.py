@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import signal
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -48,7 +49,7 @@ class EngineServer:
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
         await asyncio.gather(self.registry.start(), *(e.start() for e in self.engines.values()))
         socket = self._context.socket(zmq.ROUTER)
         socket.bind(self._address)
@@ -56,6 +57,8 @@ class EngineServer:
             socket, wire.to_engine, wire.frame_count, self._receive, routed=True
         )
         logger.info("engine process %d serving %s", os.getpid(), self._address)
+        if on_ready is not None:
+            on_ready()
         report = asyncio.create_task(self._report())
         await stop.wait()
         report.cancel()
@@ -246,7 +249,12 @@ class EngineServer:
             await asyncio.sleep(STATS_EVERY_S)
 
 
-def engine_main(settings: Settings, address: str, parent: int | None = None) -> None:
+def engine_main(
+    settings: Settings,
+    address: str,
+    parent: int | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
     """The engine process's entry (multiprocessing spawn target)."""
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -260,7 +268,7 @@ def engine_main(settings: Settings, address: str, parent: int | None = None) -> 
         loop.add_signal_handler(signal.SIGINT, stop.set)
         if parent is not None:
             on_parent_exit(parent, stop.set)
-        await EngineServer(settings, address).run(stop)
+        await EngineServer(settings, address).run(stop, on_ready)
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main())

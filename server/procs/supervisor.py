@@ -21,14 +21,14 @@ import time
 from collections.abc import Iterator
 from multiprocessing import connection, resource_tracker
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
-# An engine that dies this soon after its first start failed to start (bad model, bad config):
-# the server stops with status 1 rather than restarting it forever.
-STARTUP_GRACE_S = 5.0
+# A restarted engine that dies before it is ready again waits this long before the next try.
+RESTART_BACKOFF_S = 1.0
 POLL_S = 0.2
 ROLE_ENV = "FERRY_PROCESS"
 
@@ -51,11 +51,11 @@ def api_main(settings: Settings, sock: socket.socket, address: str, parent: int)
     serve(create_app(settings), settings, sockets=[sock])
 
 
-def engine_entry(settings: Settings, address: str, parent: int) -> None:
+def engine_entry(settings: Settings, address: str, parent: int, ready: Any) -> None:
     os.setpgrp()
     from ferry.server.procs.engine_main import engine_main
 
-    engine_main(settings, address, parent)
+    engine_main(settings, address, parent, ready.set)
 
 
 class Supervisor:
@@ -73,8 +73,10 @@ class Supervisor:
             (settings.host, settings.port), backlog=4096, reuse_port=False
         )
         self._engine: BaseProcess | None = None
-        self._engine_started = 0.0
-        self._engine_restarts = 0
+        # Set by the engine once its models run; one that never got there the first time failed
+        # to start (bad model, bad config): the server stops with status 1, no restart loop.
+        self._engine_ready = self._context.Event()
+        self._engine_was_ready = False
         self._apis: list[BaseProcess | None] = [None] * settings.api_servers
         self._signals = 0
 
@@ -88,6 +90,10 @@ class Supervisor:
             for index in range(len(self._apis)):
                 self._start_api(index)
             status = self._watch()
+            if status:  # the engine never started: the API processes never served, end them
+                for process in self._apis:
+                    if process is not None:
+                        process.kill()
             self._stop()
             return status
         finally:
@@ -104,12 +110,11 @@ class Supervisor:
     def _start_engine(self) -> None:
         self._engine = self._context.Process(
             target=engine_entry,
-            args=(self._settings, self._address, os.getpid()),
+            args=(self._settings, self._address, os.getpid(), self._engine_ready),
             name="ferry-engine",
         )
         with _role("engine"):
             self._engine.start()
-        self._engine_started = time.monotonic()
         logger.info("engine process %d started", self._engine.pid)
 
     def _start_api(self, index: int) -> None:
@@ -133,12 +138,15 @@ class Supervisor:
             engine = self._engine
             if engine is not None and not engine.is_alive():
                 self._reap(engine)
-                early = time.monotonic() - self._engine_started < STARTUP_GRACE_S
-                if early and not self._engine_restarts:
+                ready = self._engine_ready.is_set()
+                self._engine_was_ready |= ready
+                if not self._engine_was_ready:
                     logger.error("the engine process failed to start (status %s)", engine.exitcode)
                     return 1
                 logger.error("engine process %d died (%s): restarting", engine.pid, engine.exitcode)
-                self._engine_restarts += 1
+                if not ready:
+                    time.sleep(RESTART_BACKOFF_S)
+                self._engine_ready.clear()
                 self._start_engine()
             for index, process in enumerate(self._apis):
                 if process is not None and not process.is_alive():

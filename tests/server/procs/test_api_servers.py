@@ -9,18 +9,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from ferry.bench.processes import free_port
 from ferry.bench.server_process import (
+    REPO,
     TINY_LLM,
     default_model_config,
     ferry_server,
     metric_value,
     tiny_llm_config,
+    write_config,
 )
 
 READY_TIMEOUT_S = 90.0
@@ -168,6 +173,17 @@ def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(serv
     wait_until(lambda: ready(server), what="the restarted engine")
     assert pids(server, "engine") != [engine]
     assert predict(server) == 200
+
+
+def test_an_engine_that_cannot_start_stops_the_server_with_status_1(tmp_path):
+    """No restart loop for a bad configuration: the API processes are ended, status 1."""
+    model = default_model_config(outputs=["no_such_output"])
+    config = write_config(tmp_path / "ferry.toml", [model], {"api_servers": 2})
+    command = [sys.executable, "-m", "ferry.server.cli", "serve", "--config", str(config)]
+    command += ["--port", str(free_port()), "--log-level", "warning"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "no_such_output" in run.stderr and "failed to start" in run.stderr
 
 
 def gone(pid: int) -> bool:
