@@ -11,7 +11,11 @@ and the capacity the split projects on a host of `--cores` cores: the engine loo
 is lower. The load generator runs on the same machine; on a 2-core box it takes a core of its
 own, so read the ratios of one run, and the projection rather than the raw rate.
 
+`--real` serves the real model instead (ONNX Runtime on the same cores: what the split costs or
+gains where the model needs the CPU), `--lengths 8,128` for mixed inputs.
+
 python -m ferry.bench.api_servers [--levels 1,2] [--duration 10] [--concurrency 64] [--cores 16]
+                                  [--real] [--lengths 8,16]
 """
 
 from __future__ import annotations
@@ -72,11 +76,12 @@ def _cpu(pids: dict[str, list[int]]) -> tuple[float, float, float]:
     )
 
 
-def measure(level: int, bodies: list[dict], duration_s: float, concurrency: int) -> Level:
+def measure(
+    level: int, bodies: list[dict], duration_s: float, concurrency: int, real: bool = False
+) -> Level:
     model = default_model_config(batching={"max_batch_size": 64, "max_queue_size": 4096})
-    with ferry_server(
-        [model], server={"api_servers": level}, module="ferry.bench.null_backend"
-    ) as server:
+    module = "ferry.server.cli" if real else "ferry.bench.null_backend"
+    with ferry_server([model], server={"api_servers": level}, module=module) as server:
         assert server.pid is not None
         if level == 1:
             pids = {"engine": [server.pid], "api": []}
@@ -102,17 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--cores", type=int, default=16, help="host size for the projection")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--real", action="store_true", help="the real model, not the null one")
+    parser.add_argument("--lengths", default="8,16", help="token lengths: min,max")
     args = parser.parse_args(argv)
-    bodies = [{"input_ids": ids} for ids in token_sequences(2000, 8, 16, args.seed)]
+    low, high = (int(x) for x in args.lengths.split(","))
+    bodies = [{"input_ids": ids} for ids in token_sequences(2000, low, high, args.seed)]
     levels = [int(x) for x in args.levels.split(",")]
     print(
-        f"short /predict on the null backend, {args.concurrency} clients, "
+        f"/predict of {low}-{high} tokens on the {'real' if args.real else 'null'} backend, "
+        f"{args.concurrency} clients, "
         f"{args.duration:g} s per level; CPU ms per request; capacity on {args.cores} cores"
     )
     print("api_servers     req/s  engine loop ms  engine proc ms    API ms  capacity r/s")
     results = []
     for level in levels:
-        results.append(measure(level, bodies, args.duration, args.concurrency))
+        results.append(measure(level, bodies, args.duration, args.concurrency, args.real))
         print(results[-1].row(args.cores), flush=True)
     base = results[0]
     for result in results[1:]:
