@@ -13,6 +13,7 @@ the same). Targets: Ferry >= 3x the unbatched server and >= 0.7x the in-process 
 Under 8 minutes on one H100 with 16 cores; `--quick --device cpu` runs it end to end anywhere.
 
 python -m ferry.bench.gpu [--device cuda] [--seconds 8] [--clients 64,256] [--quick]
+                         [--api-servers 1,2,4,8]
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class Config:
     processes: int  # load generator processes
     max_batch_size: int
     max_batch_tokens: int
+    # `api_servers` levels: beyond 1, Ferry (ORT) and its null backend again with N API processes.
+    api_servers: tuple[int, ...] = (1,)
 
 
 @dataclass
@@ -82,12 +85,25 @@ def peers(
 ) -> list[tuple[str, Callable[[], AbstractContextManager[str]]]]:
     onnx = ferry_model(config, model.onnx_dir, {"kind": "onnxruntime", "sessions": 2})
     torch = ferry_model(config, model.hf_dir, {"kind": "torch"})
-    return [
+    found: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = [
         (FERRY_ORT, lambda: ferry_url([onnx])),
         (FERRY_TORCH, lambda: ferry_url([torch])),
         (UNBATCHED, lambda: unbatched_url(model.onnx_dir / "model.onnx", config.device)),
         (NULL, lambda: ferry_url([onnx], module="ferry.bench.null_backend")),
     ]
+    for n in (n for n in config.api_servers if n > 1):
+        found.append((api_peer(FERRY_ORT, n), lambda n=n: ferry_url([onnx], api_servers=n)))
+        found.append(
+            (
+                api_peer(NULL, n),
+                lambda n=n: ferry_url([onnx], module="ferry.bench.null_backend", api_servers=n),
+            )
+        )
+    return found
+
+
+def api_peer(name: str, api_servers: int) -> str:
+    return f"{name} api_servers={api_servers}"
 
 
 @contextlib.contextmanager
@@ -97,8 +113,9 @@ def unbatched_url(model: Path, device: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def ferry_url(models: list[dict], module: str = "ferry") -> Iterator[str]:
-    with ferry_server(models, ready_timeout_s=READY_TIMEOUT_S, module=module) as ferry:
+def ferry_url(models: list[dict], module: str = "ferry", api_servers: int = 1) -> Iterator[str]:
+    server = {"api_servers": api_servers}
+    with ferry_server(models, server, ready_timeout_s=READY_TIMEOUT_S, module=module) as ferry:
         yield ferry.url
 
 
@@ -158,13 +175,18 @@ def report(config: Config, results: Results) -> str:
                 head,
             ]
             base = results.steps.get((UNBATCHED, set_name, clients))
-            null = results.steps.get((NULL, set_name, clients))
-            for name in (FERRY_ORT, FERRY_TORCH, UNBATCHED, NULL):
+            levels = [n for n in config.api_servers if n > 1]
+            names = [FERRY_ORT, FERRY_TORCH, UNBATCHED, NULL]
+            names += [api_peer(peer, n) for n in levels for peer in (FERRY_ORT, NULL)]
+            for name in names:
                 step = results.steps.get((name, set_name, clients))
                 if step is None:
                     lines.append(f"{name:26s} failed: {results.failed.get(name, '?')}")
                     continue
                 ceiling = results.ceilings.get((ceiling_of(name), set_name))
+                # Against the null backend at the same api_servers level.
+                level = name[len(FERRY_ORT) :] if name.startswith(FERRY_ORT) else ""
+                null = results.steps.get((NULL + level, set_name, clients))
                 lines.append(
                     f"{name:26s} {step.throughput:9.0f} {step.p50_ms:8.1f} {step.p99_ms:8.1f}"
                     f" {step.errors:>6} {ratio(step, base):>11} {ratio(step, ceiling):>9}"
@@ -200,7 +222,9 @@ def verdicts(config: Config, results: Results) -> list[str]:
 
 
 def ceiling_of(peer: str) -> str:
-    return {FERRY_ORT: "onnxruntime", FERRY_TORCH: "torch"}.get(peer, "")
+    if peer.startswith(FERRY_ORT):  # api_servers levels too
+        return "onnxruntime"
+    return {FERRY_TORCH: "torch"}.get(peer, "")
 
 
 def ratio(step: Step, other: Step | float | None) -> str:
@@ -225,6 +249,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-batch-size", type=int, default=128)
     parser.add_argument("--max-batch-tokens", type=int, default=16384)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument(
+        "--api-servers",
+        default="1",
+        help="Comma-separated api_servers levels: each beyond 1 measures Ferry (ORT) and its "
+        "null backend again with that many API processes in front of the engine process.",
+    )
     parser.add_argument(
         "--random-weights", action="store_true", help="MiniLM's shape, random weights."
     )
@@ -257,6 +287,7 @@ def config_from(args: argparse.Namespace) -> Config:
         max(1, processes),
         batch_size,
         batch_tokens,
+        tuple(int(n) for n in args.api_servers.split(",")),
     )
 
 

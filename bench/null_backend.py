@@ -54,3 +54,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+if __name__ == "__mp_main__":
+    # A process spawned by this entry point (api_servers > 1: the engine process) imports it under
+    # this name: its models get the null backend too.
+    from ferry.server import model_runtime
+
+    model_runtime.build_backend = build_null_backend

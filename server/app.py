@@ -18,10 +18,9 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.errors import install_error_handlers
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
-from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.openai.serving import OpenAIServing
-from ferry.server.registry import ModelRegistry
+from ferry.server.procs.runtimes import build_runtimes, metrics_registry
 from ferry.server.routes import (
     embeddings,
     health,
@@ -60,13 +59,12 @@ async def start_grpc(app: FastAPI):
 
 
 def create_app(settings: Settings) -> FastAPI:
-    metrics = FerryMetrics(priority_levels=settings.priority_levels)
+    metrics = FerryMetrics(metrics_registry(), priority_levels=settings.priority_levels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = ModelRegistry(settings, metrics)
+        registry, engines = await build_runtimes(settings, metrics)
         app.state.registry = registry
-        engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
         app.state.openai = OpenAIServing(engines, observer=app.state.llm_observer)
         await asyncio.gather(registry.start(), *(e.start() for e in engines.values()))
         logger.info("ferry: serving %s", ", ".join([*registry.models, *engines]))

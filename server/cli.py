@@ -41,5 +41,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if settings.api_servers > 1:
+        from ferry.server.procs.supervisor import run
+
+        return run(settings)
     serve(create_app(settings), settings)
     return 0

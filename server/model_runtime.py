@@ -13,7 +13,7 @@ import numpy as np
 from ferry.backends.base import Backend
 from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.manifest import ModelManifest
-from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits
+from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
 from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.metrics import FerryMetrics
@@ -61,12 +61,16 @@ class ModelRuntime:
             else ModelManifest.read(settings.path)
         )
         self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
-        self.backend = build_backend(settings)
+        self.backend = self._build_backend(settings)
         self._metrics = metrics
         self.batcher: MicroBatcher | None = None
         # Floats per item (pooled) or per token (sequence outputs), learned at start.
         self._widths: dict[str, int] = {}
         self.ready = False
+
+    def _build_backend(self, settings: ModelSettings) -> Backend:
+        # An API process's stand-in (server/procs/remote.py) has no backend of its own.
+        return build_backend(settings)
 
     async def start(self) -> None:
         await self.backend.start()
@@ -125,10 +129,20 @@ class ModelRuntime:
 
     def submit(self, valid: ValidSequences) -> list[asyncio.Future]:
         """Queue a validated request's rows (nothing is checked again), one future each."""
-        assert self.batcher is not None, "submit before start"
-        return self.batcher.submit(
+        return self.submit_rows(
             valid.sequences(), valid.timeout_s, self.backend_outputs(valid.outputs), valid.priority
         )
+
+    def submit_rows(
+        self,
+        sequences: Sequence[TokenSequence],
+        timeout_s: float | None,
+        outputs: frozenset[str] | None,
+        priority: int,
+    ) -> list[asyncio.Future]:
+        """The rows of a validated request (here, or from an API process), one future each."""
+        assert self.batcher is not None, "submit before start"
+        return self.batcher.submit(sequences, timeout_s, outputs, priority)
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
         """A deadline shorter than the model's time for the longest row alone, on an idle

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from types import FrameType
 
 import uvicorn
@@ -54,7 +55,8 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(finish_then_exit()))
 
 
-def serve(app: FastAPI, settings: Settings) -> None:
+def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    """`sockets`: a listening socket shared by API processes (server/procs); else bind."""
     limits = ConnectionLimits(
         max_connections=settings.max_connections,
         header_timeout_s=settings.header_timeout_s,
@@ -75,4 +77,4 @@ def serve(app: FastAPI, settings: Settings) -> None:
         # A backstop after the drain: connections still open then are closed.
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
     )
-    DrainingServer(config, app, settings.drain_timeout_s).run()
+    DrainingServer(config, app, settings.drain_timeout_s).run(sockets=sockets)

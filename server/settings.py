@@ -136,6 +136,8 @@ class Settings(_Strict):
     # Request priorities with their own ferry_queue_wait_seconds series (others: "other"), so
     # the label set stays bounded whatever clients send.
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS
+    # API server processes in front of one engine process (server/procs); 1: one process.
+    api_servers: int = Field(default=1, ge=1, le=64)
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
 

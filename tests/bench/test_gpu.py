@@ -4,6 +4,7 @@ the placeholder tokenizer, and the verdict against the issue's targets."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from ferry.bench.gpu import FERRY_ORT, UNBATCHED, Config, Results, report, verdicts
 from ferry.bench.gpu_model import write_tokenizer
@@ -32,10 +33,14 @@ def test_merge_adds_counts_and_keeps_the_longest_time():
     assert merged.refusals_without_retry_after == 1
 
 
-def test_null_backend_server_under_load_from_two_processes():
+@pytest.mark.parametrize("api_servers", [1, 2], ids=["api1", "api2"])
+def test_null_backend_server_under_load_from_two_processes(api_servers):
+    """With API processes, the engine process they feed runs the null backend as well."""
     bodies = [predict_body([101, 2000 + i, 102]) for i in range(50)]
+    settings = {"api_servers": api_servers}
+    module = "ferry.bench.null_backend"
     with (
-        ferry_server([default_model_config()], module="ferry.bench.null_backend") as server,
+        ferry_server([default_model_config()], settings, module=module) as server,
         load_pool(2) as pool,
     ):
         one = httpx.post(f"{server.url}/predict", json={"input_ids": [101, 7592, 102]})
@@ -76,3 +81,15 @@ def test_quick_config_is_tiny():
 
     config = config_from(parse_args(["--quick", "--device", "cpu"]))
     assert (config.clients, config.seconds, config.processes) == ((4, 8), 1.0, 1)
+
+
+def test_api_servers_levels_are_reported_as_peers_of_their_own():
+    from ferry.bench.gpu import NULL, api_peer, config_from, parse_args
+
+    config = config_from(parse_args(["--quick", "--device", "cpu", "--api-servers", "1,4"]))
+    assert config.api_servers == (1, 4)
+    results = Results()
+    results.steps[(api_peer(FERRY_ORT, 4), "mixed", 4)] = step(2000)
+    results.steps[(api_peer(NULL, 4), "mixed", 4)] = step(8000)
+    text = report(config, results)
+    assert "ferry onnxruntime api_servers=4" in text and "0.25x" in text  # of null, same level

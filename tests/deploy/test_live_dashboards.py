@@ -28,6 +28,7 @@ from tests.deploy.deploy_support import (
     wait_until,
 )
 from tests.gpu import requires_gpu
+from tests.server.conftest import API_SERVERS
 from tests.support.prometheus import prometheus_server
 from tools.render_dashboard import substitute
 
@@ -93,13 +94,15 @@ def drive_predict(url: str, seconds: float) -> dict[int, int]:
     return statuses
 
 
-@pytest.fixture(scope="module")
-def overview_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=API_SERVERS)
+def overview_run(request, tmp_path_factory):
+    """In both modes: with API processes, Prometheus scrapes the one merged /metrics."""
     if not (DEFAULT_MODEL_DIR / "model.onnx").exists():
         pytest.fail(f"{DEFAULT_MODEL_DIR} is missing: run `make model`")
     work = tmp_path_factory.mktemp("overview")
     model = default_model_config(batching={"max_queue_delay_s": 0.005})
-    with ferry_server([model], server={"drain_timeout_s": 2}) as ferry:
+    settings = {"drain_timeout_s": 2, "api_servers": request.param}
+    with ferry_server([model], server=settings) as ferry:
         target = ferry.url.removeprefix("http://")
         rules = [DEPLOY / "prometheus" / "alerts.yml"]
         with prometheus_server({"ferry": target}, work, rules) as prom:

@@ -24,6 +24,7 @@ from tests.deploy.deploy_support import (
     scraped_total,
     wait_until,
 )
+from tests.server.conftest import API_SERVERS
 from tests.support.prometheus import prometheus_server
 from tools.render_dashboard import substitute
 
@@ -62,9 +63,12 @@ def chat(client: httpx.Client, i: int, stream: bool) -> int:
         return response.status_code
 
 
-def test_llm_dashboard_queries_return_data(tmp_path):
+@pytest.mark.parametrize("api_servers", API_SERVERS)
+def test_llm_dashboard_queries_return_data(tmp_path, api_servers):
+    """With API processes: request series from them, engine series from the engine process."""
+    settings = {"drain_timeout_s": 2, "api_servers": api_servers}
     with ferry_server(
-        repo_models(), server={"drain_timeout_s": 2}, llm_models=repo_models("llm_models")
+        repo_models(), server=settings, llm_models=repo_models("llm_models")
     ) as ferry:
         with httpx.Client(base_url=ferry.url, timeout=60) as client:
             first = chat(client, 0, stream=False)
@@ -83,16 +87,17 @@ def test_llm_dashboard_queries_return_data(tmp_path):
             with ThreadPoolExecutor(4) as pool:
                 codes = [c for codes in pool.map(worker, range(4)) for c in codes]
             assert set(codes) == {200}, codes
-            wait_until(
-                lambda: (
-                    scraped_total(
-                        prom.url, "min(count_over_time(ferry_llm_requests_finished_total[1m]))"
-                    )
-                    >= 2
-                ),
-                30,
-                "LLM counters scraped twice",
-            )
+            # Every series the traffic created needs two scrapes for rate() to see it (a series
+            # first written by the traffic, not by the first chat, may lag a scrape behind).
+            for metric in (
+                "ferry_llm_requests_finished_total",
+                "ferry_llm_inter_token_latency_seconds_count",
+            ):
+                wait_until(
+                    lambda m=metric: scraped_total(prom.url, f"min(count_over_time({m}[1m]))") >= 2,
+                    30,
+                    f"every {metric} series scraped twice",
+                )
             failures = []
             for query in dashboard_queries("ferry-llm.json"):
                 expr = substitute(query.expr, LLM_MODEL, "5m")

@@ -6,18 +6,22 @@ import asyncio
 import contextlib
 
 import httpx
+import pytest
 
 from ferry.bench.server_process import default_model_config, ferry_server
+from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
 LONG = [101, *range(2000, 2250), 102]
 
 
-def test_disconnected_client_work_is_never_run():
+@pytest.mark.parametrize("api_servers", API_SERVERS)
+def test_disconnected_client_work_is_never_run(api_servers):
+    """With API processes, the drop crosses to the engine's queue (wire.Cancel)."""
     config = default_model_config(
         backend={"sessions": 1}, batching={"max_batch_size": 1, "dispatch_when_idle": False}
     )
-    with ferry_server([config]) as server:
+    with ferry_server([config], server={"api_servers": api_servers}) as server:
 
         async def scenario() -> list[int]:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:

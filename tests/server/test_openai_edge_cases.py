@@ -11,6 +11,7 @@ import pytest
 
 from ferry.bench.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
@@ -18,9 +19,11 @@ TOKENIZER = ChatTokenizer(TINY_LLM_DIR)
 PROMPT = "import os\n"
 
 
-@pytest.fixture(scope="module")
-def client():
-    with ferry_server(models=[], llm_models=[tiny_llm_config()]) as handle:
+@pytest.fixture(scope="module", params=API_SERVERS)
+def client(request):
+    with ferry_server(
+        models=[], llm_models=[tiny_llm_config()], server={"api_servers": request.param}
+    ) as handle:
         yield openai.OpenAI(base_url=f"{handle.url}/v1", api_key="unused", max_retries=0)
 
 

@@ -8,9 +8,13 @@ import asyncio
 import threading
 import time
 
+import pytest
+
+from ferry.bench.api_servers import process_roles
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
 from ferry.bench.server_process import default_model_config, ferry_server
+from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
 SOAK_S = 30
@@ -24,13 +28,20 @@ def rss_kib(pid: int) -> int:
     return int(line.split()[1])
 
 
-def test_overload_soak_sheds_load_with_retry_after_and_stays_bounded():
+def server_rss_kib(pid: int) -> int:
+    """The server's memory: its own, and its API and engine processes' (api_servers > 1)."""
+    return sum(rss_kib(p) for p in [pid, *process_roles(pid)])
+
+
+@pytest.mark.parametrize("api_servers", API_SERVERS)
+def test_overload_soak_sheds_load_with_retry_after_and_stays_bounded(api_servers):
+    """With API processes, the 429s with Retry-After come from the engine's admission."""
     config = default_model_config(batching={"max_queue_size": QUEUE_BOUND})
     bodies = [{"input_ids": ids} for ids in token_sequences(500, 8, 128, seed=3)]
-    with ferry_server([config]) as server:
+    with ferry_server([config], server={"api_servers": api_servers}) as server:
         # Saturation, measured here and now: the machine is shared and its speed varies.
         saturation = asyncio.run(run_load(server.url, bodies[:300], 64)).throughput
-        rss_start = rss_kib(server.process.pid)
+        rss_start = server_rss_kib(server.process.pid)
         depths: list[float] = []
         stop = threading.Event()
 
@@ -46,7 +57,7 @@ def test_overload_soak_sheds_load_with_retry_after_and_stays_bounded():
         )
         stop.set()
         watcher.join(5)
-        rss_end = rss_kib(server.process.pid)
+        rss_end = server_rss_kib(server.process.pid)
         text = server.metrics()
 
     assert set(result.statuses) <= {200, 429}, result.statuses

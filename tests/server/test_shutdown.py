@@ -7,8 +7,10 @@ import signal
 import time
 
 import httpx
+import pytest
 
 from ferry.bench.server_process import default_model_config, ferry_server
+from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
 
@@ -32,12 +34,15 @@ async def _in_flight(client: httpx.AsyncClient) -> float:
     return metric_value(text, "ferry_in_flight_requests", endpoint="/predict")
 
 
-def test_sigterm_drains_in_flight_requests_then_exits_zero():
+@pytest.mark.parametrize("api_servers", API_SERVERS)
+def test_sigterm_drains_in_flight_requests_then_exits_zero(api_servers):
+    """With API processes: each drains, then the engine stops, and the server exits 0."""
     # A deadline far off: admission must not refuse (429) what a slow, busy host would finish.
     config = default_model_config(
         backend={"sessions": 1}, batching={"max_batch_size": 4}, timeout_s=600
     )
-    with ferry_server([config], server={"drain_timeout_s": 60}) as server:
+    settings = {"drain_timeout_s": 60, "api_servers": api_servers}
+    with ferry_server([config], server=settings) as server:
 
         async def scenario() -> tuple[list[int | str], float, list[int], str | None]:
             firing = asyncio.create_task(_fire(server.url, 200))

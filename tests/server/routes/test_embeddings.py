@@ -8,13 +8,14 @@ import openai
 import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
+from tests.server.conftest import API_SERVERS
 
 TEXTS = ["Ferry serves embeddings.", "A second, somewhat longer sentence to embed."]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ferry_server() as handle:
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request):
+    with ferry_server(server={"api_servers": request.param}) as handle:
         yield handle
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from ferry.bench.server_process import TINY_LLM, ferry_server
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR
+from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 
@@ -30,15 +31,20 @@ def adapter_dir(tmp_path_factory: pytest.TempPathFactory):
     return root
 
 
-@pytest.fixture(scope="module")
-def server(adapter_dir):
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request, adapter_dir):
     llm = tiny_llm_config(
         max_running=4,
         adapters={"zen": str(ADAPTERS_DIR / "zen" / "zen.onnx_adapter")},
         adapter_dir=str(adapter_dir),
         max_adapters=3,
     )
-    with ferry_server(models=[], llm_models=[llm], env={"FERRY_API_KEY": KEY}) as handle:
+    with ferry_server(
+        models=[],
+        llm_models=[llm],
+        env={"FERRY_API_KEY": KEY},
+        server={"api_servers": request.param},  # 2: loads and unloads cross to the engine
+    ) as handle:
         yield handle
 
 

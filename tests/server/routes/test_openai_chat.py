@@ -17,6 +17,7 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_prefix import common_prefix
 from tests.llm.llm_paths import HF_DIR
 from tests.llm.llm_paths import TINY_LLM as TINY_LLM_DIR
+from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 
@@ -30,9 +31,12 @@ def greedy_text(case: dict[str, Any], tokens: int) -> str:
     return ChatTokenizer(HF_DIR).decode(case["new_ids"][:tokens])
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ferry_server(llm_models=[tiny_llm_config(max_running=4, max_waiting=16)]) as handle:
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request):
+    with ferry_server(
+        llm_models=[tiny_llm_config(max_running=4, max_waiting=16)],
+        server={"api_servers": request.param},
+    ) as handle:
         yield handle
 
 

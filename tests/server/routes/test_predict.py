@@ -11,6 +11,7 @@ import pytest
 
 import ferry
 from ferry.bench.server_process import default_model_config, ferry_server
+from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
 RNG = np.random.default_rng(7)
@@ -21,9 +22,12 @@ def random_ids(length: int) -> list[int]:
     return [101, *RNG.integers(2000, 29000, size=length - 2).tolist(), 102]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ferry_server([default_model_config(batching={"max_queue_delay_s": 0.005})]) as handle:
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request):
+    with ferry_server(
+        [default_model_config(batching={"max_queue_delay_s": 0.005})],
+        server={"api_servers": request.param},
+    ) as handle:
         yield handle
 
 

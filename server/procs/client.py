@@ -1,0 +1,264 @@
+"""The API process's end of the boundary: one DEALER socket to the engine process.
+
+Requests are numbered; a reader task resolves each one's futures (encoder rows) or feeds its
+queue (LLM deltas). The engine's death is seen at once through a pidfd on its process (no
+heartbeat to wait for): every waiting request fails with a 503 error, readiness turns 503, and
+a Hello is repeated until the restarted engine answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+
+import zmq
+
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import BatcherClosed, InferenceFailed
+from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
+from ferry.llm.errors import EngineDead, GenerationFailed
+from ferry.server.procs import wire
+from ferry.server.procs.loop_socket import LoopSocket
+
+logger = logging.getLogger(__name__)
+HELLO_EVERY_S = 0.25
+ENGINE_GONE = "the engine process stopped; it is being restarted"
+
+
+class EngineClient:
+    def __init__(self, address: str) -> None:
+        self._address = address
+        self._context = zmq.Context()
+        self._socket: LoopSocket | None = None
+        self._ids = itertools.count(1)
+        self._rows: dict[int, list[asyncio.Future]] = {}
+        self._streams: dict[int, asyncio.Queue] = {}
+        self._replies: dict[int, asyncio.Future] = {}
+        self.info: wire.Info | None = None
+        self.adapters: dict[str, tuple[str, ...]] = {}  # per LLM, as the engine last said
+        self.stats: wire.Stats | None = None
+        self._connected = asyncio.Event()
+        self._pidfd: int | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def alive(self) -> bool:
+        return self._connected.is_set()
+
+    async def start(self) -> wire.Info:
+        """Waits for the engine's first answer (it may still be loading its models)."""
+        socket = self._context.socket(zmq.DEALER)
+        socket.connect(self._address)
+        self._socket = LoopSocket(socket, wire.to_api, wire.frame_count, self._receive)
+        self._tasks = [asyncio.create_task(self._greet())]
+        await self._connected.wait()
+        assert self.info is not None
+        return self.info
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._unwatch()
+        if self._socket is not None:
+            self._socket.close()
+        self._context.term()
+
+    # -- encoder requests ----------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: str,
+        sequences: Sequence[TokenSequence],
+        timeout_s: float | None,
+        outputs: frozenset[str] | None,
+        priority: int,
+    ) -> list[asyncio.Future]:
+        loop = asyncio.get_running_loop()
+        futures = [loop.create_future() for _ in sequences]
+        if not self.alive:
+            for future in futures:
+                future.set_exception(BatcherClosed(ENGINE_GONE))
+            return futures
+        rid = next(self._ids)
+        self._rows[rid] = futures
+        lengths, frames = wire.pack_sequences(sequences)
+        names = None if outputs is None else tuple(sorted(outputs))
+        header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
+        self._send(header, frames)
+
+        def cancelled(future: asyncio.Future) -> None:
+            # The caller dropped its futures (client gone, or another item failed): the engine
+            # drops the rest from its queue.
+            if future.cancelled() and self._rows.pop(rid, None) is not None:
+                self._send(wire.Cancel(rid))
+
+        for future in futures:
+            future.add_done_callback(cancelled)
+        return futures
+
+    # -- LLM streams ---------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        model: str,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingSettings,
+        adapter: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[GenerationDelta]:
+        if not self.alive:
+            raise EngineDead(ENGINE_GONE)
+        rid = next(self._ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[rid] = queue
+        message = wire.Generate(rid, model, request_id, prompt_ids, sampling, adapter, priority)
+        self._send(message)
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished and self.alive:
+                self._send(wire.Cancel(rid))
+
+    async def call(self, model: str, method: str, *args: str) -> bool | tuple[str, ...] | None:
+        if not self.alive:
+            raise EngineDead(ENGINE_GONE)
+        rid = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._replies[rid] = future
+        self._send(wire.Call(rid, model, method, args))
+        try:
+            return await future
+        finally:
+            self._replies.pop(rid, None)
+
+    def llm_stats(self, model: str) -> EngineStats | None:
+        return None if self.stats is None else self.stats.llms.get(model)
+
+    # -- the socket ----------------------------------------------------------------------------
+
+    def _send(self, header: wire.ToEngine, frames: list[bytes] | None = None) -> None:
+        assert self._socket is not None, "start the client first"
+        self._socket.send(header, frames or ())
+
+    def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
+        self._handle(header, frames)  # type: ignore[arg-type]
+
+    def _handle(self, message: wire.ToApi, frames: list[bytes]) -> None:
+        if isinstance(message, wire.Row):
+            futures = self._rows.get(message.rid)
+            if futures is not None:
+                future = futures[message.index]
+                if not future.done():
+                    future.set_result(wire.unpack_row(message, frames))
+                if all(f.done() for f in futures):
+                    self._rows.pop(message.rid, None)
+        elif isinstance(message, wire.Delta):
+            queue = self._streams.get(message.rid)
+            if queue is not None:
+                queue.put_nowait(message.delta)
+        elif isinstance(message, wire.Failed):
+            self._failed(message)
+        elif isinstance(message, wire.Reply):
+            future = self._replies.get(message.rid)
+            if future is not None and not future.done():
+                if message.error is not None:
+                    future.set_exception(wire.error_from_wire(message.error, RuntimeError))
+                else:
+                    future.set_result(message.value)
+        elif isinstance(message, wire.Stats):
+            self.stats = message
+        elif isinstance(message, wire.Adapters):
+            self.adapters[message.model] = message.names
+            self._send(wire.Ack(message.seq))
+        elif isinstance(message, wire.Info):
+            self._engine_up(message)
+
+    def _failed(self, message: wire.Failed) -> None:
+        queue = self._streams.get(message.rid)
+        if queue is not None:
+            queue.put_nowait(wire.error_from_wire(message.error, GenerationFailed))
+            return
+        futures = self._rows.get(message.rid)
+        if futures is None:
+            return
+        targets = futures if message.index < 0 else [futures[message.index]]
+        for future in targets:
+            if not future.done():
+                future.set_exception(wire.error_from_wire(message.error, InferenceFailed))
+        if all(f.done() for f in futures):
+            self._rows.pop(message.rid, None)
+
+    # -- the engine's life ---------------------------------------------------------------------
+
+    async def _greet(self) -> None:
+        """Hello until an engine answers (at start, and after each restart)."""
+        while True:
+            if not self.alive:
+                self._send(wire.Hello())
+            await asyncio.sleep(HELLO_EVERY_S)
+
+    def _engine_up(self, info: wire.Info) -> None:
+        if self.alive and self.info is not None and self.info.pid == info.pid:
+            return
+        if self.alive:  # a new engine, before the old one's death was seen
+            self._engine_down()
+        self.info = info
+        self.adapters = {llm.name: llm.adapters for llm in info.llms}
+        self._connected.set()
+        self._watch(info.pid)
+        logger.info("engine process %d connected", info.pid)
+
+    def _watch(self, pid: int) -> None:
+        self._unwatch()
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._pidfd = None
+            asyncio.get_running_loop().call_soon(self._engine_down)
+            return
+        asyncio.get_running_loop().add_reader(self._pidfd, self._engine_down)
+
+    def _unwatch(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _engine_down(self) -> None:
+        """Every request waiting on the dead engine fails now, with a 503."""
+        if not self.alive:
+            return
+        logger.error("engine process stopped: failing %d waiting requests", self.waiting)
+        self._connected.clear()
+        self._unwatch()
+        self.stats = None
+        rows, self._rows = self._rows, {}
+        for futures in rows.values():
+            for future in futures:
+                if not future.done():
+                    future.set_exception(BatcherClosed(ENGINE_GONE))
+        for queue in self._streams.values():
+            queue.put_nowait(EngineDead(ENGINE_GONE))
+        for future in self._replies.values():
+            if not future.done():
+                future.set_exception(EngineDead(ENGINE_GONE))
+
+    @property
+    def waiting(self) -> int:
+        return len(self._rows) + len(self._streams) + len(self._replies)

@@ -1,0 +1,282 @@
+"""The engine process: every batcher, backend and LLM engine, behind one ROUTER socket.
+
+API processes send validated sequences and generation requests; rows go back as raw tensor
+frames, generations as deltas. The loop here only moves messages: tokenizing, validating and
+rendering all happened in the API processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import zmq
+
+from ferry.llm.base import EngineStats
+from ferry.server.llm_engines import build_llm_engine
+from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.procs import wire
+from ferry.server.procs.loop_socket import LoopSocket
+from ferry.server.procs.parent import on_parent_exit
+from ferry.server.registry import ModelRegistry
+from ferry.server.settings import Settings
+
+logger = logging.getLogger(__name__)
+STATS_EVERY_S = 0.25
+ACK_TIMEOUT_S = 2.0
+
+
+class EngineServer:
+    def __init__(self, settings: Settings, address: str) -> None:
+        self._settings = settings
+        self._address = address
+        metrics = FerryMetrics(priority_levels=settings.priority_levels)
+        self._observer = LLMMetricsObserver(metrics)
+        self.registry = ModelRegistry(settings, metrics)
+        self.engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
+        self._peers: set[bytes] = set()
+        self._calls: set[asyncio.Task] = set()
+        self._seq = itertools.count(1)
+        self._acks: dict[int, tuple[set[bytes], asyncio.Event]] = {}
+        self._rows: dict[tuple[bytes, int], list[asyncio.Future]] = {}
+        self._streams: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._context = zmq.Context()
+        self._socket: LoopSocket | None = None
+
+    async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
+        await asyncio.gather(self.registry.start(), *(e.start() for e in self.engines.values()))
+        socket = self._context.socket(zmq.ROUTER)
+        socket.bind(self._address)
+        self._socket = LoopSocket(
+            socket, wire.to_engine, wire.frame_count, self._receive, routed=True
+        )
+        logger.info("engine process %d serving %s", os.getpid(), self._address)
+        if on_ready is not None:
+            on_ready()
+        report = asyncio.create_task(self._report())
+        await stop.wait()
+        report.cancel()
+        await self.registry.close(self._settings.drain_timeout_s)
+        await asyncio.gather(*(e.close() for e in self.engines.values()), return_exceptions=True)
+        self._socket.close()
+        self._context.term()
+
+    def _send(self, peer: bytes, header: wire.ToApi, frames: list | None = None) -> None:
+        assert self._socket is not None
+        self._socket.send(header, frames or (), peer)
+
+    def _receive(self, peer: bytes | None, header: object, frames: list[bytes]) -> None:
+        assert peer is not None
+        self._handle(peer, header, frames)  # type: ignore[arg-type]
+
+    def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[bytes]) -> None:
+        if isinstance(message, wire.Submit):
+            self._submit(peer, message, frames)
+        elif isinstance(message, wire.Generate):
+            key = (peer, message.rid)
+            self._streams[key] = asyncio.create_task(self._generate(peer, message))
+        elif isinstance(message, wire.Cancel):
+            self._cancel((peer, message.rid))
+        elif isinstance(message, wire.Call):
+            task = asyncio.create_task(self._call(peer, message))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+        elif isinstance(message, wire.Ack):
+            self._acked(peer, message.seq)
+        elif isinstance(message, wire.Hello):
+            self._peers.add(peer)
+            self._send(peer, self._info())
+            self._send(peer, self._stats_now())
+
+    # -- encoder requests ----------------------------------------------------------------------
+
+    def _submit(self, peer: bytes, message: wire.Submit, frames: list[bytes]) -> None:
+        sequences = wire.unpack_sequences(message.lengths, frames[0], frames[1])
+        outputs = None if message.outputs is None else frozenset(message.outputs)
+        try:
+            model = self.registry.get(message.model)
+            futures = model.submit_rows(sequences, message.timeout_s, outputs, message.priority)
+        except Exception as exc:
+            failed = wire.Failed(message.rid, -1, wire.error_to_wire(exc))
+            self._send(peer, failed)
+            return
+        key = (peer, message.rid)
+        self._rows[key] = futures
+        for index, future in enumerate(futures):
+            future.add_done_callback(partial(self._row_done, key, index))
+
+    def _row_done(self, key: tuple[bytes, int], index: int, future: asyncio.Future) -> None:
+        futures = self._rows.get(key)
+        if futures is not None and all(f.done() for f in futures):
+            del self._rows[key]
+        if future.cancelled():
+            return
+        peer, rid = key
+        error = future.exception()
+        if error is None:
+            self._send(peer, *wire.pack_row(rid, index, future.result()))
+        else:
+            message = wire.Failed(rid, index, wire.error_to_wire(error))
+            self._send(peer, message)
+
+    def _cancel(self, key: tuple[bytes, int]) -> None:
+        for future in self._rows.pop(key, ()):
+            future.cancel()
+        task = self._streams.pop(key, None)
+        if task is not None:
+            task.cancel()
+
+    # -- LLM streams ---------------------------------------------------------------------------
+
+    async def _generate(self, peer: bytes, message: wire.Generate) -> None:
+        try:
+            engine = self.engines[message.model]
+            stream = engine.generate(
+                message.request_id,
+                message.prompt_ids,
+                message.sampling,
+                message.adapter,
+                message.priority,
+            )
+            try:
+                async for delta in stream:
+                    if delta.finish_reason is not None:
+                        # Before the client sees its end: a scrape after it counts its tokens.
+                        self._write_engine_metrics(message.model, engine.stats())
+                    self._send(peer, wire.Delta(message.rid, delta))
+            finally:
+                await stream.aclose()  # cancelled (the client left): the engine aborts it
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            failed = wire.Failed(message.rid, -1, wire.error_to_wire(exc))
+            self._send(peer, failed)
+        finally:
+            self._streams.pop((peer, message.rid), None)
+
+    async def _call(self, peer: bytes, message: wire.Call) -> None:
+        reply = wire.Reply(message.rid)
+        try:
+            engine = self.engines[message.model]
+            if message.method == "load_adapter":
+                name, path = message.args
+                await engine.load_adapter(name, Path(path))
+            elif message.method == "unload_adapter":
+                await engine.unload_adapter(message.args[0])
+            await self._publish_adapters(message.model, tuple(engine.adapter_names()))
+        except Exception as exc:
+            reply.error = wire.error_to_wire(exc)
+        self._send(peer, reply)
+
+    async def _publish_adapters(self, model: str, names: tuple[str, ...]) -> None:
+        """Every API process knows the change before the load is answered: a request for the
+        new adapter that reaches any of them right after finds it."""
+        seq = next(self._seq)
+        waiting = self._acks[seq] = (set(self._peers), asyncio.Event())
+        for peer in self._peers:
+            self._send(peer, wire.Adapters(seq, model, names))
+        try:
+            # A process that died meanwhile never answers: its successor learns at Hello.
+            await asyncio.wait_for(waiting[1].wait(), ACK_TIMEOUT_S)
+        except TimeoutError:
+            logger.warning(
+                "adapter update %d: %d API processes did not answer", seq, len(waiting[0])
+            )
+        finally:
+            del self._acks[seq]
+
+    def _acked(self, peer: bytes, seq: int) -> None:
+        waiting = self._acks.get(seq)
+        if waiting is not None:
+            waiting[0].discard(peer)
+            if not waiting[0]:
+                waiting[1].set()
+
+    # -- what the API processes learn ----------------------------------------------------------
+
+    def _info(self) -> wire.Info:
+        models = tuple(
+            wire.ModelInfo(
+                name,
+                model.backend.name,
+                tuple(model.backend.output_names),
+                tuple(sorted(model.backend.sequence_outputs)),
+                model.backend.max_concurrency,
+                dict(model._widths),
+            )
+            for name, model in self.registry.models.items()
+        )
+        llms = tuple(
+            wire.LLMInfo(
+                name,
+                engine.max_context_tokens,
+                tuple(sorted(engine.sampling_options)),
+                engine.max_concurrent_generations,
+                tuple(engine.adapter_names()),
+            )
+            for name, engine in self.engines.items()
+        )
+        return wire.Info(os.getpid(), models, llms)
+
+    def _stats_now(self) -> wire.Stats:
+        return wire.Stats(
+            {name: engine.stats() for name, engine in self.engines.items()},
+            {name: model.ready for name, model in self.registry.models.items()},
+            {name: engine.is_ready() for name, engine in self.engines.items()},
+        )
+
+    def _write_engine_metrics(self, name: str, stats: EngineStats) -> None:
+        self._observer.engine_counts(name, stats.running, stats.waiting)
+        self._observer.engine_prefix_cache(
+            name, stats.prefix_cache_queries, stats.prefix_cache_hits
+        )
+
+    async def _report(self) -> None:
+        """Model health and engine counters, to every API process and the metrics files."""
+        while True:
+            await self.registry.ready()  # each model's healthy() sets ferry_model_ready
+            stats = self._stats_now()
+            for name, engine_stats in stats.llms.items():
+                self._write_engine_metrics(name, engine_stats)
+            for peer in self._peers:
+                self._send(peer, stats)
+            await asyncio.sleep(STATS_EVERY_S)
+
+
+def engine_main(
+    settings: Settings,
+    address: str,
+    parent: int | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """The engine process's entry (multiprocessing spawn target)."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # SIGTERM from the supervisor, once the API processes have drained.
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        if parent is not None:
+            on_parent_exit(parent, stop.set)
+        await EngineServer(settings, address).run(stop, on_ready)
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory():
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency off Windows
+        return None
+    return uvloop.new_event_loop

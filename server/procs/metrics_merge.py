@@ -1,0 +1,68 @@
+"""One /metrics for all processes: prometheus_client's multiprocess files, merged.
+
+Every process (API and engine) writes its series to memory-mapped files in one directory
+(PROMETHEUS_MULTIPROC_DIR, set by the supervisor before any child starts), as vLLM does with
+`--api-server-count`. Counters and histograms are summed across processes by prometheus_client;
+gauges carry a `pid` label there, which is summed away here, so every family keeps exactly the
+labels of a single-process server (the dashboards and alerts read the same series). Each gauge
+has one writer: `ferry_in_flight_requests` is the sum of the API processes' own, the batch and
+engine gauges are written by the engine process only. The supervisor deletes a dead process's
+gauge files, so a killed process's in-flight count leaves with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.samples import Sample
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class MergedRegistry(CollectorRegistry):
+    """The registry the API processes' FerryMetrics register into: its own metric objects only
+    write their files; a scrape reads every process's files (and this process's custom
+    collectors, such as the GPU one, which are per host, not per process)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = path
+        self._files = MultiProcessCollector(None, path)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            collectors = list(self._collector_to_names)
+        for metric in self._files.collect():
+            yield _without_pid(metric) if metric.type == "gauge" else metric
+        for collector in collectors:
+            if not isinstance(collector, MetricWrapperBase):
+                yield from collector.collect()
+
+
+def _without_pid(metric: Metric) -> Metric:
+    totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for sample in metric.samples:
+        labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "pid"))
+        key = (sample.name, labels)
+        totals[key] = totals.get(key, 0.0) + sample.value
+    merged = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+    merged.samples = [Sample(name, dict(labels), value) for (name, labels), value in totals.items()]
+    return merged
+
+
+def forget_process(path: str, pid: int) -> None:
+    """A dead process's gauges are gone (its counters stay: they were counted)."""
+    for name in _gauge_files(path, pid):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
+
+
+def _gauge_files(path: str, pid: int) -> Iterable[str]:
+    return glob.glob(os.path.join(path, f"gauge_*_{pid}.db"))

@@ -1,0 +1,168 @@
+"""Stand-ins, in an API process, for the model runtimes and LLM engines the engine process owns.
+
+They implement what the server calls on the real ones (the narrow seam): a model's metadata,
+tokenizer, output checks and rendering stay here, `submit` forwards validated sequences and
+resolves with the engine's raw rows; an LLM's chat tokenizer stays here, `generate` streams the
+engine's deltas. Everything above (routes, encoder path, OpenAI serving) is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ferry.llm.base import EngineStats, GenerationDelta
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.server.encoder_request import ValidSequences
+from ferry.server.metrics import FerryMetrics
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.procs.client import EngineClient
+from ferry.server.procs.wire import LLMInfo, ModelInfo
+from ferry.server.registry import ModelRegistry
+from ferry.server.settings import LLMSettings, ModelSettings, Settings
+
+
+@dataclass(frozen=True)
+class BackendView:
+    """What the API side reads of a backend (KServe metadata, output names)."""
+
+    name: str
+    output_names: tuple[str, ...]
+    sequence_outputs: frozenset[str]
+    max_concurrency: int
+
+
+class RemoteModelRuntime(ModelRuntime):
+    def __init__(
+        self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
+    ) -> None:
+        self._client = client
+        super().__init__(settings, metrics)
+
+    def _build_backend(self, settings: ModelSettings) -> BackendView:  # type: ignore[override]
+        return BackendView(settings.backend.kind, (), frozenset(), 1)  # until `learn`
+
+    def learn(self, info: ModelInfo) -> None:
+        self.backend = BackendView(  # type: ignore[assignment]
+            info.backend,
+            info.output_names,
+            frozenset(info.sequence_outputs),
+            info.max_concurrency,
+        )
+        self._widths = dict(info.widths)
+
+    @property
+    def ready(self) -> bool:  # type: ignore[override]
+        stats = self._client.stats
+        return self._client.alive and stats is not None and stats.models_ready.get(self.name, False)
+
+    @ready.setter
+    def ready(self, _: bool) -> None:  # ModelRuntime's own flag; here the engine's state decides
+        pass
+
+    async def start(self) -> None:  # the engine process starts the real one
+        pass
+
+    async def healthy(self) -> bool:
+        return self.ready
+
+    def submit(self, valid: ValidSequences) -> list[asyncio.Future]:
+        # Admission is the engine's: its batcher has the cost model and the queue.
+        return self._client.submit(
+            self.name,
+            valid.sequences(),
+            valid.timeout_s,
+            self.backend_outputs(valid.outputs),
+            valid.priority,
+        )
+
+    def check_deadline(self, longest: int, timeout_s: float) -> None:
+        # The cost model lives in the engine process; there a deadline it cannot meet is
+        # refused by admission (429) instead of this 422.
+        pass
+
+    async def close(self, drain_timeout_s: float) -> None:
+        self.tokenizer.close()
+
+
+class RemoteRegistry(ModelRegistry):
+    def __init__(self, settings: Settings, client: EngineClient, metrics: FerryMetrics) -> None:
+        self.default_name = settings.default_model_name
+        self.models = {m.name: RemoteModelRuntime(m, client, metrics) for m in settings.models}
+        self._client = client
+
+    async def start(self) -> None:
+        info = self._client.info
+        assert info is not None, "start the client first"
+        for model in info.models:
+            self.models[model.name].learn(model)
+
+    async def close(self, drain_timeout_s: float) -> None:
+        await super().close(drain_timeout_s)
+        await self._client.close()
+
+
+class RemoteLLMEngine:
+    """An `LLMEngine` whose generations run in the engine process."""
+
+    def __init__(self, settings: LLMSettings, client: EngineClient) -> None:
+        self.name = settings.name
+        self.tokenizer = ChatTokenizer(
+            settings.path, escape_special_tokens=not settings.special_tokens_in_content
+        )
+        self._client = client
+        self.max_context_tokens = 0
+        self.sampling_options: frozenset[str] = frozenset()
+        self._max_concurrent = 1
+
+    @property
+    def max_concurrent_generations(self) -> int:
+        return self._max_concurrent
+
+    def learn(self, info: LLMInfo) -> None:
+        self.max_context_tokens = info.max_context_tokens
+        self.sampling_options = frozenset(info.sampling_options)
+        self._max_concurrent = info.max_concurrent_generations
+
+    def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[GenerationDelta]:
+        """`LLMEngine.generate`, run by the engine process; closing the iterator aborts it."""
+        return self._client.generate(self.name, *args, **kwargs)
+
+    def adapter_names(self) -> list[str]:
+        return list(self._client.adapters.get(self.name, ()))
+
+    async def load_adapter(self, name: str, path: Path) -> None:
+        # Answered once every API process has the new list (wire.Adapters).
+        await self._client.call(self.name, "load_adapter", name, str(path))
+
+    async def unload_adapter(self, name: str) -> None:
+        await self._client.call(self.name, "unload_adapter", name)
+
+    async def start(self) -> None:
+        info = self._client.info
+        assert info is not None, "start the client first"
+        self.learn(next(llm for llm in info.llms if llm.name == self.name))
+
+    async def close(self) -> None:
+        pass
+
+    def is_ready(self) -> bool:
+        stats = self._client.stats
+        return self._client.alive and stats is not None and stats.llms_ready.get(self.name, False)
+
+    def stats(self) -> EngineStats:
+        # The engine process writes its own running/waiting/prefix-cache series (merged into the
+        # one /metrics); an API process writing them too would count them twice.
+        return EngineStats(0, 0)
+
+
+async def connect(
+    settings: Settings, client: EngineClient, metrics: FerryMetrics
+) -> tuple[RemoteRegistry, dict[str, RemoteLLMEngine]]:
+    await client.start()
+    return RemoteRegistry(settings, client, metrics), {
+        m.name: RemoteLLMEngine(m, client) for m in settings.llm_models
+    }

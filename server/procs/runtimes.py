@@ -1,0 +1,46 @@
+"""The seam: what serves a request's model, in this process or across the boundary.
+
+With `api_servers = 1` (or in the engine process) the registry and LLM engines are the real
+ones, as always. In an API process (`ENGINE_ADDRESS` set by its entry point) they are the
+stand-ins of `remote`, connected to the engine process, and metrics merge across processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from ferry.server.llm_engines import build_llm_engine
+from ferry.server.metrics import FerryMetrics
+from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
+from ferry.server.registry import ModelRegistry
+from ferry.server.settings import Settings
+
+# Set by `api_main` before the app is created; None: everything runs in this process.
+ENGINE_ADDRESS: str | None = None
+SUPERVISOR_PID: int | None = None
+
+
+def metrics_registry() -> CollectorRegistry | None:
+    path = os.environ.get(MULTIPROC_ENV)
+    return MergedRegistry(path) if ENGINE_ADDRESS is not None and path else None
+
+
+async def build_runtimes(
+    settings: Settings, metrics: FerryMetrics
+) -> tuple[ModelRegistry, dict[str, Any]]:
+    """The model registry and LLM engines, not yet started."""
+    if ENGINE_ADDRESS is None:
+        return ModelRegistry(settings, metrics), {
+            m.name: build_llm_engine(m) for m in settings.llm_models
+        }
+    from ferry.server.procs.client import EngineClient
+    from ferry.server.procs.parent import on_parent_exit
+    from ferry.server.procs.remote import connect
+
+    if SUPERVISOR_PID is not None:  # killed supervisor: drain and stop, as on SIGTERM
+        on_parent_exit(SUPERVISOR_PID, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    return await connect(settings, EngineClient(ENGINE_ADDRESS), metrics)

@@ -1,0 +1,205 @@
+"""`api_servers = N`: start one engine process and N API processes, replace any that dies.
+
+As vLLM's `--api-server-count`: the listening socket is created here and handed to every API
+process (spawned, so no state is inherited but the socket), which accept from it in turn; the
+gRPC port is bound by each with SO_REUSEPORT (grpcio's default). SIGTERM drains every API process
+(each answers 503 to new work while its accepted requests finish), then stops the engine; the
+supervisor exits 0. A second signal is passed on (the API processes then stop at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from multiprocessing import connection, resource_tracker
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
+from ferry.server.settings import Settings
+
+logger = logging.getLogger(__name__)
+# A restarted engine that dies before it is ready again waits this long before the next try.
+RESTART_BACKOFF_S = 1.0
+POLL_S = 0.2
+ROLE_ENV = "FERRY_PROCESS"
+
+
+def api_main(settings: Settings, sock: socket.socket, address: str, parent: int) -> None:
+    """An API process: the usual app, its models and engines stand-ins for the engine's."""
+    # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains
+    # the API processes before it stops the engine.
+    os.setpgrp()
+    from ferry.server.procs import runtimes
+
+    runtimes.ENGINE_ADDRESS = address
+    runtimes.SUPERVISOR_PID = parent
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from ferry.server.app import create_app
+    from ferry.server.serve import serve
+
+    serve(create_app(settings), settings, sockets=[sock])
+
+
+def engine_entry(settings: Settings, address: str, parent: int, ready: Any) -> None:
+    os.setpgrp()
+    from ferry.server.procs.engine_main import engine_main
+
+    engine_main(settings, address, parent, ready.set)
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._context = multiprocessing.get_context("spawn")
+        self._dir = tempfile.mkdtemp(prefix="ferry-")
+        metrics_dir = os.path.join(self._dir, "metrics")
+        os.mkdir(metrics_dir)
+        self._metrics_dir = metrics_dir
+        # Read by prometheus_client when each child imports it (children inherit the env).
+        os.environ[MULTIPROC_ENV] = metrics_dir
+        self._address = f"ipc://{os.path.join(self._dir, 'engine')}"
+        self._sock = socket.create_server(
+            (settings.host, settings.port), backlog=4096, reuse_port=False
+        )
+        self._engine: BaseProcess | None = None
+        # Set by the engine once its models run; one that never got there the first time failed
+        # to start (bad model, bad config): the server stops with status 1, no restart loop.
+        self._engine_ready = self._context.Event()
+        self._engine_was_ready = False
+        self._apis: list[BaseProcess | None] = [None] * settings.api_servers
+        self._signals = 0
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        # Started before any child, so that it does not inherit a child's FERRY_PROCESS.
+        resource_tracker.ensure_running()
+        try:
+            self._start_engine()
+            for index in range(len(self._apis)):
+                self._start_api(index)
+            status = self._watch()
+            if status:  # the engine never started: the API processes never served, end them
+                for process in self._apis:
+                    if process is not None:
+                        process.kill()
+            self._stop()
+            return status
+        finally:
+            self._sock.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signals += 1
+        if self._signals > 1:  # a second signal: pass it on, the API processes stop at once
+            for process in self._apis:
+                if process is not None and process.pid is not None:
+                    _signal(process.pid, signal.SIGTERM)
+
+    def _start_engine(self) -> None:
+        self._engine = self._context.Process(
+            target=engine_entry,
+            args=(self._settings, self._address, os.getpid(), self._engine_ready),
+            name="ferry-engine",
+        )
+        with _role("engine"):
+            self._engine.start()
+        logger.info("engine process %d started", self._engine.pid)
+
+    def _start_api(self, index: int) -> None:
+        process = self._context.Process(
+            target=api_main,
+            args=(self._settings, self._sock, self._address, os.getpid()),
+            name=f"ferry-api-{index}",
+        )
+        with _role("api"):
+            process.start()
+        self._apis[index] = process
+        logger.info("API process %d started (%d of %d)", process.pid, index + 1, len(self._apis))
+
+    def _watch(self) -> int:
+        """Until a signal: replace whatever dies. Returns the exit status."""
+        while not self._signals:
+            children = [p for p in (self._engine, *self._apis) if p is not None]
+            connection.wait([p.sentinel for p in children], timeout=POLL_S)
+            if self._signals:
+                break
+            engine = self._engine
+            if engine is not None and not engine.is_alive():
+                self._reap(engine)
+                ready = self._engine_ready.is_set()
+                self._engine_was_ready |= ready
+                if not self._engine_was_ready:
+                    logger.error("the engine process failed to start (status %s)", engine.exitcode)
+                    return 1
+                logger.error("engine process %d died (%s): restarting", engine.pid, engine.exitcode)
+                if not ready:
+                    time.sleep(RESTART_BACKOFF_S)
+                self._engine_ready.clear()
+                self._start_engine()
+            for index, process in enumerate(self._apis):
+                if process is not None and not process.is_alive():
+                    self._reap(process)
+                    logger.error(
+                        "API process %d died (%s): restarting", process.pid, process.exitcode
+                    )
+                    self._start_api(index)
+        return 0
+
+    def _reap(self, process: BaseProcess) -> None:
+        process.join()
+        assert process.pid is not None
+        forget_process(self._metrics_dir, process.pid)
+
+    def _stop(self) -> None:
+        """Drain the API processes, then stop the engine (it finishes what they handed it)."""
+        grace = self._settings.drain_timeout_s + 10
+        apis = [p for p in self._apis if p is not None]
+        for process in apis:
+            if process.is_alive() and process.pid is not None:
+                _signal(process.pid, signal.SIGTERM)
+        _join_all(apis, grace)
+        if self._engine is not None:
+            if self._engine.is_alive() and self._engine.pid is not None:
+                _signal(self._engine.pid, signal.SIGTERM)
+            _join_all([self._engine], grace)
+
+
+@contextlib.contextmanager
+def _role(role: str) -> Iterator[None]:
+    """FERRY_PROCESS in the child's environment says which it is (`ps e`, the fault tests)."""
+    os.environ[ROLE_ENV] = role
+    try:
+        yield
+    finally:
+        del os.environ[ROLE_ENV]
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def _join_all(processes: list[BaseProcess], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            logger.error("process %d did not stop in %.0f s: killed", process.pid, timeout_s)
+            process.kill()
+            process.join()
+
+
+def run(settings: Settings) -> int:
+    return Supervisor(settings).run()

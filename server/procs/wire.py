@@ -1,0 +1,222 @@
+"""What crosses the API/engine process boundary: msgspec structs, tensors as raw frames.
+
+Every message is one msgpack-encoded tagged struct (frame 0), followed by the raw bytes of the
+arrays it describes: token ids on the way in, result tensors on the way out. Nothing is pickled.
+Errors cross as their class name, message and plain attributes, and are rebuilt as the same
+class, so the API process maps them to statuses exactly as an in-process server does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from ferry.batcher import TokenSequence
+from ferry.batcher import errors as batcher_errors
+from ferry.llm import errors as llm_errors
+from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
+
+
+class Hello(msgspec.Struct, tag=True):
+    """An API process asks who serves (sent at start and after an engine restart)."""
+
+
+class ModelInfo(msgspec.Struct):
+    name: str
+    backend: str
+    output_names: tuple[str, ...]
+    sequence_outputs: tuple[str, ...]
+    max_concurrency: int
+    widths: dict[str, int]
+
+
+class LLMInfo(msgspec.Struct):
+    name: str
+    max_context_tokens: int
+    sampling_options: tuple[str, ...]
+    max_concurrent_generations: int
+    adapters: tuple[str, ...]
+
+
+class Info(msgspec.Struct, tag=True):
+    pid: int
+    models: tuple[ModelInfo, ...]
+    llms: tuple[LLMInfo, ...]
+
+
+class Submit(msgspec.Struct, tag=True):
+    """Validated token sequences for one request; frames: all ids, then all masks (int64)."""
+
+    rid: int
+    model: str
+    lengths: tuple[int, ...]
+    timeout_s: float | None
+    outputs: tuple[str, ...] | None
+    priority: int
+
+
+class Cancel(msgspec.Struct, tag=True):
+    rid: int
+
+
+class Generate(msgspec.Struct, tag=True):
+    rid: int
+    model: str
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingSettings
+    adapter: str | None
+    priority: int
+
+
+class Call(msgspec.Struct, tag=True):
+    """A rare control call (adapters, readiness): answered by one Reply."""
+
+    rid: int
+    model: str
+    method: str
+    args: tuple[str, ...] = ()
+
+
+class Ack(msgspec.Struct, tag=True):
+    """An API process has applied an Adapters update."""
+
+    seq: int
+
+
+class WireError(msgspec.Struct):
+    kind: str
+    args: tuple[str, ...]
+    attrs: dict[str, str | int | float | bool | None]
+
+
+class Row(msgspec.Struct, tag=True):
+    """One sequence's outputs; one frame per name, in order."""
+
+    rid: int
+    index: int
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+
+class Failed(msgspec.Struct, tag=True):
+    """A sequence (index >= 0), a whole request (index -1) or a stream failed."""
+
+    rid: int
+    index: int
+    error: WireError
+
+
+class Delta(msgspec.Struct, tag=True):
+    rid: int
+    delta: GenerationDelta
+
+
+class Reply(msgspec.Struct, tag=True):
+    rid: int
+    value: bool | tuple[str, ...] | None = None
+    error: WireError | None = None
+
+
+class Adapters(msgspec.Struct, tag=True):
+    """An LLM's adapters changed: every API process applies it before the load is answered."""
+
+    seq: int
+    model: str
+    names: tuple[str, ...]
+
+
+class Stats(msgspec.Struct, tag=True):
+    """The engine's LLM counters and model health, pushed periodically."""
+
+    llms: dict[str, EngineStats]
+    models_ready: dict[str, bool]
+    llms_ready: dict[str, bool]
+
+
+ToEngine = Hello | Submit | Cancel | Generate | Call | Ack
+ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters
+
+encoder = msgspec.msgpack.Encoder()
+# One ZMQ message carries a list of headers (what one loop turn sent), then their frames.
+to_engine = msgspec.msgpack.Decoder(list[ToEngine])
+to_api = msgspec.msgpack.Decoder(list[ToApi])
+
+
+def frame_count(header: object) -> int:
+    """How many of the frames after the headers belong to this header."""
+    if isinstance(header, Submit):
+        return 2  # ids, masks
+    if isinstance(header, Row):
+        return len(header.names)
+    return 0
+
+
+def pack_sequences(sequences: Sequence[TokenSequence]) -> tuple[tuple[int, ...], list[bytes]]:
+    lengths = tuple(seq.length for seq in sequences)
+    ids = np.concatenate([seq.input_ids for seq in sequences]).astype(np.int64, copy=False)
+    masks = np.concatenate([seq.attention_mask for seq in sequences]).astype(np.int64, copy=False)
+    return lengths, [ids.tobytes(), masks.tobytes()]
+
+
+def unpack_sequences(lengths: Sequence[int], ids: bytes, masks: bytes) -> list[TokenSequence]:
+    all_ids = np.frombuffer(ids, dtype=np.int64)
+    all_masks = np.frombuffer(masks, dtype=np.int64)
+    sequences, start = [], 0
+    for length in lengths:
+        end = start + length
+        sequences.append(TokenSequence(all_ids[start:end], all_masks[start:end]))
+        start = end
+    return sequences
+
+
+def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> tuple[Row, list[memoryview]]:
+    # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
+    arrays = [np.require(value, requirements="C") for value in row.values()]
+    header = Row(
+        rid,
+        index,
+        tuple(row),
+        tuple(a.dtype.str for a in arrays),
+        tuple(a.shape for a in arrays),
+    )
+    return header, [memoryview(a).cast("B") for a in arrays]
+
+
+def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:
+    return {
+        name: np.frombuffer(frame, dtype=dtype).reshape(shape)
+        for name, dtype, shape, frame in zip(
+            header.names, header.dtypes, header.shapes, frames, strict=True
+        )
+    }
+
+
+# The exceptions that cross: the batcher's and the LLM engines' own, rebuilt by class name.
+_ERRORS: dict[str, type[BaseException]] = {
+    name: value
+    for module in (batcher_errors, llm_errors)
+    for name, value in vars(module).items()
+    if isinstance(value, type) and issubclass(value, Exception)
+}
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def error_to_wire(exc: BaseException) -> WireError:
+    kind = type(exc).__name__
+    attrs = {k: v for k, v in vars(exc).items() if isinstance(v, _PLAIN)}
+    return WireError(kind, tuple(str(a) for a in exc.args), attrs)
+
+
+def error_from_wire(error: WireError, fallback: type[Exception]) -> Exception:
+    """The same exception class (another class crosses as `fallback` with its message)."""
+    cls = _ERRORS.get(error.kind)
+    if cls is None:
+        return fallback(f"{error.kind}: {' '.join(error.args)}")
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, *error.args)
+    exc.__dict__.update(error.attrs)
+    return exc

@@ -1,0 +1,204 @@
+"""`api_servers = 2`: one server to the outside, and the process faults.
+
+The route suites run in this mode through their own fixtures (predict, KServe HTTP and gRPC,
+OpenAI chat, shutdown); this module covers what only exists with several processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import (
+    REPO,
+    TINY_LLM,
+    default_model_config,
+    ferry_server,
+    metric_value,
+    tiny_llm_config,
+    write_config,
+)
+
+READY_TIMEOUT_S = 90.0
+# Greedy on this prompt runs to max_tokens (no end token): long enough to be cut.
+CHAT = {
+    "model": TINY_LLM,
+    "messages": [{"role": "user", "content": "def fibonacci(n):"}],
+    "max_tokens": 2000,
+    "temperature": 0,
+}
+
+
+def roles(pid: int) -> dict[int, str]:
+    """The server's children by FERRY_PROCESS (engine / api)."""
+    found = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        for entry in environ:
+            if entry.startswith(b"FERRY_PROCESS="):
+                found[int(child)] = entry.split(b"=", 1)[1].decode()
+    return found
+
+
+def pids(server, role: str) -> list[int]:
+    return sorted(p for p, r in roles(server.pid).items() if r == role)
+
+
+def wait_until(condition, timeout_s: float = READY_TIMEOUT_S, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def ready(server) -> bool:
+    try:
+        return httpx.get(f"{server.url}/health/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    model = default_model_config(backend={"sessions": 1})
+    with ferry_server(
+        [model],
+        server={"api_servers": 2, "drain_timeout_s": 30},
+        llm_models=[tiny_llm_config(max_running=8)],
+    ) as handle:
+        wait_until(lambda: len(pids(handle, "api")) == 2, what="two API processes")
+        yield handle
+
+
+def predict(server, client: httpx.Client | None = None) -> int:
+    body = {"inputs": ["a ferry across the river"]}
+    if client is None:  # a new connection each time: any API process may take it
+        return httpx.post(f"{server.url}/predict", json=body, timeout=30).status_code
+    return client.post("/predict", json=body).status_code
+
+
+def test_metrics_count_the_requests_of_every_api_process_once(server):
+    before = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
+
+    async def burst() -> list[int]:
+        async def one() -> int:
+            # One connection per request, all open at once: both processes accept some.
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                r = await client.post("/predict", json={"inputs": ["x"]})
+                return r.status_code
+
+        return await asyncio.gather(*(one() for _ in range(40)))
+
+    assert asyncio.run(burst()) == [200] * 40
+    text = server.metrics()
+    assert metric_value(text, "ferry_requests_total", endpoint="/predict") == before + 40
+    # Batch metrics come from the engine process, under the same names and labels.
+    assert metric_value(text, "ferry_batch_size_requests_sum") >= 40
+    assert metric_value(text, "ferry_model_ready", model="all-MiniLM-L6-v2") == 1
+    # Gauges carry no `pid` label: every family keeps a single-process server's labels.
+    assert 'pid="' not in text
+
+
+def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server):
+    before = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
+    victim, survivor = pids(server, "api")
+    os.kill(victim, signal.SIGKILL)
+    statuses = [predict(server) for _ in range(10)]
+    assert statuses == [200] * 10
+    wait_until(
+        lambda: victim not in pids(server, "api") and len(pids(server, "api")) == 2,
+        what="a new API process",
+    )
+    assert survivor in pids(server, "api")
+    wait_until(lambda: ready(server), what="readiness")
+    # The dead process's requests stay counted: counters never go down.
+    after = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
+    assert after >= before + 10
+
+
+def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(server):
+    (engine,) = pids(server, "engine")
+
+    async def scenario() -> tuple[list[int], list[str], int, list[int]]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            first_delta = asyncio.Event()
+
+            async def stream() -> list[str]:
+                lines = []
+                body = {**CHAT, "stream": True}
+                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if line.startswith("data:"):
+                            lines.append(line)
+                            first_delta.set()
+                return lines
+
+            async def chat() -> int:
+                return (await client.post("/v1/chat/completions", json=CHAT)).status_code
+
+            async def predicts() -> list[int]:
+                body = {"inputs": ["a ferry across the river"] * 8}
+                sent = [client.post("/predict", json=body) for _ in range(64)]
+                return [r.status_code for r in await asyncio.gather(*sent)]
+
+            streaming = asyncio.create_task(stream())
+            chats = [asyncio.create_task(chat()) for _ in range(3)]
+            await first_delta.wait()
+            burst = asyncio.create_task(predicts())
+            await asyncio.sleep(0)  # the burst is on its way when the engine dies
+            os.kill(engine, signal.SIGKILL)
+            statuses = await asyncio.gather(*chats)
+            lines = await streaming
+            readiness = (await client.get("/health/ready")).status_code
+            return statuses, lines, readiness, await burst
+
+    statuses, lines, readiness, predicted = asyncio.run(scenario())
+    # Every waiting request ends, with a 503 (a stream: an error event, then [DONE]).
+    assert statuses == [503, 503, 503]
+    # Encoder requests too: answered before the death, or refused with 503; none hangs.
+    assert set(predicted) <= {200, 503} and len(predicted) == 64
+    assert '"code": 503' in lines[-2].replace('"code":503', '"code": 503')
+    assert lines[-1] == "data: [DONE]"
+    assert readiness == 503
+    wait_until(lambda: ready(server), what="the restarted engine")
+    assert pids(server, "engine") != [engine]
+    assert predict(server) == 200
+
+
+def test_an_engine_that_cannot_start_stops_the_server_with_status_1(tmp_path):
+    """No restart loop for a bad configuration: the API processes are ended, status 1."""
+    model = default_model_config(outputs=["no_such_output"])
+    config = write_config(tmp_path / "ferry.toml", [model], {"api_servers": 2})
+    command = [sys.executable, "-m", "ferry", "serve", "--config", str(config)]
+    command += ["--port", str(free_port()), "--log-level", "warning"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "no_such_output" in run.stderr and "failed to start" in run.stderr
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie waiting for its new parent to reap it counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_a_killed_supervisor_takes_its_processes_with_it(server):
+    # Last in this module: it ends the module's server.
+    children = list(roles(server.pid))
+    assert len(children) == 3
+    server.process.kill()
+    server.process.wait()
+    wait_until(lambda: all(gone(pid) for pid in children), what="the orphans to stop")

@@ -1,0 +1,51 @@
+"""The loop-driven ZMQ socket: one message per peer per loop turn, frames back to their header."""
+
+from __future__ import annotations
+
+import asyncio
+
+import zmq
+
+from ferry.server.procs import wire
+from ferry.server.procs.loop_socket import LoopSocket
+
+
+def test_what_one_turn_sends_arrives_in_order_with_each_header_s_frames(tmp_path):
+    address = f"ipc://{tmp_path / 'sock'}"
+
+    async def scenario() -> tuple[list, list]:
+        context = zmq.Context()
+        got: list = []
+        done = asyncio.Event()
+
+        def received(peer: bytes | None, header: object, frames: list[bytes]) -> None:
+            got.append((peer is not None, header, [bytes(f) for f in frames]))
+            if len(got) == 3:
+                done.set()
+
+        router = context.socket(zmq.ROUTER)
+        router.bind(address)
+        engine = LoopSocket(router, wire.to_engine, wire.frame_count, received, routed=True)
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(address)
+        api = LoopSocket(dealer, wire.to_api, wire.frame_count, lambda *a: None)
+        sent = []
+        for rid in (1, 2):
+            header = wire.Submit(rid, "m", (1,), None, None, 0)
+            api.send(header, [bytes([rid]) * 8, b"\x01" * 8])
+            sent.append(header)
+        api.send(wire.Cancel(1))
+        # Nothing left yet: the three wait for the end of this turn, then go as one message.
+        assert got == []
+        await asyncio.wait_for(done.wait(), 10)
+        api.close()
+        engine.close()
+        context.term()
+        return got, sent
+
+    got, sent = asyncio.run(scenario())
+    assert [g[0] for g in got] == [True, True, True]  # the router knows the peer
+    assert [g[1] for g in got] == [*sent, wire.Cancel(1)]
+    assert got[0][2] == [b"\x01" * 8, b"\x01" * 8]
+    assert got[1][2] == [b"\x02" * 8, b"\x01" * 8]
+    assert got[2][2] == []

@@ -1,0 +1,82 @@
+"""The boundary's messages: what goes in comes out, typed, errors as their own class."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ferry.batcher import TokenSequence
+from ferry.batcher.errors import InferenceFailed, InvalidInput, QueueFull
+from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings, TokenLogprob
+from ferry.llm.errors import PromptTooLong
+from ferry.server.procs import wire
+
+
+def test_sequences_cross_as_two_frames_and_come_back_equal():
+    sequences = [
+        TokenSequence.from_ids([101, 7, 102]),
+        TokenSequence.from_ids([101, 102], [1, 0]),
+    ]
+    lengths, frames = wire.pack_sequences(sequences)
+    back = wire.unpack_sequences(lengths, *frames)
+    assert lengths == (3, 2) and len(frames) == 2
+    for sent, got in zip(sequences, back, strict=True):
+        np.testing.assert_array_equal(got.input_ids, sent.input_ids)
+        np.testing.assert_array_equal(got.attention_mask, sent.attention_mask)
+
+
+def test_a_row_keeps_names_dtypes_and_shapes():
+    row = {
+        "sentence_embedding": np.arange(6, dtype=np.float32).reshape(2, 3)[0],
+        "last_hidden_state": np.arange(12, dtype=np.float16).reshape(4, 3),
+        "label": np.array(3, dtype=np.int64),
+    }
+    header, frames = wire.pack_row(9, 1, row)
+    (message,) = wire.to_api.decode(wire.encoder.encode([header]))
+    assert wire.frame_count(message) == len(frames) == 3
+    assert isinstance(message, wire.Row) and (message.rid, message.index) == (9, 1)
+    back = wire.unpack_row(message, [bytes(f) for f in frames])
+    assert list(back) == list(row)
+    for name, value in row.items():
+        assert back[name].dtype == value.dtype and back[name].shape == value.shape
+        np.testing.assert_array_equal(back[name], value)
+
+
+def test_generation_requests_and_deltas_keep_every_field():
+    sampling = SamplingSettings(
+        max_tokens=7,
+        temperature=0.5,
+        seed=3,
+        stop=("\n",),
+        logprobs=2,
+        guidance=Guidance("regex", "a+"),
+        logit_bias=((5, -1.5),),
+    )
+    request = wire.Generate(4, "m", "req-1", [1, 2, 3], sampling, "adapter", -10)
+    assert wire.to_engine.decode(wire.encoder.encode([request])) == [request]
+    delta = GenerationDelta(
+        "hi", 2, "stop", (TokenLogprob(1, -0.1, ((2, -0.5),)),), (None,), cached_tokens=4
+    )
+    (got,) = wire.to_api.decode(wire.encoder.encode([wire.Delta(4, delta)]))
+    assert isinstance(got, wire.Delta) and got.delta == delta
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        QueueFull(2.5),
+        InvalidInput("input_ids[1]", "sequence has 600 tokens"),
+        PromptTooLong(900, 512, "messages"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_come_back_as_their_own_class_with_their_fields(error):
+    back = wire.error_from_wire(wire.error_to_wire(error), RuntimeError)
+    assert type(back) is type(error)
+    assert str(back) == str(error)
+    assert vars(back) == vars(error)
+
+
+def test_an_error_of_another_kind_comes_back_as_the_fallback_naming_it():
+    back = wire.error_from_wire(wire.error_to_wire(KeyError("boom")), InferenceFailed)
+    assert isinstance(back, InferenceFailed) and "KeyError" in str(back)
