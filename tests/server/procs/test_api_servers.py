@@ -23,10 +23,10 @@ from ferry.bench.server_process import (
     TINY_LLM,
     default_model_config,
     ferry_server,
-    metric_value,
-    tiny_llm_config,
     write_config,
 )
+from tests.support.llm_configs import tiny_llm_config
+from tests.support.metrics import metric_value
 
 READY_TIMEOUT_S = 90.0
 # Greedy on this prompt runs to max_tokens (no end token): long enough to be cut.
