@@ -9,6 +9,7 @@ with the gRPC service (`kserve/grpc_service.py`), which only exists when grpcio 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -41,9 +42,10 @@ def http_headers(failure: Failure, extra: dict[str, str] | None = None) -> tuple
     return tuple(headers)
 
 
-def _encoded(body: dict[str, Any], failure: Failure, shape: Any) -> bytes:
+def _encoded(shape: Callable[[Failure], dict[str, Any]], failure: Failure) -> bytes:
+    """The body `shape` gives `failure`, as JSON bytes."""
     try:
-        return dumps(body)
+        return dumps(shape(failure))
     except TypeError:
         # A message quoting client text with a lone surrogate (UTF-8 cannot carry it): the
         # answer still goes out, with the surrogate written as its escape.
@@ -70,7 +72,7 @@ class OpenAIJson:
         return {"error": {**error, "code": self.status(failure)}}
 
     def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply:
-        body = _encoded(self.body(failure), failure, self.body)
+        body = _encoded(self.body, failure)
         return Reply(self.status(failure), body, headers=http_headers(failure, headers))
 
 
@@ -88,7 +90,7 @@ class KServeJson:
         return {"error": kserve_message(failure)}
 
     def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply:
-        body = _encoded(self.body(failure), failure, self.body)
+        body = _encoded(self.body, failure)
         return Reply(failure.status, body, headers=http_headers(failure, headers))
 
 
@@ -101,7 +103,7 @@ DONE = "data: [DONE]\n\n"
 def sse_error(failure: Failure, dialect: OpenAIJson = OPENAI) -> str:
     """An error after a stream began (its status already sent): one `data:` event in the
     stream's own error shape, then `[DONE]`, as OpenAI's clients expect."""
-    body = _encoded(dialect.body(failure), failure, dialect.body)
+    body = _encoded(dialect.body, failure)
     return f"data: {body.decode()}\n\n{DONE}"
 
 
