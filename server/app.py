@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -13,9 +13,9 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from ferry import __version__
+from ferry.server.dialects import KSERVE, OPENAI, PathDialects, install_error_handlers
 from ferry.server.drain import DrainState
 from ferry.server.encoder import EncoderServing
-from ferry.server.errors import install_error_handlers
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
@@ -36,14 +36,9 @@ from ferry.server.settings import Settings
 logger = logging.getLogger(__name__)
 # The framework's routers (the hot routes register themselves): the gateway learns their POST
 # paths from here, to refuse bodies not declared JSON there and nowhere else.
-ROUTERS = (
-    models.router,
-    openai_chat.router,
-    openai_responses.router,
-    lora_adapters.router,
-    health.router,
-    kserve_v2.router,
-)
+ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
+# Hot routes: registered with the gateway's table (and documented in the framework's schema).
+HOT_ROUTES = (predict, embeddings, openai_chat, openai_responses, kserve_v2)
 
 
 async def start_grpc(app: FastAPI):
@@ -78,7 +73,13 @@ def create_app(settings: Settings) -> FastAPI:
             await registry.close(settings.drain_timeout_s)
             await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
 
+    hot = HotRoutes()
+    dialects = PathDialects()
+    dialects.mount("/v1", OPENAI)
+    dialects.mount("/v2", KSERVE)
     app = FerryAPI(
+        hot,
+        dialects,
         title="Ferry",
         summary="Dynamic micro-batching model server.",
         version=__version__,
@@ -90,14 +91,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.drain = DrainState()
     app.state.started_at = int(time.time())
     app.state.encoder = EncoderServing(settings)
-    install_error_handlers(app)
-    hot = HotRoutes()
-    predict.register(app.router, hot)
-    embeddings.register(app.router, hot)
-    kserve_v2.register(app.router, hot)
+    install_error_handlers(app, dialects)
+    for module in HOT_ROUTES:
+        module.register_routes(app.router, hot)
     for router in ROUTERS:
         app.include_router(router)
-    app.outer_layers = lambda inner: _outer_layers(inner, app, settings, hot)
     return app
 
 
@@ -105,20 +103,26 @@ class FerryAPI(FastAPI):
     """FastAPI with Ferry's gateway outside the framework's own layers (server error, telemetry,
     body limit): hot routes never pass through them, every other request still does."""
 
-    outer_layers: Callable[[ASGIApp], ASGIApp] = staticmethod(lambda inner: inner)
+    def __init__(self, hot: HotRoutes, dialects: PathDialects, **kwargs: object) -> None:
+        self.hot = hot
+        self.dialects = dialects
+        super().__init__(**kwargs)  # type: ignore[arg-type]
 
     def build_middleware_stack(self) -> ASGIApp:
-        return self.outer_layers(super().build_middleware_stack())
+        # Built at the first request, once every route is registered.
+        return _outer_layers(super().build_middleware_stack(), self)
 
 
-def _outer_layers(inner: ASGIApp, app: FastAPI, settings: Settings, hot: HotRoutes) -> ASGIApp:
+def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
     # The gateway sees every request and answers the 401/413/503s itself.
+    settings = app.state.settings
     outer: ASGIApp = Gateway(
         inner,
         settings=settings,
         metrics=app.state.metrics,
         drain=app.state.drain,
-        hot=hot,
+        hot=app.hot,
+        dialects=app.dialects,
         state=app.state,
         post_paths=frozenset(
             route.path

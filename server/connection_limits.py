@@ -18,17 +18,17 @@ listening on `receive()`.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ferry.server.errors import error_body
+from ferry.server.dialects import FERRY
+from ferry.server.disconnect import DISCONNECTED
+from ferry.server.errors import HeadTooLarge, RequestTimeout, TooManyConnections, failure
 
 Phase = Literal["idle", "head", "body"]
-DISCONNECTED = "ferry.disconnected"
 REASONS = {
     408: b"Request Timeout",
     431: b"Request Header Fields Too Large",
@@ -39,7 +39,6 @@ RefusalReason = Literal[
     "header_timeout", "body_timeout", "header_too_large", "too_many_connections"
 ]
 REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
-ERROR_TYPES = {408: "timeout_error", 431: "invalid_request_error", 503: "unavailable_error"}
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._closed_by_us = False
         self._timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
-            message = "too many open connections; retry later"
-            self._refuse(503, "too_many_connections", message, retry_after=True)
+            self._refuse("too_many_connections", TooManyConnections())
             return
         # Also the deadline for a connection that never sends a byte.
         self._arm(self.limits.header_timeout_s)
@@ -86,7 +84,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._phase == "head" and self._head_bytes > self.limits.max_header_bytes:
             message = f"request head over {self.limits.max_header_bytes} bytes"
-            self._refuse(431, "header_too_large", message)
+            self._refuse("header_too_large", HeadTooLarge(message))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -109,11 +107,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._header_count > self.limits.max_headers:
             message = f"more than {self.limits.max_headers} header lines"
-            self._refuse(431, "header_too_large", message)
+            self._refuse("header_too_large", HeadTooLarge(message))
             return
         if self._head_size > self.limits.max_header_bytes:
             message = f"request head over {self.limits.max_header_bytes} bytes"
-            self._refuse(431, "header_too_large", message)
+            self._refuse("header_too_large", HeadTooLarge(message))
             return
         self._phase = "body"
         self._head_bytes = 0
@@ -146,29 +144,27 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         body = self._phase == "body"
         what = "request body" if body else "request head"
         reason: RefusalReason = "body_timeout" if body else "header_timeout"
-        self._refuse(408, reason, f"the {what} did not arrive in time")
+        self._refuse(reason, RequestTimeout(f"the {what} did not arrive in time"))
 
-    def _refuse(
-        self, status: int, reason: RefusalReason, message: str, retry_after: bool = False
-    ) -> None:
-        """Answer, count and close; a request already handed to the app sees a disconnect."""
+    def _refuse(self, reason: RefusalReason, error: Exception) -> None:
+        """Answer, count and close; a request already handed to the app sees a disconnect.
+        No route is known yet: the answer is in Ferry's own (OpenAI-shaped) dialect."""
         if self._closed_by_us:
             return
         self._closed_by_us = True
         self._disarm()
         self.on_refused(reason)
-        body = json.dumps(error_body(message, ERROR_TYPES[status], None, status)).encode()
+        reply = FERRY.reply(failure(error))
         head = [
-            b"HTTP/1.1 %d %s" % (status, REASONS[status]),
-            b"content-type: application/json",
-            b"content-length: %d" % len(body),
+            b"HTTP/1.1 %d %s" % (reply.status, REASONS[reply.status]),
+            b"content-type: " + reply.content_type,
+            b"content-length: %d" % len(reply.body),
             b"connection: close",
+            *(name + b": " + value for name, value in reply.headers),
         ]
-        if retry_after:
-            head.append(b"retry-after: 1")
         # Only if no response has started on this connection: never two heads in one stream.
         if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
-            self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+            self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + reply.body)
         self.transport.close()
 
 

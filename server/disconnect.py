@@ -1,39 +1,47 @@
-"""Await work, but give up (and drop the queued work) if the client goes away."""
+"""One future per request that resolves when its client goes away, and what the gateway does
+with it: cancel the request's handler, which drops its queued work or aborts its generation."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.types import Receive, Scope
 
-T = TypeVar("T")
+# Set by Ferry's HTTP protocol (`connection_limits.py`): resolved from `connection_lost`.
+DISCONNECTED = "ferry.disconnected"
 
 
 class ClientDisconnected(Exception):
     """The client went away before its answer was ready; its queued work was dropped."""
 
 
-async def _until_disconnected(request: Request) -> None:
-    # The body is already read, so the next ASGI message can only be the disconnect.
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+def disconnect_future(scope: Scope, receive: Receive) -> tuple[asyncio.Future, asyncio.Task | None]:
+    """The request's disconnect future. Ferry's protocol hands one over for free; under any
+    other server (tests over httpx's ASGI transport) a task listening on `receive` stands in,
+    returned so that the caller can cancel it. Only call once the body is read: after that a
+    disconnect is the only message that can arrive."""
+    given = scope.get("extensions", {}).get(DISCONNECTED)
+    if given is not None:
+        return given, None
+    watcher = asyncio.ensure_future(_until_disconnect(receive))
+    return watcher, watcher
 
 
-async def run_unless_disconnected(request: Request, coro: Awaitable[T]) -> T:
-    """Await `coro`; if the client goes away first, cancel it (aborting its work) instead."""
-    work = asyncio.ensure_future(coro)
-    watcher = asyncio.create_task(_until_disconnected(request))
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
-            return work.result()
-        raise ClientDisconnected()
-    finally:
-        watcher.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class CancelOnDisconnect:
+    """A done-callback for the disconnect future that cancels the handler's task, while armed.
+    Disarmed before the task leaves the handler, so a late callback cancels nothing else."""
+
+    __slots__ = ("_task", "armed")
+
+    def __init__(self, task: asyncio.Task) -> None:
+        self._task = task
+        self.armed = True
+
+    def __call__(self, _: asyncio.Future) -> None:
+        if self.armed:
+            self._task.cancel()

@@ -20,16 +20,17 @@ class DrainState:
     def begin(self) -> None:
         self.draining = True
 
-    def enter(self) -> None:
+    def enter(self, task: asyncio.Task | None = None) -> None:
+        """Count the calling task (or `task`, where the caller has it at hand) in flight."""
         self.in_flight += 1
         self._idle.clear()
-        task = asyncio.current_task()
+        task = task or asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
 
-    def leave(self) -> None:
+    def leave(self, task: asyncio.Task | None = None) -> None:
         self.in_flight -= 1
-        self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._tasks.discard(task or asyncio.current_task())  # type: ignore[arg-type]
         if self.in_flight == 0:
             self._idle.set()
 

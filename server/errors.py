@@ -1,22 +1,18 @@
-"""Domain exceptions mapped to HTTP in one table, with OpenAI-shaped error bodies.
+"""Domain exceptions mapped to statuses in one table.
 
 Everything below the routes raises its own exceptions; only this module knows status codes.
+`failure` looks an exception up once; the dialects (`server/dialects.py`, and the gRPC status in
+`kserve/grpc_service.py`) render the result in the shape each protocol's clients read.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.batcher.errors import (
@@ -81,6 +77,19 @@ class BodyTooLarge(Exception):
         super().__init__(f"request body is larger than the {limit}-byte limit")
 
 
+class RequestTimeout(Exception):
+    """The request head or body did not arrive in time (the connection is closed)."""
+
+
+class HeadTooLarge(Exception):
+    """A request head over the byte or line limit (the connection is closed)."""
+
+
+class TooManyConnections(Exception):
+    def __init__(self) -> None:
+        super().__init__("too many open connections; retry later")
+
+
 @dataclass(frozen=True)
 class ErrorKind:
     status: int
@@ -97,6 +106,9 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (UnknownModel, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
     (UnsupportedMediaType, ErrorKind(415, "invalid_request_error")),
+    (RequestTimeout, ErrorKind(408, "timeout_error")),
+    (HeadTooLarge, ErrorKind(431, "invalid_request_error")),
+    (TooManyConnections, ErrorKind(503, "unavailable_error", retry_after=True)),
     (Unauthorized, ErrorKind(401, "authentication_error")),
     (QueueFull, ErrorKind(429, "overloaded_error", retry_after=True)),
     (BatcherClosed, ErrorKind(503, "unavailable_error", retry_after=True)),
@@ -121,88 +133,35 @@ INTERNAL = ErrorKind(500, "internal_error")
 PARSE_FAILED = "There was an error parsing the body"
 
 
-def error_body(message: str, type_: str, param: str | None = None, code: int | None = None):
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+@dataclass(frozen=True)
+class Failure:
+    """An error as every protocol sees it: the table's status and type, what to tell the caller
+    and the field at fault. The dialects in `server/dialects.py` turn it into bytes."""
+
+    status: int
+    type: str
+    message: str
+    param: str | None = None
+    retry_after_s: float | None = None  # set when the table says a retry can succeed
 
 
-def is_kserve(path: str) -> bool:
-    """KServe v2 clients (tritonclient, perf_analyzer) read `{"error": "..."}`, not OpenAI's."""
-    return path == "/v2" or path.startswith("/v2/")
-
-
-def kserve_body(message: str, param: str | None) -> dict[str, str]:
-    named = not param or message.startswith(f"{param}:")
-    return {"error": message if named else f"{param}: {message}"}
-
-
-def _shaped(path: str, message: str, type_: str, param: str | None, status: int) -> dict:
-    if is_kserve(path):
-        return kserve_body(message, param)
-    return error_body(message, type_, param, status)
-
-
-def _openai_status(path: str, status: int) -> int:
-    # OpenAI (and vLLM) answer 400 where FastAPI's convention is 422.
-    return 400 if status == 422 and path.startswith("/v1/") else status
-
-
-def error_payload(exc: BaseException, path: str = "") -> tuple[ErrorKind, dict]:
-    """The table's status and OpenAI-shaped body for an exception: HTTP answers and in-stream
-    SSE error events both come from here."""
-    base = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
-    if base is INTERNAL:
-        # Not in the table: a bug, not a domain error. Its traceback is what finds it.
-        logger.error("unhandled error on %s", path or "?", exc_info=exc)
-    kind = ErrorKind(_openai_status(path, base.status), base.type, base.retry_after)
-    param = getattr(exc, "field", None)
-    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    if base is INTERNAL:
-        message = "internal server error"  # the details are in the log, not for the caller
-    return kind, error_body(message, kind.type, param, kind.status)
-
-
-def error_parts(exc: BaseException, path: str = "") -> tuple[int, dict[str, Any], dict[str, str]]:
-    """Status, body and headers for an exception: the one table, in the path's error shape."""
+def failure(exc: BaseException, where: str = "") -> Failure:
+    """The one table lookup: an exception (a pydantic ValidationError too) as a Failure."""
     if isinstance(exc, ValidationError):
-        return _validation_parts(exc.errors(), path)
-    kind, body = error_payload(exc, path)
-    headers = {}
-    if kind.status == 401:
-        headers["WWW-Authenticate"] = "Bearer"
-    if kind.retry_after:
-        headers["Retry-After"] = str(math.ceil(getattr(exc, "retry_after_s", 1.0)))
-    if is_kserve(path):
-        body = kserve_body(body["error"]["message"], body["error"]["param"])
-    return kind.status, body, headers
+        return validation_failure(exc.errors())
+    kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
+    if kind is INTERNAL:
+        # Not in the table: a bug, not a domain error. Its traceback is what finds it, and the
+        # details are in the log, not for the caller.
+        logger.error("unhandled error on %s", where or "?", exc_info=exc)
+        return Failure(INTERNAL.status, INTERNAL.type, "internal server error")
+    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    retry_after_s = getattr(exc, "retry_after_s", 1.0) if kind.retry_after else None
+    return Failure(kind.status, kind.type, message, getattr(exc, "field", None), retry_after_s)
 
 
-def error_response(exc: BaseException, path: str = "") -> Response:
-    status, body, headers = error_parts(exc, path)
-    return _json(body, status, headers)
-
-
-def render_error(
-    path: str,
-    status: int,
-    message: str,
-    type_: str,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> Response:
-    """The error body in the shape the path's clients expect."""
-    return _json(_shaped(path, message, type_, param, status), status, headers)
-
-
-def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Response:
-    # ASCII-escaped: a message may quote client text with lone surrogates, which UTF-8 cannot
-    # encode; the answer must still go out (and not as a 500).
-    text = json.dumps(body, ensure_ascii=True)
-    return Response(text, status, headers, media_type="application/json")
-
-
-def _validation_parts(
-    errors: Sequence[Any], path: str, body: Any = None
-) -> tuple[int, dict[str, Any], dict[str, str]]:
+def validation_failure(errors: Sequence[Any], body: Any = None) -> Failure:
+    """pydantic's (or FastAPI's) first complaint about a request, naming the field: a 422."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         param, message = _json_invalid(first, body)
@@ -210,8 +169,7 @@ def _validation_parts(
         param = _param_from_loc(first.get("loc", ()))
         message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's, says nothing
     message = f"{param}: {message}" if param else message
-    status = _openai_status(path, 422)
-    return status, _shaped(path, message, "invalid_request_error", param, status), {}
+    return Failure(422, "invalid_request_error", message, param)
 
 
 def _json_invalid(error: Any, body: Any) -> tuple[str | None, str]:
@@ -245,35 +203,3 @@ def _param_from_loc(loc: tuple) -> str | None:
         if isinstance(part, int):
             param += f"[{part}]"
     return param
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_domain_error(request: Request, exc: Exception) -> Response:
-        return error_response(exc, request.url.path)
-
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        json_body = exc.body if errors and errors[0].get("type") == "json_invalid" else None
-        status, body, headers = _validation_parts(errors, request.url.path, json_body)
-        return _json(body, status, headers)
-
-    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 400 and exc.detail == PARSE_FAILED:
-            # The gateway read the body already (inference routes) and keeps it for this.
-            param, message = body_parse_error(getattr(request.state, "raw_body", b""))
-            path = request.url.path
-            return render_error(path, 400, message, "invalid_request_error", param)
-        return render_error(
-            request.url.path,
-            exc.status_code,
-            str(exc.detail),
-            "invalid_request_error",
-            headers=exc.headers,
-        )
-
-    for cls, _kind in ERROR_TABLE:
-        app.add_exception_handler(cls, on_domain_error)
-    # Anything else: an OpenAI-shaped 500 whose traceback is logged (Starlette re-raises it after).
-    app.add_exception_handler(Exception, on_domain_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)

@@ -2,10 +2,14 @@
 
 A stack of middlewares costs a coroutine frame, a `send` wrapper and a scope walk per layer per
 request; on a 2-core box the event loop's CPU is taken from the cores the model needs. So every
-concern that must see every request lives in this one layer, and the inference routes
-(/predict, /v1/embeddings, KServe v2 infer) are dispatched from here straight to their handlers,
-without the framework's routing, dependency solving and exception layers. The same handlers
-back the framework's routes (`hot.as_route`), which keeps them in the OpenAPI schema.
+concern that must see every request lives in this one layer, and it is the only dispatcher of
+inference: /predict, /v1/embeddings, /v1/chat/completions, /v1/completions, /v1/responses and
+KServe v2 infer go from here straight to their handlers (`hot.py`), streams included, without
+the framework's routing, dependency solving and exception layers. The framework serves the rest
+(models, health, metadata, adapters, metrics, docs) and documents the hot routes.
+
+The handler's call into the models is one await (`route.handler(call)`); a client that leaves
+cancels it, whatever it is waiting on.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ferry.server.auth import check_bearer
+from ferry.server.dialects import ErrorDialect, PathDialects, sse_error
+from ferry.server.disconnect import CancelOnDisconnect
 from ferry.server.drain import DrainState
 from ferry.server.errors import (
     BodyTooLarge,
@@ -23,16 +29,11 @@ from ferry.server.errors import (
     NotReady,
     Unauthorized,
     UnsupportedMediaType,
+    failure,
 )
-from ferry.server.hot import (
-    ClientGone,
-    HotCall,
-    HotRoutes,
-    error_reply,
-    read_body,
-    send_reply,
-)
+from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
 from ferry.server.metrics import FerryMetrics
+from ferry.server.replies import Reply, send_reply, send_stream
 from ferry.server.settings import Settings
 
 UNMATCHED = "other"
@@ -40,11 +41,9 @@ OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/red
 PATH_CLASSES = frozenset({"predict", "v1", "v2", "health", "metrics"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 INFERENCE_HEADER = b"inference-header-content-length"  # KServe's binary tensor extension
+SHUTTING_DOWN = "the server is shutting down"
 # Sent to a stream still running when the drain deadline passes, so that clients see an end.
-STREAM_ABORTED = (
-    b'data: {"error": {"message": "the server is shutting down", "type": "unavailable_error",'
-    b' "param": null, "code": 503}}\n\ndata: [DONE]\n\n'
-)
+STREAM_ABORTED = sse_error(failure(NotReady(SHUTTING_DOWN))).encode()
 
 
 class Gateway:
@@ -56,6 +55,7 @@ class Gateway:
         metrics: FerryMetrics,
         drain: DrainState,
         hot: HotRoutes,
+        dialects: PathDialects,
         state: object,
         post_paths: frozenset[str] = frozenset(),
     ) -> None:
@@ -64,6 +64,7 @@ class Gateway:
         self._metrics = metrics
         self._drain = drain
         self._hot = hot
+        self._dialects = dialects  # for requests that no hot route claims
         self._state = state
         self._max_body = settings.max_body_bytes
         self._key = settings.api_key.encode() if settings.api_key else None
@@ -104,75 +105,104 @@ class Gateway:
         self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict
     ) -> str:
         """Answer the request; returns the endpoint label."""
+        matched = self._hot.match(scope["method"], path)
+        route = matched[0] if matched is not None else None
         if self._key is not None and self._protected(path):
             given = [value for name, value in scope["headers"] if name == b"authorization"]
             try:
                 check_bearer(given, self._key)
             except (Unauthorized, MalformedRequest) as exc:
-                await send_reply(send, error_reply(exc, path))
+                await self._refuse(send, exc, route, path)
                 return _route_path(scope)
-        inference = _is_inference(path)
-        if not inference:
+        if not _is_inference(path):
             await self.app(scope, receive, send)
             return _route_path(scope)
         if self._drain.draining:
-            await send_reply(send, error_reply(NotReady("the server is shutting down"), path))
+            await self._refuse(send, NotReady(SHUTTING_DOWN), route, path)
             return _route_path(scope)
-        self._drain.enter()
+        task = asyncio.current_task()
+        assert task is not None
+        self._drain.enter(task)
         try:
-            return await self._inference(scope, receive, send, path, state)
+            body = None
+            if scope["method"] in BODY_METHODS:
+                try:
+                    self._check_body(scope, path, route)
+                    body = await read_body(receive, self._max_body)
+                except (BodyTooLarge, UnsupportedMediaType) as exc:
+                    await self._refuse(send, exc, route, path)
+                    return _route_path(scope)
+                except ClientGone:
+                    send.status = 499
+                    return _route_path(scope)
+            if body is None or matched is None:
+                if body is not None:
+                    state["raw_body"] = body  # for the framework's errors to name the field
+                    receive = _replay(body, receive)
+                await self.app(scope, receive, send)
+                return _route_path(scope)
+            call = HotCall(self._state, path, body, scope, receive, state, matched[1])
+            await self._dispatch(matched[0], call, send, task)
+            return matched[0].template
         except asyncio.CancelledError:
             if not self._drain.expired:
                 raise
             # The drain deadline passed: finish what was started instead of a bare 500.
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
-            await self._abort_for_shutdown(send, path)
-            return _route_path(scope)
+            task.uncancel()
+            await self._abort_for_shutdown(send, route, path)
+            return route.template if route is not None else _route_path(scope)
         finally:
-            self._drain.leave()
+            self._drain.leave(task)
 
-    async def _inference(
-        self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict
-    ) -> str:
-        method = scope["method"]
-        body: bytes | None = None
-        if method in BODY_METHODS:
-            # Only where a POST is served: elsewhere the framework's 404 or 405 says more.
-            posts = method == "POST" and (
-                path in self._post_paths or self._hot.match(method, path) is not None
-            )
-            refused = _media_type_refusal(scope, path) if posts else None
+    def _check_body(self, scope: Scope, path: str, route: HotRoute | None) -> None:
+        """Refuse a body before reading it: not declared JSON where a POST is served (elsewhere
+        the framework's 404 or 405 says more), or declared larger than the limit."""
+        if scope["method"] == "POST" and (route is not None or path in self._post_paths):
+            refused = _media_type_refusal(scope, path)
             if refused is not None:
-                await send_reply(send, error_reply(refused, path))
-                return _route_path(scope)
-            try:
-                declared = _header(scope, b"content-length")
-                if declared.isdigit() and int(declared) > self._max_body:
-                    raise BodyTooLarge(self._max_body)
-                body = await read_body(receive, self._max_body)
-            except BodyTooLarge as exc:
-                await send_reply(send, error_reply(exc, path))
-                return _route_path(scope)
-            except ClientGone:
-                send.status = 499
-                return _route_path(scope)
-        route = self._hot.match(method, path) if body is not None else None
-        if route is None:
-            if body is not None:
-                state["raw_body"] = body  # for errors.py to name the field of a bad body
-            await self.app(scope, _replay(body, receive) if body is not None else receive, send)
-            return _route_path(scope)
-        call = HotCall(self._state, path, body or b"", scope, receive, state)
+                raise refused
+        declared = _header(scope, b"content-length")
+        if declared.isdigit() and int(declared) > self._max_body:
+            raise BodyTooLarge(self._max_body)
+
+    async def _dispatch(
+        self, route: HotRoute, call: HotCall, send: _ResponseWatch, task: asyncio.Task
+    ) -> None:
+        """Run the handler and send what it returns, cancelling it if the client goes away
+        (which drops its queued work or aborts its generation): one mechanism for every route."""
+        gone = call.disconnected()
+        cancel = CancelOnDisconnect(task)
+        gone.add_done_callback(cancel)
         try:
-            reply = await route.handler(call)
+            result = await route.handler(call)
+            if isinstance(result, Reply):
+                await send_reply(send, result)
+            else:
+                await send_stream(send, result)
+        except asyncio.CancelledError:
+            if not gone.done():
+                raise
+            task.uncancel()
+            if task.cancelling():
+                raise  # cancelled for another reason too (the drain deadline)
+            if not send.started:
+                send.status = 499  # nobody is left to read an answer
         except Exception as exc:
-            reply = error_reply(exc, path)
+            if send.started:
+                raise  # mid-stream: the stream writes its own error events
+            await send_reply(send, route.dialect.reply(failure(exc, call.path)))
         finally:
+            cancel.armed = False
+            gone.remove_done_callback(cancel)
             call.close()
-        await send_reply(send, reply)
-        return route.template
+
+    def _dialect(self, route: HotRoute | None, path: str) -> ErrorDialect:
+        return route.dialect if route is not None else self._dialects(path)
+
+    async def _refuse(
+        self, send: _ResponseWatch, exc: Exception, route: HotRoute | None, path: str
+    ) -> None:
+        await send_reply(send, self._dialect(route, path).reply(failure(exc, path)))
 
     def _protected(self, path: str) -> bool:
         if _is_health(path):
@@ -181,9 +211,11 @@ class Gateway:
             return self._protect_metrics
         return path not in OPEN_PATHS
 
-    async def _abort_for_shutdown(self, send: _ResponseWatch, path: str) -> None:
+    async def _abort_for_shutdown(
+        self, send: _ResponseWatch, route: HotRoute | None, path: str
+    ) -> None:
         if not send.started:
-            await send_reply(send, error_reply(NotReady("the server is shutting down"), path))
+            await self._refuse(send, NotReady(SHUTTING_DOWN), route, path)
         elif send.streaming and not send.finished:
             await send({"type": "http.response.body", "body": STREAM_ABORTED, "more_body": False})
 

@@ -1,74 +1,38 @@
-"""Hot routes: inference handlers that take the body's bytes and return a reply's bytes.
+"""Hot routes: the inference handlers the gateway dispatches, straight from ASGI.
 
-A handler is `async (HotCall) -> Reply` and raises the domain's exceptions (rendered through the
-one error table). The gateway calls it straight from ASGI; `as_route` adapts it to a framework
-route so the same handler is also what the OpenAPI schema documents.
+A handler is `async (HotCall) -> Reply | Stream` and raises the domain's exceptions; the route
+carries the error dialect they are rendered in. The framework only documents these routes
+(`register`): its endpoint for them is never reached, since the gateway answers first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-import orjson
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope
 
-from ferry.server.connection_limits import DISCONNECTED
-from ferry.server.errors import BodyTooLarge, error_parts
+from ferry.server.dialects import ErrorDialect
+from ferry.server.disconnect import disconnect_future
+from ferry.server.errors import BodyTooLarge
+from ferry.server.replies import Reply, Stream
 
-JSON = b"application/json"
+NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
 
 class ClientGone(Exception):
     """The client disconnected while its request body was being read."""
 
 
-@dataclass(frozen=True)
-class Reply:
-    status: int
-    body: bytes
-    content_type: bytes = JSON
-    headers: tuple[tuple[bytes, bytes], ...] = ()
-
-
-def json_reply(value: Any, status: int = 200) -> Reply:
-    return Reply(status, dumps(value))
-
-
-def dumps(value: Any) -> bytes:
-    """JSON bytes: numpy arrays written directly (float32 in its shortest form)."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY, default=_fallback)
-    except TypeError:
-        # Text orjson refuses (a lone surrogate echoed from a request) still gets an answer.
-        import json
-
-        return json.dumps(value, default=_fallback, ensure_ascii=True).encode()
-
-
-def _fallback(value: Any) -> Any:
-    if hasattr(value, "tolist"):  # non-contiguous arrays and numpy scalars
-        return value.tolist()
-    raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-def error_reply(exc: BaseException, path: str) -> Reply:
-    status, body, headers = error_parts(exc, path)
-    return Reply(
-        status,
-        dumps(body),
-        headers=tuple((k.lower().encode(), v.encode()) for k, v in headers.items()),
-    )
-
-
 @dataclass
 class HotCall:
-    """One request to a hot route: its body, path and a way to learn that the client left."""
+    """One request to a hot route: its body, path parameters and a way to learn that the client
+    left."""
 
     app_state: Any
     path: str
@@ -77,12 +41,9 @@ class HotCall:
     receive: Receive
     # The request's state (the framework's `request.state`): the route sets `model_name`.
     state: dict
+    params: Mapping[str, str]  # the route template's `{name}`s, from its match
+    _gone: asyncio.Future | None = field(default=None, repr=False)
     _watcher: asyncio.Task | None = field(default=None, repr=False)
-
-    def path_param(self, pattern: re.Pattern[str], name: str) -> str:
-        match = pattern.fullmatch(self.path)
-        assert match is not None, "the route matched this path"
-        return match.group(name)
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:
@@ -91,25 +52,17 @@ class HotCall:
         return None
 
     def disconnected(self) -> asyncio.Future:
-        """Resolves when the client goes away (the body is read: only that can arrive now)."""
-        given = self.scope.get("extensions", {}).get(DISCONNECTED)
-        if given is not None:
-            return given  # set by Ferry's HTTP protocol: no listening task needed
-        if self._watcher is None:
-            self._watcher = asyncio.ensure_future(_until_disconnect(self.receive))
-        return self._watcher
+        """The request's one disconnect future (see `disconnect.py`)."""
+        if self._gone is None:
+            self._gone, self._watcher = disconnect_future(self.scope, self.receive)
+        return self._gone
 
     def close(self) -> None:
         if self._watcher is not None:
             self._watcher.cancel()
 
 
-async def _until_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-Handler = Callable[[HotCall], Awaitable[Reply]]
+Handler = Callable[[HotCall], Awaitable[Reply | Stream]]
 
 
 @dataclass(frozen=True)
@@ -118,6 +71,7 @@ class HotRoute:
     template: str  # the route's path as the framework writes it: the metrics' endpoint label
     pattern: re.Pattern[str]
     handler: Handler
+    dialect: ErrorDialect  # how this route's errors are written
 
 
 class HotRoutes:
@@ -125,30 +79,34 @@ class HotRoutes:
         self._exact: dict[tuple[str, str], HotRoute] = {}
         self._patterns: list[HotRoute] = []
 
-    def add(self, method: str, template: str, handler: Handler) -> HotRoute:
+    def add(self, method: str, template: str, handler: Handler, dialect: ErrorDialect) -> HotRoute:
         regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template)
-        route = HotRoute(method, template, re.compile(regex), handler)
+        route = HotRoute(method, template, re.compile(regex), handler, dialect)
         if "{" in template:
             self._patterns.append(route)
         else:
             self._exact[(method, template)] = route
         return route
 
-    def match(self, method: str, path: str) -> HotRoute | None:
+    def match(self, method: str, path: str) -> tuple[HotRoute, Mapping[str, str]] | None:
+        """The route and its path parameters."""
         route = self._exact.get((method, path))
         if route is not None:
-            return route
+            return route, NO_PARAMS
         for candidate in self._patterns:
-            if candidate.method == method and candidate.pattern.fullmatch(path):
-                return candidate
+            if candidate.method == method:
+                found = candidate.pattern.fullmatch(path)
+                if found is not None:
+                    return candidate, found.groupdict()
         return None
 
 
-def register_post(
+def register(
     router: Any,
     hot: HotRoutes,
     path: str,
     handler: Handler,
+    dialect: ErrorDialect,
     *,
     summary: str,
     responses: dict[int | str, dict[str, Any]],
@@ -157,23 +115,15 @@ def register_post(
     include_in_schema: bool = True,
     tags: list[str] | None = None,
 ) -> None:
-    """A hot POST route, also registered with the framework so the OpenAPI schema has it."""
-    route = hot.add("POST", path, handler)
-    # The endpoint takes the raw request, so the schema's parameters and body are given here.
-    extra: dict[str, Any] = request_body(body_model) if body_model is not None else {}
-    params = route.pattern.groupindex
-    if params:
-        extra["parameters"] = [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in params
-        ]
+    """A hot POST route, and its entry in the framework's router for the OpenAPI schema (and
+    the 405 a GET gets)."""
+    route = hot.add("POST", path, handler, dialect)
     router.add_api_route(
         path,
-        as_route(route),
+        _documentation(body_model, list(route.pattern.groupindex)),
         methods=["POST"],
         response_model=response_model,
         responses=responses,
-        openapi_extra=extra or None,
         include_in_schema=include_in_schema,
         summary=summary,
         # One per path: the versioned KServe route shares its handler with the plain one.
@@ -182,39 +132,19 @@ def register_post(
     )
 
 
-def as_route(route: HotRoute) -> Callable[[Request], Awaitable[Response]]:
-    """The framework's endpoint for a hot route (reached only without the gateway in front)."""
+def _documentation(body_model: type[Any] | None, params: list[str]) -> Callable[..., Any]:
+    """An endpoint whose signature documents the route (its path parameters and body model);
+    the gateway serves every request to it, so calling it is a bug."""
 
-    async def endpoint(request: Request) -> Response:
-        call = HotCall(
-            request.app.state,
-            request.url.path,
-            await request.body(),
-            request.scope,
-            request.receive,
-            request.scope.setdefault("state", {}),
-        )
-        try:
-            reply = await route.handler(call)
-        except Exception as exc:
-            reply = error_reply(exc, call.path)
-        finally:
-            call.close()
-        headers = {k.decode(): v.decode() for k, v in reply.headers}
-        return Response(reply.body, reply.status, headers, media_type=reply.content_type.decode())
+    async def served_by_gateway(**_: Any) -> None:
+        raise AssertionError("hot routes are served by the gateway")
 
-    return endpoint
-
-
-def request_body(model: type[Any]) -> dict[str, Any]:
-    """The OpenAPI requestBody of a hot route, from the same pydantic model it parses with."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": schema}},
-        }
-    }
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    parameters = [inspect.Parameter(name, keyword, annotation=str) for name in params]
+    if body_model is not None:
+        parameters.append(inspect.Parameter("body", keyword, annotation=body_model))
+    served_by_gateway.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    return served_by_gateway
 
 
 async def read_body(receive: Receive, limit: int) -> bytes:
@@ -232,13 +162,3 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-async def send_reply(send: Send | Callable[[Message], Awaitable[None]], reply: Reply) -> None:
-    headers = [
-        (b"content-type", reply.content_type),
-        (b"content-length", str(len(reply.body)).encode()),
-        *reply.headers,
-    ]
-    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-    await send({"type": "http.response.body", "body": reply.body, "more_body": False})

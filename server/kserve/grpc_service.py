@@ -23,7 +23,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from ferry import __version__
 from ferry.batcher.errors import InvalidInput
 from ferry.server.auth import check_bearer
-from ferry.server.errors import ERROR_TABLE, INTERNAL, MalformedRequest, NotReady, Unauthorized
+from ferry.server.dialects import kserve_message
+from ferry.server.errors import Failure, NotReady, failure
 from ferry.server.kserve.infer import (
     deserialize_bytes,
     infer_tensors,
@@ -36,13 +37,19 @@ from ferry.server.kserve.statistics import model_statistics
 logger = logging.getLogger(__name__)
 
 SERVICE = "/inference.GRPCInferenceService"
+# Every status of the error table (the HTTP-only ones too, for completeness).
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.INVALID_ARGUMENT,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    431: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED,
+    500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
@@ -51,21 +58,12 @@ INT_TYPES = {"INT64": ("<i8", "int64_contents"), "INT32": ("<i4", "int_contents"
 HEALTH_CALLS = {"ServerLive", "ServerReady", "ModelReady"}
 
 
-class GrpcError(Exception):
-    def __init__(self, status: int, message: str, retry_after: bool = False) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-
-
-def to_grpc_error(exc: BaseException) -> GrpcError:
-    kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)
-    if kind is INTERNAL:
-        logger.exception("kserve grpc: unhandled error", exc_info=exc)
-    message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-    field = getattr(exc, "field", None)
-    text = f"{field}: {message}" if field and not message.startswith(f"{field}:") else message
-    return GrpcError(kind.status, text, kind.retry_after)
+def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The gRPC dialect of the one table: a status code, KServe's message and, where a retry
+    can succeed, `retry-after` in the trailing metadata."""
+    code = STATUS_CODES.get(failure.status, grpc.StatusCode.INTERNAL)
+    trailers = (("retry-after", "1"),) if failure.retry_after_s is not None else ()
+    return code, kserve_message(failure), trailers
 
 
 CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
@@ -156,11 +154,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             status = 499
             raise
         except Exception as exc:
-            error = exc if isinstance(exc, GrpcError) else to_grpc_error(exc)
+            error = failure(exc, f"{SERVICE}/{method}")
             status = error.status
-            if error.retry_after:
-                context.set_trailing_metadata((("retry-after", "1"),))
-            await context.abort(STATUS_CODES.get(status, grpc.StatusCode.INTERNAL), str(error))
+            code, details, trailers = grpc_status(error)
+            if trailers:
+                context.set_trailing_metadata(trailers)
+            await context.abort(code, details)
         finally:
             endpoint = f"{SERVICE}/{method}"
             metrics = self.state.metrics
@@ -176,10 +175,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return
         metadata = context.invocation_metadata() or ()
         given = [str(value).encode() for name, value in metadata if name == "authorization"]
-        try:
-            check_bearer(given, self._key)
-        except (Unauthorized, MalformedRequest) as exc:
-            raise to_grpc_error(exc) from None
+        check_bearer(given, self._key)
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:

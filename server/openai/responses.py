@@ -12,7 +12,8 @@ from contextlib import aclosing
 from typing import Any
 
 from ferry.llm.errors import InvalidSampling
-from ferry.server.errors import error_payload
+from ferry.server.dialects import OPENAI
+from ferry.server.errors import failure
 from ferry.server.openai.planning import plan_chat
 from ferry.server.openai.responses_protocol import ResponsesRequest, responses_error
 from ferry.server.openai.serving import OpenAIServing
@@ -151,7 +152,7 @@ async def stream_response(serving: OpenAIServing, request: ResponsesRequest) -> 
                     except StopAsyncIteration:
                         break
         except Exception as exc:
-            body = error_payload(exc)[1]["error"]
+            body = OPENAI.body(failure(exc))["error"]
             yield events.event({"type": "error", **body})
             yield events.event({"type": "response.failed", "response": builder.response("failed")})
             return

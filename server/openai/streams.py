@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from ferry.llm.base import GenerationDelta
-from ferry.server.errors import error_payload
+from ferry.server.dialects import sse_error
+from ferry.server.errors import failure
 from ferry.server.openai.chunks import StreamChunks
-from ferry.server.openai.sse import DONE, sse_data
+from ferry.server.openai.sse import DONE
 
 Deltas = AsyncIterator[tuple[int, GenerationDelta]]  # (choice index, delta)
 
@@ -39,8 +40,7 @@ async def sse_events(
                 if event:
                     yield event
     except Exception as exc:
-        yield sse_data(error_payload(exc)[1])
-        yield DONE
+        yield sse_error(failure(exc))
         return
     if usage_prompt_tokens is not None:
         yield chunks.usage(usage_prompt_tokens, completion_tokens, usage_cached(cached))

@@ -10,8 +10,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ferry.batcher.errors import InvalidInput
+from ferry.server.dialects import OPENAI
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
-from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
+from ferry.server.hot import HotCall, HotRoutes, register
+from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 
 PATH = "/v1/embeddings"
@@ -102,12 +104,13 @@ async def create_embeddings(call: HotCall) -> Reply:
     )
 
 
-def register(router: APIRouter, hot: HotRoutes) -> None:
-    register_post(
+def register_routes(router: APIRouter, hot: HotRoutes) -> None:
+    register(
         router,
         hot,
         PATH,
         create_embeddings,
+        OPENAI,
         summary="Create Embeddings",
         responses=error_responses(400, 401, 404, 413, 415, 429, 500, 503, 504),
         body_model=EmbeddingRequest,

@@ -4,7 +4,7 @@ What `tritonclient.http` and perf_analyzer use against Triton: health, server an
 metadata, model configuration (Triton's JSON), statistics (Triton's extension), readiness and
 `infer` with JSON or binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's
 default). The inference itself is `ferry.server.kserve.infer`, shared with the gRPC service.
-Errors use KServe's `{"error": "..."}` shape (`server/errors.py` picks it for every /v2 path).
+Errors use KServe's `{"error": "..."}` shape (`dialects.KSERVE`, bound to /v2 and to infer).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from pydantic import BaseModel
 
 from ferry import __version__
 from ferry.batcher.errors import InvalidInput
-from ferry.server.errors import MalformedRequest, error_response
-from ferry.server.hot import JSON, HotCall, HotRoutes, Reply, dumps, register_post
+from ferry.server.dialects import KSERVE
+from ferry.server.errors import MalformedRequest
+from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve.infer import (
     INT_TYPES,
@@ -34,6 +35,7 @@ from ferry.server.kserve.infer import (
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.model_runtime import ModelRuntime
+from ferry.server.replies import JSON, Reply, dumps
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -62,11 +64,6 @@ ERROR_DOCS = {
 
 def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
-
-
-def kserve_error(exc: BaseException) -> JSONResponse:
-    """The status from Ferry's one error table; the body in KServe's shape."""
-    return error_response(exc, router.prefix)
 
 
 def _model(request: Request, name: str) -> ModelRuntime:
@@ -110,29 +107,20 @@ async def get_model_statistics(name: str, request: Request) -> Response:
 
 def _statistics(request: Request, name: str | None) -> Response:
     registry = request.app.state.registry
-    try:
-        names = list(registry.models) if name is None else [_model(request, name).name]
-    except Exception as exc:
-        return kserve_error(exc)
+    names = list(registry.models) if name is None else [_model(request, name).name]
     return JSONResponse(model_statistics(request.app.state.metrics.registry, names))
 
 
 @router.get("/models/{name}", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
 async def get_model_metadata(name: str, request: Request) -> Response:
-    try:
-        return JSONResponse(model_metadata(_model(request, name)))
-    except Exception as exc:
-        return kserve_error(exc)
+    return JSONResponse(model_metadata(_model(request, name)))
 
 
 @router.get("/models/{name}/config", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
 async def get_model_config(name: str, request: Request) -> Response:
-    try:
-        return JSONResponse(model_config(_model(request, name)))
-    except Exception as exc:
-        return kserve_error(exc)
+    return JSONResponse(model_config(_model(request, name)))
 
 
 @router.get(
@@ -141,10 +129,7 @@ async def get_model_config(name: str, request: Request) -> Response:
 )
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
 async def model_ready(name: str, request: Request) -> Response:
-    try:
-        model = _model(request, name)
-    except Exception as exc:
-        return kserve_error(exc)
+    model = _model(request, name)
     ok = not request.app.state.drain.draining and await model.healthy()
     headers = None if ok else NOT_READY_HEADERS
     return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503, headers)
@@ -157,7 +142,7 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    model = call.app_state.registry.get(call.path.split("/")[3])
+    model = call.app_state.registry.get(call.params["name"])
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
@@ -169,13 +154,14 @@ async def infer(call: HotCall) -> Reply:
     return encode_response(model.name, header.get("id"), outputs, binary)
 
 
-def register(router: APIRouter, hot: HotRoutes) -> None:
+def register_routes(router: APIRouter, hot: HotRoutes) -> None:
     for path in INFER_PATHS:
-        register_post(
+        register(
             router,
             hot,
             path,
             infer,
+            KSERVE,
             summary="Infer",
             responses=error_docs(400, 404, 415, 422, 429, 500, 503, 504),
             include_in_schema="version" not in path,

@@ -1,56 +1,50 @@
-"""POST /v1/chat/completions and /v1/completions: thin routes over `ferry.server.openai.serving`."""
+"""POST /v1/chat/completions and /v1/completions: thin hot routes over `openai.serving`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter
+from pydantic import BaseModel
 
 from ferry.batcher.errors import InvalidInput
-from ferry.server.disconnect import ClientDisconnected, run_unless_disconnected
+from ferry.server.dialects import OPENAI
+from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
 )
+from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.schemas import error_responses
-
-router = APIRouter()
 
 ERRORS = error_responses(400, 401, 404, 413, 415, 429, 500, 503)
 STREAM_DOC = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks"}}
 
 
-async def _respond(
-    request: Request,
+async def respond(
     stream: bool,
     full: Callable[[], Awaitable[object]],
     streamed: Callable[[], Awaitable[AsyncIterator[str]]],
-) -> object:
+) -> Reply | Stream:
+    """The answer as JSON, or as SSE. Errors before the first byte (unknown model, prompt too
+    long, overload) are raised here and answered with a status; later ones travel in the
+    stream. A client that leaves cancels this (the gateway), which aborts the generation."""
     if stream:
-        # Errors before the first byte (unknown model, prompt too long, overload) are raised
-        # here and answered with a status; later ones travel in the stream. Starlette cancels
-        # the iterator when the client disconnects, which aborts the generation.
-        events = await streamed()
-        return StreamingResponse(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-    try:
-        return await run_unless_disconnected(request, full())
-    except ClientDisconnected:
-        return Response(status_code=499)
+        return Stream(await streamed())
+    answer = await full()
+    return json_reply(answer.model_dump() if isinstance(answer, BaseModel) else answer)
 
 
-def _label_and_bound(
-    request: Request, model: str, texts: Sequence[str | list[int]], items: int
+def label_and_bound(
+    call: HotCall, model: str, texts: Sequence[str | list[int]], items: int
 ) -> None:
     """The metrics label, only from a configured name; bounds checked before tokenizing."""
-    if model in request.app.state.openai.model_names():
-        request.state.model_name = model
-    settings = request.app.state.settings
-    path = request.url.path
+    if model in call.app_state.openai.model_names():
+        call.state["model_name"] = model
+    settings = call.app_state.settings
+    path = call.path
     field = "messages" if path.endswith("/chat/completions") else "prompt"
     field = "input" if path.endswith("/responses") else field
     if items > settings.max_items_per_request:
@@ -72,31 +66,42 @@ def _label_and_bound(
                 ) from None
 
 
-@router.post(
-    "/v1/chat/completions",
-    response_model=ChatCompletionResponse,
-    responses={**ERRORS, **STREAM_DOC},
-)
-async def chat_completions(body: ChatCompletionRequest, request: Request):
-    serving = request.app.state.openai
-    _label_and_bound(request, body.model, [m.text() for m in body.messages], len(body.messages))
-    return await _respond(
-        request, body.stream, lambda: serving.chat(body), lambda: serving.chat_stream(body)
-    )
+async def chat_completions(call: HotCall) -> Reply | Stream:
+    body = ChatCompletionRequest.model_validate_json(call.body)
+    serving = call.app_state.openai
+    label_and_bound(call, body.model, [m.text() for m in body.messages], len(body.messages))
+    return await respond(body.stream, lambda: serving.chat(body), lambda: serving.chat_stream(body))
 
 
-@router.post(
-    "/v1/completions",
-    response_model=CompletionResponse,
-    responses={**ERRORS, **STREAM_DOC},
-)
-async def completions(body: CompletionRequest, request: Request):
-    serving = request.app.state.openai
+async def completions(call: HotCall) -> Reply | Stream:
+    body = CompletionRequest.model_validate_json(call.body)
+    serving = call.app_state.openai
     prompts = body.prompts()
-    _label_and_bound(request, body.model, prompts, len(prompts))
-    return await _respond(
-        request,
-        body.stream,
-        lambda: serving.completion(body),
-        lambda: serving.completion_stream(body),
+    label_and_bound(call, body.model, prompts, len(prompts))
+    return await respond(
+        body.stream, lambda: serving.completion(body), lambda: serving.completion_stream(body)
     )
+
+
+def register_routes(router: APIRouter, hot: HotRoutes) -> None:
+    for path, handler, summary, request, response in (
+        (
+            "/v1/chat/completions",
+            chat_completions,
+            "Chat Completions",
+            ChatCompletionRequest,
+            ChatCompletionResponse,
+        ),
+        ("/v1/completions", completions, "Completions", CompletionRequest, CompletionResponse),
+    ):
+        register(
+            router,
+            hot,
+            path,
+            handler,
+            OPENAI,
+            summary=summary,
+            responses={**ERRORS, **STREAM_DOC},
+            body_model=request,
+            response_model=response,
+        )

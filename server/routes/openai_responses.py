@@ -1,24 +1,37 @@
-"""POST /v1/responses: a thin route over `ferry.server.openai.responses` (the chat path)."""
+"""POST /v1/responses: a thin hot route over `ferry.server.openai.responses` (the chat path)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 
+from ferry.server.dialects import OPENAI
+from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
-from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, _label_and_bound, _respond
+from ferry.server.replies import Reply, Stream
+from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, label_and_bound, respond
 
-router = APIRouter()
 
-
-@router.post("/v1/responses", responses={**ERRORS, **STREAM_DOC})
-async def responses(body: ResponsesRequest, request: Request):
-    serving = request.app.state.openai
+async def responses(call: HotCall) -> Reply | Stream:
+    body = ResponsesRequest.model_validate_json(call.body)
+    serving = call.app_state.openai
     texts = body.texts()
-    _label_and_bound(request, body.model, texts, len(texts))
-    return await _respond(
-        request,
+    label_and_bound(call, body.model, texts, len(texts))
+    return await respond(
         body.stream,
         lambda: create_response(serving, body),
         lambda: stream_response(serving, body),
+    )
+
+
+def register_routes(router: APIRouter, hot: HotRoutes) -> None:
+    register(
+        router,
+        hot,
+        "/v1/responses",
+        responses,
+        OPENAI,
+        summary="Responses",
+        responses={**ERRORS, **STREAM_DOC},
+        body_model=ResponsesRequest,
     )

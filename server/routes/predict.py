@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from ferry.server.dialects import FERRY
 from ferry.server.encoder_request import Texts, TokenLists
-from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
+from ferry.server.hot import HotCall, HotRoutes, register
+from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 
 ERROR_RESPONSES = error_responses(401, 404, 413, 415, 422, 429, 500, 503, 504)
@@ -35,12 +37,13 @@ async def predict(call: HotCall) -> Reply:
     )
 
 
-def register(router: APIRouter, hot: HotRoutes) -> None:
-    register_post(
+def register_routes(router: APIRouter, hot: HotRoutes) -> None:
+    register(
         router,
         hot,
         PATH,
         predict,
+        FERRY,
         summary="Predict",
         responses=ERROR_RESPONSES,
         body_model=PredictRequest,

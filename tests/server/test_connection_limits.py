@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from urllib.parse import urlsplit
@@ -126,4 +127,5 @@ def test_oversized_request_heads_get_431(server, headers):
     assert status_of(answer) == 431
     assert predict_ok(server.url)
     assert refused(server, "header_too_large") == before + 1
-    assert b'"type": "invalid_request_error"' in answer  # the one error body shape
+    error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]  # the one error body shape
+    assert error["type"] == "invalid_request_error" and error["code"] == 431

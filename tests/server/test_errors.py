@@ -1,5 +1,5 @@
-"""The one error table, in-process: each domain exception raised inside the real app (its own
-handlers and middleware, httpx's ASGI transport) comes out with its status, type and headers."""
+"""The one error table: an exception becomes a Failure (status, type, message, field, retry)
+once; every dialect renders from that (tests/server/test_dialects.py)."""
 
 from __future__ import annotations
 
@@ -8,148 +8,141 @@ import logging
 import httpx
 import pytest
 from fastapi import Body
+from pydantic import BaseModel, ValidationError
 
-from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
-from ferry.batcher.errors import (
-    BatchAbandoned,
-    BatcherClosed,
-    DeadlineExceeded,
-    InferenceFailed,
-    InferenceTimedOut,
-    InvalidInput,
-    QueueFull,
-)
-from ferry.llm.errors import (
-    EngineDead,
-    EngineOverloaded,
-    GenerationFailed,
-    InvalidAdapter,
-    InvalidSampling,
-    ModelNotFound,
-    PromptTooLong,
-)
+from ferry.batcher.errors import InferenceFailed, InvalidInput, QueueFull
 from ferry.server.app import create_app
-from ferry.server.disconnect import ClientDisconnected
-from ferry.server.errors import (
-    ERROR_TABLE,
-    BodyTooLarge,
-    MalformedRequest,
-    NotReady,
-    Unauthorized,
-    UnknownModel,
-    UnsupportedMediaType,
-)
+from ferry.server.errors import ERROR_TABLE, Failure, UnknownModel, failure, validation_failure
 from ferry.server.settings import Settings
 
-# One instance of every class in the table, and what the caller must see for it.
-CASES = [
-    (InvalidInput("input_ids", "bad ids"), 422, "invalid_request_error", "input_ids"),
-    (UnknownModel("nope", ["a"]), 404, "not_found_error", "model"),
-    (BodyTooLarge(1024), 413, "invalid_request_error", None),
-    (Unauthorized(), 401, "authentication_error", None),
-    (QueueFull(retry_after_s=2.2), 429, "overloaded_error", None),
-    (BatcherClosed("closing"), 503, "unavailable_error", None),
-    (NotReady("starting"), 503, "unavailable_error", None),
-    (BackendUnavailable("down"), 503, "unavailable_error", None),
-    (BackendRejected("wrong dtype"), 422, "invalid_request_error", None),
-    (DeadlineExceeded("late"), 504, "timeout_error", None),
-    (BackendTimeout("slow"), 504, "timeout_error", None),
-    (InferenceTimedOut("hung"), 504, "timeout_error", None),
-    (BatchAbandoned("stopped"), 503, "unavailable_error", None),
-    (InferenceFailed("boom"), 500, "internal_error", None),
-    (InvalidSampling("temperature", "too hot"), 400, "invalid_request_error", "temperature"),
-    (PromptTooLong(10, 5), 400, "invalid_request_error", "prompt"),
-    (ModelNotFound("x"), 404, "not_found_error", "model"),
-    (EngineOverloaded("full"), 429, "overloaded_error", None),
-    (EngineDead("dead"), 503, "unavailable_error", None),
-    (GenerationFailed("failed"), 500, "internal_error", None),
-    (MalformedRequest("not JSON"), 400, "invalid_request_error", None),
-    (MalformedRequest("twice", "authorization"), 400, "invalid_request_error", "authorization"),
-    (UnsupportedMediaType("text/plain", "application/json"), 415, "invalid_request_error", None),
-    (ClientDisconnected("the client left"), 499, "cancelled_error", None),
-    (InvalidAdapter("lora_path", "outside adapter_dir"), 400, "invalid_request_error", "lora_path"),
-]
-RETRY_AFTER = {429, 503}
+
+@pytest.mark.parametrize("index", range(len(ERROR_TABLE)), ids=lambda i: ERROR_TABLE[i][0].__name__)
+def test_no_entry_is_shadowed_by_an_earlier_one(index):
+    """First match wins, so a subclass listed after its base would never be reached."""
+    cls = ERROR_TABLE[index][0]
+    assert not [base for base, _ in ERROR_TABLE[:index] if issubclass(cls, base)]
+
+
+def test_the_status_and_type_come_from_the_table_the_rest_from_the_exception():
+    assert failure(InvalidInput("input_ids", "bad ids")) == Failure(
+        422, "invalid_request_error", "bad ids", "input_ids"
+    )
+    unknown = failure(UnknownModel("nope", ["a", "b"]))
+    assert (unknown.status, unknown.type, unknown.param) == (404, "not_found_error", "model")
+    assert unknown.message == "model 'nope' is not served here; known models: a, b"
+
+
+def test_a_retry_estimate_travels_only_where_the_table_says_a_retry_can_succeed():
+    assert failure(QueueFull(retry_after_s=2.2)).retry_after_s == 2.2
+    assert failure(InvalidInput("x", "y")).retry_after_s is None
+
+
+def test_a_subclass_takes_its_bases_entry():
+    class Crowded(QueueFull):
+        pass
+
+    crowded = failure(Crowded(retry_after_s=0.5))
+    assert (crowded.status, crowded.type, crowded.retry_after_s) == (429, "overloaded_error", 0.5)
+
+
+def test_an_unexpected_error_is_a_500_whose_details_are_logged_not_shown(caplog):
+    caplog.set_level(logging.ERROR, logger="ferry.server.errors")
+    assert failure(KeyError("secret internal detail"), "/raise") == Failure(
+        500, "internal_error", "internal server error"
+    )
+    (record,) = [r for r in caplog.records if r.name == "ferry.server.errors"]
+    assert record.exc_info is not None and record.exc_info[0] is KeyError
+    assert "/raise" in record.getMessage()
+
+
+def test_a_mapped_500_is_not_logged_as_a_bug(caplog):
+    caplog.set_level(logging.ERROR, logger="ferry.server.errors")
+    assert failure(InferenceFailed("the model failed")).message == "the model failed"
+    assert not [r for r in caplog.records if r.name == "ferry.server.errors"]
+
+
+class Ids(BaseModel):
+    input_ids: list[int]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        (b'{"input_ids": [1, "x"]}', "input_ids[1]", "input_ids[1]: Input should be a valid"),
+        (b'{"input_ids": [1, 2,]}', "input_ids[2]", "input_ids[2]: Invalid JSON: trailing comma"),
+        (b"[]", None, "Input should be an object"),
+    ],
+)
+def test_a_validation_error_is_a_422_naming_the_field(body, param, message):
+    with pytest.raises(ValidationError) as raised:
+        Ids.model_validate_json(body)
+    assert failure(raised.value) == validation_failure(raised.value.errors())
+    got = failure(raised.value)
+    assert (got.status, got.param) == (422, param) and got.message.startswith(message), got
 
 
 @pytest.fixture
 async def client():
-    """The real app with no models, plus one route that raises whatever it is told to."""
+    """The real app with no models, plus framework routes that raise what they are told to."""
     app = create_app(Settings())
     raising: dict[str, BaseException] = {}
 
     async def boom(key: str = Body(embed=True)) -> None:
         raise raising[key]
 
-    app.add_api_route("/raise", boom, methods=["POST"])
-    app.add_api_route("/v1/raise", boom, methods=["POST"])
-    app.state.raising = raising
+    for path in ("/raise", "/v1/raise", "/v2/raise"):
+        app.add_api_route(path, boom, methods=["POST"])
     transport = httpx.ASGITransport(app, raise_app_exceptions=False)
     async with (
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=transport, base_url="http://ferry") as http,
     ):
-        yield app, http
+        yield raising, http
 
 
-async def raise_through(client, exc: BaseException, path: str = "/raise") -> httpx.Response:
-    app, http = client
-    app.state.raising["it"] = exc
-    return await http.post(path, json={"key": "it"})
+@pytest.mark.parametrize(
+    ("path", "status", "body"),
+    [
+        (
+            "/raise",
+            422,
+            {
+                "error": {
+                    "message": "bad",
+                    "type": "invalid_request_error",
+                    "param": "input",
+                    "code": 422,
+                }
+            },
+        ),
+        (
+            "/v1/raise",
+            400,
+            {
+                "error": {
+                    "message": "bad",
+                    "type": "invalid_request_error",
+                    "param": "input",
+                    "code": 400,
+                }
+            },
+        ),
+        ("/v2/raise", 422, {"error": "input: bad"}),
+    ],
+)
+async def test_framework_routes_answer_in_the_dialect_mounted_on_their_prefix(
+    client, path, status, body
+):
+    raising, http = client
+    raising["it"] = InvalidInput("input", "bad")
+    response = await http.post(path, json={"key": "it"})
+    assert (response.status_code, response.json()) == (status, body)
 
 
-def test_every_table_entry_has_a_case():
-    assert {type(c[0]) for c in CASES} == {cls for cls, _ in ERROR_TABLE}
-
-
-@pytest.mark.parametrize(("exc", "status", "type_", "param"), CASES, ids=lambda c: str(c)[:20])
-async def test_each_domain_error_maps_to_its_status_and_type(client, exc, status, type_, param):
-    response = await raise_through(client, exc)
-    assert response.status_code == status
-    error = response.json()["error"]
-    assert error["type"] == type_ and error["code"] == status and error["param"] == param
-    assert error["message"] == (getattr(exc, "message", None) or str(exc))
-    assert ("retry-after" in response.headers) == (status in RETRY_AFTER)
-    assert ("www-authenticate" in response.headers) == (status == 401)
-
-
-async def test_retry_after_rounds_the_estimate_up(client):
-    response = await raise_through(client, QueueFull(retry_after_s=2.2))
-    assert response.headers["retry-after"] == "3"
-
-
-async def test_openai_paths_answer_400_where_others_answer_422(client):
-    invalid = InvalidInput("input", "bad")
-    assert (await raise_through(client, invalid, "/v1/raise")).status_code == 400
-    assert (await raise_through(client, invalid, "/raise")).status_code == 422
-
-
-async def test_validation_errors_name_the_field(client):
-    _, http = client
-    response = await http.post("/predict", json={"input_ids": [1, "x"]})
-    assert response.status_code == 422
-    error = response.json()["error"]
-    assert error["param"] == "input_ids[1]" and error["message"].startswith("input_ids[1]: ")
-
-
-async def test_an_unexpected_error_is_a_500_with_its_traceback_logged(client, caplog):
-    caplog.set_level(logging.ERROR, logger="ferry.server.errors")
-    response = await raise_through(client, KeyError("secret internal detail"))
-    assert response.status_code == 500
-    assert response.json()["error"] == {
-        "message": "internal server error",
-        "type": "internal_error",
-        "param": None,
-        "code": 500,
-    }
-    (record,) = [r for r in caplog.records if r.name == "ferry.server.errors"]
-    assert record.exc_info is not None and record.exc_info[0] is KeyError
-    assert "/raise" in record.getMessage()
-
-
-async def test_a_mapped_500_is_not_logged_as_a_bug(client, caplog):
-    caplog.set_level(logging.ERROR, logger="ferry.server.errors")
-    response = await raise_through(client, InferenceFailed("the model failed on this input"))
-    assert response.status_code == 500
-    assert response.json()["error"]["message"] == "the model failed on this input"
-    assert not [r for r in caplog.records if r.name == "ferry.server.errors"]
+async def test_retry_after_and_the_unknown_500_through_a_framework_route(client):
+    raising, http = client
+    raising["full"], raising["bug"] = QueueFull(retry_after_s=2.2), KeyError("secret")
+    full = await http.post("/raise", json={"key": "full"})
+    assert (full.status_code, full.headers["retry-after"]) == (429, "3")
+    bug = await http.post("/raise", json={"key": "bug"})
+    assert bug.status_code == 500 and "secret" not in bug.text

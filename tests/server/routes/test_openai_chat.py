@@ -205,6 +205,28 @@ def test_disconnect_mid_stream_stops_generation(server):
     assert metric_value(text, "ferry_llm_requests_finished_total", finish_reason="abort") >= 1
 
 
+def test_disconnect_before_a_full_answer_stops_generation(server):
+    """The same for a JSON answer: the gateway cancels the handler when the client leaves."""
+
+    def aborted() -> float:
+        text = server.metrics()
+        return metric_value(text, "ferry_llm_requests_finished_total", finish_reason="abort")
+
+    before = aborted()
+    body = {
+        "model": TINY_LLM,
+        "messages": REFERENCE["cases"][1]["messages"],  # greedy never stops by itself
+        "max_tokens": 1900,
+        "temperature": 0,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.5)
+    deadline = time.monotonic() + 30
+    while aborted() == before:
+        assert time.monotonic() < deadline, "the disconnected generation was never aborted"
+        time.sleep(0.05)
+
+
 def test_a_shared_system_prompt_is_reused_and_reported_as_cached(server, client):
     """OpenAI's usage.prompt_tokens_details.cached_tokens, and vLLM's prefix-cache counters."""
     system = {"role": "system", "content": "You write short, plain Python. " * 4}

@@ -1,0 +1,157 @@
+"""One renderer per protocol for the one error table: OpenAI JSON, KServe JSON, SSE events.
+
+A route is registered with its dialect (`HotRoutes.add`, `PathDialects` for the framework's
+routes and for requests no route claims yet), so no request's path is read to pick a shape.
+Every body is encoded by `replies.dumps` (orjson). The gRPC status, the fourth dialect, lives
+with the gRPC service (`kserve/grpc_service.py`), which only exists when grpcio is installed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ferry.server.errors import (
+    ERROR_TABLE,
+    PARSE_FAILED,
+    Failure,
+    body_parse_error,
+    failure,
+    validation_failure,
+)
+from ferry.server.replies import Reply, dumps
+
+
+class ErrorDialect(Protocol):
+    def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply: ...
+
+
+def http_headers(failure: Failure, extra: dict[str, str] | None = None) -> tuple:
+    headers = [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
+    if failure.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if failure.retry_after_s is not None:
+        headers.append((b"retry-after", str(math.ceil(failure.retry_after_s)).encode()))
+    return tuple(headers)
+
+
+def _encoded(shape: Callable[[Failure], dict[str, Any]], failure: Failure) -> bytes:
+    """The body `shape` gives `failure`, as JSON bytes."""
+    try:
+        return dumps(shape(failure))
+    except TypeError:
+        # A message quoting client text with a lone surrogate (UTF-8 cannot carry it): the
+        # answer still goes out, with the surrogate written as its escape.
+        def safe(text: str | None) -> str | None:
+            return text if text is None else text.encode("utf-8", "backslashreplace").decode()
+
+        return dumps(
+            shape(replace(failure, message=safe(failure.message), param=safe(failure.param)))
+        )
+
+
+@dataclass(frozen=True)
+class OpenAIJson:
+    """`{"error": {message, type, param, code}}`. OpenAI (and vLLM) answer a request they refuse
+    400, where FastAPI's convention, kept on Ferry's own routes, is 422."""
+
+    invalid_status: int = 422
+
+    def status(self, failure: Failure) -> int:
+        return self.invalid_status if failure.status == 422 else failure.status
+
+    def body(self, failure: Failure) -> dict[str, Any]:
+        error = {"message": failure.message, "type": failure.type, "param": failure.param}
+        return {"error": {**error, "code": self.status(failure)}}
+
+    def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply:
+        body = _encoded(self.body, failure)
+        return Reply(self.status(failure), body, headers=http_headers(failure, headers))
+
+
+def kserve_message(failure: Failure) -> str:
+    """KServe's one string: the field leads the message, as Triton names the tensor."""
+    param, message = failure.param, failure.message
+    return message if not param or message.startswith(f"{param}:") else f"{param}: {message}"
+
+
+@dataclass(frozen=True)
+class KServeJson:
+    """`{"error": "..."}`: what tritonclient and perf_analyzer read."""
+
+    def body(self, failure: Failure) -> dict[str, Any]:
+        return {"error": kserve_message(failure)}
+
+    def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply:
+        body = _encoded(self.body, failure)
+        return Reply(failure.status, body, headers=http_headers(failure, headers))
+
+
+OPENAI = OpenAIJson(invalid_status=400)
+FERRY = OpenAIJson(invalid_status=422)  # /predict, health, metrics: OpenAI's shape, 422 kept
+KSERVE = KServeJson()
+DONE = "data: [DONE]\n\n"
+
+
+def sse_error(failure: Failure, dialect: OpenAIJson = OPENAI) -> str:
+    """An error after a stream began (its status already sent): one `data:` event in the
+    stream's own error shape, then `[DONE]`, as OpenAI's clients expect."""
+    body = _encoded(dialect.body, failure)
+    return f"data: {body.decode()}\n\n{DONE}"
+
+
+class PathDialects:
+    """The dialect of each framework router's path prefix, set as the routers are registered;
+    also answers for requests no route has claimed yet (a 401 before routing)."""
+
+    def __init__(self, default: ErrorDialect = FERRY) -> None:
+        self._default = default
+        self._prefixes: list[tuple[str, ErrorDialect]] = []
+
+    def mount(self, prefix: str, dialect: ErrorDialect) -> None:
+        self._prefixes.append((prefix.rstrip("/"), dialect))
+
+    def __call__(self, path: str) -> ErrorDialect:
+        for prefix, dialect in self._prefixes:
+            if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] in ("", "/"):
+                return dialect
+        return self._default
+
+
+def install_error_handlers(app: FastAPI, dialects: PathDialects) -> None:
+    """The framework's routes answer errors in the dialect of their prefix."""
+
+    def respond(request: Request, failure: Failure, headers: dict[str, str] | None = None):
+        reply = dialects(request.url.path).reply(failure, headers)
+        extra = {k.decode(): v.decode() for k, v in reply.headers}
+        return Response(reply.body, reply.status, extra, media_type=reply.content_type.decode())
+
+    async def on_domain_error(request: Request, exc: Exception) -> Response:
+        return respond(request, failure(exc, request.url.path))
+
+    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        json_body = exc.body if errors and errors[0].get("type") == "json_invalid" else None
+        return respond(request, validation_failure(errors, json_body))
+
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and exc.detail == PARSE_FAILED:
+            # The gateway read the body already and keeps it for this.
+            param, message = body_parse_error(getattr(request.state, "raw_body", b""))
+            return respond(request, Failure(400, "invalid_request_error", message, param))
+        bare = Failure(exc.status_code, "invalid_request_error", str(exc.detail))
+        return respond(request, bare, exc.headers)
+
+    for cls, _kind in ERROR_TABLE:
+        app.add_exception_handler(cls, on_domain_error)
+    # Anything else: a 500 whose traceback is logged (Starlette re-raises it after).
+    app.add_exception_handler(Exception, on_domain_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
