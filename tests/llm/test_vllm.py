@@ -6,9 +6,7 @@ import asyncio
 import os
 import sys
 import types
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,85 +18,8 @@ from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
 from tests.gpu import requires_gpu
+from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
-
-
-@dataclass
-class CompletionOutput:  # shaped like vllm.outputs.CompletionOutput
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-
-
-@dataclass
-class RequestOutput:  # shaped like vllm.outputs.RequestOutput
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    num_cached_tokens: int | None = None
-
-
-@dataclass
-class FakeSamplingParams:
-    kwargs: dict[str, Any]
-
-
-def sampling_params(**kwargs: Any) -> FakeSamplingParams:
-    return FakeSamplingParams(kwargs)
-
-
-@dataclass
-class FakeAsyncLLM:
-    """Streams cumulative outputs for a scripted list of (text, token ids) steps."""
-
-    steps: list[tuple[str, list[int]]]
-    finish_reason: str = "length"
-    hold: asyncio.Event | None = None  # when set, stream pauses after the first output
-    cached: int | None = None  # num_cached_tokens on every output, as vLLM reports it
-    aborted: list[str] = field(default_factory=list)
-    calls: list[tuple[Any, Any, str]] = field(default_factory=list)
-    priorities: list[int] = field(default_factory=list)
-    loras: list[Any] = field(default_factory=list)  # the lora_request of each generate call
-    added: dict[int, Any] = field(default_factory=dict)  # as AsyncLLM.add_lora keeps them
-    removed: list[int] = field(default_factory=list)
-
-    async def generate(
-        self,
-        prompt: Any,
-        params: Any,
-        request_id: str,
-        lora_request: Any = None,
-        priority: int = 0,  # AsyncLLM.generate's keyword
-    ) -> AsyncIterator[RequestOutput]:
-        self.calls.append((prompt, params, request_id))
-        self.priorities.append(priority)
-        self.loras.append(lora_request)
-        if lora_request is not None:
-            assert self.added.get(lora_request.lora_int_id) == lora_request  # loaded first
-        text, ids = "", []
-        for i, (piece, piece_ids) in enumerate(self.steps):
-            text, ids = text + piece, ids + piece_ids
-            last = i == len(self.steps) - 1
-            completion = CompletionOutput(0, text, list(ids), self.finish_reason if last else None)
-            prompt_ids = prompt["prompt_token_ids"]
-            yield RequestOutput(request_id, prompt_ids, [completion], last, self.cached)
-            if self.hold is not None:
-                await self.hold.wait()
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-
-    async def add_lora(self, lora_request: Any) -> bool:
-        if not Path(lora_request.lora_path, "adapter_config.json").is_file():
-            raise ValueError(f"no adapter at {lora_request.lora_path}")
-        self.added[lora_request.lora_int_id] = lora_request
-        return True
-
-    async def remove_lora(self, lora_id: int) -> bool:
-        self.removed.append(lora_id)
-        return self.added.pop(lora_id, None) is not None
 
 
 def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
@@ -108,6 +29,7 @@ def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
         name="tiny-llm",
         max_context_tokens=2048,
         sampling_params_cls=sampling_params,
+        delta_output_kind=RequestOutputKind.DELTA,
         **kwargs,
     )
 
@@ -122,9 +44,12 @@ async def collect(engine: VLLMEngine, sampling: SamplingSettings) -> list[Genera
     return await asyncio.wait_for(run(), WAIT_S)
 
 
-async def test_cumulative_outputs_become_deltas() -> None:
+async def test_vllm_is_asked_for_deltas_and_they_pass_through() -> None:
+    """As vLLM's own OpenAI server streams: each output holds only what the step added, so a
+    long generation costs linear time (cumulative outputs re-sliced every step are quadratic)."""
     fake = FakeAsyncLLM(steps=[("Hel", [1, 2]), ("lo", [3]), ("", [4]), (" world", [5])])
     deltas = await collect(make_engine(fake), SamplingSettings(max_tokens=5))
+    assert fake.calls[0][1]["output_kind"] == RequestOutputKind.DELTA
     assert [(d.text, d.token_count) for d in deltas] == [
         ("Hel", 2),
         ("lo", 1),
@@ -177,6 +102,7 @@ async def test_sampling_settings_become_sampling_params() -> None:
     assert deltas[-1].finish_reason == "stop"
     params = fake.calls[0][1].kwargs
     assert params == {
+        "output_kind": RequestOutputKind.DELTA,
         "n": 1,
         "max_tokens": 9,
         "temperature": 0.5,
@@ -543,7 +469,8 @@ def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, engine_args: type, async_
         "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
         "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=async_llm),
         "vllm.sampling_params": types.SimpleNamespace(
-            StructuredOutputsParams=FakeStructuredOutputsParams
+            StructuredOutputsParams=FakeStructuredOutputsParams,
+            RequestOutputKind=RequestOutputKind,
         ),
         "vllm.config": types.SimpleNamespace(StructuredOutputsConfig=dict),
     }
