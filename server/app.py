@@ -66,7 +66,8 @@ def create_app(settings: Settings) -> FastAPI:
         registry = ModelRegistry(settings, metrics)
         app.state.registry = registry
         engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
-        app.state.openai = OpenAIServing(engines, observer=app.state.llm_observer)
+        app.state.openai = OpenAIServing(engines, observer=LLMMetricsObserver(metrics))
+        metrics.watch_llm_engines(app.state.openai.engine_stats)  # read when Prometheus scrapes
         await asyncio.gather(registry.start(), *(e.start() for e in engines.values()))
         logger.info("ferry: serving %s", ", ".join([*registry.models, *engines]))
         grpc_server = await start_grpc(app)
@@ -87,7 +88,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.llm_observer = LLMMetricsObserver(metrics)
     app.state.drain = DrainState()
     app.state.started_at = int(time.time())
     app.state.encoder = EncoderServing(settings)

@@ -23,7 +23,7 @@ from ferry.llm.base import EngineStats, LLMEngine, TokenLogprob
 from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
-from ferry.server.openai.observer import LLMObserver, NullObserver
+from ferry.server.openai.observer import GenerationObserver, LLMObserver, NullObserver
 from ferry.server.openai.planning import (
     Choice,
     Plan,
@@ -181,29 +181,28 @@ class OpenAIServing:
         """Every choice's deltas tagged with its index; closing this aborts what still runs.
         All of the plan's generations are admitted at once, or none (EngineOverloaded)."""
         engine, needed = plan.served.engine, len(plan.choices)
-        self._admit(plan)
+        observer = self._observer.for_model(plan.served.name)  # labels bound once per request
+        self._admit(plan, observer)
         if plan.structured is not None:
-            self._observer.on_structured(plan.served.name, plan.structured)
+            observer.structured(plan.structured)
         try:
             if needed == 1:
-                generations = self._generate(plan, plan.choices[0])
+                generations = self._generate(plan, plan.choices[0], observer)
             else:
-                generations = merge([self._generate(plan, choice) for choice in plan.choices])
+                generations = merge([self._generate(plan, c, observer) for c in plan.choices])
             async with aclosing(generations) as deltas:
                 async for item in deltas:
                     yield item
         finally:
             self._admitted[engine.name] -= needed
 
-    def _admit(self, plan: Plan) -> None:
+    def _admit(self, plan: Plan, observer: GenerationObserver) -> None:
         engine, needed = plan.served.engine, len(plan.choices)
         held = self._admitted.get(engine.name, 0)
         limit = engine.max_concurrent_generations
         if held + needed > limit:
             for choice in plan.choices:  # refused before it ran: counted as rejected
-                self._observer.on_finished(
-                    plan.served.name, "rejected", len(choice.prompt_ids), 0, 0.0
-                )
+                observer.finished("rejected", len(choice.prompt_ids), 0, 0.0)
             # Planning refused requests bigger than the engine: this one fits once others end.
             raise EngineOverloaded(
                 f"model {engine.name} is busy: {held} of its {limit} generations are taken "
@@ -211,10 +210,9 @@ class OpenAIServing:
             )
         self._admitted[engine.name] = held + needed
 
-    async def _generate(self, plan: Plan, choice: Choice) -> Deltas:
+    async def _generate(self, plan: Plan, choice: Choice, observer: GenerationObserver) -> Deltas:
         """One engine generation, timed for the observer as it passes."""
-        observer, clock, served = self._observer, self._clock, plan.served
-        model = served.name
+        clock, served = self._clock, plan.served
         started = last = clock()
         guided = choice.sampling.guidance is not None
         first_seen = False
@@ -234,13 +232,13 @@ class OpenAIServing:
                         now = clock()
                         tokens = delta.token_count
                         if not first_seen:
-                            observer.on_first_token(model, now - started)
+                            observer.first_token(now - started)
                             first_seen, tokens = True, tokens - 1
                         gap = (now - last) / delta.token_count
                         for _ in range(tokens):  # several tokens in one delta share the gap
-                            observer.on_token(model, gap)
+                            observer.token(gap)
                             if guided:
-                                observer.on_guided_token(model, gap)
+                                observer.guided_token(gap)
                         last = now
                         completion_tokens += delta.token_count
                     if delta.finish_reason is not None:
@@ -255,7 +253,7 @@ class OpenAIServing:
             raise
         finally:
             prompt_tokens = len(choice.prompt_ids)
-            observer.on_finished(model, reason, prompt_tokens, completion_tokens, clock() - started)
+            observer.finished(reason, prompt_tokens, completion_tokens, clock() - started)
 
     async def _collect(self, plan: Plan) -> list[_Result]:
         results = [_Result() for _ in plan.choices]

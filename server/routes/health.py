@@ -51,12 +51,6 @@ async def ready(request: Request) -> JSONResponse:
 )
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    # Engine gauges are read at scrape time: exact whenever Prometheus looks.
-    for name, stats in state.openai.engine_stats().items():
-        state.llm_observer.engine_counts(name, stats.running, stats.waiting)
-        state.llm_observer.engine_prefix_cache(
-            name, stats.prefix_cache_queries, stats.prefix_cache_hits
-        )
     # Negotiated as prometheus_client's own server does (`Accept: application/openmetrics-text`).
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     return Response(encoder(state.metrics.registry), headers={"Content-Type": content_type})
