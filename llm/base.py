@@ -165,7 +165,7 @@ class LLMEngine(Protocol):
         priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
-        `adapter` names a loaded LoRA adapter (ModelNotFound if it is not); None: the base.
+        `adapter` names a loaded LoRA adapter (AdapterNotLoaded if it is not); None: the base.
         `priority` (vLLM's meaning): waiting requests with a lower number are admitted first."""
         ...
 

@@ -48,14 +48,15 @@ class GenerationFailed(LLMError):
     """The runtime failed this one request; the engine itself is still healthy."""
 
 
-class ModelNotFound(LLMError):
-    """No engine serves the requested model name."""
+class AdapterNotLoaded(LLMError):
+    """An engine was asked for a LoRA adapter it does not hold (unloaded since the request's
+    model was looked up). Unknown model names are the server's error (its registry's)."""
 
     field = "model"
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{shown_name(model)}` does not exist.")
-        self.model = model
+    def __init__(self, adapter: str) -> None:
+        super().__init__(f"The LoRA adapter `{shown_name(adapter)}` is not loaded.")
+        self.adapter = adapter
 
 
 class InvalidAdapter(LLMError):

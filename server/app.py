@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -63,13 +62,13 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = ModelRegistry(settings, metrics)
-        app.state.registry = registry
         engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
-        app.state.openai = OpenAIServing(engines, observer=LLMMetricsObserver(metrics))
-        metrics.watch_llm_engines(app.state.openai.engine_stats)  # read when Prometheus scrapes
-        await asyncio.gather(registry.start(), *(e.start() for e in engines.values()))
-        logger.info("ferry: serving %s", ", ".join([*registry.models, *engines]))
+        registry = ModelRegistry.from_settings(settings, metrics, engines)
+        app.state.registry = registry
+        app.state.openai = OpenAIServing(registry, observer=LLMMetricsObserver(metrics))
+        metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
+        await registry.start()
+        logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
         try:
             yield
@@ -78,7 +77,6 @@ def create_app(settings: Settings) -> FastAPI:
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)
-            await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
 
     app = FerryAPI(
         title="Ferry",

@@ -29,12 +29,12 @@ from ferry.batcher.errors import (
     QueueFull,
 )
 from ferry.llm.errors import (
+    AdapterNotLoaded,
     EngineDead,
     EngineOverloaded,
     GenerationFailed,
     InvalidAdapter,
     InvalidSampling,
-    ModelNotFound,
     PromptTooLong,
     shown_name,
 )
@@ -111,7 +111,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InvalidSampling, ErrorKind(400, "invalid_request_error")),
     (InvalidAdapter, ErrorKind(400, "invalid_request_error")),
     (PromptTooLong, ErrorKind(400, "invalid_request_error")),
-    (ModelNotFound, ErrorKind(404, "not_found_error")),
+    (AdapterNotLoaded, ErrorKind(404, "not_found_error")),
     (EngineOverloaded, ErrorKind(429, "overloaded_error", retry_after=True)),
     (EngineDead, ErrorKind(503, "unavailable_error", retry_after=True)),
     (GenerationFailed, ErrorKind(500, "internal_error")),

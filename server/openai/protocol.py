@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -87,7 +88,9 @@ class ChatMessageParam(OpenAIRequestModel):
     tool_call_id: str | None = None
     tool_calls: list[ToolCallParam] | None = None  # on assistant messages: calls it made
 
+    @cached_property
     def text(self) -> str:
+        """The content as one string (parts joined once, whoever asks)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -205,7 +208,7 @@ class ChatCompletionRequest(_SamplingFields):
         for m in self.messages:
             message: dict[str, Any] = {
                 "role": "system" if m.role == "developer" else m.role,
-                "content": m.text(),
+                "content": m.text,
             }
             if m.tool_calls:
                 message["tool_calls"] = [call.model_dump() for call in m.tool_calls]

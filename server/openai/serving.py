@@ -12,25 +12,17 @@ in-stream as a `data:` error event (same error table as HTTP answers) followed b
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ferry.llm.base import EngineStats, LLMEngine, TokenLogprob
-from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
+from ferry.llm.base import TokenLogprob
+from ferry.llm.errors import EngineOverloaded
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
 from ferry.server.openai.observer import GenerationObserver, LLMObserver, NullObserver
-from ferry.server.openai.planning import (
-    Choice,
-    Plan,
-    ServedModel,
-    plan_chat,
-    plan_completion,
-)
+from ferry.server.openai.planning import Choice, Plan, plan_chat, plan_completion
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -45,6 +37,7 @@ from ferry.server.openai.streams import Deltas, merge, sse_events
 from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks
 from ferry.server.openai.tools import parse_calls
+from ferry.server.registry import ModelRegistry, ServedModel
 
 
 @dataclass
@@ -60,70 +53,28 @@ class _Result:
 class OpenAIServing:
     def __init__(
         self,
-        engines: Mapping[str, LLMEngine],
+        models: ModelRegistry,
         *,
         observer: LLMObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._engines = dict(engines)
+        self._models = models
         self._observer: LLMObserver = observer or NullObserver()
         self._clock = clock
-        self._unloads: set[asyncio.Task[None]] = set()
         # Generations admitted per engine and not yet finished: a request is admitted whole or
         # refused whole, so its own generations never crowd it out mid-way.
         self._admitted: dict[str, int] = {}
 
-    def served_models(self) -> list[ServedModel]:
-        """Every base model and every loaded adapter, by name."""
-        served = [ServedModel(name, engine, name) for name, engine in self._engines.items()]
-        for base, engine in self._engines.items():
-            served += [ServedModel(a, engine, base, a) for a in engine.adapter_names()]
-        return sorted(served, key=lambda m: m.name)
-
-    def model_names(self) -> list[str]:
-        return [m.name for m in self.served_models()]
-
-    def engine_stats(self) -> dict[str, EngineStats]:
-        """Per-engine running/waiting counts (adapters included), for the metrics gauges."""
-        return {name: engine.stats() for name, engine in self._engines.items()}
-
     def resolve(self, model: str) -> ServedModel:
-        engine = self._engines.get(model)
-        if engine is not None:
-            return ServedModel(model, engine, model)
-        for base, engine in self._engines.items():
-            if model in engine.adapter_names():
-                return ServedModel(model, engine, base, model)
-        raise ModelNotFound(model)
-
-    def engine_for(self, model: str) -> LLMEngine:
-        return self.resolve(model).engine
-
-    # -- adapters ---------------------------------------------------------------------------------
-
-    async def load_adapter(self, name: str, path: Path, base: str) -> None:
-        if name in self.model_names():
-            raise InvalidAdapter("lora_name", f"The model `{name}` is already served.")
-        engine = self._engines.get(base)
-        if engine is None:
-            raise ModelNotFound(base)
-        await engine.load_adapter(name, path)
-
-    async def unload_adapter(self, name: str) -> None:
-        """Returns once the requests on `name` finished and it is freed; new ones fail now.
-        The unload itself runs on even if the caller goes away, so nothing is left half-done."""
-        served = self.resolve(name)
-        if served.adapter is None:
-            raise InvalidAdapter("lora_name", f"`{name}` is a base model, not a LoRA adapter.")
-        task = asyncio.create_task(served.engine.unload_adapter(name))
-        self._unloads.add(task)
-        task.add_done_callback(self._unloads.discard)
-        await asyncio.shield(task)
+        """The one lookup of a request's model (UnknownModel); routes pass it on."""
+        return self._models.llm(model)
 
     # -- endpoints --------------------------------------------------------------------------------
 
-    async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
-        plan = plan_chat(request, self.resolve)
+    async def chat(
+        self, request: ChatCompletionRequest, served: ServedModel | None = None
+    ) -> ChatCompletionResponse:
+        plan = plan_chat(request, served or self.resolve(request.model))
         results = await self._collect(plan)
         decode = plan.served.engine.tokenizer.decode
         choices = [
@@ -143,8 +94,10 @@ class OpenAIServing:
             usage=_usage(plan, results),
         )
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
-        plan = plan_chat(request, self.resolve)
+    async def chat_stream(
+        self, request: ChatCompletionRequest, served: ServedModel | None = None
+    ) -> AsyncIterator[str]:
+        plan = plan_chat(request, served or self.resolve(request.model))
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
@@ -152,8 +105,10 @@ class OpenAIServing:
             chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]
         return await self._stream(plan, chunks, request.include_usage)
 
-    async def completion(self, request: CompletionRequest) -> CompletionResponse:
-        plan = plan_completion(request, self.resolve)
+    async def completion(
+        self, request: CompletionRequest, served: ServedModel | None = None
+    ) -> CompletionResponse:
+        plan = plan_completion(request, served or self.resolve(request.model))
         results = await self._collect(plan)
         choices = [
             _completion_choice(request, plan, choice, result)
@@ -166,8 +121,10 @@ class OpenAIServing:
             usage=_usage(plan, results),
         )
 
-    async def completion_stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        plan = plan_completion(request, self.resolve)
+    async def completion_stream(
+        self, request: CompletionRequest, served: ServedModel | None = None
+    ) -> AsyncIterator[str]:
+        plan = plan_completion(request, served or self.resolve(request.model))
         chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 

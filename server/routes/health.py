@@ -22,17 +22,15 @@ async def live() -> dict[str, str]:
 )
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
-    engines = {
-        name: state.openai.engine_for(name).is_ready() for name in state.openai.model_names()
-    }
-    models_ready = all(engines.values()) and await state.registry.ready()
+    models = state.registry.readiness()
+    models_ready = all(models.values()) and await state.registry.ready()
     draining = state.drain.draining
     ok = models_ready and not draining
     status = "ready" if ok else ("draining" if draining else "starting")
     return JSONResponse(
         {
             "status": status,
-            "models": {**{n: m.ready for n, m in state.registry.models.items()}, **engines},
+            "models": models,
         },
         status_code=200 if ok else 503,
         headers=None if ok else {"Retry-After": "1"},

@@ -15,6 +15,7 @@ from ferry.server.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from ferry.server.registry import ServedModel
 from ferry.server.schemas import error_responses
 
 router = APIRouter()
@@ -43,12 +44,13 @@ async def _respond(
         return Response(status_code=499)
 
 
-def _label_and_bound(
+def _resolve_and_bound(
     request: Request, model: str, texts: Sequence[str | list[int]], items: int
-) -> None:
-    """The metrics label, only from a configured name; bounds checked before tokenizing."""
-    if model in request.app.state.openai.model_names():
-        request.state.model_name = model
+) -> ServedModel:
+    """The request's model, looked up once (UnknownModel) and kept as the metrics label (a
+    configured name only); bounds checked before tokenizing."""
+    served = request.app.state.openai.resolve(model)
+    request.state.model_name = served.name
     settings = request.app.state.settings
     path = request.url.path
     field = "messages" if path.endswith("/chat/completions") else "prompt"
@@ -70,6 +72,7 @@ def _label_and_bound(
                 raise InvalidInput(
                     f"{field}[{index}]", "text is not valid Unicode (lone surrogate)"
                 ) from None
+    return served
 
 
 @router.post(
@@ -79,9 +82,13 @@ def _label_and_bound(
 )
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     serving = request.app.state.openai
-    _label_and_bound(request, body.model, [m.text() for m in body.messages], len(body.messages))
+    texts = [m.text for m in body.messages]
+    served = _resolve_and_bound(request, body.model, texts, len(body.messages))
     return await _respond(
-        request, body.stream, lambda: serving.chat(body), lambda: serving.chat_stream(body)
+        request,
+        body.stream,
+        lambda: serving.chat(body, served),
+        lambda: serving.chat_stream(body, served),
     )
 
 
@@ -93,10 +100,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     serving = request.app.state.openai
     prompts = body.prompts()
-    _label_and_bound(request, body.model, prompts, len(prompts))
+    served = _resolve_and_bound(request, body.model, prompts, len(prompts))
     return await _respond(
         request,
         body.stream,
-        lambda: serving.completion(body),
-        lambda: serving.completion_stream(body),
+        lambda: serving.completion(body, served),
+        lambda: serving.completion_stream(body, served),
     )

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
-from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, _label_and_bound, _respond
+from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, _resolve_and_bound, _respond
 
 router = APIRouter()
 
@@ -15,10 +15,10 @@ router = APIRouter()
 async def responses(body: ResponsesRequest, request: Request):
     serving = request.app.state.openai
     texts = body.texts()
-    _label_and_bound(request, body.model, texts, len(texts))
+    served = _resolve_and_bound(request, body.model, texts, len(texts))
     return await _respond(
         request,
         body.stream,
-        lambda: create_response(serving, body),
-        lambda: stream_response(serving, body),
+        lambda: create_response(serving, body, served),
+        lambda: stream_response(serving, body, served),
     )

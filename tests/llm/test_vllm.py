@@ -13,10 +13,11 @@ import pytest
 
 from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, InvalidAdapter, InvalidSampling, ModelNotFound
+from ferry.llm.errors import AdapterNotLoaded, EngineOverloaded, InvalidAdapter, InvalidSampling
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.registry import ModelRegistry
 from tests.gpu import requires_gpu
 from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
@@ -70,7 +71,7 @@ async def test_prompt_goes_as_token_ids() -> None:
 
 async def test_the_serving_layer_tokenizes_and_fits_max_tokens_to_the_context() -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])])
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     request = CompletionRequest(model="tiny-llm", prompt="hello there", max_tokens=100_000)
     response = await asyncio.wait_for(serving.completion(request), WAIT_S)
     assert response.choices[0].text == "x"
@@ -82,7 +83,7 @@ async def test_the_serving_layer_tokenizes_and_fits_max_tokens_to_the_context() 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 async def test_the_request_priority_reaches_vllm_generate(kind) -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     if kind == "chat":
         messages = [{"role": "user", "content": "hi"}]
         chat = ChatCompletionRequest(model="tiny-llm", messages=messages, priority=-10)
@@ -121,7 +122,7 @@ async def test_sampling_settings_become_sampling_params() -> None:
 async def test_penalties_and_logit_bias_reach_sampling_params() -> None:
     # vLLM honours every one (its OpenAI server passes the same fields to SamplingParams).
     fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     body = {
         "model": "tiny-llm",
         "prompt": "hello there",
@@ -139,7 +140,7 @@ async def test_penalties_and_logit_bias_reach_sampling_params() -> None:
 
 async def test_a_logit_bias_outside_the_vocabulary_is_refused_before_vllm() -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])])
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     vocab = make_engine(fake).tokenizer.vocab_size
     body = {"model": "tiny-llm", "prompt": "hi", "logit_bias": {str(vocab): 1}}
     with pytest.raises(InvalidSampling, match="outside the vocabulary") as err:
@@ -210,7 +211,7 @@ async def test_configured_adapters_load_at_start_and_ride_on_their_requests() ->
     await asyncio.wait_for(on_zen(), WAIT_S)
     assert fake.loras[0] is None
     assert fake.loras[1] == FakeLoRARequest("zen", 1, str(ADAPTERS_DIR / "zen" / "hf"))
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(AdapterNotLoaded):
         await anext(engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout"))
 
 
@@ -415,7 +416,9 @@ class FakeStructuredOutputsParams:  # shaped like vllm.sampling_params.Structure
 async def test_structured_outputs_pass_through_to_vllm(body, field, value) -> None:
     fake = FakeAsyncLLM(steps=[("1", [7])], finish_reason="stop")
     structured = (FakeStructuredOutputsParams, "structured_outputs")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake, structured=structured)})
+    serving = OpenAIServing(
+        ModelRegistry(llms={"tiny-llm": make_engine(fake, structured=structured)})
+    )
     request = ChatCompletionRequest.model_validate(
         {"model": "tiny-llm", "messages": [{"role": "user", "content": "hi"}], **body}
     )
@@ -428,7 +431,9 @@ async def test_tools_reach_vllm_as_an_llguidance_grammar_and_come_back_as_calls(
     call = '<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>'
     fake = FakeAsyncLLM(steps=[(call[:20], [1]), (call[20:], [2])], finish_reason="stop")
     structured = (FakeStructuredOutputsParams, "structured_outputs")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake, structured=structured)})
+    serving = OpenAIServing(
+        ModelRegistry(llms={"tiny-llm": make_engine(fake, structured=structured)})
+    )
     tool = {
         "type": "function",
         "function": {

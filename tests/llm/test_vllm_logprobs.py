@@ -9,6 +9,7 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.registry import ModelRegistry
 from tests.llm.fake_vllm import (
     FakeAsyncLLM,
     Logprob,
@@ -51,7 +52,7 @@ def serving(fake: FakeAsyncLLM) -> OpenAIServing:
         sampling_params_cls=sampling_params,
         delta_output_kind=RequestOutputKind.DELTA,
     )
-    return OpenAIServing({"tiny-llm": engine})
+    return OpenAIServing(ModelRegistry(llms={"tiny-llm": engine}))
 
 
 async def test_completion_echo_lists_prompt_then_generated_tokens() -> None:

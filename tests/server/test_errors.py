@@ -20,12 +20,12 @@ from ferry.batcher.errors import (
     QueueFull,
 )
 from ferry.llm.errors import (
+    AdapterNotLoaded,
     EngineDead,
     EngineOverloaded,
     GenerationFailed,
     InvalidAdapter,
     InvalidSampling,
-    ModelNotFound,
     PromptTooLong,
 )
 from ferry.server.app import create_app
@@ -59,7 +59,7 @@ CASES = [
     (InferenceFailed("boom"), 500, "internal_error", None),
     (InvalidSampling("temperature", "too hot"), 400, "invalid_request_error", "temperature"),
     (PromptTooLong(10, 5), 400, "invalid_request_error", "prompt"),
-    (ModelNotFound("x"), 404, "not_found_error", "model"),
+    (AdapterNotLoaded("x"), 404, "not_found_error", "model"),
     (EngineOverloaded("full"), 429, "overloaded_error", None),
     (EngineDead("dead"), 503, "unavailable_error", None),
     (GenerationFailed("failed"), 500, "internal_error", None),

@@ -14,12 +14,14 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, InvalidSampling, ModelNotFound, PromptTooLong
+from ferry.llm.errors import EngineOverloaded, InvalidSampling, PromptTooLong
 from ferry.llm.ortgenai import OrtGenAIEngine
 from ferry.llm.ortgenai_owner import OwnerLoop
+from ferry.server.errors import UnknownModel
 from ferry.server.openai.observer import GenerationObserver
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.registry import ModelRegistry
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME, ONNX_DIR, WAIT_S
 
 
@@ -58,7 +60,7 @@ def observer() -> RecordingObserver:
 
 @pytest.fixture
 def serving(engine: OrtGenAIEngine, observer: RecordingObserver) -> OpenAIServing:
-    return OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    return OpenAIServing(ModelRegistry(llms={MODEL_NAME: engine}), observer=observer)
 
 
 def chat_request(case: dict[str, Any], **kwargs: Any) -> ChatCompletionRequest:
@@ -210,7 +212,7 @@ async def test_errors_before_streaming_raise(
     serving: OpenAIServing, reference: dict[str, Any]
 ) -> None:
     case = reference["cases"][0]
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(UnknownModel):
         await serving.chat(chat_request(case, model="no-such-model"))
     too_long = {"messages": [{"role": "user", "content": "x " * 3000}]}
     with pytest.raises(PromptTooLong):
@@ -307,7 +309,7 @@ async def test_a_request_shed_by_a_full_engine_counts_as_rejected_not_error(
 ) -> None:
     engine = OrtGenAIEngine(ONNX_DIR, name=MODEL_NAME, max_running=1, max_waiting=0)
     await engine.start()
-    serving = OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    serving = OpenAIServing(ModelRegistry(llms={MODEL_NAME: engine}), observer=observer)
     case = {"messages": [{"role": "user", "content": "count to nine"}]}
     try:
         running = await serving.chat_stream(chat_request(case, max_tokens=1000))
@@ -339,7 +341,7 @@ async def test_requests_are_refused_whole_before_any_work(observer: RecordingObs
     # Room for 3 generations: 1 running + 2 waiting.
     engine = OrtGenAIEngine(ONNX_DIR, name=MODEL_NAME, max_running=1, max_waiting=2)
     await engine.start()
-    serving = OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    serving = OpenAIServing(ModelRegistry(llms={MODEL_NAME: engine}), observer=observer)
     assert engine.max_concurrent_generations == 3
 
     def completion(prompts: int, n: int) -> CompletionRequest:
