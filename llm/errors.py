@@ -23,14 +23,24 @@ def shown_name(name: str) -> str:
     return f"{name[:MAX_SHOWN_NAME]}... ({len(name)} characters)"
 
 
-class PromptTooLong(LLMError):
+class InvalidPrompt(LLMError):
+    """A prompt this model cannot run (an empty list of token ids, ids outside its vocabulary);
+    `field` names it (`prompt` or `prompt[i]`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PromptTooLong(InvalidPrompt):
     """The prompt leaves no room for a single generated token in the model's context."""
 
     def __init__(self, prompt_tokens: int, max_context_tokens: int, field: str = "prompt") -> None:
-        self.field = field  # `prompt`, `prompt[i]` or `messages`: what to shorten
+        # field: `prompt`, `prompt[i]` or `messages`: what to shorten
         super().__init__(
+            field,
             f"This model's maximum context length is {max_context_tokens} tokens, "
-            f"but the prompt has {prompt_tokens} tokens."
+            f"but the prompt has {prompt_tokens} tokens.",
         )
         self.prompt_tokens = prompt_tokens
         self.max_context_tokens = max_context_tokens

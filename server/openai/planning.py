@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ferry.llm.base import LLMEngine, SamplingSettings
-from ferry.llm.errors import InvalidSampling, PromptTooLong
+from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -104,7 +104,6 @@ def _plan(
     sampling: SamplingSettings,
     field: str,
 ) -> Plan:
-    sampling.validate()
     engine = served.engine
     _check_options(sampling, engine)
     choices = []
@@ -139,10 +138,10 @@ def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int
     """A prompt given as token ids must be this model's (see the README on foreign ids)."""
     param = "prompt" if index is None else f"prompt[{index}]"
     if not ids:
-        raise InvalidSampling(param, "a prompt of token ids must not be empty")
+        raise InvalidPrompt(param, "a prompt of token ids must not be empty")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise InvalidSampling(
+        raise InvalidPrompt(
             param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
         )
     return ids

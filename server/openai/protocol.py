@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
 )
 
-from ferry.llm.base import SamplingSettings
+from ferry.llm.base import FLOAT32_MAX, FLOAT32_TINY, SamplingSettings
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.request_base import OpenAIRequestModel
 from ferry.server.openai.tool_models import (
@@ -43,6 +43,7 @@ MAX_STOP_CHARS = 256
 # OpenAI and vLLM take any int64 seed; beyond it a 400, not a seed silently folded.
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}
 Prompt = Annotated[str, StringConstraints(min_length=1)]
+Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 MAX_LOGPROBS = 20
 # Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
 # value is refused with a 400 naming the parameter, never silently ignored.
@@ -127,11 +128,14 @@ class _SamplingFields(OpenAIRequestModel):
     guided_grammar: str | None = None
     # Penalties: OpenAI's ranges; repetition_penalty is vLLM's extension (> 0, 1 = off). Each
     # engine honours some (LLMEngine.sampling_options); the others are refused when set.
-    presence_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # > 0 and a finite float32, as the engines take it (1e-300 would be 0 there, 1e300 inf).
+    repetition_penalty: StrictFloat | None = Field(
+        default=None, ge=FLOAT32_TINY, le=FLOAT32_MAX, allow_inf_nan=False
+    )
     # Token id (as a string, OpenAI's JSON) -> bias in [-100, 100], added to its logit.
-    logit_bias: dict[str, StrictFloat] | None = None
+    logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]] | None = None
 
     @field_validator("stop")
     @classmethod

@@ -25,6 +25,7 @@ from ferry.llm.errors import (
     EngineOverloaded,
     GenerationFailed,
     InvalidAdapter,
+    InvalidPrompt,
     InvalidSampling,
     PromptTooLong,
 )
@@ -59,6 +60,7 @@ CASES = [
     (InferenceFailed("boom"), 500, "internal_error", None),
     (InvalidSampling("temperature", "too hot"), 400, "invalid_request_error", "temperature"),
     (PromptTooLong(10, 5), 400, "invalid_request_error", "prompt"),
+    (InvalidPrompt("prompt[1]", "id 9 is outside"), 400, "invalid_request_error", "prompt[1]"),
     (AdapterNotLoaded("x"), 404, "not_found_error", "model"),
     (EngineOverloaded("full"), 429, "overloaded_error", None),
     (EngineDead("dead"), 503, "unavailable_error", None),
