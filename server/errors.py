@@ -36,7 +36,6 @@ from ferry.llm.errors import (
     InvalidAdapter,
     InvalidPrompt,
     InvalidSampling,
-    PromptTooLong,
     shown_name,
 )
 from ferry.server.disconnect import ClientDisconnected
@@ -111,8 +110,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InferenceFailed, ErrorKind(500, "internal_error")),
     (InvalidSampling, ErrorKind(400, "invalid_request_error")),
     (InvalidAdapter, ErrorKind(400, "invalid_request_error")),
-    (PromptTooLong, ErrorKind(400, "invalid_request_error")),
-    (InvalidPrompt, ErrorKind(400, "invalid_request_error")),
+    (InvalidPrompt, ErrorKind(400, "invalid_request_error")),  # PromptTooLong is one
     (AdapterNotLoaded, ErrorKind(404, "not_found_error")),
     (EngineOverloaded, ErrorKind(429, "overloaded_error", retry_after=True)),
     (EngineDead, ErrorKind(503, "unavailable_error", retry_after=True)),

@@ -328,11 +328,19 @@ class ChatCompletionResponseChoice(BaseModel):
     finish_reason: FinishReasonField
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: _id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
+class _ResponseHead(BaseModel):
+    """The fields every response and chunk opens with, in OpenAI's order; each class narrows
+    `object` (and gives `id` its prefix), then adds `choices` and `usage`."""
+
+    id: str
+    object: str
     created: int = Field(default_factory=_now)
     model: str
+
+
+class ChatCompletionResponse(_ResponseHead):
+    id: str = Field(default_factory=lambda: new_chat_id())
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
 
@@ -350,11 +358,8 @@ class ChatCompletionStreamChoice(BaseModel):
     finish_reason: FinishReasonField = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_ResponseHead):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None  # only on the last chunk, when stream_options.include_usage
 
@@ -366,11 +371,9 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReasonField
 
 
-class CompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: _id("cmpl"))
+class CompletionResponse(_ResponseHead):
+    id: str = Field(default_factory=lambda: new_completion_id())
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
     choices: list[CompletionChoice]
     usage: UsageInfo
 
@@ -382,24 +385,10 @@ class CompletionStreamChoice(BaseModel):
     finish_reason: FinishReasonField = None
 
 
-class CompletionChunk(BaseModel):
-    id: str
+class CompletionChunk(_ResponseHead):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionStreamChoice]
     usage: UsageInfo | None = None
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
 
 
 def new_chat_id() -> str:

@@ -87,11 +87,9 @@ class OpenAIServing:
             for i, r in enumerate(results)
             for message, finish_reason in [_chat_message(plan, r)]
         ]
+        usage = _usage(plan, results)
         return ChatCompletionResponse(
-            id=plan.response_id,
-            model=plan.served.name,
-            choices=choices,
-            usage=_usage(plan, results),
+            id=plan.response_id, model=plan.served.name, choices=choices, usage=usage
         )
 
     async def chat_stream(
@@ -114,11 +112,9 @@ class OpenAIServing:
             _completion_choice(request, plan, choice, result)
             for choice, result in zip(plan.choices, results, strict=True)
         ]
+        usage = _usage(plan, results)
         return CompletionResponse(
-            id=plan.response_id,
-            model=plan.served.name,
-            choices=choices,
-            usage=_usage(plan, results),
+            id=plan.response_id, model=plan.served.name, choices=choices, usage=usage
         )
 
     async def completion_stream(

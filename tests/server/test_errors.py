@@ -101,7 +101,8 @@ async def raise_through(client, exc: BaseException, path: str = "/raise") -> htt
 
 
 def test_every_table_entry_has_a_case():
-    assert {type(c[0]) for c in CASES} == {cls for cls, _ in ERROR_TABLE}
+    # (and subclasses with a case of their own, such as PromptTooLong, an InvalidPrompt)
+    assert {cls for cls, _ in ERROR_TABLE} <= {type(c[0]) for c in CASES}
 
 
 @pytest.mark.parametrize(("exc", "status", "type_", "param"), CASES, ids=lambda c: str(c)[:20])

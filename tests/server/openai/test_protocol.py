@@ -16,10 +16,9 @@ from ferry.server.openai.protocol import (
     ChatCompletionResponseChoice,
     ChatMessage,
     CompletionRequest,
-    ErrorInfo,
-    ErrorResponse,
     UsageInfo,
 )
+from ferry.server.schemas import ErrorInfo, ErrorResponse
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
