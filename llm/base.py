@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.errors import EngineDead, EngineOverloaded
 
 FinishReason = Literal["stop", "length", "abort"]
 # A temperature or top_p below this samples the likeliest token every time: that is the limit of
@@ -109,6 +110,18 @@ def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationD
         prompt_logprobs=first.prompt_logprobs or second.prompt_logprobs,
         cached_tokens=second.cached_tokens if first.cached_tokens is None else first.cached_tokens,
     )
+
+
+def check_admission(
+    name: str, ready: bool, held: int, capacity: int, failure: BaseException | None = None
+) -> None:
+    """Refuse a generation before it starts, as every engine does: a stopped engine
+    (EngineDead, from the `failure` that stopped it), or one already holding `capacity`
+    generations (EngineOverloaded)."""
+    if not ready:
+        raise EngineDead(f"engine {name} is not running") from failure
+    if held >= capacity:
+        raise EngineOverloaded(f"engine {name} has {held} requests")
 
 
 @dataclass(frozen=True)

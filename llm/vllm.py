@@ -24,9 +24,10 @@ from ferry.llm.base import (
     GenerationDelta,
     SamplingSettings,
     TokenLogprob,
+    check_admission,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter, InvalidSampling
+from ferry.llm.errors import InvalidAdapter, InvalidSampling
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -223,10 +224,7 @@ class VLLMEngine:
         adapter: str | None = None,
         priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
-        if not self.is_ready():
-            raise EngineDead(f"engine {self.name} is not running")
-        if len(self._active) >= self._max_concurrency:
-            raise EngineOverloaded(f"engine {self.name} has {len(self._active)} requests")
+        check_admission(self.name, self.is_ready(), len(self._active), self._max_concurrency)
         params = to_sampling_params(sampling, self._params_cls, self._structured)
         adapter_id = self._adapters.acquire(adapter) if adapter is not None else None
         lora = None if adapter_id is None else self._lora_requests[adapter_id]

@@ -206,13 +206,15 @@ async def test_configured_adapters_load_at_start_and_ride_on_their_requests() ->
     await collect(engine, SamplingSettings())  # the base model: no LoRARequest
 
     async def on_zen() -> list[GenerationDelta]:
-        return [d async for d in engine.generate("z", PROMPT_IDS, SamplingSettings(), "zen")]
+        return [
+            d async for d in engine.generate("z", PROMPT_IDS, SamplingSettings(), adapter="zen")
+        ]
 
     await asyncio.wait_for(on_zen(), WAIT_S)
     assert fake.loras[0] is None
     assert fake.loras[1] == FakeLoRARequest("zen", 1, str(ADAPTERS_DIR / "zen" / "hf"))
     with pytest.raises(AdapterNotLoaded):
-        await anext(engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout"))
+        await anext(engine.generate("s", PROMPT_IDS, SamplingSettings(), adapter="shout"))
 
 
 async def test_runtime_load_and_an_unload_that_waits_for_requests_in_flight() -> None:
@@ -221,7 +223,7 @@ async def test_runtime_load_and_an_unload_that_waits_for_requests_in_flight() ->
     engine = lora_engine(fake)
     await engine.start()
     await engine.load_adapter("shout", ADAPTERS_DIR / "shout" / "hf")
-    stream = engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout")
+    stream = engine.generate("s", PROMPT_IDS, SamplingSettings(), adapter="shout")
     await asyncio.wait_for(anext(stream), WAIT_S)
     unload = asyncio.create_task(engine.unload_adapter("shout"))
     await asyncio.sleep(0)
@@ -371,7 +373,7 @@ async def test_real_vllm_serves_the_tiny_adapter() -> None:
         sampling = SamplingSettings(max_tokens=8, temperature=0.0)
 
         async def run(adapter: str | None) -> str:
-            deltas = engine.generate(f"gpu-{adapter}", prompt_ids, sampling, adapter)
+            deltas = engine.generate(f"gpu-{adapter}", prompt_ids, sampling, adapter=adapter)
             return "".join([d.text async for d in deltas])
 
         base, zen = await asyncio.wait_for(asyncio.gather(run(None), run("zen")), 300)
