@@ -72,11 +72,12 @@ def plan_completion(request: CompletionRequest, served: ServedModel) -> Plan:
     request.check_supported()
     output = output_guidance(request)  # compiled (and refused) before any prompt is tokenized
     engine = served.engine
-    _check_capacity(engine, len(request.prompts()), request.n)
+    given = request.prompts()
+    _check_capacity(engine, len(given), request.n)
     tokenizer = engine.tokenizer
-    many = len(request.prompts()) > 1
+    many = len(given) > 1
     prompts, texts = [], []
-    for i, prompt in enumerate(request.prompts()):
+    for i, prompt in enumerate(given):
         if isinstance(prompt, str):
             prompts.append(tokenizer.encode(prompt))
             texts.append(prompt)
@@ -135,10 +136,9 @@ def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:
 
 
 def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
-    """A prompt given as token ids must be this model's (see the README on foreign ids)."""
+    """A prompt given as token ids must be this model's (see the README on foreign ids); the
+    schema already refused an empty one."""
     param = "prompt" if index is None else f"prompt[{index}]"
-    if not ids:
-        raise InvalidPrompt(param, "a prompt of token ids must not be empty")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
         raise InvalidPrompt(
