@@ -98,9 +98,6 @@ class ChatTokenizer:
         # Special tokens in the rendered template are real tokens; the template adds no BOS itself.
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.encode(text))
-
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids)
 
