@@ -105,8 +105,11 @@ class FakeAsyncLLM:
         wanted = kwargs.get("logprobs") is not None
         text, ids = "", []
         for i, (piece, piece_ids) in enumerate(self.steps):
-            text, ids = text + piece, ids + piece_ids
-            shown_text, shown_ids = (piece, piece_ids) if delta else (text, ids)
+            if delta:
+                shown_text, shown_ids = piece, piece_ids
+            else:
+                text, ids = text + piece, ids + piece_ids
+                shown_text, shown_ids = text, ids
             logprobs = None
             if wanted:
                 assert self.position is not None
