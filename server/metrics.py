@@ -242,18 +242,13 @@ class FerryMetrics:
             "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
             lambda stats: stats.prefix_cache_hits,
         )
-        self._engine_families = (
-            self.llm_running,
-            self.llm_waiting,
-            self.llm_prefix_cache_queries,
-            self.llm_prefix_cache_hits,
-        )
+        self._engine_families = (self.llm_running, self.llm_waiting)
+        self._engine_families += (self.llm_prefix_cache_queries, self.llm_prefix_cache_hits)
         for family in self._engine_families:
             r.register(family)
 
     def watch_llm_engines(self, stats: Callable[[], Mapping[str, EngineStats]]) -> None:
-        """Where the ferry_llm_* engine series are read from at scrape time (the app's engines,
-        once they exist)."""
+        """Read the ferry_llm_* engine series from `stats` at scrape time."""
         for family in self._engine_families:
             family.source = stats
 
@@ -284,16 +279,18 @@ class ModelBatchObserver:
         self._padding = metrics.padding_ratio.labels(model)
         self._duration = metrics.backend_duration.labels(model, backend)
         self._failures = metrics.backend_failures.labels(model, backend)
-        self._rejections = metrics.rejections
-        self._cost_coefficient = metrics.cost_coefficient
+        # Bounded label values (reasons, cost terms): children made on first use, then reused.
+        self._rejections = functools.cache(functools.partial(metrics.rejections.labels, model))
+        self._cost_coefficient = functools.cache(
+            functools.partial(metrics.cost_coefficient.labels, model)
+        )
         self._cost_error = metrics.cost_error.labels(model)
-        self._model = model
 
     def queue_depth(self, depth: int) -> None:
         self._depth.set(depth)
 
     def rejected(self, reason: RejectReason) -> None:
-        self._rejections.labels(self._model, reason).inc()
+        self._rejections(reason).inc()
 
     def batch_formed(
         self,
@@ -319,7 +316,7 @@ class ModelBatchObserver:
 
     def cost_model(self, coefficients: dict[str, float]) -> None:
         for term, value in coefficients.items():
-            self._cost_coefficient.labels(self._model, term).set(value)
+            self._cost_coefficient(term).set(value)
 
 
 class EngineStatsFamily(Collector):
