@@ -45,16 +45,13 @@ async def _respond(
 
 
 def _resolve_and_bound(
-    request: Request, model: str, texts: Sequence[str | list[int]], items: int
+    request: Request, model: str, field: str, texts: Sequence[str | list[int]], items: int
 ) -> ServedModel:
     """The request's model, looked up once (UnknownModel) and kept as the metrics label (a
-    configured name only); bounds checked before tokenizing."""
+    configured name only); bounds checked before tokenizing, errors naming `field[i]`."""
     served = request.app.state.openai.resolve(model)
     request.state.model_name = served.name
     settings = request.app.state.settings
-    path = request.url.path
-    field = "messages" if path.endswith("/chat/completions") else "prompt"
-    field = "input" if path.endswith("/responses") else field
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):
@@ -83,7 +80,7 @@ def _resolve_and_bound(
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     serving = request.app.state.openai
     texts = [m.text for m in body.messages]
-    served = _resolve_and_bound(request, body.model, texts, len(body.messages))
+    served = _resolve_and_bound(request, body.model, "messages", texts, len(body.messages))
     return await _respond(
         request,
         body.stream,
@@ -100,7 +97,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     serving = request.app.state.openai
     prompts = body.prompts()
-    served = _resolve_and_bound(request, body.model, prompts, len(prompts))
+    served = _resolve_and_bound(request, body.model, "prompt", prompts, len(prompts))
     return await _respond(
         request,
         body.stream,

@@ -15,7 +15,7 @@ router = APIRouter()
 async def responses(body: ResponsesRequest, request: Request):
     serving = request.app.state.openai
     texts = body.texts()
-    served = _resolve_and_bound(request, body.model, texts, len(texts))
+    served = _resolve_and_bound(request, body.model, "input", texts, len(texts))
     return await _respond(
         request,
         body.stream,
