@@ -52,6 +52,13 @@ class RequestOutput:  # shaped like vllm.outputs.RequestOutput
     num_cached_tokens: int | None = None
 
 
+@dataclass(frozen=True)
+class FakeLoRARequest:  # shaped like vllm.lora.request.LoRARequest
+    lora_name: str
+    lora_int_id: int
+    lora_path: str
+
+
 @dataclass
 class FakeSamplingParams:
     kwargs: dict[str, Any]

@@ -19,7 +19,12 @@ from ferry.server.openai.protocol import ChatCompletionRequest, CompletionReques
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
 from tests.gpu import requires_gpu
-from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
+from tests.llm.fake_vllm import (
+    FakeAsyncLLM,
+    FakeLoRARequest,
+    RequestOutputKind,
+    sampling_params,
+)
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
 
 
@@ -184,13 +189,6 @@ async def test_overload_is_checked_before_calling_vllm() -> None:
     await busy.aclose()
     assert fake.aborted == ["a"]
     assert len(fake.calls) == 1
-
-
-@dataclass(frozen=True)
-class FakeLoRARequest:  # shaped like vllm.lora.request.LoRARequest
-    lora_name: str
-    lora_int_id: int
-    lora_path: str
 
 
 def lora_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
