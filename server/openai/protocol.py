@@ -42,7 +42,8 @@ MAX_STOP = 16
 MAX_STOP_CHARS = 256
 # OpenAI and vLLM take any int64 seed; beyond it a 400, not a seed silently folded.
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}
-Prompt = Annotated[str, StringConstraints(min_length=1)]
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+Prompt = NonEmptyStr
 Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 MAX_LOGPROBS = 20
 # Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
@@ -122,10 +123,12 @@ class _SamplingFields(OpenAIRequestModel):
     priority: Priority = 0
     response_format: ResponseFormat | None = None
     # vLLM's structured-output extras (guided_grammar: Lark, or GBNF/EBNF, which is converted).
+    # Never empty: a grammar that allows only the empty output cannot be run (onnxruntime-genai
+    # refuses empty guidance data, and stops a generation at once and then asks for its mask).
     guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
-    guided_grammar: str | None = None
+    guided_regex: NonEmptyStr | None = None
+    guided_choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
+    guided_grammar: NonEmptyStr | None = None
     # Penalties: OpenAI's ranges; repetition_penalty is vLLM's extension (> 0, 1 = off). Each
     # engine honours some (LLMEngine.sampling_options); the others are refused when set.
     presence_penalty: Penalty | None = None

@@ -282,3 +282,14 @@ def test_engine_ranges_are_checked_by_the_schema_and_name_their_field(
     with pytest.raises(ValidationError) as err:
         CompletionRequest.model_validate({"model": "m", "prompt": "hi", field: value})
     assert err.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("guided_regex", ""), ("guided_grammar", ""), ("guided_choice", ["a", ""])],
+)
+def test_a_grammar_that_allows_only_empty_output_is_refused(field: str, value: object) -> None:
+    # onnxruntime-genai failed these with a 500 (empty guidance data; a mask after the stop).
+    with pytest.raises(ValidationError) as err:
+        CompletionRequest.model_validate({"model": "m", "prompt": "hi", field: value})
+    assert err.value.errors()[0]["loc"][0] == field
