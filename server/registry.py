@@ -132,9 +132,10 @@ class ModelRegistry:
         return all(states)
 
     def readiness(self) -> dict[str, bool]:
-        """Each configured model for /health/ready: encoders loaded, engines running."""
+        """Each served name for /health/ready: encoders loaded, LLMs (and their adapters) on a
+        running engine."""
         encoders = {name: model.ready for name, model in self.models.items()}
-        return encoders | {name: engine.is_ready() for name, engine in self.llms.items()}
+        return encoders | {m.name: m.engine.is_ready() for m in self.served_llms()}
 
     async def close(self, drain_timeout_s: float) -> None:
         """Encoders drain first (up to the timeout), then the engines stop."""

@@ -66,6 +66,6 @@ async def test_adapters_load_under_free_names_on_a_configured_base(registry) -> 
 
 
 async def test_readiness_follows_the_engines(registry) -> None:
-    assert registry.readiness() == {MODEL_NAME: True}
+    assert registry.readiness() == {MODEL_NAME: True, "zen": True}
     await registry.close(drain_timeout_s=1)
-    assert registry.readiness() == {MODEL_NAME: False}
+    assert registry.readiness() == {MODEL_NAME: False, "zen": False}
