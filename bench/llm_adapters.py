@@ -35,7 +35,9 @@ async def run(names: list[str | None], streams: int, max_tokens: int, rounds: in
     async def stream(name: str | None, s: int) -> None:
         for r in range(rounds):
             started, count = time.perf_counter(), 0
-            async for delta in engine.generate(f"{name}-{s}-{r}", prompt_ids, sampling, name):
+            async for delta in engine.generate(
+                f"{name}-{s}-{r}", prompt_ids, sampling, adapter=name
+            ):
                 count += delta.token_count
             tokens[name or "base"] += count
             rates[name or "base"].append(count / (time.perf_counter() - started))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from ferry.llm.errors import InvalidAdapter, ModelNotFound
+from ferry.llm.errors import AdapterNotLoaded, InvalidAdapter
 
 
 @dataclass
@@ -57,7 +57,7 @@ class AdapterTable:
         """Mark one request as using `name`; the id to run it with, for `release`."""
         slot = self._by_name.get(name)
         if slot is None:
-            raise ModelNotFound(name)
+            raise AdapterNotLoaded(name)
         slot.users += 1
         slot.idle.clear()
         return slot.id
@@ -73,7 +73,7 @@ class AdapterTable:
         """Stop new requests on `name` now; return its id once the requests using it ended."""
         slot = self._by_name.pop(name, None)
         if slot is None:
-            raise ModelNotFound(name)
+            raise AdapterNotLoaded(name)
         try:
             await slot.idle.wait()
         finally:

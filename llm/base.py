@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import InvalidSampling
+from ferry.llm.errors import EngineDead, EngineOverloaded
 
 FinishReason = Literal["stop", "length", "abort"]
 # A temperature or top_p below this samples the likeliest token every time: that is the limit of
@@ -16,7 +16,8 @@ FinishReason = Literal["stop", "length", "abort"]
 # (its probability is at least 1/vocab). Such requests run greedy, as vLLM runs temperatures under
 # its 1e-5: the engines take float32, where 5e-324 is 0 and refused.
 SAMPLING_EPS = 1e-6
-_FLOAT32_TINY, _FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
+# The engines take float32: a penalty that rounds to 0 or overflows there is refused.
+FLOAT32_TINY, FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38
 
 # The grammar kinds both engines take: onnxruntime-genai's `set_guidance` types (llguidance),
 # which vLLM's structured outputs take as `json`, `regex` and `grammar`.
@@ -33,6 +34,9 @@ class Guidance:
 
 @dataclass(frozen=True)
 class SamplingSettings:
+    """Generation settings, in range by construction: the serving layer's request schema checks
+    every range once (a 400 naming the field), and nothing below checks again."""
+
     max_tokens: int = 16
     temperature: float = 1.0  # 0 means greedy
     top_p: float = 1.0
@@ -55,27 +59,6 @@ class SamplingSettings:
     def greedy(self) -> bool:
         """Always the likeliest token: temperature 0, or one or top_p too small to matter."""
         return self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS
-
-    def validate(self) -> None:
-        """Raise InvalidSampling naming the first field out of range."""
-        if self.max_tokens < 1:
-            raise InvalidSampling("max_tokens", "max_tokens must be at least 1")
-        if self.temperature < 0:
-            raise InvalidSampling("temperature", "temperature must be non-negative")
-        if not 0 < self.top_p <= 1:
-            raise InvalidSampling("top_p", "top_p must be in (0, 1]")
-        if any(not s for s in self.stop):
-            raise InvalidSampling("stop", "stop strings must be non-empty")
-        # Engines take float32: a penalty that would round to 0 or overflow is refused here.
-        if not _FLOAT32_TINY <= self.repetition_penalty <= _FLOAT32_MAX:
-            raise InvalidSampling(
-                "repetition_penalty", "repetition_penalty must be a positive, finite float32"
-            )
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2 <= getattr(self, name) <= 2:
-                raise InvalidSampling(name, f"{name} must be in [-2, 2]")
-        if any(not -100 <= bias <= 100 for _, bias in self.logit_bias):
-            raise InvalidSampling("logit_bias", "logit_bias values must be in [-100, 100]")
 
     def requested_options(self) -> list[str]:
         """The optional fields (SAMPLING_OPTIONS) this request sets to something other than
@@ -129,6 +112,18 @@ def merge_deltas(first: GenerationDelta, second: GenerationDelta) -> GenerationD
     )
 
 
+def check_admission(
+    name: str, ready: bool, held: int, capacity: int, failure: BaseException | None = None
+) -> None:
+    """Refuse a generation before it starts, as every engine does: a stopped engine
+    (EngineDead, from the `failure` that stopped it), or one already holding `capacity`
+    generations (EngineOverloaded)."""
+    if not ready:
+        raise EngineDead(f"engine {name} is not running") from failure
+    if held >= capacity:
+        raise EngineOverloaded(f"engine {name} has {held} requests")
+
+
 @dataclass(frozen=True)
 class EngineStats:
     running: int  # requests inside the runtime
@@ -165,7 +160,7 @@ class LLMEngine(Protocol):
         priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
-        `adapter` names a loaded LoRA adapter (ModelNotFound if it is not); None: the base.
+        `adapter` names a loaded LoRA adapter (AdapterNotLoaded if it is not); None: the base.
         `priority` (vLLM's meaning): waiting requests with a lower number are admitted first."""
         ...
 

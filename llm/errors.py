@@ -23,14 +23,24 @@ def shown_name(name: str) -> str:
     return f"{name[:MAX_SHOWN_NAME]}... ({len(name)} characters)"
 
 
-class PromptTooLong(LLMError):
+class InvalidPrompt(LLMError):
+    """A prompt this model cannot run (an empty list of token ids, ids outside its vocabulary);
+    `field` names it (`prompt` or `prompt[i]`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PromptTooLong(InvalidPrompt):
     """The prompt leaves no room for a single generated token in the model's context."""
 
     def __init__(self, prompt_tokens: int, max_context_tokens: int, field: str = "prompt") -> None:
-        self.field = field  # `prompt`, `prompt[i]` or `messages`: what to shorten
+        # field: `prompt`, `prompt[i]` or `messages`: what to shorten
         super().__init__(
+            field,
             f"This model's maximum context length is {max_context_tokens} tokens, "
-            f"but the prompt has {prompt_tokens} tokens."
+            f"but the prompt has {prompt_tokens} tokens.",
         )
         self.prompt_tokens = prompt_tokens
         self.max_context_tokens = max_context_tokens
@@ -48,14 +58,15 @@ class GenerationFailed(LLMError):
     """The runtime failed this one request; the engine itself is still healthy."""
 
 
-class ModelNotFound(LLMError):
-    """No engine serves the requested model name."""
+class AdapterNotLoaded(LLMError):
+    """An engine was asked for a LoRA adapter it does not hold (unloaded since the request's
+    model was looked up). Unknown model names are the server's error (its registry's)."""
 
     field = "model"
 
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{shown_name(model)}` does not exist.")
-        self.model = model
+    def __init__(self, adapter: str) -> None:
+        super().__init__(f"The LoRA adapter `{shown_name(adapter)}` is not loaded.")
+        self.adapter = adapter
 
 
 class InvalidAdapter(LLMError):

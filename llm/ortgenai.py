@@ -25,9 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ferry.llm.adapters import AdapterTable
-from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings, merge_deltas
+from ferry.llm.base import (
+    EngineStats,
+    GenerationDelta,
+    SamplingSettings,
+    check_admission,
+    merge_deltas,
+)
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter
+from ferry.llm.errors import EngineDead, InvalidAdapter
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import adapter_key
 from ferry.llm.ortgenai_owner import (
@@ -140,12 +146,10 @@ class OrtGenAIEngine:
         priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
         """`priority`: waiting requests start lowest first (vLLM's priority scheduling)."""
-        if not self.is_ready():
-            raise EngineDead(f"engine {self.name} is not running") from self._failure
+        held, ready = len(self._streams), self.is_ready()
+        check_admission(self.name, ready, held, self._capacity, self._failure)
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if len(self._streams) >= self._capacity:
-            raise EngineOverloaded(f"engine {self.name} has {len(self._streams)} requests")
         key = None
         if adapter is not None:  # held until the request ends, so an unload waits for it
             adapter_id = self._adapters.acquire(adapter)

@@ -8,6 +8,7 @@ what the model saw.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import os
@@ -23,9 +24,10 @@ from ferry.llm.base import (
     GenerationDelta,
     SamplingSettings,
     TokenLogprob,
+    check_admission,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, EngineOverloaded, InvalidAdapter, InvalidSampling
+from ferry.llm.errors import InvalidAdapter, InvalidSampling
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -42,7 +44,7 @@ def to_sampling_params(
     params_cls: Callable[..., Any],
     structured: StructuredParams | None = None,
 ) -> Any:
-    """SamplingSettings -> vllm.SamplingParams (cumulative output, the class default)."""
+    """SamplingSettings -> vllm.SamplingParams; the output kind (DELTA) is set by the engine."""
     extra: dict[str, Any] = {}
     guidance = settings.guidance
     if guidance is not None:
@@ -106,6 +108,28 @@ def prompt_entries(
     )
 
 
+def to_delta(
+    output: Any, prompt_ids: list[int], sampling: SamplingSettings, first: bool
+) -> GenerationDelta:
+    """One vLLM RequestOutput of kind DELTA (only what its step added) -> Ferry's delta."""
+    completion = output.outputs[0]
+    ids = completion.token_ids
+    logprobs: tuple[TokenLogprob, ...] = ()
+    echoed = None
+    top = sampling.logprobs
+    if top is not None:
+        if ids:  # vLLM slices `logprobs[-len(ids):]`, which is all of them for no ids
+            pairs = zip(ids, completion.logprobs, strict=True)
+            logprobs = tuple(to_token_logprob(t, p, top) for t, p in pairs)
+        if sampling.echo and first:  # DELTA sends the prompt's logprobs once
+            echoed = prompt_entries(prompt_ids, output.prompt_logprobs, top)
+    reason = None
+    if completion.finish_reason is not None or output.finished:
+        reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
+    cached = getattr(output, "num_cached_tokens", None) if first else None
+    return GenerationDelta(completion.text, len(ids), reason, logprobs, echoed, cached)
+
+
 class VLLMEngine:
     """An LLMEngine over a vLLM async engine (anything with `generate` and `abort`)."""
 
@@ -119,6 +143,7 @@ class VLLMEngine:
         name: str,
         max_context_tokens: int,
         sampling_params_cls: Callable[..., Any],
+        delta_output_kind: Any,
         max_concurrency: int = 256,
         lora_request_cls: Callable[..., Any] | None = None,
         adapters: Mapping[str, Path] | None = None,
@@ -130,7 +155,10 @@ class VLLMEngine:
         self.max_context_tokens = max_context_tokens
         self._engine = engine
         self.tokenizer = chat
-        self._params_cls = sampling_params_cls
+        # vllm.sampling_params.RequestOutputKind.DELTA: each output holds only what its step
+        # added (text, ids, logprobs; the prompt's logprobs once), as vLLM's own OpenAI server
+        # streams. The class default, CUMULATIVE, resends everything so far on every step.
+        self._params_cls = functools.partial(sampling_params_cls, output_kind=delta_output_kind)
         self._max_concurrency = max_concurrency
         self._active: set[str] = set()
         self._closed = False
@@ -196,17 +224,13 @@ class VLLMEngine:
         adapter: str | None = None,
         priority: int = 0,
     ) -> AsyncIterator[GenerationDelta]:
-        if not self.is_ready():
-            raise EngineDead(f"engine {self.name} is not running")
-        if len(self._active) >= self._max_concurrency:
-            raise EngineOverloaded(f"engine {self.name} has {len(self._active)} requests")
+        check_admission(self.name, self.is_ready(), len(self._active), self._max_concurrency)
         params = to_sampling_params(sampling, self._params_cls, self._structured)
         adapter_id = self._adapters.acquire(adapter) if adapter is not None else None
         lora = None if adapter_id is None else self._lora_requests[adapter_id]
         self._active.add(request_id)
         finished = False
         first = True
-        text_len = token_len = 0
         try:
             # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
             stream = self._engine.generate(
@@ -217,30 +241,13 @@ class VLLMEngine:
                 priority=priority,
             )
             async for output in stream:
-                completion = output.outputs[0]
-                text = completion.text[text_len:]  # vLLM reports cumulative text and ids
-                new_ids = list(completion.token_ids[token_len:])
-                tokens = len(new_ids)
-                logprobs, echoed = (), None
-                if sampling.logprobs is not None:
-                    top = sampling.logprobs
-                    positions = completion.logprobs[token_len : token_len + tokens]
-                    logprobs = tuple(
-                        to_token_logprob(t, p, top) for t, p in zip(new_ids, positions, strict=True)
-                    )
-                    if sampling.echo and token_len == 0:
-                        echoed = prompt_entries(prompt_ids, output.prompt_logprobs, top)
-                text_len, token_len = len(completion.text), len(completion.token_ids)
-                reason = None
-                if completion.finish_reason is not None or output.finished:
-                    reason = _FINISH_REASONS.get(str(completion.finish_reason), "stop")
-                finished = reason is not None
-                cached = None
+                delta = to_delta(output, prompt_ids, sampling, first)
                 if first:  # vLLM's automatic prefix caching: prompt tokens it found computed
-                    cached, first = getattr(output, "num_cached_tokens", None), False
+                    first = False
                     self._cache_queries += len(prompt_ids)
-                    self._cache_hits += cached or 0
-                yield GenerationDelta(text, tokens, reason, logprobs, echoed, cached)
+                    self._cache_hits += delta.cached_tokens or 0
+                finished = delta.finish_reason is not None
+                yield delta
                 if finished:
                     return
         finally:
@@ -279,6 +286,7 @@ def create_vllm_engine(
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
     from vllm import AsyncEngineArgs, SamplingParams
     from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import RequestOutputKind
     from vllm.v1.engine.async_llm import AsyncLLM
 
     chat = ChatTokenizer(model_dir, escape_special_tokens=not special_tokens_in_content)
@@ -306,6 +314,7 @@ def create_vllm_engine(
         name=name,
         max_context_tokens=context,
         sampling_params_cls=SamplingParams,
+        delta_output_kind=RequestOutputKind.DELTA,
         lora_request_cls=LoRARequest if lora else None,
         adapters=adapters,
         max_adapters=max_adapters,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -58,11 +57,12 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry, engines = await build_runtimes(settings, metrics)
+        registry = await build_runtimes(settings, metrics)
         app.state.registry = registry
-        app.state.openai = OpenAIServing(engines, observer=app.state.llm_observer)
-        await asyncio.gather(registry.start(), *(e.start() for e in engines.values()))
-        logger.info("ferry: serving %s", ", ".join([*registry.models, *engines]))
+        app.state.openai = OpenAIServing(registry, observer=LLMMetricsObserver(metrics))
+        metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
+        await registry.start()
+        logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
         try:
             yield
@@ -71,7 +71,6 @@ def create_app(settings: Settings) -> FastAPI:
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)
-            await asyncio.gather(*(e.close() for e in engines.values()), return_exceptions=True)
 
     hot = HotRoutes()
     dialects = PathDialects()
@@ -87,7 +86,6 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.settings = settings
     app.state.metrics = metrics
-    app.state.llm_observer = LLMMetricsObserver(metrics)
     app.state.drain = DrainState()
     app.state.started_at = int(time.time())
     app.state.encoder = EncoderServing(settings)

@@ -25,13 +25,13 @@ from ferry.batcher.errors import (
     QueueFull,
 )
 from ferry.llm.errors import (
+    AdapterNotLoaded,
     EngineDead,
     EngineOverloaded,
     GenerationFailed,
     InvalidAdapter,
+    InvalidPrompt,
     InvalidSampling,
-    ModelNotFound,
-    PromptTooLong,
     shown_name,
 )
 from ferry.server.disconnect import ClientDisconnected
@@ -122,8 +122,8 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (InferenceFailed, ErrorKind(500, "internal_error")),
     (InvalidSampling, ErrorKind(400, "invalid_request_error")),
     (InvalidAdapter, ErrorKind(400, "invalid_request_error")),
-    (PromptTooLong, ErrorKind(400, "invalid_request_error")),
-    (ModelNotFound, ErrorKind(404, "not_found_error")),
+    (InvalidPrompt, ErrorKind(400, "invalid_request_error")),  # PromptTooLong is one
+    (AdapterNotLoaded, ErrorKind(404, "not_found_error")),
     (EngineOverloaded, ErrorKind(429, "overloaded_error", retry_after=True)),
     (EngineDead, ErrorKind(503, "unavailable_error", retry_after=True)),
     (GenerationFailed, ErrorKind(500, "internal_error")),

@@ -6,9 +6,15 @@ series count is bounded by configuration, not by traffic.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from ferry.batcher.observer import RejectReason
+from ferry.llm.base import EngineStats
 from ferry.server.connection_limits import REFUSAL_REASONS, RefusalReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
 
@@ -195,17 +201,17 @@ class FerryMetrics:
             ["model", "finish_reason"],
             registry=r,
         )
-        self.llm_running = Gauge(
+        self.llm_running = EngineStatsFamily(
+            GaugeMetricFamily,
             "ferry_llm_requests_running",
             "Generations the engine is running now.",
-            ["model"],
-            registry=r,
+            lambda stats: stats.running,
         )
-        self.llm_waiting = Gauge(
+        self.llm_waiting = EngineStatsFamily(
+            GaugeMetricFamily,
             "ferry_llm_requests_waiting",
             "Generations waiting for a place in the engine.",
-            ["model"],
-            registry=r,
+            lambda stats: stats.waiting,
         )
         self.llm_structured = Counter(
             "ferry_llm_structured_requests_total",
@@ -224,18 +230,27 @@ class FerryMetrics:
             registry=r,
         )
         # vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits, in prompt tokens.
-        self.llm_prefix_cache_queries = Counter(
+        self.llm_prefix_cache_queries = EngineStatsFamily(
+            CounterMetricFamily,
             "ferry_llm_prefix_cache_queries",
             "Prompt tokens looked up in the engine's prefix cache.",
-            ["model"],
-            registry=r,
+            lambda stats: stats.prefix_cache_queries,
         )
-        self.llm_prefix_cache_hits = Counter(
+        self.llm_prefix_cache_hits = EngineStatsFamily(
+            CounterMetricFamily,
             "ferry_llm_prefix_cache_hits",
             "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
-            ["model"],
-            registry=r,
+            lambda stats: stats.prefix_cache_hits,
         )
+        self._engine_families = (self.llm_running, self.llm_waiting)
+        self._engine_families += (self.llm_prefix_cache_queries, self.llm_prefix_cache_hits)
+        for family in self._engine_families:
+            r.register(family)
+
+    def watch_llm_engines(self, stats: Callable[[], Mapping[str, EngineStats]]) -> None:
+        """Read the ferry_llm_* engine series from `stats` at scrape time."""
+        for family in self._engine_families:
+            family.source = stats
 
     def connection_refused(self, reason: RefusalReason) -> None:
         self.connections_refused.labels(reason).inc()
@@ -264,16 +279,18 @@ class ModelBatchObserver:
         self._padding = metrics.padding_ratio.labels(model)
         self._duration = metrics.backend_duration.labels(model, backend)
         self._failures = metrics.backend_failures.labels(model, backend)
-        self._rejections = metrics.rejections
-        self._cost_coefficient = metrics.cost_coefficient
+        # Bounded label values (reasons, cost terms): children made on first use, then reused.
+        self._rejections = functools.cache(functools.partial(metrics.rejections.labels, model))
+        self._cost_coefficient = functools.cache(
+            functools.partial(metrics.cost_coefficient.labels, model)
+        )
         self._cost_error = metrics.cost_error.labels(model)
-        self._model = model
 
     def queue_depth(self, depth: int) -> None:
         self._depth.set(depth)
 
     def rejected(self, reason: RejectReason) -> None:
-        self._rejections.labels(self._model, reason).inc()
+        self._rejections(reason).inc()
 
     def batch_formed(
         self,
@@ -299,7 +316,38 @@ class ModelBatchObserver:
 
     def cost_model(self, coefficients: dict[str, float]) -> None:
         for term, value in coefficients.items():
-            self._cost_coefficient.labels(self._model, term).set(value)
+            self._cost_coefficient(term).set(value)
+
+
+class EngineStatsFamily(Collector):
+    """One ferry_llm_* series per engine, read from the engine's own counts when Prometheus
+    scrapes. prometheus_client's answer for values another component owns is a custom collector
+    (as its process and platform collectors, and Ferry's GPU one, read theirs): nothing on the
+    request path, nothing written by the /metrics handler, and a counter is exactly the engine's
+    running total (a restarted engine starts again from zero, which rate() understands)."""
+
+    def __init__(
+        self,
+        family: Callable[..., GaugeMetricFamily | CounterMetricFamily],
+        name: str,
+        documentation: str,
+        read: Callable[[EngineStats], int],
+    ) -> None:
+        self._family, self._name, self._documentation = family, name, documentation
+        self._read = read
+        self.source: Callable[[], Mapping[str, EngineStats]] = dict  # no engines yet
+
+    def _new(self) -> GaugeMetricFamily | CounterMetricFamily:
+        return self._family(self._name, self._documentation, labels=["model"])
+
+    def describe(self) -> list[Metric]:
+        return [self._new()]  # the name only: registering reads no engine
+
+    def collect(self) -> list[Metric]:
+        family = self._new()
+        for model, stats in self.source().items():
+            family.add_metric([model], self._read(stats))
+        return [family]
 
 
 class LLMMetricsObserver:
@@ -307,44 +355,45 @@ class LLMMetricsObserver:
 
     def __init__(self, metrics: FerryMetrics) -> None:
         self._m = metrics
-        self._cache_seen: dict[str, tuple[int, int]] = {}  # model -> engine's (queries, hits)
+        self._models: dict[str, ModelLLMObserver] = {}
 
-    def on_first_token(self, model: str, seconds: float) -> None:
-        self._m.llm_ttft.labels(model).observe(seconds)
-        self._m.llm_generation_tokens.labels(model).inc()
+    def for_model(self, model: str) -> ModelLLMObserver:
+        """The model's label values bound once (a dict lookup per request, none per token)."""
+        bound = self._models.get(model)
+        if bound is None:
+            bound = self._models[model] = ModelLLMObserver(self._m, model)
+        return bound
 
-    def on_token(self, model: str, seconds_since_last: float) -> None:
-        self._m.llm_itl.labels(model).observe(seconds_since_last)
-        self._m.llm_generation_tokens.labels(model).inc()
 
-    def on_finished(
-        self,
-        model: str,
-        finish_reason: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        seconds: float,
-    ) -> None:
-        self._m.llm_duration.labels(model).observe(seconds)
-        self._m.llm_prompt_tokens.labels(model).inc(prompt_tokens)
-        self._m.llm_finished.labels(model, finish_reason).inc()
+class ModelLLMObserver:
+    """A `GenerationObserver` for one model: its ferry_llm_* children, bound once."""
 
-    def on_structured(self, model: str, kind: str) -> None:
-        self._m.llm_structured.labels(model, kind).inc()
+    def __init__(self, metrics: FerryMetrics, model: str) -> None:
+        self._ttft = metrics.llm_ttft.labels(model)
+        self._itl = metrics.llm_itl.labels(model)
+        self._guided_itl = metrics.llm_guided_itl.labels(model)
+        self._duration = metrics.llm_duration.labels(model)
+        self._prompt_tokens = metrics.llm_prompt_tokens.labels(model)
+        self._generated = metrics.llm_generation_tokens.labels(model)
+        # Bounded label values (finish reasons, structured kinds): children made on first use.
+        self._finished = functools.cache(functools.partial(metrics.llm_finished.labels, model))
+        self._structured = functools.cache(functools.partial(metrics.llm_structured.labels, model))
 
-    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
-        self._m.llm_guided_itl.labels(model).observe(seconds_since_last)
+    def first_token(self, seconds: float) -> None:
+        self._ttft.observe(seconds)
+        self._generated.inc()
 
-    def engine_counts(self, model: str, running: int, waiting: int) -> None:
-        self._m.llm_running.labels(model).set(running)
-        self._m.llm_waiting.labels(model).set(waiting)
+    def token(self, seconds_since_last: float) -> None:
+        self._itl.observe(seconds_since_last)
+        self._generated.inc()
 
-    def engine_prefix_cache(self, model: str, queries: int, hits: int) -> None:
-        """The engine's running totals, read at scrape time, added as increments (a restarted
-        engine starts again from zero)."""
-        seen_queries, seen_hits = self._cache_seen.get(model, (0, 0))
-        if queries < seen_queries or hits < seen_hits:
-            seen_queries = seen_hits = 0
-        self._m.llm_prefix_cache_queries.labels(model).inc(queries - seen_queries)
-        self._m.llm_prefix_cache_hits.labels(model).inc(hits - seen_hits)
-        self._cache_seen[model] = (queries, hits)
+    def guided_token(self, seconds_since_last: float) -> None:
+        self._guided_itl.observe(seconds_since_last)
+
+    def structured(self, kind: str) -> None:
+        self._structured(kind).inc()
+
+    def finished(self, reason: str, prompt: int, generated: int, seconds: float) -> None:
+        self._duration.observe(seconds)
+        self._prompt_tokens.inc(prompt)
+        self._finished(reason).inc()

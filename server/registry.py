@@ -1,36 +1,146 @@
-"""All models this process serves, looked up by name."""
+"""Every model this process serves, looked up by name: encoders, LLM engines and the LoRA
+adapters loaded on them. One place answers "what is `name`?", with one unknown-model error."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
+from ferry.llm.base import EngineStats, LLMEngine
+from ferry.llm.errors import InvalidAdapter
 from ferry.server.errors import UnknownModel
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.settings import Settings
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """An LLM name requests can ask for: a base model, or a LoRA adapter on one."""
+
+    name: str
+    engine: LLMEngine
+    base: str  # the engine's configured name
+    adapter: str | None = None
+
+    @property
+    def parent(self) -> str | None:
+        return self.base if self.adapter is not None else None
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served name as /v1/models lists it."""
+
+    name: str
+    task: str  # the encoder's manifest task, or "chat"
+    parent: str | None = None  # a LoRA adapter's base model, as vLLM lists it
+
+
 class ModelRegistry:
-    def __init__(self, settings: Settings, metrics: FerryMetrics) -> None:
-        self.default_name = settings.default_model_name
-        self.models = {m.name: ModelRuntime(m, metrics) for m in settings.models}
+    def __init__(
+        self,
+        encoders: Mapping[str, ModelRuntime] | None = None,
+        llms: Mapping[str, LLMEngine] | None = None,
+        default_name: str | None = None,
+    ) -> None:
+        self.default_name = default_name  # the encoder a request naming none gets
+        self.models = dict(encoders or {})  # encoders (KServe, /predict, embeddings)
+        self.llms = dict(llms or {})  # base LLMs by configured name
+        self._unloads: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, metrics: FerryMetrics, llms: Mapping[str, LLMEngine]
+    ) -> ModelRegistry:
+        encoders = {m.name: ModelRuntime(m, metrics) for m in settings.models}
+        return cls(encoders, llms, settings.default_model_name)
+
+    # -- lookups ----------------------------------------------------------------------------------
 
     def get(self, name: str | None) -> ModelRuntime:
+        """The encoder `name` (the default one for None)."""
         key = name or self.default_name
-        try:
-            return self.models[key]
-        except KeyError:
-            raise UnknownModel(key, list(self.models)) from None
+        model = self.models.get(key) if key is not None else None
+        if model is None:
+            raise UnknownModel(key or "", self.names())
+        return model
+
+    def llm(self, name: str) -> ServedModel:
+        """The LLM `name`: a base model, or an adapter loaded on one."""
+        engine = self.llms.get(name)
+        if engine is not None:
+            return ServedModel(name, engine, name)
+        for base, engine in self.llms.items():
+            if name in engine.adapter_names():
+                return ServedModel(name, engine, base, name)
+        raise UnknownModel(name, self.names())
+
+    def served_llms(self) -> list[ServedModel]:
+        """Every base LLM and every loaded adapter, by name."""
+        served = [ServedModel(name, engine, name) for name, engine in self.llms.items()]
+        for base, engine in self.llms.items():
+            served += [ServedModel(a, engine, base, a) for a in engine.adapter_names()]
+        return sorted(served, key=lambda m: m.name)
+
+    def entries(self) -> list[ModelEntry]:
+        """Every served name: encoders first, then LLMs and adapters."""
+        encoders = [ModelEntry(name, m.manifest.task) for name, m in self.models.items()]
+        return encoders + [ModelEntry(m.name, "chat", m.parent) for m in self.served_llms()]
+
+    def names(self) -> list[str]:
+        return [entry.name for entry in self.entries()]
+
+    def engine_stats(self) -> dict[str, EngineStats]:
+        """Per-engine running/waiting counts (adapters included), for the metrics."""
+        return {name: engine.stats() for name, engine in self.llms.items()}
+
+    # -- adapters ---------------------------------------------------------------------------------
+
+    async def load_adapter(self, name: str, path: Path, base: str) -> None:
+        if name in self.names():
+            raise InvalidAdapter("lora_name", f"The model `{name}` is already served.")
+        engine = self.llms.get(base)
+        if engine is None:
+            raise UnknownModel(base, self.names())
+        await engine.load_adapter(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        """Returns once the requests on `name` finished and it is freed; new ones fail now.
+        The unload itself runs on even if the caller goes away, so nothing is left half-done."""
+        served = self.llm(name)
+        if served.adapter is None:
+            raise InvalidAdapter("lora_name", f"`{name}` is a base model, not a LoRA adapter.")
+        task = asyncio.create_task(served.engine.unload_adapter(name))
+        self._unloads.add(task)
+        task.add_done_callback(self._unloads.discard)
+        await asyncio.shield(task)
+
+    # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        await asyncio.gather(*(model.start() for model in self.models.values()))
+        await asyncio.gather(
+            *(model.start() for model in self.models.values()),
+            *(engine.start() for engine in self.llms.values()),
+        )
 
     async def ready(self) -> bool:
+        """Every encoder loaded and its backend healthy (KServe's server readiness)."""
         states = await asyncio.gather(*(model.healthy() for model in self.models.values()))
         return all(states)
 
+    def readiness(self) -> dict[str, bool]:
+        """Each served name for /health/ready: encoders loaded, LLMs (and their adapters) on a
+        running engine."""
+        encoders = {name: model.ready for name, model in self.models.items()}
+        return encoders | {m.name: m.engine.is_ready() for m in self.served_llms()}
+
     async def close(self, drain_timeout_s: float) -> None:
+        """Encoders drain first (up to the timeout), then the engines stop."""
         await asyncio.gather(
             *(model.close(drain_timeout_s) for model in self.models.values()),
             return_exceptions=True,
         )
+        await asyncio.gather(*(e.close() for e in self.llms.values()), return_exceptions=True)

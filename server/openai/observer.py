@@ -5,50 +5,35 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class LLMObserver(Protocol):
-    """Hooks for LLM metrics; server/metrics.py implements them with ferry_llm_* series."""
+class GenerationObserver(Protocol):
+    """One model's hooks, its metric labels bound once: server/metrics.py implements them with
+    ferry_llm_* series. The bodies do nothing, so a subclass observes only what it overrides."""
 
-    def on_first_token(self, model: str, seconds: float) -> None: ...
+    def first_token(self, seconds: float) -> None:
+        """The first token came `seconds` after the request."""
 
-    def on_token(self, model: str, seconds_since_last: float) -> None: ...
+    def token(self, seconds_since_last: float) -> None:
+        """A later token (several in one delta share its gap)."""
 
-    def on_structured(self, model: str, kind: str) -> None:
+    def guided_token(self, seconds_since_last: float) -> None:
+        """A token of a generation under a grammar (also counted by `token`)."""
+
+    def structured(self, kind: str) -> None:
         """A request with constrained output began (kind: see structured.request_kind)."""
+
+    def finished(self, reason: str, prompt: int, generated: int, seconds: float) -> None:
+        """A generation ended: reason is stop | length | abort (client left) | rejected (429)
+        | error; `prompt` and `generated` are its token counts."""
+
+
+class LLMObserver(Protocol):
+    def for_model(self, model: str) -> GenerationObserver:
+        """The hooks for a served model name, bound once per request."""
         ...
 
-    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
-        """A token of a generation under a grammar (also counted by on_token)."""
-        ...
 
-    def on_finished(
-        self,
-        model: str,
-        finish_reason: str,  # stop | length | abort (client left) | rejected (429) | error
-        prompt_tokens: int,
-        completion_tokens: int,
-        seconds: float,
-    ) -> None: ...
+class NullObserver(GenerationObserver):
+    """Observes nothing, for any model."""
 
-
-class NullObserver:
-    def on_first_token(self, model: str, seconds: float) -> None:
-        pass
-
-    def on_token(self, model: str, seconds_since_last: float) -> None:
-        pass
-
-    def on_structured(self, model: str, kind: str) -> None:
-        pass
-
-    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
-        pass
-
-    def on_finished(
-        self,
-        model: str,
-        finish_reason: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        seconds: float,
-    ) -> None:
-        pass
+    def for_model(self, model: str) -> GenerationObserver:
+        return self

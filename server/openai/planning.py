@@ -1,13 +1,13 @@
-"""OpenAI requests checked once, before an engine sees them: the model resolved, the prompt
-rendered and tokenized, sampling validated and max_tokens fitted to each prompt's room."""
+"""OpenAI requests checked once, before an engine sees them (the model already resolved by the
+registry): the prompt rendered and tokenized, sampling validated and max_tokens fitted to each
+prompt's room."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ferry.llm.base import LLMEngine, SamplingSettings
-from ferry.llm.errors import InvalidSampling, PromptTooLong
+from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -16,20 +16,7 @@ from ferry.server.openai.protocol import (
 )
 from ferry.server.openai.structured import output_guidance, request_kind
 from ferry.server.openai.tools import ToolPlan, plan_tools, render_messages
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    """A name requests can ask for: a base model, or a LoRA adapter on one."""
-
-    name: str
-    engine: LLMEngine
-    base: str  # the engine's configured name
-    adapter: str | None = None
-
-    @property
-    def parent(self) -> str | None:
-        return self.base if self.adapter is not None else None
+from ferry.server.registry import ServedModel
 
 
 @dataclass(frozen=True)
@@ -55,12 +42,8 @@ class Plan:
     structured: str | None = None  # the output constraint's kind, for the metrics
 
 
-Resolve = Callable[[str], ServedModel]  # a requested model name -> what serves it
-
-
-def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
+def plan_chat(request: ChatCompletionRequest, served: ServedModel) -> Plan:
     request.check_supported()
-    served = resolve(request.model)
     _check_capacity(served.engine, 1, request.n)
     # Grammars are compiled (and refused) before the prompt is rendered: a 400, never a failure
     # inside the engine.
@@ -85,16 +68,16 @@ def plan_chat(request: ChatCompletionRequest, resolve: Resolve) -> Plan:
     return replace(plan, tools=tools, structured=structured, priority=request.priority)
 
 
-def plan_completion(request: CompletionRequest, resolve: Resolve) -> Plan:
+def plan_completion(request: CompletionRequest, served: ServedModel) -> Plan:
     request.check_supported()
-    served = resolve(request.model)
     output = output_guidance(request)  # compiled (and refused) before any prompt is tokenized
     engine = served.engine
-    _check_capacity(engine, len(request.prompts()), request.n)
+    given = request.prompts()
+    _check_capacity(engine, len(given), request.n)
     tokenizer = engine.tokenizer
-    many = len(request.prompts()) > 1
+    many = len(given) > 1
     prompts, texts = [], []
-    for i, prompt in enumerate(request.prompts()):
+    for i, prompt in enumerate(given):
         if isinstance(prompt, str):
             prompts.append(tokenizer.encode(prompt))
             texts.append(prompt)
@@ -122,7 +105,6 @@ def _plan(
     sampling: SamplingSettings,
     field: str,
 ) -> Plan:
-    sampling.validate()
     engine = served.engine
     _check_options(sampling, engine)
     choices = []
@@ -154,13 +136,12 @@ def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:
 
 
 def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
-    """A prompt given as token ids must be this model's (see the README on foreign ids)."""
+    """A prompt given as token ids must be this model's (see the README on foreign ids); the
+    schema already refused an empty one."""
     param = "prompt" if index is None else f"prompt[{index}]"
-    if not ids:
-        raise InvalidSampling(param, "a prompt of token ids must not be empty")
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise InvalidSampling(
+        raise InvalidPrompt(
             param, f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
         )
     return ids

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,7 +22,7 @@ from pydantic import (
     field_validator,
 )
 
-from ferry.llm.base import SamplingSettings
+from ferry.llm.base import FLOAT32_MAX, FLOAT32_TINY, SamplingSettings
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.request_base import OpenAIRequestModel
 from ferry.server.openai.tool_models import (
@@ -41,7 +42,9 @@ MAX_STOP = 16
 MAX_STOP_CHARS = 256
 # OpenAI and vLLM take any int64 seed; beyond it a 400, not a seed silently folded.
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}
-Prompt = Annotated[str, StringConstraints(min_length=1)]
+NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+Prompt = NonEmptyStr
+Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 MAX_LOGPROBS = 20
 # Parameters Ferry cannot honour, with the values that ask for nothing (accepted): any other
 # value is refused with a 400 naming the parameter, never silently ignored.
@@ -87,7 +90,9 @@ class ChatMessageParam(OpenAIRequestModel):
     tool_call_id: str | None = None
     tool_calls: list[ToolCallParam] | None = None  # on assistant messages: calls it made
 
+    @cached_property
     def text(self) -> str:
+        """The content as one string (parts joined once, whoever asks)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
@@ -118,17 +123,22 @@ class _SamplingFields(OpenAIRequestModel):
     priority: Priority = 0
     response_format: ResponseFormat | None = None
     # vLLM's structured-output extras (guided_grammar: Lark, or GBNF/EBNF, which is converted).
+    # Never empty: a grammar that allows only the empty output cannot be run (onnxruntime-genai
+    # refuses empty guidance data, and stops a generation at once and then asks for its mask).
     guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: Annotated[list[str], Field(min_length=1)] | None = None
-    guided_grammar: str | None = None
+    guided_regex: NonEmptyStr | None = None
+    guided_choice: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
+    guided_grammar: NonEmptyStr | None = None
     # Penalties: OpenAI's ranges; repetition_penalty is vLLM's extension (> 0, 1 = off). Each
     # engine honours some (LLMEngine.sampling_options); the others are refused when set.
-    presence_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: StrictFloat | None = Field(default=None, ge=-2.0, le=2.0)
-    repetition_penalty: StrictFloat | None = Field(default=None, gt=0.0)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    # > 0 and a finite float32, as the engines take it (1e-300 would be 0 there, 1e300 inf).
+    repetition_penalty: StrictFloat | None = Field(
+        default=None, ge=FLOAT32_TINY, le=FLOAT32_MAX, allow_inf_nan=False
+    )
     # Token id (as a string, OpenAI's JSON) -> bias in [-100, 100], added to its logit.
-    logit_bias: dict[str, StrictFloat] | None = None
+    logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -205,7 +215,7 @@ class ChatCompletionRequest(_SamplingFields):
         for m in self.messages:
             message: dict[str, Any] = {
                 "role": "system" if m.role == "developer" else m.role,
-                "content": m.text(),
+                "content": m.text,
             }
             if m.tool_calls:
                 message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
@@ -321,11 +331,19 @@ class ChatCompletionResponseChoice(BaseModel):
     finish_reason: FinishReasonField
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: _id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
+class _ResponseHead(BaseModel):
+    """The fields every response and chunk opens with, in OpenAI's order; each class narrows
+    `object` (and gives `id` its prefix), then adds `choices` and `usage`."""
+
+    id: str
+    object: str
     created: int = Field(default_factory=_now)
     model: str
+
+
+class ChatCompletionResponse(_ResponseHead):
+    id: str = Field(default_factory=lambda: new_chat_id())
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
 
@@ -343,11 +361,8 @@ class ChatCompletionStreamChoice(BaseModel):
     finish_reason: FinishReasonField = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_ResponseHead):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChatCompletionStreamChoice]
     usage: UsageInfo | None = None  # only on the last chunk, when stream_options.include_usage
 
@@ -359,11 +374,9 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReasonField
 
 
-class CompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: _id("cmpl"))
+class CompletionResponse(_ResponseHead):
+    id: str = Field(default_factory=lambda: new_completion_id())
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
     choices: list[CompletionChoice]
     usage: UsageInfo
 
@@ -375,24 +388,10 @@ class CompletionStreamChoice(BaseModel):
     finish_reason: FinishReasonField = None
 
 
-class CompletionChunk(BaseModel):
-    id: str
+class CompletionChunk(_ResponseHead):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionStreamChoice]
     usage: UsageInfo | None = None
-
-
-class ErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: int | str | None = None
-
-
-class ErrorResponse(BaseModel):
-    error: ErrorInfo
 
 
 def new_chat_id() -> str:

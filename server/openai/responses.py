@@ -18,6 +18,7 @@ from ferry.server.openai.planning import plan_chat
 from ferry.server.openai.responses_protocol import ResponsesRequest, responses_error
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openai.tool_stream import CallStream
+from ferry.server.registry import ServedModel
 
 _INCOMPLETE = {"length": "max_output_tokens"}
 
@@ -99,9 +100,11 @@ def call_item(name: str, arguments: str, status: str) -> dict[str, Any]:
     }
 
 
-async def create_response(serving: OpenAIServing, request: ResponsesRequest) -> dict[str, Any]:
+async def create_response(
+    serving: OpenAIServing, request: ResponsesRequest, served: ServedModel | None = None
+) -> dict[str, Any]:
     try:
-        chat = await serving.chat(request.to_chat())
+        chat = await serving.chat(request.to_chat(), served)
     except InvalidSampling as exc:
         raise responses_error(exc) from None
     choice = chat.choices[0]
@@ -119,10 +122,12 @@ async def create_response(serving: OpenAIServing, request: ResponsesRequest) -> 
     return builder.response(status, choice.finish_reason, usage)
 
 
-async def stream_response(serving: OpenAIServing, request: ResponsesRequest) -> AsyncIterator[str]:
+async def stream_response(
+    serving: OpenAIServing, request: ResponsesRequest, served: ServedModel | None = None
+) -> AsyncIterator[str]:
     """Start the generation and wait for its first delta, so early errors are HTTP errors."""
     try:
-        plan = plan_chat(request.to_chat(), serving.resolve)
+        plan = plan_chat(request.to_chat(), served or serving.resolve(request.model))
     except InvalidSampling as exc:
         raise responses_error(exc) from None
     deltas = serving.generations(plan)

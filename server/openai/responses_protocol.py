@@ -8,6 +8,7 @@ chat messages: messages (text parts), `function_call` items to an assistant's to
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError
@@ -18,6 +19,7 @@ from ferry.server.openai.protocol import (
     OpenAIRequestModel,
     _neutral,
 )
+from ferry.server.openai.tool_models import FunctionDefinition, NamedFunction
 
 # Fields Ferry cannot honour, with the values that ask for nothing.
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -72,10 +74,10 @@ class MessageItem(OpenAIRequestModel):
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[InputText]
 
+    @cached_property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "\n".join(part.text for part in self.content)
+        """The content as one string (parts joined once, whoever asks)."""
+        return _text(self.content)
 
 
 class FunctionCallItem(OpenAIRequestModel):
@@ -96,17 +98,14 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(OpenAIRequestModel):
+class FunctionTool(FunctionDefinition):
+    """Responses' flat tool: chat's function definition with its `type` beside it."""
+
     type: Literal["function"]
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
 
 
-class NamedFunctionChoice(OpenAIRequestModel):
+class NamedFunctionChoice(NamedFunction):
     type: Literal["function"]
-    name: str
 
 
 class TextFormat(OpenAIRequestModel):
@@ -151,7 +150,7 @@ class ResponsesRequest(OpenAIRequestModel):
         texts = []
         for item in self.input:
             if isinstance(item, MessageItem):
-                texts.append(item.text())
+                texts.append(item.text)
             elif isinstance(item, FunctionCallItem):
                 texts.append(item.arguments)
             else:
@@ -202,7 +201,7 @@ class ResponsesRequest(OpenAIRequestModel):
             return [*messages, {"role": "user", "content": self.input}]
         for item in self.input:
             if isinstance(item, MessageItem):
-                messages.append({"role": item.role, "content": item.text()})
+                messages.append({"role": item.role, "content": item.text})
             elif isinstance(item, FunctionCallItem):
                 call = {
                     "id": item.call_id,

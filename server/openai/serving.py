@@ -12,25 +12,17 @@ in-stream as a `data:` error event (same error table as HTTP answers) followed b
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ferry.llm.base import EngineStats, LLMEngine, TokenLogprob
-from ferry.llm.errors import EngineOverloaded, InvalidAdapter, ModelNotFound
+from ferry.llm.base import TokenLogprob
+from ferry.llm.errors import EngineOverloaded
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
-from ferry.server.openai.observer import LLMObserver, NullObserver
-from ferry.server.openai.planning import (
-    Choice,
-    Plan,
-    ServedModel,
-    plan_chat,
-    plan_completion,
-)
+from ferry.server.openai.observer import GenerationObserver, LLMObserver, NullObserver
+from ferry.server.openai.planning import Choice, Plan, plan_chat, plan_completion
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -45,6 +37,7 @@ from ferry.server.openai.streams import Deltas, merge, sse_events
 from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks
 from ferry.server.openai.tools import parse_calls
+from ferry.server.registry import ModelRegistry, ServedModel
 
 
 @dataclass
@@ -60,70 +53,28 @@ class _Result:
 class OpenAIServing:
     def __init__(
         self,
-        engines: Mapping[str, LLMEngine],
+        models: ModelRegistry,
         *,
         observer: LLMObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._engines = dict(engines)
+        self._models = models
         self._observer: LLMObserver = observer or NullObserver()
         self._clock = clock
-        self._unloads: set[asyncio.Task[None]] = set()
         # Generations admitted per engine and not yet finished: a request is admitted whole or
         # refused whole, so its own generations never crowd it out mid-way.
         self._admitted: dict[str, int] = {}
 
-    def served_models(self) -> list[ServedModel]:
-        """Every base model and every loaded adapter, by name."""
-        served = [ServedModel(name, engine, name) for name, engine in self._engines.items()]
-        for base, engine in self._engines.items():
-            served += [ServedModel(a, engine, base, a) for a in engine.adapter_names()]
-        return sorted(served, key=lambda m: m.name)
-
-    def model_names(self) -> list[str]:
-        return [m.name for m in self.served_models()]
-
-    def engine_stats(self) -> dict[str, EngineStats]:
-        """Per-engine running/waiting counts (adapters included), for the metrics gauges."""
-        return {name: engine.stats() for name, engine in self._engines.items()}
-
     def resolve(self, model: str) -> ServedModel:
-        engine = self._engines.get(model)
-        if engine is not None:
-            return ServedModel(model, engine, model)
-        for base, engine in self._engines.items():
-            if model in engine.adapter_names():
-                return ServedModel(model, engine, base, model)
-        raise ModelNotFound(model)
-
-    def engine_for(self, model: str) -> LLMEngine:
-        return self.resolve(model).engine
-
-    # -- adapters ---------------------------------------------------------------------------------
-
-    async def load_adapter(self, name: str, path: Path, base: str) -> None:
-        if name in self.model_names():
-            raise InvalidAdapter("lora_name", f"The model `{name}` is already served.")
-        engine = self._engines.get(base)
-        if engine is None:
-            raise ModelNotFound(base)
-        await engine.load_adapter(name, path)
-
-    async def unload_adapter(self, name: str) -> None:
-        """Returns once the requests on `name` finished and it is freed; new ones fail now.
-        The unload itself runs on even if the caller goes away, so nothing is left half-done."""
-        served = self.resolve(name)
-        if served.adapter is None:
-            raise InvalidAdapter("lora_name", f"`{name}` is a base model, not a LoRA adapter.")
-        task = asyncio.create_task(served.engine.unload_adapter(name))
-        self._unloads.add(task)
-        task.add_done_callback(self._unloads.discard)
-        await asyncio.shield(task)
+        """The one lookup of a request's model (UnknownModel); routes pass it on."""
+        return self._models.llm(model)
 
     # -- endpoints --------------------------------------------------------------------------------
 
-    async def chat(self, request: ChatCompletionRequest) -> ChatCompletionResponse:
-        plan = plan_chat(request, self.resolve)
+    async def chat(
+        self, request: ChatCompletionRequest, served: ServedModel | None = None
+    ) -> ChatCompletionResponse:
+        plan = plan_chat(request, served or self.resolve(request.model))
         results = await self._collect(plan)
         decode = plan.served.engine.tokenizer.decode
         choices = [
@@ -136,15 +87,15 @@ class OpenAIServing:
             for i, r in enumerate(results)
             for message, finish_reason in [_chat_message(plan, r)]
         ]
+        usage = _usage(plan, results)
         return ChatCompletionResponse(
-            id=plan.response_id,
-            model=plan.served.name,
-            choices=choices,
-            usage=_usage(plan, results),
+            id=plan.response_id, model=plan.served.name, choices=choices, usage=usage
         )
 
-    async def chat_stream(self, request: ChatCompletionRequest) -> AsyncIterator[str]:
-        plan = plan_chat(request, self.resolve)
+    async def chat_stream(
+        self, request: ChatCompletionRequest, served: ServedModel | None = None
+    ) -> AsyncIterator[str]:
+        plan = plan_chat(request, served or self.resolve(request.model))
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
@@ -152,22 +103,24 @@ class OpenAIServing:
             chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]
         return await self._stream(plan, chunks, request.include_usage)
 
-    async def completion(self, request: CompletionRequest) -> CompletionResponse:
-        plan = plan_completion(request, self.resolve)
+    async def completion(
+        self, request: CompletionRequest, served: ServedModel | None = None
+    ) -> CompletionResponse:
+        plan = plan_completion(request, served or self.resolve(request.model))
         results = await self._collect(plan)
         choices = [
             _completion_choice(request, plan, choice, result)
             for choice, result in zip(plan.choices, results, strict=True)
         ]
+        usage = _usage(plan, results)
         return CompletionResponse(
-            id=plan.response_id,
-            model=plan.served.name,
-            choices=choices,
-            usage=_usage(plan, results),
+            id=plan.response_id, model=plan.served.name, choices=choices, usage=usage
         )
 
-    async def completion_stream(self, request: CompletionRequest) -> AsyncIterator[str]:
-        plan = plan_completion(request, self.resolve)
+    async def completion_stream(
+        self, request: CompletionRequest, served: ServedModel | None = None
+    ) -> AsyncIterator[str]:
+        plan = plan_completion(request, served or self.resolve(request.model))
         chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 
@@ -181,29 +134,28 @@ class OpenAIServing:
         """Every choice's deltas tagged with its index; closing this aborts what still runs.
         All of the plan's generations are admitted at once, or none (EngineOverloaded)."""
         engine, needed = plan.served.engine, len(plan.choices)
-        self._admit(plan)
+        observer = self._observer.for_model(plan.served.name)  # labels bound once per request
+        self._admit(plan, observer)
         if plan.structured is not None:
-            self._observer.on_structured(plan.served.name, plan.structured)
+            observer.structured(plan.structured)
         try:
             if needed == 1:
-                generations = self._generate(plan, plan.choices[0])
+                generations = self._generate(plan, plan.choices[0], observer)
             else:
-                generations = merge([self._generate(plan, choice) for choice in plan.choices])
+                generations = merge([self._generate(plan, c, observer) for c in plan.choices])
             async with aclosing(generations) as deltas:
                 async for item in deltas:
                     yield item
         finally:
             self._admitted[engine.name] -= needed
 
-    def _admit(self, plan: Plan) -> None:
+    def _admit(self, plan: Plan, observer: GenerationObserver) -> None:
         engine, needed = plan.served.engine, len(plan.choices)
         held = self._admitted.get(engine.name, 0)
         limit = engine.max_concurrent_generations
         if held + needed > limit:
             for choice in plan.choices:  # refused before it ran: counted as rejected
-                self._observer.on_finished(
-                    plan.served.name, "rejected", len(choice.prompt_ids), 0, 0.0
-                )
+                observer.finished("rejected", len(choice.prompt_ids), 0, 0.0)
             # Planning refused requests bigger than the engine: this one fits once others end.
             raise EngineOverloaded(
                 f"model {engine.name} is busy: {held} of its {limit} generations are taken "
@@ -211,10 +163,9 @@ class OpenAIServing:
             )
         self._admitted[engine.name] = held + needed
 
-    async def _generate(self, plan: Plan, choice: Choice) -> Deltas:
+    async def _generate(self, plan: Plan, choice: Choice, observer: GenerationObserver) -> Deltas:
         """One engine generation, timed for the observer as it passes."""
-        observer, clock, served = self._observer, self._clock, plan.served
-        model = served.name
+        clock, served = self._clock, plan.served
         started = last = clock()
         guided = choice.sampling.guidance is not None
         first_seen = False
@@ -234,13 +185,13 @@ class OpenAIServing:
                         now = clock()
                         tokens = delta.token_count
                         if not first_seen:
-                            observer.on_first_token(model, now - started)
+                            observer.first_token(now - started)
                             first_seen, tokens = True, tokens - 1
                         gap = (now - last) / delta.token_count
                         for _ in range(tokens):  # several tokens in one delta share the gap
-                            observer.on_token(model, gap)
+                            observer.token(gap)
                             if guided:
-                                observer.on_guided_token(model, gap)
+                                observer.guided_token(gap)
                         last = now
                         completion_tokens += delta.token_count
                     if delta.finish_reason is not None:
@@ -255,7 +206,7 @@ class OpenAIServing:
             raise
         finally:
             prompt_tokens = len(choice.prompt_ids)
-            observer.on_finished(model, reason, prompt_tokens, completion_tokens, clock() - started)
+            observer.finished(reason, prompt_tokens, completion_tokens, clock() - started)
 
     async def _collect(self, plan: Plan) -> list[_Result]:
         results = [_Result() for _ in plan.choices]

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import zmq
 
-from ferry.llm.base import EngineStats
 from ferry.server.llm_engines import build_llm_engine
-from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.metrics import FerryMetrics
 from ferry.server.procs import wire
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
@@ -37,9 +36,8 @@ class EngineServer:
         self._settings = settings
         self._address = address
         metrics = FerryMetrics(priority_levels=settings.priority_levels)
-        self._observer = LLMMetricsObserver(metrics)
-        self.registry = ModelRegistry(settings, metrics)
         self.engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
+        self.registry = ModelRegistry.from_settings(settings, metrics, self.engines)
         self._peers: set[bytes] = set()
         self._calls: set[asyncio.Task] = set()
         self._seq = itertools.count(1)
@@ -50,7 +48,7 @@ class EngineServer:
         self._socket: LoopSocket | None = None
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
-        await asyncio.gather(self.registry.start(), *(e.start() for e in self.engines.values()))
+        await self.registry.start()
         socket = self._context.socket(zmq.ROUTER)
         socket.bind(self._address)
         self._socket = LoopSocket(
@@ -62,8 +60,7 @@ class EngineServer:
         report = asyncio.create_task(self._report())
         await stop.wait()
         report.cancel()
-        await self.registry.close(self._settings.drain_timeout_s)
-        await asyncio.gather(*(e.close() for e in self.engines.values()), return_exceptions=True)
+        await self.registry.close(self._settings.drain_timeout_s)  # encoders drain, then engines
         self._socket.close()
         self._context.term()
 
@@ -148,7 +145,7 @@ class EngineServer:
                 async for delta in stream:
                     if delta.finish_reason is not None:
                         # Before the client sees its end: a scrape after it counts its tokens.
-                        self._write_engine_metrics(message.model, engine.stats())
+                        self._send(peer, self._stats_now())
                     self._send(peer, wire.Delta(message.rid, delta))
             finally:
                 await stream.aclose()  # cancelled (the client left): the engine aborts it
@@ -231,19 +228,11 @@ class EngineServer:
             {name: engine.is_ready() for name, engine in self.engines.items()},
         )
 
-    def _write_engine_metrics(self, name: str, stats: EngineStats) -> None:
-        self._observer.engine_counts(name, stats.running, stats.waiting)
-        self._observer.engine_prefix_cache(
-            name, stats.prefix_cache_queries, stats.prefix_cache_hits
-        )
-
     async def _report(self) -> None:
-        """Model health and engine counters, to every API process and the metrics files."""
+        """Model health and engine counters, to every API process (their /metrics read them)."""
         while True:
             await self.registry.ready()  # each model's healthy() sets ferry_model_ready
             stats = self._stats_now()
-            for name, engine_stats in stats.llms.items():
-                self._write_engine_metrics(name, engine_stats)
             for peer in self._peers:
                 self._send(peer, stats)
             await asyncio.sleep(STATS_EVERY_S)

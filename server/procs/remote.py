@@ -90,15 +90,19 @@ class RemoteModelRuntime(ModelRuntime):
 
 class RemoteRegistry(ModelRegistry):
     def __init__(self, settings: Settings, client: EngineClient, metrics: FerryMetrics) -> None:
-        self.default_name = settings.default_model_name
-        self.models = {m.name: RemoteModelRuntime(m, client, metrics) for m in settings.models}
+        super().__init__(
+            {m.name: RemoteModelRuntime(m, client, metrics) for m in settings.models},
+            {m.name: RemoteLLMEngine(m, client) for m in settings.llm_models},
+            settings.default_model_name,
+        )
         self._client = client
 
     async def start(self) -> None:
         info = self._client.info
         assert info is not None, "start the client first"
         for model in info.models:
-            self.models[model.name].learn(model)
+            self.models[model.name].learn(model)  # type: ignore[attr-defined]
+        await super().start()
 
     async def close(self, drain_timeout_s: float) -> None:
         await super().close(drain_timeout_s)
@@ -154,15 +158,13 @@ class RemoteLLMEngine:
         return self._client.alive and stats is not None and stats.llms_ready.get(self.name, False)
 
     def stats(self) -> EngineStats:
-        # The engine process writes its own running/waiting/prefix-cache series (merged into the
-        # one /metrics); an API process writing them too would count them twice.
-        return EngineStats(0, 0)
+        # The engine's latest report: a scrape reaches one API process, which reads it here
+        # (the engine writes no file for these series, so nothing is counted twice).
+        return self._client.llm_stats(self.name) or EngineStats(0, 0)
 
 
 async def connect(
     settings: Settings, client: EngineClient, metrics: FerryMetrics
-) -> tuple[RemoteRegistry, dict[str, RemoteLLMEngine]]:
+) -> RemoteRegistry:
     await client.start()
-    return RemoteRegistry(settings, client, metrics), {
-        m.name: RemoteLLMEngine(m, client) for m in settings.llm_models
-    }
+    return RemoteRegistry(settings, client, metrics)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -29,14 +28,11 @@ def metrics_registry() -> CollectorRegistry | None:
     return MergedRegistry(path) if ENGINE_ADDRESS is not None and path else None
 
 
-async def build_runtimes(
-    settings: Settings, metrics: FerryMetrics
-) -> tuple[ModelRegistry, dict[str, Any]]:
-    """The model registry and LLM engines, not yet started."""
+async def build_runtimes(settings: Settings, metrics: FerryMetrics) -> ModelRegistry:
+    """The model registry (encoders and LLM engines), not yet started."""
     if ENGINE_ADDRESS is None:
-        return ModelRegistry(settings, metrics), {
-            m.name: build_llm_engine(m) for m in settings.llm_models
-        }
+        engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
+        return ModelRegistry.from_settings(settings, metrics, engines)
     from ferry.server.procs.client import EngineClient
     from ferry.server.procs.parent import on_parent_exit
     from ferry.server.procs.remote import connect

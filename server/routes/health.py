@@ -22,17 +22,15 @@ async def live() -> dict[str, str]:
 )
 async def ready(request: Request) -> JSONResponse:
     state = request.app.state
-    engines = {
-        name: state.openai.engine_for(name).is_ready() for name in state.openai.model_names()
-    }
-    models_ready = all(engines.values()) and await state.registry.ready()
+    models = state.registry.readiness()
+    models_ready = all(models.values()) and await state.registry.ready()
     draining = state.drain.draining
     ok = models_ready and not draining
     status = "ready" if ok else ("draining" if draining else "starting")
     return JSONResponse(
         {
             "status": status,
-            "models": {**{n: m.ready for n, m in state.registry.models.items()}, **engines},
+            "models": models,
         },
         status_code=200 if ok else 503,
         headers=None if ok else {"Retry-After": "1"},
@@ -51,12 +49,6 @@ async def ready(request: Request) -> JSONResponse:
 )
 async def metrics(request: Request) -> Response:
     state = request.app.state
-    # Engine gauges are read at scrape time: exact whenever Prometheus looks.
-    for name, stats in state.openai.engine_stats().items():
-        state.llm_observer.engine_counts(name, stats.running, stats.waiting)
-        state.llm_observer.engine_prefix_cache(
-            name, stats.prefix_cache_queries, stats.prefix_cache_hits
-        )
     # Negotiated as prometheus_client's own server does (`Accept: application/openmetrics-text`).
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     return Response(encoder(state.metrics.registry), headers={"Content-Type": content_type})

@@ -44,10 +44,8 @@ class UnloadLoRAAdapterRequest(BaseModel):
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
     if body.load_inplace:
         raise InvalidAdapter("load_inplace", "load_inplace is not supported: unload, then load.")
-    if body.lora_name in request.app.state.registry.models:
-        raise InvalidAdapter("lora_name", f"The model `{body.lora_name}` is already served.")
     base, path = adapter_source(body.lora_path, request.app.state.settings.llm_models)
-    await request.app.state.openai.load_adapter(body.lora_name, path, base)
+    await request.app.state.registry.load_adapter(body.lora_name, path, base)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
@@ -58,7 +56,7 @@ async def unload_lora_adapter(
     if body.lora_int_id is not None:  # Ferry numbers loads itself; a given id cannot be honoured
         raise InvalidAdapter("lora_int_id", "lora_int_id is not supported: give lora_name.")
     # Returns once the requests in flight on the adapter finished and it is freed.
-    await request.app.state.openai.unload_adapter(body.lora_name)
+    await request.app.state.registry.unload_adapter(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 

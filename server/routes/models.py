@@ -29,15 +29,10 @@ class ModelList(BaseModel):
 
 def model_cards(request: Request) -> list[ModelCard]:
     state = request.app.state
-    cards = [
-        ModelCard(id=name, created=state.started_at, task=model.manifest.task)
-        for name, model in state.registry.models.items()
+    return [
+        ModelCard(id=e.name, created=state.started_at, task=e.task, parent=e.parent)
+        for e in state.registry.entries()
     ]
-    cards += [
-        ModelCard(id=m.name, created=state.started_at, task="chat", parent=m.parent)
-        for m in state.openai.served_models()
-    ]
-    return cards
 
 
 @router.get("/v1/models", response_model=ModelList)

@@ -16,6 +16,7 @@ from ferry.server.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
+from ferry.server.registry import ServedModel
 from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.schemas import error_responses
 
@@ -37,16 +38,14 @@ async def respond(
     return json_reply(answer.model_dump() if isinstance(answer, BaseModel) else answer)
 
 
-def label_and_bound(
-    call: HotCall, model: str, texts: Sequence[str | list[int]], items: int
-) -> None:
-    """The metrics label, only from a configured name; bounds checked before tokenizing."""
-    if model in call.app_state.openai.model_names():
-        call.state["model_name"] = model
+def resolve_and_bound(
+    call: HotCall, model: str, field: str, texts: Sequence[str | list[int]], items: int
+) -> ServedModel:
+    """The request's model, looked up once (UnknownModel) and kept as the metrics label (a
+    configured name only); bounds checked before tokenizing, errors naming `field[i]`."""
+    served = call.app_state.openai.resolve(model)
+    call.state["model_name"] = served.name
     settings = call.app_state.settings
-    path = call.path
-    field = "messages" if path.endswith("/chat/completions") else "prompt"
-    field = "input" if path.endswith("/responses") else field
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):
@@ -64,22 +63,30 @@ def label_and_bound(
                 raise InvalidInput(
                     f"{field}[{index}]", "text is not valid Unicode (lone surrogate)"
                 ) from None
+    return served
 
 
 async def chat_completions(call: HotCall) -> Reply | Stream:
     body = ChatCompletionRequest.model_validate_json(call.body)
     serving = call.app_state.openai
-    label_and_bound(call, body.model, [m.text() for m in body.messages], len(body.messages))
-    return await respond(body.stream, lambda: serving.chat(body), lambda: serving.chat_stream(body))
+    texts = [m.text for m in body.messages]
+    served = resolve_and_bound(call, body.model, "messages", texts, len(body.messages))
+    return await respond(
+        body.stream,
+        lambda: serving.chat(body, served),
+        lambda: serving.chat_stream(body, served),
+    )
 
 
 async def completions(call: HotCall) -> Reply | Stream:
     body = CompletionRequest.model_validate_json(call.body)
     serving = call.app_state.openai
     prompts = body.prompts()
-    label_and_bound(call, body.model, prompts, len(prompts))
+    served = resolve_and_bound(call, body.model, "prompt", prompts, len(prompts))
     return await respond(
-        body.stream, lambda: serving.completion(body), lambda: serving.completion_stream(body)
+        body.stream,
+        lambda: serving.completion(body, served),
+        lambda: serving.completion_stream(body, served),
     )
 
 

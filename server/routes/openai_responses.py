@@ -9,18 +9,18 @@ from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
 from ferry.server.replies import Reply, Stream
-from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, label_and_bound, respond
+from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, resolve_and_bound, respond
 
 
 async def responses(call: HotCall) -> Reply | Stream:
     body = ResponsesRequest.model_validate_json(call.body)
     serving = call.app_state.openai
     texts = body.texts()
-    label_and_bound(call, body.model, texts, len(texts))
+    served = resolve_and_bound(call, body.model, "input", texts, len(texts))
     return await respond(
         body.stream,
-        lambda: create_response(serving, body),
-        lambda: stream_response(serving, body),
+        lambda: create_response(serving, body, served),
+        lambda: stream_response(serving, body, served),
     )
 
 

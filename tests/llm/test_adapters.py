@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from ferry.llm.adapters import AdapterTable
-from ferry.llm.errors import InvalidAdapter, ModelNotFound
+from ferry.llm.errors import AdapterNotLoaded, InvalidAdapter
 from tests.llm.llm_paths import WAIT_S
 
 
@@ -29,7 +29,7 @@ async def test_names_ids_and_limits() -> None:
         table.reserve("c")
     table.cancel("b")  # a failed load frees its place
     assert loaded(table, "c") not in (first, pending)
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(AdapterNotLoaded):
         table.acquire("b")
 
 
@@ -39,7 +39,7 @@ async def test_retire_waits_for_every_user_and_counts_until_then() -> None:
     users = [table.acquire("a"), table.acquire("a")]
     retire = asyncio.create_task(table.retire("a"))
     await asyncio.sleep(0)
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(AdapterNotLoaded):
         table.acquire("a")  # gone for new requests at once
     with pytest.raises(InvalidAdapter):
         table.reserve("a")  # still holds its memory: the limit counts it
@@ -55,5 +55,5 @@ async def test_retire_of_an_idle_adapter_is_immediate() -> None:
     table = AdapterTable(max_adapters=4)
     adapter_id = loaded(table, "a")
     assert await asyncio.wait_for(table.retire("a"), WAIT_S) == adapter_id
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(AdapterNotLoaded):
         await table.retire("a")

@@ -11,7 +11,7 @@ import pytest
 
 from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import InvalidAdapter, ModelNotFound
+from ferry.llm.errors import AdapterNotLoaded, InvalidAdapter
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import ADAPTER_NAMES, ADAPTERS_DIR, HF_DIR, ONNX_DIR, WAIT_S, onnx_adapter
 
@@ -115,7 +115,7 @@ async def test_unload_waits_for_requests_in_flight_then_frees_the_name(
     unload = asyncio.create_task(lora_engine.unload_adapter("zen"))
     await asyncio.sleep(0)  # the unload has begun: the name is gone for new requests
     assert "zen" not in lora_engine.adapter_names()
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(AdapterNotLoaded):
         await anext(lora_engine.generate("late", case["prompt_ids"], GREEDY, adapter="zen"))
     assert not unload.done()  # the request in flight is not finished
     deltas, unloaded_meanwhile = [first], []
@@ -149,7 +149,7 @@ async def test_bad_loads_are_refused_and_the_engine_lives_on(
     await lora_engine.load_adapter("zen2", onnx_adapter("zen"))  # the third of max_adapters=3
     with pytest.raises(InvalidAdapter, match="3 LoRA adapters"):
         await lora_engine.load_adapter("zen3", onnx_adapter("zen"))
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(AdapterNotLoaded):
         await lora_engine.unload_adapter("never-loaded")
     base = await generate(lora_engine, "base", reference["cases"][0], None)
     assert ids_of(base) == TOKENIZER.decode(reference["cases"][0]["new_ids"])

@@ -6,99 +6,26 @@ import asyncio
 import os
 import sys
 import types
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, InvalidAdapter, InvalidSampling, ModelNotFound
+from ferry.llm.errors import AdapterNotLoaded, EngineOverloaded, InvalidAdapter, InvalidSampling
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.registry import ModelRegistry
 from tests.gpu import requires_gpu
+from tests.llm.fake_vllm import (
+    FakeAsyncLLM,
+    FakeLoRARequest,
+    RequestOutputKind,
+    sampling_params,
+)
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
-
-
-@dataclass
-class CompletionOutput:  # shaped like vllm.outputs.CompletionOutput
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-
-
-@dataclass
-class RequestOutput:  # shaped like vllm.outputs.RequestOutput
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    finished: bool
-    num_cached_tokens: int | None = None
-
-
-@dataclass
-class FakeSamplingParams:
-    kwargs: dict[str, Any]
-
-
-def sampling_params(**kwargs: Any) -> FakeSamplingParams:
-    return FakeSamplingParams(kwargs)
-
-
-@dataclass
-class FakeAsyncLLM:
-    """Streams cumulative outputs for a scripted list of (text, token ids) steps."""
-
-    steps: list[tuple[str, list[int]]]
-    finish_reason: str = "length"
-    hold: asyncio.Event | None = None  # when set, stream pauses after the first output
-    cached: int | None = None  # num_cached_tokens on every output, as vLLM reports it
-    aborted: list[str] = field(default_factory=list)
-    calls: list[tuple[Any, Any, str]] = field(default_factory=list)
-    priorities: list[int] = field(default_factory=list)
-    loras: list[Any] = field(default_factory=list)  # the lora_request of each generate call
-    added: dict[int, Any] = field(default_factory=dict)  # as AsyncLLM.add_lora keeps them
-    removed: list[int] = field(default_factory=list)
-
-    async def generate(
-        self,
-        prompt: Any,
-        params: Any,
-        request_id: str,
-        lora_request: Any = None,
-        priority: int = 0,  # AsyncLLM.generate's keyword
-    ) -> AsyncIterator[RequestOutput]:
-        self.calls.append((prompt, params, request_id))
-        self.priorities.append(priority)
-        self.loras.append(lora_request)
-        if lora_request is not None:
-            assert self.added.get(lora_request.lora_int_id) == lora_request  # loaded first
-        text, ids = "", []
-        for i, (piece, piece_ids) in enumerate(self.steps):
-            text, ids = text + piece, ids + piece_ids
-            last = i == len(self.steps) - 1
-            completion = CompletionOutput(0, text, list(ids), self.finish_reason if last else None)
-            prompt_ids = prompt["prompt_token_ids"]
-            yield RequestOutput(request_id, prompt_ids, [completion], last, self.cached)
-            if self.hold is not None:
-                await self.hold.wait()
-
-    async def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-
-    async def add_lora(self, lora_request: Any) -> bool:
-        if not Path(lora_request.lora_path, "adapter_config.json").is_file():
-            raise ValueError(f"no adapter at {lora_request.lora_path}")
-        self.added[lora_request.lora_int_id] = lora_request
-        return True
-
-    async def remove_lora(self, lora_id: int) -> bool:
-        self.removed.append(lora_id)
-        return self.added.pop(lora_id, None) is not None
 
 
 def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
@@ -108,6 +35,7 @@ def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
         name="tiny-llm",
         max_context_tokens=2048,
         sampling_params_cls=sampling_params,
+        delta_output_kind=RequestOutputKind.DELTA,
         **kwargs,
     )
 
@@ -122,9 +50,12 @@ async def collect(engine: VLLMEngine, sampling: SamplingSettings) -> list[Genera
     return await asyncio.wait_for(run(), WAIT_S)
 
 
-async def test_cumulative_outputs_become_deltas() -> None:
+async def test_vllm_is_asked_for_deltas_and_they_pass_through() -> None:
+    """As vLLM's own OpenAI server streams: each output holds only what the step added, so a
+    long generation costs linear time (cumulative outputs re-sliced every step are quadratic)."""
     fake = FakeAsyncLLM(steps=[("Hel", [1, 2]), ("lo", [3]), ("", [4]), (" world", [5])])
     deltas = await collect(make_engine(fake), SamplingSettings(max_tokens=5))
+    assert fake.calls[0][1]["output_kind"] == RequestOutputKind.DELTA
     assert [(d.text, d.token_count) for d in deltas] == [
         ("Hel", 2),
         ("lo", 1),
@@ -145,7 +76,7 @@ async def test_prompt_goes_as_token_ids() -> None:
 
 async def test_the_serving_layer_tokenizes_and_fits_max_tokens_to_the_context() -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])])
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     request = CompletionRequest(model="tiny-llm", prompt="hello there", max_tokens=100_000)
     response = await asyncio.wait_for(serving.completion(request), WAIT_S)
     assert response.choices[0].text == "x"
@@ -157,7 +88,7 @@ async def test_the_serving_layer_tokenizes_and_fits_max_tokens_to_the_context() 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
 async def test_the_request_priority_reaches_vllm_generate(kind) -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     if kind == "chat":
         messages = [{"role": "user", "content": "hi"}]
         chat = ChatCompletionRequest(model="tiny-llm", messages=messages, priority=-10)
@@ -177,6 +108,7 @@ async def test_sampling_settings_become_sampling_params() -> None:
     assert deltas[-1].finish_reason == "stop"
     params = fake.calls[0][1].kwargs
     assert params == {
+        "output_kind": RequestOutputKind.DELTA,
         "n": 1,
         "max_tokens": 9,
         "temperature": 0.5,
@@ -195,7 +127,7 @@ async def test_sampling_settings_become_sampling_params() -> None:
 async def test_penalties_and_logit_bias_reach_sampling_params() -> None:
     # vLLM honours every one (its OpenAI server passes the same fields to SamplingParams).
     fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     body = {
         "model": "tiny-llm",
         "prompt": "hello there",
@@ -213,7 +145,7 @@ async def test_penalties_and_logit_bias_reach_sampling_params() -> None:
 
 async def test_a_logit_bias_outside_the_vocabulary_is_refused_before_vllm() -> None:
     fake = FakeAsyncLLM(steps=[("x", [7])])
-    serving = OpenAIServing({"tiny-llm": make_engine(fake)})
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
     vocab = make_engine(fake).tokenizer.vocab_size
     body = {"model": "tiny-llm", "prompt": "hi", "logit_bias": {str(vocab): 1}}
     with pytest.raises(InvalidSampling, match="outside the vocabulary") as err:
@@ -259,13 +191,6 @@ async def test_overload_is_checked_before_calling_vllm() -> None:
     assert len(fake.calls) == 1
 
 
-@dataclass(frozen=True)
-class FakeLoRARequest:  # shaped like vllm.lora.request.LoRARequest
-    lora_name: str
-    lora_int_id: int
-    lora_path: str
-
-
 def lora_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
     adapters = {"zen": ADAPTERS_DIR / "zen" / "hf"}
     return make_engine(fake, lora_request_cls=FakeLoRARequest, adapters=adapters, **kwargs)
@@ -279,13 +204,15 @@ async def test_configured_adapters_load_at_start_and_ride_on_their_requests() ->
     await collect(engine, SamplingSettings())  # the base model: no LoRARequest
 
     async def on_zen() -> list[GenerationDelta]:
-        return [d async for d in engine.generate("z", PROMPT_IDS, SamplingSettings(), "zen")]
+        return [
+            d async for d in engine.generate("z", PROMPT_IDS, SamplingSettings(), adapter="zen")
+        ]
 
     await asyncio.wait_for(on_zen(), WAIT_S)
     assert fake.loras[0] is None
     assert fake.loras[1] == FakeLoRARequest("zen", 1, str(ADAPTERS_DIR / "zen" / "hf"))
-    with pytest.raises(ModelNotFound):
-        await anext(engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout"))
+    with pytest.raises(AdapterNotLoaded):
+        await anext(engine.generate("s", PROMPT_IDS, SamplingSettings(), adapter="shout"))
 
 
 async def test_runtime_load_and_an_unload_that_waits_for_requests_in_flight() -> None:
@@ -294,7 +221,7 @@ async def test_runtime_load_and_an_unload_that_waits_for_requests_in_flight() ->
     engine = lora_engine(fake)
     await engine.start()
     await engine.load_adapter("shout", ADAPTERS_DIR / "shout" / "hf")
-    stream = engine.generate("s", PROMPT_IDS, SamplingSettings(), "shout")
+    stream = engine.generate("s", PROMPT_IDS, SamplingSettings(), adapter="shout")
     await asyncio.wait_for(anext(stream), WAIT_S)
     unload = asyncio.create_task(engine.unload_adapter("shout"))
     await asyncio.sleep(0)
@@ -444,7 +371,7 @@ async def test_real_vllm_serves_the_tiny_adapter() -> None:
         sampling = SamplingSettings(max_tokens=8, temperature=0.0)
 
         async def run(adapter: str | None) -> str:
-            deltas = engine.generate(f"gpu-{adapter}", prompt_ids, sampling, adapter)
+            deltas = engine.generate(f"gpu-{adapter}", prompt_ids, sampling, adapter=adapter)
             return "".join([d.text async for d in deltas])
 
         base, zen = await asyncio.wait_for(asyncio.gather(run(None), run("zen")), 300)
@@ -489,7 +416,9 @@ class FakeStructuredOutputsParams:  # shaped like vllm.sampling_params.Structure
 async def test_structured_outputs_pass_through_to_vllm(body, field, value) -> None:
     fake = FakeAsyncLLM(steps=[("1", [7])], finish_reason="stop")
     structured = (FakeStructuredOutputsParams, "structured_outputs")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake, structured=structured)})
+    serving = OpenAIServing(
+        ModelRegistry(llms={"tiny-llm": make_engine(fake, structured=structured)})
+    )
     request = ChatCompletionRequest.model_validate(
         {"model": "tiny-llm", "messages": [{"role": "user", "content": "hi"}], **body}
     )
@@ -502,7 +431,9 @@ async def test_tools_reach_vllm_as_an_llguidance_grammar_and_come_back_as_calls(
     call = '<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>'
     fake = FakeAsyncLLM(steps=[(call[:20], [1]), (call[20:], [2])], finish_reason="stop")
     structured = (FakeStructuredOutputsParams, "structured_outputs")
-    serving = OpenAIServing({"tiny-llm": make_engine(fake, structured=structured)})
+    serving = OpenAIServing(
+        ModelRegistry(llms={"tiny-llm": make_engine(fake, structured=structured)})
+    )
     tool = {
         "type": "function",
         "function": {
@@ -543,7 +474,8 @@ def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, engine_args: type, async_
         "vllm.lora.request": types.SimpleNamespace(LoRARequest=FakeLoRARequest),
         "vllm.v1.engine.async_llm": types.SimpleNamespace(AsyncLLM=async_llm),
         "vllm.sampling_params": types.SimpleNamespace(
-            StructuredOutputsParams=FakeStructuredOutputsParams
+            StructuredOutputsParams=FakeStructuredOutputsParams,
+            RequestOutputKind=RequestOutputKind,
         ),
         "vllm.config": types.SimpleNamespace(StructuredOutputsConfig=dict),
     }

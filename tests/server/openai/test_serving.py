@@ -14,44 +14,43 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineOverloaded, InvalidSampling, ModelNotFound, PromptTooLong
+from ferry.llm.errors import EngineOverloaded, InvalidSampling, PromptTooLong
 from ferry.llm.ortgenai import OrtGenAIEngine
 from ferry.llm.ortgenai_owner import OwnerLoop
+from ferry.server.errors import UnknownModel
+from ferry.server.openai.observer import GenerationObserver
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.registry import ModelRegistry
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME, ONNX_DIR, WAIT_S
 
 
 @dataclass
-class RecordingObserver:
+class RecordingObserver(GenerationObserver):
     first: list[float] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)
-    finished: list[tuple[str, int, int]] = field(default_factory=list)
-    structured: list[str] = field(default_factory=list)
+    finished_: list[tuple[str, int, int]] = field(default_factory=list)
+    structured_: list[str] = field(default_factory=list)
     guided_gaps: list[float] = field(default_factory=list)
 
-    def on_first_token(self, model: str, seconds: float) -> None:
+    def for_model(self, model: str) -> GenerationObserver:
         assert model == MODEL_NAME
+        return self
+
+    def first_token(self, seconds: float) -> None:
         self.first.append(seconds)
 
-    def on_token(self, model: str, seconds_since_last: float) -> None:
+    def token(self, seconds_since_last: float) -> None:
         self.gaps.append(seconds_since_last)
 
-    def on_structured(self, model: str, kind: str) -> None:
-        self.structured.append(kind)
+    def structured(self, kind: str) -> None:
+        self.structured_.append(kind)
 
-    def on_guided_token(self, model: str, seconds_since_last: float) -> None:
+    def guided_token(self, seconds_since_last: float) -> None:
         self.guided_gaps.append(seconds_since_last)
 
-    def on_finished(
-        self,
-        model: str,
-        finish_reason: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        seconds: float,
-    ) -> None:
-        self.finished.append((finish_reason, prompt_tokens, completion_tokens))
+    def finished(self, reason: str, prompt: int, generated: int, seconds: float) -> None:
+        self.finished_.append((reason, prompt, generated))
 
 
 @pytest.fixture
@@ -61,7 +60,7 @@ def observer() -> RecordingObserver:
 
 @pytest.fixture
 def serving(engine: OrtGenAIEngine, observer: RecordingObserver) -> OpenAIServing:
-    return OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    return OpenAIServing(ModelRegistry(llms={MODEL_NAME: engine}), observer=observer)
 
 
 def chat_request(case: dict[str, Any], **kwargs: Any) -> ChatCompletionRequest:
@@ -108,7 +107,7 @@ async def test_chat_non_streaming(
     }
     assert len(observer.first) == 1
     assert len(observer.gaps) == 19
-    assert observer.finished == [("length", prompt_tokens, 20)]
+    assert observer.finished_ == [("length", prompt_tokens, 20)]
 
 
 async def test_chat_streaming_with_usage(serving: OpenAIServing, reference: dict[str, Any]) -> None:
@@ -213,7 +212,7 @@ async def test_errors_before_streaming_raise(
     serving: OpenAIServing, reference: dict[str, Any]
 ) -> None:
     case = reference["cases"][0]
-    with pytest.raises(ModelNotFound):
+    with pytest.raises(UnknownModel):
         await serving.chat(chat_request(case, model="no-such-model"))
     too_long = {"messages": [{"role": "user", "content": "x " * 3000}]}
     with pytest.raises(PromptTooLong):
@@ -254,8 +253,8 @@ async def test_cancelling_a_stream_consumer_aborts_its_generations(
     with pytest.raises(asyncio.CancelledError):
         await task
     await wait_idle(engine)
-    assert sorted(reason for reason, _, _ in observer.finished) == ["abort", "abort"]
-    assert all(tokens < 1500 for _, _, tokens in observer.finished)
+    assert sorted(reason for reason, _, _ in observer.finished_) == ["abort", "abort"]
+    assert all(tokens < 1500 for _, _, tokens in observer.finished_)
 
 
 async def test_cancelling_a_chat_call_aborts_it(
@@ -310,7 +309,7 @@ async def test_a_request_shed_by_a_full_engine_counts_as_rejected_not_error(
 ) -> None:
     engine = OrtGenAIEngine(ONNX_DIR, name=MODEL_NAME, max_running=1, max_waiting=0)
     await engine.start()
-    serving = OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    serving = OpenAIServing(ModelRegistry(llms={MODEL_NAME: engine}), observer=observer)
     case = {"messages": [{"role": "user", "content": "count to nine"}]}
     try:
         running = await serving.chat_stream(chat_request(case, max_tokens=1000))
@@ -318,7 +317,7 @@ async def test_a_request_shed_by_a_full_engine_counts_as_rejected_not_error(
         assert first.startswith("data: ")
         with pytest.raises(EngineOverloaded):
             await serving.chat(chat_request(case))
-        assert [reason for reason, _, _ in observer.finished] == ["rejected"]
+        assert [reason for reason, _, _ in observer.finished_] == ["rejected"]
         await running.aclose()
     finally:
         await engine.close()
@@ -331,10 +330,10 @@ async def test_guided_requests_are_counted_by_kind_and_their_tokens_timed(
     request = chat_request(case, max_tokens=4, guided_choice=["yes", "no"], n=2)
     response = await asyncio.wait_for(serving.chat(request), WAIT_S)
     assert {c.message.content for c in response.choices} <= {"yes", "no"}
-    assert observer.structured == ["guided_choice"]  # once per request, not per choice
+    assert observer.structured_ == ["guided_choice"]  # once per request, not per choice
     assert len(observer.guided_gaps) == len(observer.gaps)  # every token was guided
     await asyncio.wait_for(serving.chat(chat_request(case, max_tokens=3)), WAIT_S)
-    assert observer.structured == ["guided_choice"]
+    assert observer.structured_ == ["guided_choice"]
     assert len(observer.guided_gaps) < len(observer.gaps)
 
 
@@ -342,7 +341,7 @@ async def test_requests_are_refused_whole_before_any_work(observer: RecordingObs
     # Room for 3 generations: 1 running + 2 waiting.
     engine = OrtGenAIEngine(ONNX_DIR, name=MODEL_NAME, max_running=1, max_waiting=2)
     await engine.start()
-    serving = OpenAIServing({MODEL_NAME: engine}, observer=observer)
+    serving = OpenAIServing(ModelRegistry(llms={MODEL_NAME: engine}), observer=observer)
     assert engine.max_concurrent_generations == 3
 
     def completion(prompts: int, n: int) -> CompletionRequest:
@@ -355,7 +354,7 @@ async def test_requests_are_refused_whole_before_any_work(observer: RecordingObs
             with pytest.raises(InvalidSampling) as refused:
                 await serving.completion(completion(prompts, n))
             assert refused.value.field == param
-        assert observer.finished == []
+        assert observer.finished_ == []
         # One generation holds a slot: a request for all 3 is refused whole, none of its own
         # generations started (they would have been aborted, not rejected).
         case = {"messages": [{"role": "user", "content": "count to nine"}]}
@@ -363,7 +362,7 @@ async def test_requests_are_refused_whole_before_any_work(observer: RecordingObs
         assert (await asyncio.wait_for(anext(running), WAIT_S)).startswith("data: ")
         with pytest.raises(EngineOverloaded, match="needs 3"):
             await serving.completion(completion(3, 1))
-        assert [reason for reason, _, _ in observer.finished] == ["rejected"] * 3
+        assert [reason for reason, _, _ in observer.finished_] == ["rejected"] * 3
         assert engine.stats().running + engine.stats().waiting == 1
         await running.aclose()
         # Once the slot is free the same request fits: the 429 was one a retry gets past.

@@ -1,0 +1,123 @@
+"""Planning (server/openai/planning.py): a request checked and tokenized once, before any engine
+work. The engine is the real vLLM adapter over the fake at vLLM's boundary, with the tiny model's
+real tokenizer; planning reads only its limits and tokenizer, so nothing is generated here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
+from ferry.llm.vllm import VLLMEngine
+from ferry.server.openai.planning import plan_chat, plan_completion
+from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
+from ferry.server.registry import ServedModel
+from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
+from tests.llm.llm_paths import HF_DIR, MODEL_NAME
+
+TOKENIZER = ChatTokenizer(HF_DIR)
+MESSAGES = [{"role": "user", "content": "hello there"}]
+
+
+def served(context: int = 256, concurrency: int = 8) -> ServedModel:
+    engine = VLLMEngine(
+        FakeAsyncLLM(steps=[]),
+        TOKENIZER,
+        name=MODEL_NAME,
+        max_context_tokens=context,
+        sampling_params_cls=sampling_params,
+        delta_output_kind=RequestOutputKind.DELTA,
+        max_concurrency=concurrency,
+    )
+    return ServedModel(MODEL_NAME, engine, MODEL_NAME)
+
+
+def chat(**fields: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"model": MODEL_NAME, "messages": MESSAGES, **fields}
+    )
+
+
+def completion(**fields: Any) -> CompletionRequest:
+    return CompletionRequest.model_validate({"model": MODEL_NAME, "prompt": "hi", **fields})
+
+
+def test_a_chat_is_rendered_once_and_its_n_choices_share_the_prompt() -> None:
+    plan = plan_chat(chat(n=3, priority=-10), served())
+    ids = TOKENIZER.encode_chat(MESSAGES)
+    assert [c.index for c in plan.choices] == [0, 1, 2]
+    assert all(c.prompt_ids is plan.choices[0].prompt_ids for c in plan.choices)  # one list
+    assert plan.choices[0].prompt_ids == ids
+    assert plan.prompt_tokens == len(ids)  # billed once, as OpenAI counts it
+    assert plan.priority == -10 and plan.response_id.startswith("chatcmpl-")
+
+
+def test_max_tokens_is_fitted_to_each_prompts_room_in_the_context() -> None:
+    long, short = "one two three four five six seven eight", "hi"
+    plan = plan_completion(completion(prompt=[long, short], max_tokens=200), served(context=64))
+    rooms = [64 - len(TOKENIZER.encode(p)) for p in (long, short)]
+    assert [c.sampling.max_tokens for c in plan.choices] == rooms
+    unlimited = plan_chat(chat(), served(context=64))  # no limit asked: all the room there is
+    assert (
+        unlimited.choices[0].sampling.max_tokens == 64 - plan_chat(chat(), served()).prompt_tokens
+    )
+
+
+@pytest.mark.parametrize(
+    ("request_", "field"),
+    [
+        (completion(prompt="x " * 300), "prompt"),
+        (completion(prompt=["hi", "x " * 300]), "prompt[1]"),
+        (chat(messages=[{"role": "user", "content": "x " * 300}]), "messages"),
+    ],
+)
+def test_a_prompt_with_no_room_left_names_what_to_shorten(request_: Any, field: str) -> None:
+    plan = plan_chat if isinstance(request_, ChatCompletionRequest) else plan_completion
+    with pytest.raises(PromptTooLong) as err:
+        plan(request_, served(context=128))
+    assert err.value.field == field
+
+
+def test_token_ids_outside_the_vocabulary_are_an_invalid_prompt() -> None:
+    vocab = TOKENIZER.vocab_size
+    with pytest.raises(InvalidPrompt) as err:
+        plan_completion(completion(prompt=[[1, 2], [3, vocab]]), served())
+    assert err.value.field == "prompt[1]" and str(vocab) in str(err.value)
+    ids = [1, 2, vocab - 1]
+    assert plan_completion(completion(prompt=ids), served()).choices[0].prompt_ids == ids
+
+
+@pytest.mark.parametrize(
+    ("prompts", "n", "field"), [(["a"], 3, "n"), (["a", "b", "c"], 1, "prompt")]
+)
+def test_more_generations_than_the_engine_ever_holds_is_a_400(prompts, n, field) -> None:
+    with pytest.raises(InvalidSampling) as err:
+        plan_completion(completion(prompt=prompts, n=n), served(concurrency=2))
+    assert err.value.field == field
+
+
+def test_a_bias_on_a_token_the_model_lacks_is_refused() -> None:
+    bias = {str(TOKENIZER.vocab_size): 5.0}
+    with pytest.raises(InvalidSampling) as err:
+        plan_completion(completion(logit_bias=bias), served())
+    assert err.value.field == "logit_bias"
+
+
+def test_an_option_the_engine_cannot_honour_is_refused_not_ignored() -> None:
+    engine = served()
+    engine.engine.sampling_options = frozenset()  # as an engine without penalties declares
+    with pytest.raises(InvalidSampling) as err:
+        plan_completion(completion(presence_penalty=0.5), engine)
+    assert err.value.field == "presence_penalty"
+    plan_completion(completion(presence_penalty=0.0), engine)  # the neutral value asks nothing
+
+
+def test_echo_keeps_each_prompts_text_for_its_choices() -> None:
+    plan = plan_completion(completion(prompt=["ab", "cd"], n=2, echo=True), served())
+    assert [c.prompt_text for c in plan.choices] == ["ab", "ab", "cd", "cd"]
+    assert [c.index for c in plan.choices] == [0, 1, 2, 3]
+    assert plan.prompt_tokens == len(TOKENIZER.encode("ab")) + len(TOKENIZER.encode("cd"))
+    ids = plan_completion(completion(prompt=[5, 6], echo=True), served())
+    assert ids.choices[0].prompt_text == TOKENIZER.decode([5, 6])  # token ids: decoded once

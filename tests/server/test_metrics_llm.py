@@ -1,0 +1,54 @@
+"""The ferry_llm_* series (server/metrics.py): engine counts read from the engines when
+Prometheus scrapes, and generation hooks whose label values are bound once per model."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ferry.llm.base import EngineStats
+from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+
+
+def test_engine_series_are_the_engines_own_counts_at_scrape_time():
+    registry = CollectorRegistry()
+    metrics = FerryMetrics(registry)
+    stats = {"m": EngineStats(running=2, waiting=3, prefix_cache_queries=10, prefix_cache_hits=4)}
+    assert "ferry_llm_requests_running{" not in generate_latest(registry).decode()  # no engines
+    metrics.watch_llm_engines(lambda: stats)
+
+    def sample(name: str) -> float | None:
+        return registry.get_sample_value(name, {"model": "m"})
+
+    assert sample("ferry_llm_requests_running") == 2
+    assert sample("ferry_llm_requests_waiting") == 3
+    assert sample("ferry_llm_prefix_cache_queries_total") == 10
+    assert sample("ferry_llm_prefix_cache_hits_total") == 4
+    stats["m"] = EngineStats(running=0, waiting=1, prefix_cache_queries=12, prefix_cache_hits=4)
+    assert (sample("ferry_llm_requests_running"), sample("ferry_llm_requests_waiting")) == (0, 1)
+    assert sample("ferry_llm_prefix_cache_queries_total") == 12  # nothing wrote it: read anew
+
+
+def test_generation_hooks_write_the_models_series():
+    registry = CollectorRegistry()
+    observer = LLMMetricsObserver(FerryMetrics(registry))
+    bound = observer.for_model("m")
+    assert observer.for_model("m") is bound  # one binding per model, reused by every request
+    bound.structured("json_schema")
+    bound.first_token(0.2)
+    bound.token(0.01)
+    bound.guided_token(0.01)
+    bound.finished("stop", 7, 2, 0.3)
+    bound.finished("rejected", 5, 0, 0.0)
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"model": "m", **labels})
+
+    assert sample("ferry_llm_generation_tokens_total") == 2
+    assert sample("ferry_llm_time_to_first_token_seconds_count") == 1
+    assert sample("ferry_llm_inter_token_latency_seconds_count") == 1
+    assert sample("ferry_llm_guided_inter_token_latency_seconds_count") == 1
+    assert sample("ferry_llm_prompt_tokens_total") == 12
+    assert sample("ferry_llm_requests_finished_total", finish_reason="stop") == 1
+    assert sample("ferry_llm_requests_finished_total", finish_reason="rejected") == 1
+    assert sample("ferry_llm_structured_requests_total", kind="json_schema") == 1
+    assert sample("ferry_llm_request_duration_seconds_count") == 2
