@@ -54,10 +54,8 @@ def test_null_backend_server_under_load_from_two_processes(api_servers):
 
 def test_placeholder_tokenizer_maps_its_own_pieces(tmp_path):
     write_tokenizer(tmp_path / "tokenizer.json", 30522)
-    (sequence,) = TextTokenizer(tmp_path / "tokenizer.json", 256).encode(
-        ["[CLS] [unused2000] [SEP]"]
-    )
-    assert sequence.input_ids.tolist() == [101, 2000, 102]
+    tokens = TextTokenizer(tmp_path / "tokenizer.json", 256).encode(["[CLS] [unused2000] [SEP]"])
+    assert tokens.input_ids.tolist() == [[101, 2000, 102]]
 
 
 def step(throughput: float) -> Step:
