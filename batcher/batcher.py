@@ -70,6 +70,7 @@ class MicroBatcher(Admission, Collection, Dispatch):
         self._loop_task: asyncio.Task | None = None
         self._closed = False
         self._recent_batch_s = 0.05
+        self._pace = 1.0
         self._queued_work: dict[int, float] = {}
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()

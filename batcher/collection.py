@@ -62,8 +62,8 @@ class Collection(BatcherState):
         within the most urgent (lowest) priority queued.
 
         Only those that arrived within `fairness_window` times what batching saves, after the
-        oldest: what a full batch at the oldest's length saves over running its members one by
-        one (by the cost model: (n - 1) fixed costs). Length grouping and the cost model's cut
+        oldest: what a batch of the cheapest size at the oldest's length saves over running its
+        members one by one (by the cost model). Length grouping and the cost model's cut
         choose within it, but a request is never passed over by one that arrived more than the
         window after it, so it waits about as long as first come, first served would make it
         wait. Where batching saves little (long sequences on a CPU) the window closes and the
@@ -80,10 +80,9 @@ class Collection(BatcherState):
             return queued  # batches in arrival order pass nobody over; None: no window
         oldest = queued[0]
         if self.cost_model.ready:
-            limits = self.limits
-            full = max(1, min(limits.max_batch_size, limits.max_batch_tokens // oldest.length))
-            # n * predict(1, L) - predict(n, L), exactly: the model's cost grows linearly in n.
-            saved_s = (full - 1) * self.cost_model.predict(0, 0)
+            length = oldest.length
+            best, share = self.cost_model.best_share(length, self._most_at(length))
+            saved_s = best * (self.cost_model.predict(1, length) - share)
         else:
             saved_s = self._recent_batch_s
         cutoff = oldest.enqueued_at + window * saved_s

@@ -52,7 +52,7 @@ class Dispatch(BatcherState):
             batch[0].priority,  # a batch holds one priority (collection.py)
         )
         try:
-            rows = await self._infer_rows(padded)
+            rows = await self._infer_rows(padded, sum(r.cost_s for r in batch))
         except BatchWideFailure as exc:
             for request in batch:
                 _resolve_error(request, exc)
@@ -74,7 +74,8 @@ class Dispatch(BatcherState):
             if not request.future.done():
                 request.future.set_result(row)
 
-    async def _infer_rows(self, padded: PaddedBatch) -> list[Result]:
+    async def _infer_rows(self, padded: PaddedBatch, priced_s: float) -> list[Result]:
+        """Run the batch; `priced_s` is what admission priced its members at (their shares)."""
         predicted_s = self.cost_model.predict(padded.size, padded.padded_length)
         clock = self._running_clock()
         started = clock.time()
@@ -93,6 +94,8 @@ class Dispatch(BatcherState):
             self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
             if not failed:
                 self.cost_model.observe(padded.size, padded.padded_length, elapsed)
+                if priced_s > 0:
+                    self._pace = 0.8 * self._pace + 0.2 * elapsed / priced_s
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self.cost_model.ready else None
             )

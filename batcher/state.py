@@ -53,6 +53,10 @@ class BatcherState:
     _slots: asyncio.Semaphore
     _running: set[asyncio.Task]
     _recent_batch_s: float
+    # Seconds a batch really took per second admission priced its members at (recent batches):
+    # what the shares leave out (padding to a neighbour's length, a cut short of the cheapest
+    # size, other work on the cores) makes it > 1, and admission scales its prediction by it.
+    _pace: float
     # Predicted seconds of queued work per priority (admission's running sums).
     _queued_work: dict[int, float]
     _published_fits: int

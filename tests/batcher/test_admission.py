@@ -1,5 +1,5 @@
 """Admission's arithmetic (batcher/admission.py), exactly, on a manual clock: each queued
-request's share of a full batch at its length, summed over the work served before or beside a
+request's share of the cheapest batch at its length, summed over the work served before or beside a
 new request (its priority and more urgent ones), over the concurrent batch slots."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def small_batches() -> MicroBatcher:
         (20, 0.030),  # over the token limit: it still runs, alone
     ],
 )
-async def test_a_request_costs_its_share_of_a_full_batch_at_its_length(length, share_s):
+async def test_a_request_costs_its_share_of_the_cheapest_batch_at_its_length(length, share_s):
     assert small_batches().request_cost_s(length) == pytest.approx(share_s)
 
 
@@ -317,3 +317,35 @@ async def test_retry_after_before_the_cost_model_counts_batches_of_the_recent_ba
     # 50 batches ahead over 2 slots at 50 ms each.
     assert refused.value.retry_after_s == pytest.approx(25 * 0.05)
     await batcher.close(0)
+
+
+class TwiceAsSlowBackend:
+    """Each batch takes twice what the exact cost model says, in the clock's time."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
+        await self.clock.sleep(2 * (0.010 + 0.001 * batch.size * batch.padded_length))
+        return {"total": np.zeros((batch.size, 1), dtype=np.float32)}
+
+
+async def test_the_prediction_follows_how_long_batches_really_took_per_priced_second():
+    clock = ManualClock()
+    batcher = batcher_for(TwiceAsSlowBackend(clock), clock, max_concurrent_batches=1)
+    exact_cost_model(batcher)
+    batcher.cost_model._refit_every = 10**9  # the model stays as it is; only the pace learns
+    own = batcher.request_cost_s(4)
+    assert batcher.predicted_wait_s(0, own) == pytest.approx(own)
+    batcher.start()
+    (first,) = queue(batcher, 4)
+    await clock.run_until_done(first)
+    # Priced at one share (`own`), it took twice the model's batch of one: pace 0.8 + 0.2 * r.
+    pace = 0.8 + 0.2 * 2 * (0.010 + 0.004) / own
+    assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
+    # Behind one queued request: a deadline the model alone would meet (2 * own, at 90 %), the
+    # learned pace would not: refused at once.
+    queue(batcher, 4)
+    with pytest.raises(QueueFull):
+        batcher.submit([seq(*range(1, 5))], timeout_s=2 * own * pace / 0.9 - 1e-6)
+    await batcher.close(1)
