@@ -56,6 +56,18 @@ def queue(batcher: MicroBatcher, *lengths: int, priority: int = 0) -> list[async
     ]
 
 
+async def one_running_batch_of_four() -> tuple[HeldBackend, MicroBatcher]:
+    """One slot, batches of at most 4, the exact cost model, and one batch held running."""
+    backend = HeldBackend()
+    batcher = batcher_for(backend, ManualClock(), max_batch_size=4, max_concurrent_batches=1)
+    exact_cost_model(batcher)
+    batcher.start()
+    queue(batcher, 1)
+    await settle()
+    assert batcher.running_batches == 1
+    return backend, batcher
+
+
 async def test_an_empty_queue_predicts_no_wait():
     batcher = batcher_for(HeldBackend(), ManualClock())
     exact_cost_model(batcher)
@@ -110,13 +122,7 @@ async def test_the_wait_counts_the_work_of_its_priority_and_more_urgent_ones_onl
 
 
 async def test_a_running_batch_adds_the_recent_batch_time():
-    backend, clock = HeldBackend(), ManualClock()
-    batcher = batcher_for(backend, clock, max_batch_size=4, max_concurrent_batches=1)
-    exact_cost_model(batcher)
-    batcher.start()
-    queue(batcher, 1)
-    await settle()
-    assert batcher.running_batches == 1
+    backend, batcher = await one_running_batch_of_four()
     queue(batcher, 1, 1)
     # 50 ms (the initial recent batch time) for the one running, then two shares of a batch of 4.
     assert batcher.predicted_wait_s() == pytest.approx(0.05 + 2 * 0.014 / 4)
@@ -264,13 +270,7 @@ async def test_queued_requests_without_a_deadline_are_passed_over_for_those_with
 
 
 async def test_the_running_batch_counts_before_a_queued_request_s_finish():
-    backend, clock = HeldBackend(), ManualClock()
-    batcher = batcher_for(backend, clock, max_batch_size=4, max_concurrent_batches=1)
-    exact_cost_model(batcher)
-    batcher.start()
-    queue(batcher, 1)
-    await settle()
-    assert batcher.running_batches == 1
+    backend, batcher = await one_running_batch_of_four()
     five = seq(1, 2, 3, 4, 5)  # 10 + 4 * 5 ms for a batch of 4: 7.5 ms each, on one slot
     # 50 ms (the recent batch time) running, then its own 7.5 ms: within 90 % of 70 ms.
     (promised,) = batcher.submit([five], timeout_s=0.070, priority=1)
