@@ -15,48 +15,61 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ferry.batcher.cost_model import BatchCostModel
+from ferry.batcher.dispatch import Dispatch
 from ferry.batcher.errors import QueueFull
+from ferry.batcher.observer import BatchObserver
+from ferry.batcher.policy import BatchLimits, most_at
+from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import TokenSequence
-from ferry.batcher.state import BatcherState
 
 # The cost model errs both ways on a shared machine: admit only what fits in this share of the
 # time left before the deadline.
 ADMISSION_SHARE = 0.9
 
 
-class Admission(BatcherState):
+class Admission:
+    def __init__(
+        self,
+        limits: BatchLimits,
+        queue: RequestQueue,
+        cost_model: BatchCostModel,
+        dispatch: Dispatch,
+        observer: BatchObserver,
+    ) -> None:
+        self.limits = limits
+        self._queue = queue
+        self._cost_model = cost_model
+        self._dispatch = dispatch
+        self._observer = observer
+
     def request_cost_s(self, length: int) -> float:
         """One request's share of the cheapest batch at its length (0 before the cost model is
         ready). Not of a full batch: large batches of long sequences cost more per request."""
-        if not self.cost_model.ready:
+        if not self._cost_model.ready:
             return 0.0
-        return self.cost_model.best_share(length, self._most_at(length))[1]
+        return self._cost_model.best_share(length, most_at(self.limits, length))[1]
 
-    def _most_at(self, length: int) -> int:
-        """The most requests of `length` tokens one batch may hold."""
-        return max(1, min(self.limits.max_batch_size, self.limits.max_batch_tokens // length))
+    def reprice(self) -> None:
+        """Price every queued request again (after a refit of the cost model): a share priced
+        before it (0 before the model was ready) would otherwise stay stale while it waits."""
+        self._queue.reprice(self.request_cost_s)
 
-    def _cost_model_refitted(self) -> None:
-        """Price every queued request again: a share priced before the refit (0 before the cost
-        model was ready) would otherwise stay stale for as long as the request is queued."""
-        work: dict[int, float] = {}
-        for request in self._pending.values():
-            request.cost_s = self.request_cost_s(request.length)
-            work[request.priority] = work.get(request.priority, 0.0) + request.cost_s
-        self._queued_work = work
+    def _running_s(self) -> float:
+        """What the batches running now add before queued work starts (the recent batch time)."""
+        return self._dispatch.recent_batch_s if self._dispatch.running else 0.0
 
     def predicted_wait_s(self, priority: int = 0, extra_s: float = 0.0) -> float | None:
         """When a request of `priority` costing `extra_s` would finish if queued now.
 
         None while the cost model is not ready (nothing to go by yet).
         """
-        if not self.cost_model.ready:
+        if not self._cost_model.ready:
             return None
-        work = extra_s + sum(s for p, s in self._queued_work.items() if p <= priority)
-        running = self._recent_batch_s if self._running else 0.0
-        return running + work * self._pace / self.limits.max_concurrent_batches
+        work = extra_s + self._queue.work_up_to(priority)
+        return self._running_s() + work * self._dispatch.pace / self.limits.max_concurrent_batches
 
-    def _admit_by_predicted_wait(
+    def admit(
         self,
         sequences: Sequence[TokenSequence],
         now: float,
@@ -71,7 +84,10 @@ class Admission(BatcherState):
         against a request; its deadlines do (those requests were admitted on a prediction that
         the newcomer would break).
         """
-        if not self._pending:
+        if len(self._queue) + len(sequences) > self.limits.max_queue_size:
+            self._observer.rejected("queue_full")
+            raise QueueFull(retry_after_s=self.retry_after_s())
+        if not self._queue:
             return
         own = sum(self.request_cost_s(seq.length) for seq in sequences)
         if deadline is not None:
@@ -85,7 +101,7 @@ class Admission(BatcherState):
         if self._would_make_late(priority, own, now):
             self._observer.rejected("predicted_late")
             raise QueueFull(
-                retry_after_s=self._retry_after_s(),
+                retry_after_s=self.retry_after_s(),
                 message="it would make less urgent queued requests miss their deadlines",
             )
 
@@ -97,18 +113,19 @@ class Admission(BatcherState):
         queued before it go first (arrival order, up to the fairness window). A request already
         predicted late stops no one: it is not the newcomer that makes it miss.
         """
-        if all(level <= priority for level in self._queued_work):
+        if all(level <= priority for level in self._queue.work_by_priority):
             return False
         slots = self.limits.max_concurrent_batches
-        running = self._recent_batch_s if self._running else 0.0
+        running = self._running_s()
+        pace = self._dispatch.pace
         # Per less urgent level: the work of every more urgent level, then its own in arrival
         # order up to each request (the insertion-ordered queue is arrival order).
         before = {
-            level: sum(s for other, s in self._queued_work.items() if other < level)
-            for level in self._queued_work
+            level: sum(s for other, s in self._queue.work_by_priority.items() if other < level)
+            for level in self._queue.work_by_priority
             if level > priority
         }
-        for request in self._pending.values():
+        for request in self._queue:
             level = request.priority
             if level <= priority:
                 continue
@@ -116,15 +133,17 @@ class Admission(BatcherState):
             if request.deadline is None:
                 continue
             allowed = (request.deadline - now) * ADMISSION_SHARE
-            finish = running + before[level] * self._pace / slots
-            if finish <= allowed < finish + extra_s * self._pace / slots:
+            finish = running + before[level] * pace / slots
+            if finish <= allowed < finish + extra_s * pace / slots:
                 return True
         return False
 
-    def _retry_after_s(self) -> float:
+    def retry_after_s(self) -> float:
         """How long the queue ahead takes to drain (at least 1 s)."""
-        wait = self.predicted_wait_s(max(self._queued_work, default=0))
+        wait = self.predicted_wait_s(max(self._queue.work_by_priority, default=0))
         if wait is None:
-            batches_ahead = len(self._pending) / self.limits.max_batch_size
-            wait = batches_ahead / self.limits.max_concurrent_batches * self._recent_batch_s
+            batches_ahead = len(self._queue) / self.limits.max_batch_size
+            wait = (
+                batches_ahead / self.limits.max_concurrent_batches * self._dispatch.recent_batch_s
+            )
         return max(1.0, wait)

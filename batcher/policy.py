@@ -53,6 +53,12 @@ class BatchLimits:
             raise ValueError("latency_objective_s must be > 0")
 
 
+def most_at(limits: BatchLimits, length: int) -> int:
+    """The most requests of `length` tokens one batch may hold (at least one: a request over
+    the token limit still runs, alone)."""
+    return max(1, min(limits.max_batch_size, limits.max_batch_tokens // length))
+
+
 def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:
     """True once waiting longer cannot make the next batch larger."""
     if len(queued) >= limits.max_batch_size:

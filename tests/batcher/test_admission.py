@@ -140,14 +140,14 @@ async def test_the_queued_work_follows_cancellations_and_dispatches():
     gone.cancel()
     await settle()
     # Only the 5-token request is left, and priority 3 has no queue any more.
-    assert batcher._queued_work == {0: pytest.approx(0.030 / 4)}
-    assert batcher._queued_count == {0: 1}
+    assert batcher.queue.work_by_priority == {0: pytest.approx(0.030 / 4)}
+    assert batcher.queue.count_by_priority == {0: 1}
     batcher.start()
     await settle()
     assert batcher.running_batches == 1 and batcher.queue_depth == 0
-    assert batcher._queued_work == {} and batcher._queued_count == {}
+    assert batcher.queue.work_by_priority == {} and batcher.queue.count_by_priority == {}
     queue(batcher, 1, 1)
-    assert batcher._queued_work == {0: pytest.approx(2 * 0.014 / 4)}
+    assert batcher.queue.work_by_priority == {0: pytest.approx(2 * 0.014 / 4)}
     await backend.release_all()
     await backend.release_all()
     await batcher.close(1)
@@ -165,14 +165,14 @@ async def test_a_refit_prices_the_queued_requests_again():
         batcher.cost_model.observe(n, length, 0.010 + 0.001 * n * length)
     assert not batcher.cost_model.ready
     futures = queue(batcher, 4, 4, 4) + queue(batcher, 2, priority=1)
-    assert batcher._queued_work == {0: 0.0, 1: 0.0}  # priced before it was ready
+    assert batcher.queue.work_by_priority == {0: 0.0, 1: 0.0}  # priced before it was ready
     batcher.start()
     # The first batch (4 tokens, 14 ms) is the eighth observation: the refit prices what is
     # queued: one 4-token request left at priority 0 (the second batch has just started), one
     # 2-token request at priority 1, each alone in a batch of one.
     await clock.advance(0.014)
     assert batcher.cost_model.ready and batcher.queue_depth == 2
-    assert batcher._queued_work == {0: pytest.approx(0.014), 1: pytest.approx(0.012)}
+    assert batcher.queue.work_by_priority == {0: pytest.approx(0.014), 1: pytest.approx(0.012)}
     await clock.run_until_done(asyncio.gather(*futures))
     await batcher.close(0)
 

@@ -223,7 +223,7 @@ async def test_a_stop_at_the_moment_of_the_timeout_is_a_stop_not_a_timeout():
     batcher, future = never_answering(clock, infer_timeout_s=1.0)
     await settle()
     # Cancel the running batch in the same instant as its timeout fires.
-    clock.call_at(clock.time() + 1.0, lambda: [t.cancel() for t in list(batcher._running)])
+    clock.call_at(clock.time() + 1.0, lambda: [t.cancel() for t in list(batcher.dispatch.running)])
     await clock.advance(1.0)
     assert isinstance(future.exception(), BatchAbandoned)
     await batcher.close(0)

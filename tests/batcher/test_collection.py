@@ -207,7 +207,9 @@ async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
     for step in (0.0, window, 0.001):
         await clock.advance(step)
         batcher.submit([seq(*FOUR)])
-    assert [r.enqueued_at - 1000 for r in batcher._candidates()] == pytest.approx([0, window])
+    assert [r.enqueued_at - 1000 for r in batcher.collection.candidates()] == pytest.approx(
+        [0, window]
+    )
     await batcher.close(0)
 
 
@@ -231,7 +233,7 @@ async def test_the_window_is_the_fixed_costs_a_full_batch_saves(length, arrivals
     for at in arrivals:
         await clock.advance(at - (clock.time() - 1000))
         batcher.submit([seq(*range(1, length + 1))])
-    assert len(batcher._candidates()) == candidates
+    assert len(batcher.collection.candidates()) == candidates
     await batcher.close(0)
 
 
@@ -252,7 +254,7 @@ async def test_no_window_where_none_applies(limits):
     for step in (0.0, 1.0, 1.0):
         await clock.advance(step)
         batcher.submit([seq(*FOUR)])
-    assert len(batcher._candidates()) == 3
+    assert len(batcher.collection.candidates()) == 3
     await batcher.close(0)
 
 
