@@ -26,7 +26,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
-from ferry.batcher.padding import PaddedBatch
+from ferry.batcher.padding import PaddedBatch, stack_rows
 
 if TYPE_CHECKING:
     from ferry.server.settings import ModelSettings, TritonOptions
@@ -231,16 +231,12 @@ class TritonBackend:
         self, rows: list[dict[str, np.ndarray]], width: int, names: Sequence[str]
     ) -> dict[str, np.ndarray]:
         """One-row results back into a batch; sequence outputs re-padded for the batcher."""
-        stacked = {}
-        for name in names:
-            parts = [row[name] for row in rows]
-            if name in self.sequence_outputs:
-                parts = [
-                    np.pad(p, [(0, 0), (0, width - p.shape[1])] + [(0, 0)] * (p.ndim - 2))
-                    for p in parts
-                ]
-            stacked[name] = np.concatenate(parts)
-        return stacked
+        return {
+            name: stack_rows(
+                [row[name][0] for row in rows], width if name in self.sequence_outputs else None
+            )
+            for name in names
+        }
 
     async def _infer_arrays(
         self, ids: np.ndarray, mask: np.ndarray, names: Sequence[str]

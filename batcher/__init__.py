@@ -13,7 +13,7 @@ from ferry.batcher.errors import (
     QueueFull,
 )
 from ferry.batcher.observer import BatchObserver
-from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.padding import PaddedBatch, pad_batch, stack_rows, unpad_outputs
 from ferry.batcher.policy import BatchLimits
 from ferry.batcher.request import SequenceLimits, TokenSequence
 
@@ -34,5 +34,6 @@ __all__ = [
     "SequenceLimits",
     "TokenSequence",
     "pad_batch",
+    "stack_rows",
     "unpad_outputs",
 ]

@@ -13,15 +13,12 @@ model's super-linear term, 11 of ~200 admitted requests of a real 1000-request b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ferry.batcher.cost_model import BatchCostModel
 from ferry.batcher.dispatch import Dispatch
 from ferry.batcher.errors import QueueFull
 from ferry.batcher.observer import BatchObserver
 from ferry.batcher.policy import BatchLimits, most_at
 from ferry.batcher.queue import RequestQueue
-from ferry.batcher.request import TokenSequence
 
 # The cost model errs both ways on a shared machine: admit only what fits in this share of the
 # time left before the deadline.
@@ -71,34 +68,36 @@ class Admission:
 
     def admit(
         self,
-        sequences: Sequence[TokenSequence],
+        count: int,
+        own_s: float,
         now: float,
         deadline: float | None,
         priority: int,
     ) -> None:
-        """Refuse now (429) what the queue ahead would make finish after its deadline (504),
-        and what would make a queued request finish after its own.
+        """Refuse now (429) `count` requests the bounded queue has no room for, what the queue
+        ahead would make finish after its deadline (504), and what would make a queued request
+        finish after its own. `own_s`: the newcomer's predicted work (its requests'
+        `request_cost_s`, summed once by `submit`).
 
         Only deadlines count: a latency objective is a target that steers batch sizes, and
         refusing at it would turn every burst into 429s. Less urgent work queued does not count
         against a request; its deadlines do (those requests were admitted on a prediction that
         the newcomer would break).
         """
-        if len(self._queue) + len(sequences) > self.limits.max_queue_size:
+        if len(self._queue) + count > self.limits.max_queue_size:
             self._observer.rejected("queue_full")
             raise QueueFull(retry_after_s=self.retry_after_s())
         if not self._queue:
             return
-        own = sum(self.request_cost_s(seq.length) for seq in sequences)
         if deadline is not None:
-            wait = self.predicted_wait_s(priority, own)
+            wait = self.predicted_wait_s(priority, own_s)
             if wait is not None and wait > (deadline - now) * ADMISSION_SHARE:
                 self._observer.rejected("predicted_late")
                 raise QueueFull(
                     retry_after_s=max(1.0, wait - (deadline - now)),
                     message=f"the queue ahead would take {wait:.1f}s, past this request's deadline",
                 )
-        if self._would_make_late(priority, own, now):
+        if self._would_make_late(priority, own_s, now):
             self._observer.rejected("predicted_late")
             raise QueueFull(
                 retry_after_s=self.retry_after_s(),

@@ -26,7 +26,6 @@ from ferry.batcher.errors import (
     BatcherClosed,
     BatcherError,
     DeadlineExceeded,
-    InvalidInput,
 )
 from ferry.batcher.observer import BatchObserver, NullObserver
 from ferry.batcher.padding import PaddedBatch
@@ -121,29 +120,24 @@ class MicroBatcher:
         within one priority the fairness window holds (collection.py).
 
         `outputs` names what the caller will read (None: every output); a batch fetches only the
-        union of what its members asked for. Raises InvalidInput (naming the field), QueueFull
+        union of what its members asked for. Raises QueueFull
         (also when the queue ahead would make the request miss its deadline) or BatcherClosed
         at once.
         """
         if self._closed:
             self._observer.rejected("closed")
             raise BatcherClosed(f"model {self.name!r} is shutting down")
-        for index, seq in enumerate(sequences):
-            try:
-                self.sequence_limits.validate(seq)
-            except InvalidInput as exc:
-                self._observer.rejected("invalid")
-                # `input_ids[1]`: the one param format of every route (README, Errors).
-                field = f"{exc.field}[{index}]" if len(sequences) > 1 else exc.field
-                raise InvalidInput(field, exc.message) from None
+        # Validated once, by the server (encoder_validation.py): asserted, not checked again.
+        assert all(map(self.sequence_limits.admits, sequences)), "unvalidated sequences"
         loop = asyncio.get_running_loop()
         clock = self._clock or loop
         now = clock.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
-        self.admission.admit(sequences, now, deadline, priority)
+        costs = [self.admission.request_cost_s(seq.length) for seq in sequences]
+        self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
         futures = []
-        for seq in sequences:
+        for seq, cost_s in zip(sequences, costs, strict=True):
             request = QueuedRequest(
                 seq,
                 loop.create_future(),
@@ -151,7 +145,7 @@ class MicroBatcher:
                 deadline=deadline,
                 outputs=outputs,
                 priority=priority,
-                cost_s=self.admission.request_cost_s(seq.length),
+                cost_s=cost_s,
             )
             if deadline is not None:
                 request.expiry = clock.call_at(deadline, self._expire, request)

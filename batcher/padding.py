@@ -71,3 +71,11 @@ def unpad_outputs(
         for row, length in enumerate(lengths):
             rows[row][name] = value[row, :length] if name in sequence_outputs else value[row]
     return rows
+
+
+def stack_rows(parts: Sequence[np.ndarray], width: int | None = None) -> np.ndarray:
+    """Per-row arrays stacked into one batch array; with `width`, each row's first (sequence)
+    axis is right-padded with zeros to it first: `unpad_outputs`'s inverse for one output."""
+    if width is not None:
+        parts = [np.pad(p, [(0, width - p.shape[0])] + [(0, 0)] * (p.ndim - 1)) for p in parts]
+    return np.stack(parts)

@@ -12,9 +12,10 @@ import numpy as np
 
 from ferry.backends.base import Backend
 from ferry.backends.hf_folder import folder_manifest
-from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
+from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits
 from ferry.batcher.errors import InvalidInput
 from ferry.exporters.manifest import ModelManifest
+from ferry.server.encoder_request import ValidSequences
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tokenization import TextTokenizer
@@ -125,26 +126,20 @@ class ModelRuntime:
         self._metrics.model_ready.labels(self.name).set(1 if ok else 0)
         return ok
 
-    def submit(
-        self,
-        sequences: Sequence[TokenSequence],
-        timeout_s: float | None,
-        outputs: frozenset[str] | None = None,
-        priority: int = 0,
-    ) -> list[asyncio.Future]:
+    def submit(self, valid: ValidSequences) -> list[asyncio.Future]:
+        """Queue a validated request's rows (nothing is checked again), one future each."""
         assert self.batcher is not None, "submit before start"
-        if timeout_s is not None:
-            self._check_deadline(sequences, timeout_s)
-        return self.batcher.submit(sequences, timeout_s, outputs, priority)
+        return self.batcher.submit(
+            valid.sequences(), valid.timeout_s, self.backend_outputs(valid.outputs), valid.priority
+        )
 
-    def _check_deadline(self, sequences: Sequence[TokenSequence], timeout_s: float) -> None:
+    def check_deadline(self, longest: int, timeout_s: float) -> None:
         """A deadline shorter than the model's time for the longest row alone, on an idle
         server, can never be met: a 422 naming timeout_ms before queueing, not a 504 after.
         Only under half that time, since the cost model is fitted on a shared machine."""
         cost_model = self.batcher.cost_model  # type: ignore[union-attr]
-        if not cost_model.ready or not sequences:
+        if not cost_model.ready:
             return
-        longest = max(seq.length for seq in sequences)
         floor_s = cost_model.predict(1, longest) * DEADLINE_FLOOR_SHARE
         if timeout_s < floor_s:
             raise InvalidInput(
@@ -154,18 +149,25 @@ class ModelRuntime:
                 "on an idle server",
             )
 
-    def select_outputs(self, requested: Sequence[str] | None) -> tuple[str, ...]:
-        """The outputs a request wants: the ones it names, else the configured ones."""
-        wanted = tuple(requested) if requested else self.settings.outputs
-        self.check_outputs(wanted)
-        return wanted
+    def count_invalid(self) -> None:
+        """A request refused by validation, counted with the batcher's own refusals."""
+        self._metrics.rejections.labels(self.name, "invalid").inc()
 
-    def check_outputs(self, names: Sequence[str]) -> None:
-        for name in names:
-            if name not in self.servable_outputs:
+    def select_outputs(
+        self, requested: Sequence[str | None] | None, *, tensors: bool = False
+    ) -> tuple[str, ...]:
+        """The outputs a request wants, checked (the one check of output names): the ones it
+        names, else the configured ones. `tensors` (KServe): only the backend's own outputs,
+        all of them by default, since the derived ones are no FP32 tensors."""
+        choices = self.backend.output_names if tensors else self.servable_outputs
+        for name in requested or ():
+            if name not in choices:
                 raise InvalidInput(
-                    "outputs", f"unknown output {name!r}; choose from {list(self.servable_outputs)}"
+                    "outputs", f"unknown output {name!r}; choose from {list(choices)}"
                 )
+        if requested:
+            return tuple(requested)  # type: ignore[arg-type]
+        return tuple(choices) if tensors else self.settings.outputs
 
     def backend_outputs(self, names: Sequence[str]) -> frozenset[str]:
         """What the backend must fetch for `names`: derived outputs come from the logits."""

@@ -10,7 +10,6 @@ from pydantic import (
     Field,
     StrictInt,
     StrictStr,
-    field_validator,
     model_validator,
 )
 
@@ -59,13 +58,6 @@ class PredictRequest(BaseModel):
     )
     priority: Priority = Field(default=0, description=PRIORITY_DESCRIPTION)
 
-    @field_validator("inputs", "input_ids")
-    @classmethod
-    def _not_empty(cls, value: Any) -> Any:
-        if value == []:  # named by its field: the error's loc carries it
-            raise ValueError("the input list is empty")
-        return value
-
     @model_validator(mode="after")
     def _one_kind_of_input(self) -> PredictRequest:
         if (self.inputs is None) == (self.input_ids is None):
@@ -77,7 +69,7 @@ class PredictRequest(BaseModel):
     def token_lists(self) -> tuple[list[list[int]], list[list[int]] | None]:
         """input_ids / attention_mask as lists of items, whether one item or many was sent."""
         assert self.input_ids is not None
-        batched = isinstance(self.input_ids[0], list)
+        batched = bool(self.input_ids) and isinstance(self.input_ids[0], list)
         ids = self.input_ids if batched else [self.input_ids]
         mask = self.attention_mask
         if mask is not None and mask and not isinstance(mask[0], list):

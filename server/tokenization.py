@@ -4,32 +4,51 @@ Tokenizing runs off the event loop, in one worker thread, and per batch: texts t
 batch is being encoded wait and go together in the next `encode_batch` call (which releases the
 GIL). One 4 MB text then costs its own request the time to tokenize it, not every other request
 a stalled loop.
+
+Texts come back as right-padded id and mask arrays with each row's length; checking those
+lengths against the model is `encoder_validation.py`'s job, not this module's.
 """
 
 from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 
-from ferry.batcher.errors import InvalidInput
-from ferry.batcher.request import TokenSequence
+
+class TextRejected(Exception):
+    """A text the tokenizer cannot take; the caller names it (`index`) as its protocol does."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """Texts as right-padded [texts, longest] int64 ids and mask, and each row's length."""
+
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    lengths: tuple[int, ...]
 
 
 @dataclass
 class _Job:
     texts: list[str]
     truncate: bool
-    future: asyncio.Future[list[TokenSequence]]
+    future: asyncio.Future[Tokenized]
 
 
 @dataclass
 class _Outcome:
-    sequences: list[TokenSequence] = field(default_factory=list)
-    error: InvalidInput | None = None
+    tokenized: Tokenized | None = None
+    error: TextRejected | None = None
 
 
 class TextTokenizer:
@@ -48,14 +67,15 @@ class TextTokenizer:
         self._draining = False
         self._drainer: asyncio.Task | None = None
 
-    def encode(self, texts: list[str], truncate: bool = False) -> list[TokenSequence]:
-        """Tokenize in the calling thread; InvalidInput names the text at fault."""
+    def encode(self, texts: list[str], truncate: bool = False) -> Tokenized:
+        """Tokenize in the calling thread; TextRejected says which text is at fault."""
         outcome = self._encode_one(texts, truncate)
         if outcome.error is not None:
             raise outcome.error
-        return outcome.sequences
+        assert outcome.tokenized is not None
+        return outcome.tokenized
 
-    async def encode_async(self, texts: list[str], truncate: bool = False) -> list[TokenSequence]:
+    async def encode_async(self, texts: list[str], truncate: bool = False) -> Tokenized:
         """`encode` in the tokenizer's worker thread, together with whatever else is waiting."""
         loop = asyncio.get_running_loop()
         job = _Job(texts, truncate, loop.create_future())
@@ -84,7 +104,7 @@ class TextTokenizer:
                     elif outcome.error is not None:
                         job.future.set_exception(outcome.error)
                     else:
-                        job.future.set_result(outcome.sequences)
+                        job.future.set_result(outcome.tokenized)
         finally:
             self._draining = False
 
@@ -104,7 +124,7 @@ class TextTokenizer:
             offset = 0
             for i in picked:
                 count = len(jobs[i].texts)
-                outcomes[i] = self._sequences(encodings[offset : offset + count])
+                outcomes[i] = _padded(encodings[offset : offset + count])
                 offset += count
         return outcomes
 
@@ -113,44 +133,32 @@ class TextTokenizer:
         if outcome.error is not None:
             return outcome
         encodings = (self._truncating if truncate else self._exact).encode_batch(texts)
-        return self._sequences(encodings)
+        return _padded(encodings)
 
     @staticmethod
     def _check(texts: list[str]) -> _Outcome:
         for index, text in enumerate(texts):
             if not text.strip():
-                return _Outcome(
-                    error=InvalidInput(_field(index, len(texts)), "text must not be empty")
-                )
+                return _Outcome(error=TextRejected(index, "text must not be empty"))
             if not text.isascii():
                 try:
                     text.encode("utf-8")
                 except UnicodeEncodeError:
                     return _Outcome(
-                        error=InvalidInput(
-                            _field(index, len(texts)), "text is not valid Unicode (lone surrogate)"
-                        )
+                        error=TextRejected(index, "text is not valid Unicode (lone surrogate)")
                     )
         return _Outcome()
-
-    def _sequences(self, encodings: list) -> _Outcome:
-        sequences = []
-        for index, encoding in enumerate(encodings):
-            if len(encoding.ids) > self.max_length:
-                return _Outcome(
-                    error=InvalidInput(
-                        _field(index, len(encodings)),
-                        f"text is {len(encoding.ids)} tokens long; this model takes at most "
-                        f"{self.max_length} (send truncate=true to cut it)",
-                    )
-                )
-            sequences.append(TokenSequence.from_ids(encoding.ids, encoding.attention_mask))
-        return _Outcome(sequences)
 
     def close(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _field(index: int, count: int) -> str:
-    return f"inputs[{index}]" if count > 1 else "inputs"
+def _padded(encodings: list) -> _Outcome:
+    lengths = tuple(len(encoding.ids) for encoding in encodings)
+    input_ids = np.zeros((len(encodings), max(lengths, default=0)), dtype=np.int64)
+    attention_mask = np.zeros_like(input_ids)
+    for row, (encoding, length) in enumerate(zip(encodings, lengths, strict=True)):
+        input_ids[row, :length] = encoding.ids
+        attention_mask[row, :length] = encoding.attention_mask
+    return _Outcome(Tokenized(input_ids, attention_mask, lengths))

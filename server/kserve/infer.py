@@ -1,9 +1,10 @@
 """One KServe v2 inference, shared by the HTTP route and the gRPC service.
 
 Inputs arrive as arrays: `input_ids` (and optionally `attention_mask`) INT64 [batch, seq], or
-`text` BYTES [batch] / [batch, 1] (UTF-8, tokenized here with the model's tokenizer). Each row is
-queued as its own sequence, cut to its real length, so the batcher batches it with any other
-traffic. Outputs are FP32; sequence outputs are padded back to the request's width.
+`text` BYTES [batch] / [batch, 1] (UTF-8, tokenized here with the model's tokenizer). Padded
+tensors stay padded through validation; each row is queued as a view cut to its real length, so
+the batcher batches it with any other traffic. Outputs are FP32; sequence outputs are padded
+back to the request's width.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from ferry.batcher import TokenSequence
+from ferry.batcher import stack_rows
 from ferry.batcher.errors import InvalidInput
-from ferry.server.encoder import EncoderInputs, EncoderServing
+from ferry.server.encoder import EncoderServing
+from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.schemas import PRIORITY_BOUND
@@ -90,23 +92,23 @@ def _shown(item: Any) -> str:
 def decoded_texts(texts: np.ndarray) -> list[str]:
     if texts.ndim == 2 and texts.shape[1] == 1:
         texts = texts[:, 0]
-    if texts.ndim != 1 or texts.shape[0] == 0:
+    if texts.ndim != 1:
         raise InvalidInput(
             TEXT_INPUT, f"text must be [batch] or [batch, 1], got {list(texts.shape)}"
         )
-    decoded = []
+    decoded, count = [], texts.shape[0]
     for index, item in enumerate(texts.tolist()):
         try:
             decoded.append(item.decode() if isinstance(item, bytes) else str(item))
         except UnicodeDecodeError:
-            raise InvalidInput(f"{TEXT_INPUT}[{index}]", "text must be UTF-8") from None
+            raise InvalidInput(item_field(TEXT_INPUT, index, count), "text must be UTF-8") from None
     return decoded
 
 
 def token_arrays(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     ids = tensors["input_ids"]
     mask = tensors.get("attention_mask", np.ones_like(ids))
-    if ids.ndim != 2 or ids.shape[0] == 0 or ids.shape[1] == 0:
+    if ids.ndim != 2:
         raise InvalidInput("input_ids", f"input_ids must be [batch, seq], got {list(ids.shape)}")
     if mask.shape != ids.shape:
         raise InvalidInput(
@@ -115,31 +117,18 @@ def token_arrays(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray
     return ids, mask
 
 
-def row_sequences(ids: np.ndarray, mask: np.ndarray) -> list[TokenSequence]:
-    """Each row cut after its mask's last 1, so right-padding never reaches the batcher."""
-    sequences = []
-    for row_ids, row_mask in zip(ids, mask, strict=True):
-        kept = np.flatnonzero(row_mask)
-        # An all-zero mask is kept whole so that the batcher's validation names the problem.
-        length = int(kept[-1]) + 1 if kept.size else row_ids.shape[0]
-        sequences.append(TokenSequence(row_ids[:length].copy(), row_mask[:length].copy()))
-    return sequences
-
-
-def encoder_inputs(tensors: dict[str, np.ndarray]) -> tuple[EncoderInputs, int | None, str]:
-    """The request's rows for the encoder, the width to pad sequence outputs to (None: their
-    longest, known after tokenizing) and the field that names them."""
+def encoder_inputs(tensors: dict[str, np.ndarray]) -> EncoderInputs:
+    """The request's tensors as the encoder's input, named as this protocol names them."""
     unknown = set(tensors) - {*TOKEN_INPUTS, TEXT_INPUT}
     if unknown:
         raise InvalidInput(sorted(unknown)[0], "inputs are input_ids (+ attention_mask), or text")
     if TEXT_INPUT in tensors:
         if set(tensors) & set(TOKEN_INPUTS):
             raise InvalidInput(TEXT_INPUT, "send either text or input_ids, not both")
-        return EncoderInputs(texts=decoded_texts(tensors[TEXT_INPUT])), None, TEXT_INPUT
+        return Texts(decoded_texts(tensors[TEXT_INPUT]), TEXT_INPUT)
     if "input_ids" not in tensors:
         raise InvalidInput("input_ids", "input_ids (or text) is required")
-    ids, mask = token_arrays(tensors)
-    return EncoderInputs(sequences=row_sequences(ids, mask)), ids.shape[1], "input_ids"
+    return TokenArrays(*token_arrays(tensors))
 
 
 def request_priority(value: object) -> int:
@@ -153,20 +142,9 @@ def request_priority(value: object) -> int:
     return value
 
 
-def stack_rows(parts: list[np.ndarray], width: int | None) -> np.ndarray:
-    """Per-row outputs into one FP32 tensor; sequence outputs padded back to `width`."""
-    if width is not None:
-        parts = [np.pad(p, [(0, width - p.shape[0])] + [(0, 0)] * (p.ndim - 1)) for p in parts]
-    return np.stack(parts).astype(np.float32)
-
-
-def output_names(model: ModelRuntime, names: Sequence[str | None]) -> list[str]:
+def output_names(model: ModelRuntime, names: Sequence[str | None]) -> tuple[str, ...]:
     """The requested outputs, checked; all of the backend's when none are asked for."""
-    available = model.backend.output_names
-    for name in names:
-        if name not in available:
-            raise InvalidInput("outputs", f"unknown output {name!r}; choose from {list(available)}")
-    return [n for n in names if n is not None] or list(available)
+    return model.select_outputs(names, tensors=True)
 
 
 async def infer_tensors(
@@ -178,16 +156,12 @@ async def infer_tensors(
     priority: int = 0,
 ) -> dict[str, np.ndarray]:
     """Inputs -> the wanted outputs, through the one encoder path and the model's batcher."""
-    inputs, width, field = encoder_inputs(tensors)
-    try:
-        result = await encoder.run(model, inputs, wanted, None, disconnected, priority)
-    except InvalidInput as exc:
-        # The encoder names texts `inputs[i]`; this protocol's input is `text`.
-        raise InvalidInput(exc.field.replace("inputs", field), exc.message) from None
+    valid = await encoder.validate(model, encoder_inputs(tensors), tuple(wanted), None, priority)
+    result = await encoder.run(model, valid, disconnected)
     sequence = model.backend.sequence_outputs
-    padded = [n for n in wanted if n in sequence]
-    if width is None and padded:
-        width = max(int(row[padded[0]].shape[0]) for row in result.rows)
     return {
-        n: stack_rows([r[n] for r in result.rows], width if n in sequence else None) for n in wanted
+        n: stack_rows([r[n] for r in result.rows], valid.width if n in sequence else None).astype(
+            np.float32, copy=False
+        )
+        for n in wanted
     }

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 from ferry.batcher.errors import InvalidInput
-from ferry.server.encoder import EncoderInputs
+from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 
@@ -49,16 +49,15 @@ class EmbeddingResponse(BaseModel):
 
 
 def _inputs(body: EmbeddingRequest) -> EncoderInputs:
+    """OpenAI's four shapes of `input`; its items are named `input` / `input[i]`."""
     items = body.input
-    if items == [] or items == "":
-        raise InvalidInput("input", "input must not be empty")
     if isinstance(items, str):
-        return EncoderInputs(texts=[items])
-    if isinstance(items[0], str):
-        return EncoderInputs(texts=items)  # type: ignore[arg-type]
+        return Texts([items], "input")
+    if not items or isinstance(items[0], str):
+        return Texts(items, "input")  # type: ignore[arg-type]
     if isinstance(items[0], int):
-        return EncoderInputs(token_ids=[items])  # type: ignore[list-item]
-    return EncoderInputs(token_ids=items)  # type: ignore[arg-type]
+        return TokenLists([items], None, "input")  # type: ignore[list-item]
+    return TokenLists(items, None, "input")  # type: ignore[arg-type]
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
@@ -80,19 +79,11 @@ async def create_embeddings(call: HotCall) -> Reply:
             "dimensions",
             f"model {model.name!r} has {model.output_width('sentence_embedding')} dimensions",
         )
-    try:
-        result = await call.app_state.encoder.run(
-            model,
-            _inputs(body),
-            ("sentence_embedding",),
-            None,
-            call.disconnected(),
-            body.priority,
-        )
-    except InvalidInput as exc:
-        # Name the field as this endpoint's clients know it.
-        field = exc.field.replace("input_ids", "input").replace("inputs", "input")
-        raise InvalidInput(field, exc.message) from None
+    encoder = call.app_state.encoder
+    valid = await encoder.validate(
+        model, _inputs(body), ("sentence_embedding",), priority=body.priority
+    )
+    result = await encoder.run(model, valid, call.disconnected())
     tokens = result.prompt_tokens
     return json_reply(
         {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ferry.server.encoder import EncoderInputs
+from ferry.server.encoder_request import Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, Reply, json_reply, register_post
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 
@@ -19,14 +19,13 @@ async def predict(call: HotCall) -> Reply:
     call.state["model_name"] = model.name
     outputs = model.select_outputs(body.outputs)
     if body.inputs is not None:
-        inputs = EncoderInputs(texts=body.texts(), truncate=body.truncate)
+        inputs = Texts(body.texts(), "inputs", body.truncate)
     else:
-        ids, mask = body.token_lists()
-        inputs = EncoderInputs(token_ids=ids, masks=mask)
+        inputs = TokenLists(*body.token_lists(), "input_ids")
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
-    result = await call.app_state.encoder.run(
-        model, inputs, outputs, timeout_s, call.disconnected(), body.priority
-    )
+    encoder = call.app_state.encoder
+    valid = await encoder.validate(model, inputs, outputs, timeout_s, body.priority)
+    result = await encoder.run(model, valid, call.disconnected())
     return json_reply(
         {
             "model": model.name,

@@ -139,7 +139,7 @@ def test_ferry_serves_the_hf_folder_with_the_onnx_paths_outputs(
     assert embedded.status_code == 200, embedded.text
     tokenizer = TextTokenizer(hf_dir / "tokenizer.json", 256)
     for text, output in zip(texts, embedded.json()["outputs"], strict=True):
-        want = embed_alone(tokenizer.encode([text])[0].input_ids.tolist())
+        want = embed_alone(tokenizer.encode([text]).input_ids[0].tolist())
         assert np.max(np.abs(np.asarray(output["sentence_embedding"]) - want)) <= 1e-5
     assert classified.status_code == 200, classified.text
     for output in classified.json()["outputs"]:

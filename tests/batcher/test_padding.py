@@ -1,6 +1,6 @@
 import numpy as np
 
-from ferry.batcher.padding import pad_batch, unpad_outputs
+from ferry.batcher.padding import pad_batch, stack_rows, unpad_outputs
 from ferry.batcher.request import TokenSequence
 
 
@@ -46,3 +46,12 @@ def test_unwanted_outputs_are_skipped_not_the_end_of_the_split():
     rows = unpad_outputs(outputs, [1, 1], frozenset(), ("total",))
     assert [row["total"].tolist() for row in rows] == [[1.0], [2.0]]
     assert all(set(row) == {"total"} for row in rows)
+
+
+def test_stack_rows_pads_sequence_rows_back_to_the_width():
+    parts = [np.ones((2, 3)), np.ones((4, 3))]
+    stacked = stack_rows(parts, 5)
+    assert stacked.shape == (2, 5, 3)
+    assert stacked[0, 2:].sum() == 0 and stacked[1, :4].all() and stacked[1, 4:].sum() == 0
+    pooled = stack_rows([np.full(3, 1.0), np.full(3, 2.0)])
+    assert pooled.tolist() == [[1.0] * 3, [2.0] * 3]

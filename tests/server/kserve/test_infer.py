@@ -17,8 +17,6 @@ from ferry.bench.server_process import DEFAULT_MODEL, DEFAULT_MODEL_DIR, default
 from ferry.server.kserve.infer import (
     deserialize_bytes,
     request_priority,
-    row_sequences,
-    stack_rows,
 )
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
@@ -174,21 +172,6 @@ def test_length_prefixed_bytes_round_trip_and_truncation_is_named():
     with pytest.raises(InvalidInput, match="inside an element's length prefix") as err:
         deserialize_bytes(b"\x01\x00", "blob")
     assert err.value.field == "blob"
-
-
-def test_rows_are_cut_after_the_last_attended_token():
-    ids = np.array([[5, 6, 7, 0], [5, 6, 7, 8]])
-    mask = np.array([[1, 1, 1, 0], [1, 0, 1, 1]])
-    rows = row_sequences(ids, mask)
-    assert [r.length for r in rows] == [3, 4]  # a hole in the mask is not the end
-    assert rows[1].attention_mask.tolist() == [1, 0, 1, 1]
-
-
-def test_sequence_outputs_are_padded_back_to_the_request_width():
-    parts = [np.ones((2, 3)), np.ones((4, 3))]
-    stacked = stack_rows(parts, 5)
-    assert stacked.shape == (2, 5, 3) and stacked.dtype == np.float32
-    assert stacked[0, 2:].sum() == 0 and stacked[1, :4].all()
 
 
 def test_parameters_priority_is_an_integer_or_refused_naming_it():

@@ -52,8 +52,16 @@ def test_unknown_model_is_404_in_openai_shape(client):
 
 
 def test_invalid_input_is_400_naming_the_field(client):
-    with pytest.raises(openai.BadRequestError) as info:
-        client.embeddings.create(model=DEFAULT_MODEL, input=[[101, 999999, 102]])
-    assert info.value.body["param"] == "input"
+    # Named as this route's clients know it, never as another route's `input_ids`/`inputs`.
+    for bad, param in (
+        ([[101, 999999, 102]], "input"),
+        ([[101, 102], [101, -1, 102]], "input[1]"),
+        (["fine", " "], "input[1]"),
+        ("", "input"),
+        ([], "input"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.embeddings.create(model=DEFAULT_MODEL, input=bad)
+        assert info.value.body["param"] == param, bad
     with pytest.raises(openai.BadRequestError):
         client.embeddings.create(model=DEFAULT_MODEL, input="x", dimensions=3)

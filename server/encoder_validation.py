@@ -1,0 +1,240 @@
+"""The encoder path's one validation boundary: parsed inputs in, a `ValidSequences` out.
+
+Every check a request must pass before it is queued happens here, once, cheapest first (counts
+and sizes before tokenizing or copying anything), and each refusal names the field as the
+route's clients know it. Routes only parse their protocol; the batcher asserts, not checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ferry.batcher.errors import InvalidInput
+from ferry.server.encoder_request import (
+    MASK_FIELD,
+    EncoderInputs,
+    Texts,
+    TokenArrays,
+    TokenLists,
+    ValidSequences,
+    item_field,
+)
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.settings import Settings
+from ferry.server.tokenization import TextRejected
+
+# Bytes a float takes in a JSON answer (orjson, float32: "-0.012345678,"), for the size bound.
+JSON_BYTES_PER_FLOAT = 14
+
+
+class EncoderValidation:
+    def __init__(self, settings: Settings) -> None:
+        self._limits = settings
+
+    async def validate(
+        self,
+        model: ModelRuntime,
+        inputs: EncoderInputs,
+        outputs: tuple[str, ...],
+        timeout_s: float | None = None,
+        priority: int = 0,
+    ) -> ValidSequences:
+        """`inputs` checked against the request limits and `model`; `outputs` were checked by
+        `model.select_outputs`. Raises InvalidInput naming the field (`name[i]` for an item)."""
+        try:
+            return await self._validate(model, inputs, outputs, timeout_s, priority)
+        except InvalidInput:
+            model.count_invalid()
+            raise
+
+    async def _validate(
+        self,
+        model: ModelRuntime,
+        inputs: EncoderInputs,
+        outputs: tuple[str, ...],
+        timeout_s: float | None,
+        priority: int,
+    ) -> ValidSequences:
+        field, vocab_size = inputs.field, model.manifest.vocab_size
+        self._check_count(field, _count(inputs))
+        if isinstance(inputs, TokenArrays):
+            ids, mask = inputs.input_ids, inputs.attention_mask
+            lengths = _lengths_of(mask)
+            _check_lengths(field, lengths, model.manifest.max_length)
+            _check_ids(field, ids, lengths, vocab_size)
+            _check_mask(mask)
+        elif isinstance(inputs, TokenLists):
+            lengths = tuple(len(ids) for ids in inputs.input_ids)
+            _check_lengths(field, lengths, model.manifest.max_length)
+            ids, mask = _padded_lists(inputs, lengths)
+            _check_ids(field, ids, lengths, vocab_size)
+            if inputs.attention_mask is not None:  # else made here: ones, then padding
+                _check_mask(mask)
+        else:
+            # The tokenizer's ids and mask need no checks: only their lengths.
+            ids, mask, lengths = await self._tokenized(model, inputs)
+        tokens = sum(lengths)
+        if tokens > self._limits.max_tokens_per_request:
+            raise InvalidInput(
+                field, f"{tokens} tokens; at most {self._limits.max_tokens_per_request} per request"
+            )
+        self._check_response_size(model, outputs, len(lengths), tokens)
+        if timeout_s is not None:
+            model.check_deadline(max(lengths), timeout_s)
+        return ValidSequences(
+            model.name, ids, mask, lengths, tokens, outputs, field, timeout_s, priority
+        )
+
+    async def _tokenized(
+        self, model: ModelRuntime, inputs: Texts
+    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+        field, count = inputs.field, len(inputs.texts)
+        for index, text in enumerate(inputs.texts):
+            if len(text) > self._limits.max_chars_per_text:
+                raise InvalidInput(
+                    item_field(field, index, count),
+                    f"text has {len(text)} characters; at most {self._limits.max_chars_per_text}",
+                )
+        try:
+            tokenized = await model.tokenizer.encode_async(list(inputs.texts), inputs.truncate)
+        except TextRejected as exc:
+            raise InvalidInput(item_field(field, exc.index, count), exc.message) from None
+        _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)
+        return tokenized.input_ids, tokenized.attention_mask, tokenized.lengths
+
+    def _check_count(self, field: str, count: int) -> None:
+        if count == 0:
+            raise InvalidInput(field, "the input list is empty")
+        if count > self._limits.max_items_per_request:
+            raise InvalidInput(
+                field, f"{count} items; at most {self._limits.max_items_per_request} per request"
+            )
+
+    def _check_response_size(
+        self, model: ModelRuntime, outputs: Sequence[str], count: int, tokens: int
+    ) -> None:
+        """Refuse before running what would answer with more bytes than the bound allows."""
+        floats = sum(
+            model.output_width(name) * (tokens if model.is_sequence_output(name) else count)
+            for name in outputs
+        )
+        estimate = floats * JSON_BYTES_PER_FLOAT
+        limit = self._limits.max_response_bytes
+        if estimate > limit:
+            raise InvalidInput(
+                "outputs",
+                f"the answer would be about {estimate // 2**20} MiB; at most {limit // 2**20} MiB "
+                "per response (ask for fewer items or outputs)",
+            )
+
+
+def _count(inputs: EncoderInputs) -> int:
+    if isinstance(inputs, TokenArrays):
+        return int(inputs.input_ids.shape[0])
+    return len(inputs.texts if not isinstance(inputs, TokenLists) else inputs.input_ids)
+
+
+def _lengths_of(mask: np.ndarray) -> tuple[int, ...]:
+    """Each padded row's length: up to its mask's last 1 (a hole in the mask is not the end).
+    An all-zero row keeps its whole width, so that the value check names the problem."""
+    if mask.shape[1] == 0:
+        return (0,) * mask.shape[0]
+    attended = mask != 0
+    last = mask.shape[1] - np.argmax(attended[:, ::-1], axis=1)
+    return tuple(np.where(attended.any(axis=1), last, mask.shape[1]).tolist())
+
+
+def _check_lengths(
+    field: str, lengths: Sequence[int], max_length: int, texts: bool = False
+) -> None:
+    count = len(lengths)
+    for index, length in enumerate(lengths):
+        if length == 0:
+            raise InvalidInput(
+                item_field(field, index, count), "input_ids must be a non-empty list of token ids"
+            )
+        if length > max_length:
+            message = (
+                f"text is {length} tokens long; this model takes at most {max_length} "
+                "(send truncate=true to cut it)"
+                if texts
+                else f"sequence has {length} tokens; this model takes at most {max_length}"
+            )
+            raise InvalidInput(item_field(field, index, count), message)
+
+
+def _padded_lists(inputs: TokenLists, lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """JSON lists into right-padded int64 arrays; a value no int64 holds is invalid input."""
+    field, masks, count = inputs.field, inputs.attention_mask, len(lengths)
+    if masks is not None and len(masks) != count:
+        raise InvalidInput(
+            MASK_FIELD, f"attention_mask has {len(masks)} items but input_ids has {count}"
+        )
+    if masks is None and min(lengths) == max(lengths) > 0:
+        try:  # one conversion for equal lengths (a lone item always): no padding to place
+            ids = np.asarray(inputs.input_ids, dtype=np.int64)
+            return ids, np.ones_like(ids)
+        except (OverflowError, ValueError, TypeError):
+            pass  # the loop below names the item at fault
+    ids = np.zeros((count, max(lengths)), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for index, length in enumerate(lengths):
+        try:
+            ids[index, :length] = inputs.input_ids[index]
+        except (OverflowError, ValueError, TypeError):
+            raise InvalidInput(
+                item_field(field, index, count), "token ids must be integers in [0, 2**63)"
+            ) from None
+        if masks is None:
+            mask[index, :length] = 1
+            continue
+        if len(masks[index]) != length:
+            raise InvalidInput(
+                item_field(MASK_FIELD, index, count),
+                f"attention_mask has {len(masks[index])} values but input_ids has {length}",
+            )
+        try:
+            mask[index, :length] = masks[index]
+        except (OverflowError, ValueError, TypeError):
+            raise InvalidInput(
+                item_field(MASK_FIELD, index, count), "attention_mask values must be 0 or 1"
+            ) from None
+    return ids, mask
+
+
+def _check_ids(field: str, ids: np.ndarray, lengths: Sequence[int], vocab_size: int) -> None:
+    """Every id in the vocabulary, over each row's real part only (a client's padding is not
+    the model's input). Whole-array min/max first: this runs on the loop."""
+    real = ids if min(lengths) == ids.shape[1] else _padding_zeroed(ids, lengths)
+    if int(real.min()) >= 0 and int(real.max()) < vocab_size:
+        return
+    for index, row in enumerate(real):
+        low, high = int(row.min()), int(row.max())
+        if low < 0 or high >= vocab_size:
+            raise InvalidInput(
+                item_field(field, index, len(lengths)),
+                f"token id {low if low < 0 else high} is outside the vocabulary [0, {vocab_size})",
+            )
+
+
+def _check_mask(mask: np.ndarray) -> None:
+    """A client's mask: 0 or 1, and at least one token kept per row."""
+    count = mask.shape[0]
+    if int(mask.min()) < 0 or int(mask.max()) > 1:
+        index = int(np.argmax(((mask < 0) | (mask > 1)).any(axis=1)))
+        raise InvalidInput(
+            item_field(MASK_FIELD, index, count), "attention_mask values must be 0 or 1"
+        )
+    kept = mask.any(axis=1)
+    if not kept.all():
+        raise InvalidInput(
+            item_field(MASK_FIELD, int(np.argmin(kept)), count),
+            "attention_mask must keep at least one token",
+        )
+
+
+def _padding_zeroed(ids: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+    real = np.arange(ids.shape[1]) < np.asarray(lengths)[:, None]
+    return np.where(real, ids, 0)

@@ -1,0 +1,61 @@
+"""ModelRuntime (server/model_runtime.py) on the real default model, started in this process:
+the one check of output names, what it learns at start, the deadline floor, and submitting a
+validated request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from ferry.batcher.errors import InvalidInput
+from ferry.server.encoder_request import ValidSequences
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+HIDDEN, EMBEDDING = "last_hidden_state", "sentence_embedding"
+
+
+async def test_outputs_are_the_named_ones_else_the_configured_ones(runtime):
+    assert runtime.select_outputs(None) == (EMBEDDING,)  # the configured default
+    assert runtime.select_outputs([HIDDEN, EMBEDDING]) == (HIDDEN, EMBEDDING)
+    # KServe: every tensor the backend has, by default.
+    assert runtime.select_outputs([], tensors=True) == (HIDDEN, EMBEDDING)
+    for requested, tensors in (["nope"], False), ([None], True), (["label"], True):
+        with pytest.raises(InvalidInput) as info:
+            runtime.select_outputs(requested, tensors=tensors)
+        assert info.value.field == "outputs" and "choose from" in info.value.message
+
+
+async def test_derived_outputs_are_fetched_as_logits(runtime):
+    assert runtime.backend_outputs(["label", "probabilities", HIDDEN]) == {"logits", HIDDEN}
+
+
+async def test_widths_and_sequence_outputs_are_learned_at_start(runtime):
+    assert runtime.ready
+    assert runtime.output_width(EMBEDDING) == runtime.output_width(HIDDEN) == 384
+    assert runtime.is_sequence_output(HIDDEN) and not runtime.is_sequence_output(EMBEDDING)
+
+
+async def test_a_deadline_under_half_the_idle_time_of_the_longest_row_is_refused(runtime):
+    longest = runtime.manifest.max_length
+    one_row_s = runtime.batcher.cost_model.predict(1, longest)
+    runtime.check_deadline(longest, one_row_s * 0.6)  # tight, but possible
+    with pytest.raises(InvalidInput) as info:
+        runtime.check_deadline(longest, one_row_s * 0.4)
+    assert info.value.field == "timeout_ms" and f"{longest} tokens" in info.value.message
+
+
+async def test_submit_queues_each_row_and_resolves_with_the_wanted_outputs(runtime, embed_alone):
+    ids = np.array([[101, 7592, 102, 0], [101, 2023, 2003, 102]], dtype=np.int64)
+    mask = (ids != 0).astype(np.int64)
+    valid = ValidSequences(runtime.name, ids, mask, (3, 4), 7, (EMBEDDING,), "input_ids")
+    rows = await asyncio.gather(*runtime.submit(valid))
+    for index, (row, length) in enumerate(zip(rows, valid.lengths, strict=True)):
+        assert set(row) == {EMBEDDING}  # only what was asked for is copied out
+        want = embed_alone(ids[index, :length].tolist())  # the padding never reached the model
+        assert np.max(np.abs(row[EMBEDDING] - want)) <= 1e-5
+    rendered = runtime.render(rows[0], (EMBEDDING,))
+    assert list(rendered) == [EMBEDDING]
+    assert np.array_equal(rendered[EMBEDDING], rows[0][EMBEDDING])
