@@ -20,9 +20,11 @@ from ferry.batcher.observer import BatchObserver
 from ferry.batcher.policy import BatchLimits, most_at
 from ferry.batcher.queue import RequestQueue
 
-# The cost model errs both ways on a shared machine: admit only what fits in this share of the
-# time left before the deadline.
-ADMISSION_SHARE = 0.9
+# The cost model errs both ways on a shared machine, and a burst's own parsing slows the batches
+# that serve it after they were priced: admit only what fits in this share of the time left
+# before the deadline (0.9 let 11 of ~240 admitted requests of a real 1000-request burst answer
+# 504; on the virtual clock 0.85 absorbs batches 15 % slower than priced, at 0.87x served).
+ADMISSION_SHARE = 0.85
 
 
 class Admission:

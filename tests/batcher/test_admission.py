@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
+from ferry.batcher.admission import ADMISSION_SHARE
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import seq
 from tests.batcher.test_batcher_observer import RecordingObserver
@@ -196,11 +197,11 @@ async def test_admission_refuses_what_would_finish_past_its_share_of_the_time_le
     wait = (2 * 0.014 / 4 + 0.015) / 2
     assert batcher.predicted_wait_s(0, batcher.request_cost_s(5)) == pytest.approx(wait)
     with pytest.raises(QueueFull) as refused:
-        batcher.submit([new], timeout_s=wait / 0.9 * 0.999)
+        batcher.submit([new], timeout_s=wait / ADMISSION_SHARE * 0.999)
     assert refused.value.retry_after_s == 1.0  # at least a second
     assert str(refused.value) == "the queue ahead would take 0.0s, past this request's deadline"
     assert observer.rejections == ["predicted_late"]
-    (admitted,) = batcher.submit([new], timeout_s=wait / 0.9 * 1.001)
+    (admitted,) = batcher.submit([new], timeout_s=wait / ADMISSION_SHARE * 1.001)
     assert not admitted.done()
     await batcher.close(0)
 
@@ -220,7 +221,7 @@ async def test_less_urgent_work_queued_ahead_does_not_refuse_an_urgent_request()
     batcher = admission_batcher()
     ahead = queue(batcher, 5, 5, 5, 5, 5, 5, priority=1)
     # At priority 1 ten 5-token requests (150 ms) are ahead: (7 + 150 + 15 ms) / 2 = 86 ms, over
-    # 90 % of 80 ms; at priority 0 only two 1-token ones: (7 + 15 ms) / 2 = 11 ms.
+    # 85 % of 80 ms; at priority 0 only two 1-token ones: (7 + 15 ms) / 2 = 11 ms.
     with pytest.raises(QueueFull):
         batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.08, priority=1)
     (urgent,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.08, priority=0)
@@ -238,9 +239,9 @@ async def test_a_newcomer_that_would_make_a_queued_less_urgent_request_late_is_r
     five = seq(1, 2, 3, 4, 5)  # 15 ms each: one per batch
     (early,) = batcher.submit([seq(1)], priority=0)  # 3.5 ms, queued first, served first
     # Admitted at priority 1 with 22 ms: it would finish at (3.5 + 15) / 2 = 9.25 ms, within
-    # 90 % of 22 ms (19.8 ms).
+    # 85 % of 22 ms (18.7 ms).
     (promised,) = batcher.submit([five], timeout_s=0.022, priority=1)
-    # An urgent 5-token request moves it to 16.75 ms: still within 19.8 ms.
+    # An urgent 5-token request moves it to 16.75 ms: still within 18.7 ms.
     (first,) = batcher.submit([five], priority=0)
     # A 3-token one (19 ms / 3 of work) would move it to 19.92 ms: refused, though it would
     # itself be on time.
@@ -261,7 +262,7 @@ async def test_queued_requests_without_a_deadline_are_passed_over_for_those_with
     batcher = batcher_for(HeldBackend(), ManualClock(), max_batch_size=4, max_batch_tokens=9)
     exact_cost_model(batcher)
     (free,) = batcher.submit([seq(1)], priority=1)
-    # (3.5 + 15) / 2 = 9.25 ms, within 90 % of 12 ms; an urgent 5-token one adds 7.5 ms.
+    # (3.5 + 15) / 2 = 9.25 ms, within 85 % of 12 ms; an urgent 5-token one adds 7.5 ms.
     (promised,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.012, priority=1)
     with pytest.raises(QueueFull):
         batcher.submit([seq(1, 2, 3, 4, 5)], priority=0)
@@ -272,9 +273,9 @@ async def test_queued_requests_without_a_deadline_are_passed_over_for_those_with
 async def test_the_running_batch_counts_before_a_queued_request_s_finish():
     backend, batcher = await one_running_batch_of_four()
     five = seq(1, 2, 3, 4, 5)  # 10 + 4 * 5 ms for a batch of 4: 7.5 ms each, on one slot
-    # 50 ms (the recent batch time) running, then its own 7.5 ms: within 90 % of 70 ms.
+    # 50 ms (the recent batch time) running, then its own 7.5 ms: within 85 % of 70 ms.
     (promised,) = batcher.submit([five], timeout_s=0.070, priority=1)
-    # An urgent one makes it 65 ms, past 63 ms (without the running batch it would be 15).
+    # An urgent one makes it 65 ms, past 59.5 ms (without the running batch it would be 15).
     with pytest.raises(QueueFull):
         batcher.submit([five], priority=0)
     await backend.release_all()
@@ -288,7 +289,7 @@ async def test_a_queued_request_already_predicted_late_refuses_no_newcomer():
     exact_cost_model(batcher)
     (late,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.020, priority=1)
     (no_deadline,) = batcher.submit([seq(1)], priority=1)  # nothing to keep
-    # 15 ms later 90 % of the 5 ms left is 4.5 ms: it finishes at 7.5 ms whatever comes.
+    # 15 ms later 85 % of the 5 ms left is 4.25 ms: it finishes at 7.5 ms whatever comes.
     await clock.advance(0.015)
     (urgent,) = batcher.submit([seq(1, 2, 3, 4, 5)], priority=0)
     assert not any(f.done() for f in (late, no_deadline, urgent))
@@ -343,9 +344,9 @@ async def test_the_prediction_follows_how_long_batches_really_took_per_priced_se
     # Priced at one share (`own`), it took twice the model's batch of one: pace 0.8 + 0.2 * r.
     pace = 0.8 + 0.2 * 2 * (0.010 + 0.004) / own
     assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
-    # Behind one queued request: a deadline the model alone would meet (2 * own, at 90 %), the
+    # Behind one queued request: a deadline the model alone would meet (2 * own, at 85 %), the
     # learned pace would not: refused at once.
     queue(batcher, 4)
     with pytest.raises(QueueFull):
-        batcher.submit([seq(*range(1, 5))], timeout_s=2 * own * pace / 0.9 - 1e-6)
+        batcher.submit([seq(*range(1, 5))], timeout_s=2 * own * pace / ADMISSION_SHARE - 1e-6)
     await batcher.close(1)
