@@ -350,3 +350,19 @@ async def test_the_prediction_follows_how_long_batches_really_took_per_priced_se
     with pytest.raises(QueueFull):
         batcher.submit([seq(*range(1, 5))], timeout_s=2 * own * pace / ADMISSION_SHARE - 1e-6)
     await batcher.close(1)
+
+
+async def test_the_pace_also_scales_the_finish_of_queued_less_urgent_requests():
+    clock = ManualClock()
+    limits = BatchLimits(max_batch_size=4, max_batch_tokens=9, max_concurrent_batches=2)
+    batcher = MicroBatcher("m", HeldBackend().infer, limits, LIMITS, clock=clock)
+    exact_cost_model(batcher)
+    batcher.dispatch.pace = 2.0  # batches have taken twice what they were priced at
+    (early,) = batcher.submit([seq(1)], priority=0)  # 3.5 ms of work
+    # At pace 2: (3.5 + 15) * 2 / 2 = 18.5 ms, within 85 % of 22 ms (18.7 ms): admitted.
+    (promised,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.022, priority=1)
+    # An urgent 1-token request (3.5 ms) moves it to 22 ms at pace 2 (at pace 1, 11 ms): refused.
+    with pytest.raises(QueueFull):
+        batcher.submit([seq(1)], priority=0)
+    assert not early.done() and not promised.done()
+    await batcher.close(0)
