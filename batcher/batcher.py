@@ -1,9 +1,11 @@
 """The micro-batcher: requests in, one future each out, resolved by batches run on a backend.
 
 Every future handed out by `submit` resolves exactly once: with a result, a batcher error, or
-cancellation by its caller. The work is split by job: admission.py (may a request wait?),
-collection.py (when does a batch close, what does it take), dispatch.py (run it, scatter the
-rows); this class holds the state, the public API and the per-request bookkeeping.
+cancellation by its caller. It is composed of parts that own their state: the queue (queue.py:
+who waits, their work per priority), admission (admission.py: may a request wait?), collection
+(collection.py: when does a batch close, what does it take) and dispatch (dispatch.py: the batch
+slots, running a batch, scattering its rows); all of them read one learned cost model. This
+class wires them, holds the public API and the per-request bookkeeping (deadlines, cancellation).
 """
 
 from __future__ import annotations
@@ -18,24 +20,24 @@ import numpy as np
 from ferry.batcher.admission import Admission
 from ferry.batcher.collection import Collection
 from ferry.batcher.cost_model import BatchCostModel
-from ferry.batcher.dispatch import Dispatch, _resolve_error
+from ferry.batcher.dispatch import Dispatch
 from ferry.batcher.errors import (
     BatchAbandoned,
     BatcherClosed,
     BatcherError,
     DeadlineExceeded,
-    QueueFull,
 )
 from ferry.batcher.observer import BatchObserver, NullObserver
 from ferry.batcher.padding import PaddedBatch
 from ferry.batcher.policy import BatchLimits
+from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest, SequenceLimits, TokenSequence
-from ferry.batcher.state import Clock, InferFn, Result
+from ferry.batcher.types import Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
 
 
-class MicroBatcher(Admission, Collection, Dispatch):
+class MicroBatcher:
     def __init__(
         self,
         name: str,
@@ -51,28 +53,36 @@ class MicroBatcher(Admission, Collection, Dispatch):
         clock: Clock | None = None,
     ) -> None:
         self.name = name
-        self._infer = infer
         self.limits = limits
         self.sequence_limits = sequence_limits
-        self._sequence_outputs = sequence_outputs
-        self._pad_token_id = pad_token_id
         self._default_timeout_s = default_timeout_s
-        self._infer_timeout_s = infer_timeout_s
         self._observer = observer or NullObserver()
         self._clock = clock  # None: the running loop's own time
-        # Insertion-ordered, so iteration is arrival order and removal is O(1).
-        self._pending: dict[int, QueuedRequest] = {}
-        self._queued_count: dict[int, int] = {}
-        self._arrival = asyncio.Event()
-        self._slots = asyncio.Semaphore(limits.max_concurrent_batches)
-        self._running: set[asyncio.Task] = set()
         self._loop_task: asyncio.Task | None = None
         self._closed = False
-        self._recent_batch_s = 0.05
-        self._queued_work: dict[int, float] = {}
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()
-        self._published_fits = 0
+        self.queue = RequestQueue()
+        self.dispatch = Dispatch(
+            name,
+            infer,
+            self.queue,
+            self.cost_model,
+            self._observer,
+            slots=limits.max_concurrent_batches,
+            sequence_outputs=sequence_outputs,
+            pad_token_id=pad_token_id,
+            infer_timeout_s=infer_timeout_s,
+            clock=clock,
+            refitted=self._cost_model_refitted,
+        )
+        self.admission = Admission(
+            limits, self.queue, self.cost_model, self.dispatch, self._observer
+        )
+        self.collection = Collection(
+            limits, self.queue, self.cost_model, self.dispatch, self._observer, clock
+        )
+        self._infer = infer
 
     def start(self) -> None:
         if self._loop_task is None:
@@ -83,11 +93,19 @@ class MicroBatcher(Admission, Collection, Dispatch):
 
     @property
     def queue_depth(self) -> int:
-        return len(self._pending)
+        return len(self.queue)
 
     @property
     def running_batches(self) -> int:
-        return len(self._running)
+        return len(self.dispatch.running)
+
+    def request_cost_s(self, length: int) -> float:
+        """What admission prices a request of `length` tokens at (admission.py)."""
+        return self.admission.request_cost_s(length)
+
+    def predicted_wait_s(self, priority: int = 0, extra_s: float = 0.0) -> float | None:
+        """When a request of `priority` costing `extra_s` would finish if queued now."""
+        return self.admission.predicted_wait_s(priority, extra_s)
 
     def submit(
         self,
@@ -111,16 +129,13 @@ class MicroBatcher(Admission, Collection, Dispatch):
             raise BatcherClosed(f"model {self.name!r} is shutting down")
         # Validated once, by the server (encoder_validation.py): asserted, not checked again.
         assert all(map(self.sequence_limits.admits, sequences)), "unvalidated sequences"
-        if len(self._pending) + len(sequences) > self.limits.max_queue_size:
-            self._observer.rejected("queue_full")
-            raise QueueFull(retry_after_s=self._retry_after_s())
         loop = asyncio.get_running_loop()
         clock = self._clock or loop
         now = clock.time()
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
-        costs = [self.request_cost_s(seq.length) for seq in sequences]
-        self._admit_by_predicted_wait(sum(costs), now, deadline, priority)
+        costs = [self.admission.request_cost_s(seq.length) for seq in sequences]
+        self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
         futures = []
         for seq, cost_s in zip(sequences, costs, strict=True):
             request = QueuedRequest(
@@ -135,16 +150,16 @@ class MicroBatcher(Admission, Collection, Dispatch):
             if deadline is not None:
                 request.expiry = clock.call_at(deadline, self._expire, request)
             request.future.add_done_callback(lambda fut, r=request: self._forget(r))
-            self._enqueue(request)
+            self.queue.add(request)
             futures.append(request.future)
-        self._observer.queue_depth(len(self._pending))
-        self._arrival.set()
+        self._observer.queue_depth(len(self.queue))
+        self.queue.arrived()
         return futures
 
     async def calibrate(self, shapes: Sequence[tuple[int, int]] | None = None) -> None:
         """Seed the cost model with warm-up batches of known shapes (before serving)."""
         limits = self.limits
-        clock = self._running_clock()
+        clock = clock_or_loop(self._clock)
         longest = self.sequence_limits.max_length
         shapes = shapes or [
             (n, length)
@@ -173,14 +188,25 @@ class MicroBatcher(Admission, Collection, Dispatch):
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        for task in list(self._running):
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
-        for request in list(self._pending.values()):
-            _resolve_error(request, BatchAbandoned(f"model {self.name!r} stopped"))
+        await self.dispatch.stop()
+        for request in list(self.queue):
+            request.fail(BatchAbandoned(f"model {self.name!r} stopped"))
+
+    async def _collect_forever(self) -> None:
+        while True:
+            await self.dispatch.acquire_slot()
+            try:
+                batch = await self.collection.next_batch()
+            except BaseException:
+                self.dispatch.release_slot()
+                raise
+            self.dispatch.start(batch)
+
+    def _cost_model_refitted(self) -> None:
+        self.admission.reprice()
 
     async def _drained(self) -> None:
-        while self._pending or self._running:
+        while self.queue or self.dispatch.running:
             await asyncio.sleep(0.01)
 
     def _expire(self, request: QueuedRequest) -> None:
@@ -191,8 +217,8 @@ class MicroBatcher(Admission, Collection, Dispatch):
     def _forget(self, request: QueuedRequest) -> None:
         if request.expiry is not None:
             request.expiry.cancel()
-        if self._dequeue(request):
-            self._observer.queue_depth(len(self._pending))
+        if self.queue.remove(request):
+            self._observer.queue_depth(len(self.queue))
         if request.future.cancelled():
             self._observer.rejected("cancelled")
 

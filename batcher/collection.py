@@ -6,86 +6,76 @@ delay window) and TGI's queue (bounded, drop entries whose caller has gone).
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable
-
-from ferry.batcher.policy import batch_is_full, best_prefix, growth_order
+from ferry.batcher.cost_model import BatchCostModel
+from ferry.batcher.dispatch import Dispatch
+from ferry.batcher.observer import BatchObserver
+from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order, most_at
+from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
-from ferry.batcher.state import BatcherState
-
-logger = logging.getLogger(__name__)
+from ferry.batcher.types import Clock, clock_or_loop
 
 
-class Collection(BatcherState):
-    _dispatch: Callable[[list[QueuedRequest]], Awaitable[None]]
+class Collection:
+    def __init__(
+        self,
+        limits: BatchLimits,
+        queue: RequestQueue,
+        cost_model: BatchCostModel,
+        dispatch: Dispatch,
+        observer: BatchObserver,
+        clock: Clock | None,
+    ) -> None:
+        self.limits = limits
+        self._queue = queue
+        self._cost_model = cost_model
+        self._dispatch = dispatch  # reads whether batches run, and the recent batch time
+        self._observer = observer
+        self._clock = clock
 
-    async def _collect_forever(self) -> None:
+    async def next_batch(self) -> list[QueuedRequest]:
+        clock = clock_or_loop(self._clock)
         while True:
-            await self._slots.acquire()
-            try:
-                batch = await self._next_batch()
-            except BaseException:
-                self._slots.release()
-                raise
-            task = asyncio.create_task(self._dispatch(batch))
-            self._running.add(task)
-            task.add_done_callback(self._batch_done)
-
-    async def _next_batch(self) -> list[QueuedRequest]:
-        clock = self._running_clock()
-        while True:
-            if not self._pending:
-                self._arrival.clear()
-                await self._arrival.wait()
+            if not self._queue:
+                await self._queue.wait_for_arrival(clock)
                 continue
-            queued = self._candidates()
+            queued = self.candidates()
             order = growth_order(queued, self.limits)
             wait_s = self._wait_for_more_s(queued, order, clock.time())
             if wait_s > 0:
-                self._arrival.clear()
                 # An arrival or the end of the wait, whichever comes first, wakes the loop.
-                wake = clock.call_at(clock.time() + wait_s, self._arrival.set)
-                try:
-                    await self._arrival.wait()
-                finally:
-                    wake.cancel()
+                await self._queue.wait_for_arrival(clock, until=clock.time() + wait_s)
                 continue
             batch = [queued[i] for i in order[: self._batch_count(queued, order, clock.time())]]
             for request in batch:
-                self._dequeue(request)
-            self._observer.queue_depth(len(self._pending))
+                self._queue.remove(request)
+            self._observer.queue_depth(len(self._queue))
             return batch
 
-    def _candidates(self) -> list[QueuedRequest]:
+    def candidates(self) -> list[QueuedRequest]:
         """The queued requests the next batch may take, oldest first: the fairness window
         within the most urgent (lowest) priority queued.
 
         Only those that arrived within `fairness_window` times what batching saves, after the
-        oldest: what a full batch at the oldest's length saves over running its members one by
-        one (by the cost model: (n - 1) fixed costs). Length grouping and the cost model's cut
+        oldest: what a batch of the cheapest size at the oldest's length saves over running its
+        members one by one (by the cost model). Length grouping and the cost model's cut
         choose within it, but a request is never passed over by one that arrived more than the
         window after it, so it waits about as long as first come, first served would make it
         wait. Where batching saves little (long sequences on a CPU) the window closes and the
         order is arrival order; where it saves much (short ones) the batches have room to grow.
         Before the cost model is ready, the unit is the recent batch time.
         """
-        queued = list(self._pending.values())
-        if len(self._queued_count) > 1:
-            # Strict priorities: a batch holds only the most urgent priority queued.
-            urgent = min(self._queued_count)
-            queued = [request for request in queued if request.priority == urgent]
+        # Strict priorities: a batch holds only the most urgent priority queued.
+        queued = self._queue.most_urgent()
         window = self.limits.fairness_window
         if not self.limits.group_by_length or window is None:
             return queued  # batches in arrival order pass nobody over; None: no window
         oldest = queued[0]
-        if self.cost_model.ready:
-            limits = self.limits
-            full = max(1, min(limits.max_batch_size, limits.max_batch_tokens // oldest.length))
-            # n * predict(1, L) - predict(n, L), exactly: the model's cost grows linearly in n.
-            saved_s = (full - 1) * self.cost_model.predict(0, 0)
+        if self._cost_model.ready:
+            length = oldest.length
+            best, share = self._cost_model.best_share(length, most_at(self.limits, length))
+            saved_s = best * (self._cost_model.predict(1, length) - share)
         else:
-            saved_s = self._recent_batch_s
+            saved_s = self._dispatch.recent_batch_s
         cutoff = oldest.enqueued_at + window * saved_s
         count = 1
         while count < len(queued) and queued[count].enqueued_at <= cutoff:
@@ -94,11 +84,11 @@ class Collection(BatcherState):
 
     def _steering_objective(self) -> float | None:
         """The latency objective, once the cost model is ready to steer waits by it."""
-        return self.limits.latency_objective_s if self.cost_model.ready else None
+        return self.limits.latency_objective_s if self._cost_model.ready else None
 
     def _wait_for_more_s(self, queued: list[QueuedRequest], order: list[int], now: float) -> float:
         """How long to wait for more requests before closing the batch (0: close it now)."""
-        if (not self._running and self.limits.dispatch_when_idle) or batch_is_full(
+        if (not self._dispatch.running and self.limits.dispatch_when_idle) or batch_is_full(
             queued, self.limits
         ):
             return 0.0
@@ -108,14 +98,14 @@ class Collection(BatcherState):
             # Wait while the oldest request could still finish a full batch within half its
             # objective: the other half is for the p99 tail.
             longest = max(queued[i].length for i in order)
-            full_cost = self.cost_model.predict(self.limits.max_batch_size, longest)
+            full_cost = self._cost_model.predict(self.limits.max_batch_size, longest)
             slack = oldest.enqueued_at + objective / 2 - full_cost - now
             return max(0.0, min(slack, objective / 4))
         return max(0.0, oldest.enqueued_at + self.limits.max_queue_delay_s - now)
 
     def _batch_count(self, queued: list[QueuedRequest], order: list[int], now: float) -> int:
         """How many of the growth order to take: all of it, or what the cost model finds best."""
-        if not (self.limits.cost_model_batching and self.cost_model.ready):
+        if not (self.limits.cost_model_batching and self._cost_model.ready):
             return len(order)
         oldest = queued[0]
         finish_by = oldest.deadline
@@ -124,10 +114,4 @@ class Collection(BatcherState):
             finish_by = objective_end if finish_by is None else min(finish_by, objective_end)
         lengths = [queued[i].length for i in order]
         budget = None if finish_by is None else finish_by - now
-        return best_prefix(lengths, self.cost_model.predict, budget)
-
-    def _batch_done(self, task: asyncio.Task) -> None:
-        self._running.discard(task)
-        self._slots.release()
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())
+        return best_prefix(lengths, self._cost_model.predict, budget)

@@ -3,10 +3,18 @@
 BentoML fits `duration = a * n + b`; padding makes the length matter as much as the count, and
 attention makes it super-linear, so Ferry fits
 
-    seconds ~= c0 + c1 * n + c2 * n * L + c3 * n * L**2     (n requests padded to L tokens)
+    seconds ~= c0 + c1 * n + c2 * n * L + c3 * n * L**2 + c4 * (n * L)**2
+                                                        (n requests padded to L tokens)
 
 by least squares over a window of recent batches (warm-up runs seed it), refitting every few
 observations. Coefficients are kept non-negative so predictions stay monotone in n and L.
+
+The last term is what a batch's size costs beyond its members: on a CPU a large padded batch
+outgrows the caches and runs slower per token than a small one (MiniLM, one thread: 16 x 128
+tokens take 827 ms against 16 x 45 ms alone, bench/replay_costs.json). Without it the fit is
+linear in n, so every batch looks at least as cheap as its members one by one, and the cut
+(policy.best_prefix) made 10-request batches of long sequences that took 0.4-0.5 s each: the
+mixed-load tail (bench/replay.py: mixed p99 1.67x first come, first served, before this term).
 """
 
 from __future__ import annotations
@@ -15,11 +23,12 @@ from collections import deque
 
 import numpy as np
 
-TERMS = ("fixed", "per_request", "per_token", "per_token_squared")
+TERMS = ("fixed", "per_request", "per_token", "per_token_squared", "batch_tokens_squared")
 
 
 def _features(n: int, length: int) -> np.ndarray:
-    return np.array([1.0, n, n * length, n * length * length], dtype=np.float64)
+    tokens = n * length
+    return np.array([1.0, n, tokens, tokens * length, tokens * tokens], dtype=np.float64)
 
 
 class BatchCostModel:
@@ -57,8 +66,25 @@ class BatchCostModel:
 
     def predict(self, n: int, length: int) -> float:
         # Plain floats, not numpy: called once per request and per prefix of every batch.
-        fixed, per_request, per_token, per_token_squared = self._coefficient_list
-        return fixed + n * (per_request + length * (per_token + length * per_token_squared))
+        fixed, per_request, per_token, per_token_squared, batch_tokens_squared = (
+            self._coefficient_list
+        )
+        tokens = n * length
+        return (
+            fixed
+            + n * (per_request + length * (per_token + length * per_token_squared))
+            + batch_tokens_squared * tokens * tokens
+        )
+
+    def best_share(self, length: int, most: int) -> tuple[int, float]:
+        """The batch size of at most `most` at which a request of `length` tokens costs least,
+        and that cost (its share of the batch): what length grouping serves it in at best."""
+        best_n, best_s = 1, self.predict(1, length)
+        for n in range(2, most + 1):
+            share = self.predict(n, length) / n
+            if share < best_s:
+                best_n, best_s = n, share
+        return best_n, best_s
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(TERMS, self.coefficients.tolist(), strict=True))

@@ -1,5 +1,7 @@
 """Dispatch: run a closed batch on the backend and scatter its rows to the members' futures.
 
+Owns the concurrent batch slots and the running batches, and what they teach: the recent batch
+time and the pace (seconds a batch really took per second admission priced its members at).
 A member that makes the batch fail is found by running each member alone; a hung backend fails
 its batch after the inference timeout; no future is left unresolved whatever path is taken.
 """
@@ -8,22 +10,84 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 
+from ferry.batcher.cost_model import BatchCostModel
 from ferry.batcher.errors import (
     BatchAbandoned,
     BatchWideFailure,
     InferenceFailed,
     InferenceTimedOut,
 )
+from ferry.batcher.observer import BatchObserver
 from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
-from ferry.batcher.state import BatcherState, Result
+from ferry.batcher.types import Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
 
 
-class Dispatch(BatcherState):
+class Dispatch:
+    def __init__(
+        self,
+        name: str,
+        infer: InferFn,
+        queue: RequestQueue,
+        cost_model: BatchCostModel,
+        observer: BatchObserver,
+        *,
+        slots: int,
+        sequence_outputs: frozenset[str],
+        pad_token_id: int,
+        infer_timeout_s: float | None,
+        clock: Clock | None,
+        refitted: Callable[[], None],
+    ) -> None:
+        self.name = name
+        self._infer = infer
+        self._queue = queue
+        self._cost_model = cost_model
+        self._observer = observer
+        self._sequence_outputs = sequence_outputs
+        self._pad_token_id = pad_token_id
+        self._infer_timeout_s = infer_timeout_s
+        self._clock = clock
+        self._refitted = refitted  # after each refit of the cost model
+        self._slots = asyncio.Semaphore(slots)
+        self.running: set[asyncio.Task] = set()
+        self.recent_batch_s = 0.05
+        # Seconds a batch really took per second admission priced its members at (recent
+        # batches): what the shares leave out (padding to a neighbour's length, a cut short of
+        # the cheapest size, other work on the cores) makes it > 1.
+        self.pace = 1.0
+        self._published_fits = 0
+
+    async def acquire_slot(self) -> None:
+        await self._slots.acquire()
+
+    def release_slot(self) -> None:
+        self._slots.release()
+
+    def start(self, batch: list[QueuedRequest]) -> None:
+        """Run `batch` in a task of its own, on a slot already acquired."""
+        task = asyncio.create_task(self._dispatch(batch))
+        self.running.add(task)
+        task.add_done_callback(self._batch_done)
+
+    async def stop(self) -> None:
+        """Cancel the running batches (their members fail with BatchAbandoned)."""
+        for task in list(self.running):
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self.running.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())
+
     async def _dispatch(self, batch: list[QueuedRequest]) -> None:
         try:
             live = [r for r in batch if not r.future.done()]
@@ -31,19 +95,19 @@ class Dispatch(BatcherState):
                 await self._run_batch(live)
         except asyncio.CancelledError:
             for request in batch:
-                _resolve_error(request, BatchAbandoned(f"model {self.name!r} stopped"))
+                request.fail(BatchAbandoned(f"model {self.name!r} stopped"))
             raise
         finally:
             # A future must never hang: whatever path we left by, nobody stays unresolved.
             for request in batch:
-                _resolve_error(request, InferenceFailed("the batch ended without a result"))
+                request.fail(InferenceFailed("the batch ended without a result"))
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         wanted = _wanted_outputs(batch)
         padded = pad_batch([r.sequence for r in batch], self._pad_token_id, wanted)
-        if not self._pending and len(self._running) <= 1:  # this batch's own task only
+        if not self._queue and len(self.running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)
-        now = self._running_clock().time()
+        now = clock_or_loop(self._clock).time()
         self._observer.batch_formed(
             padded.size,
             padded.real_tokens,
@@ -52,15 +116,15 @@ class Dispatch(BatcherState):
             batch[0].priority,  # a batch holds one priority (collection.py)
         )
         try:
-            rows = await self._infer_rows(padded)
+            rows = await self._infer_rows(padded, sum(r.cost_s for r in batch))
         except BatchWideFailure as exc:
             for request in batch:
-                _resolve_error(request, exc)
+                request.fail(exc)
             return
         except Exception as exc:
             if len(batch) == 1:
                 logger.warning("model %s: inference failed: %s", self.name, exc)
-                _resolve_error(batch[0], InferenceFailed(f"inference failed: {exc}"))
+                batch[0].fail(InferenceFailed(f"inference failed: {exc}"))
                 return
             # One bad member must not fail the rest: find it by running each member alone.
             logger.warning(
@@ -74,9 +138,10 @@ class Dispatch(BatcherState):
             if not request.future.done():
                 request.future.set_result(row)
 
-    async def _infer_rows(self, padded: PaddedBatch) -> list[Result]:
-        predicted_s = self.cost_model.predict(padded.size, padded.padded_length)
-        clock = self._running_clock()
+    async def _infer_rows(self, padded: PaddedBatch, priced_s: float) -> list[Result]:
+        """Run the batch; `priced_s` is what admission priced its members at (their shares)."""
+        predicted_s = self._cost_model.predict(padded.size, padded.padded_length)
+        clock = clock_or_loop(self._clock)
         started = clock.time()
         failed = True
         try:
@@ -90,23 +155,25 @@ class Dispatch(BatcherState):
             return unpad_outputs(outputs, padded.lengths, self._sequence_outputs, padded.outputs)
         finally:
             elapsed = clock.time() - started
-            self._recent_batch_s = 0.8 * self._recent_batch_s + 0.2 * elapsed
+            self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * elapsed
             if not failed:
-                self.cost_model.observe(padded.size, padded.padded_length, elapsed)
+                self._cost_model.observe(padded.size, padded.padded_length, elapsed)
+                if priced_s > 0:
+                    self.pace = 0.8 * self.pace + 0.2 * elapsed / priced_s
             self._observer.batch_finished(
-                elapsed, failed, predicted_s if self.cost_model.ready else None
+                elapsed, failed, predicted_s if self._cost_model.ready else None
             )
-            if self.cost_model.fits != self._published_fits:
+            if self._cost_model.fits != self._published_fits:
                 # Only after a refit: the coefficients change every few batches, not every one.
-                self._published_fits = self.cost_model.fits
-                self._observer.cost_model(self.cost_model.as_dict())
-                self._cost_model_refitted()
+                self._published_fits = self._cost_model.fits
+                self._observer.cost_model(self._cost_model.as_dict())
+                self._refitted()
 
     async def _infer_within_timeout(self, padded: PaddedBatch) -> Result:
         """A hung backend fails its batch (504) instead of holding its callers forever."""
         if self._infer_timeout_s is None:
             return await self._infer(padded)
-        clock = self._running_clock()
+        clock = clock_or_loop(self._clock)
         task = asyncio.ensure_future(self._infer(padded))
         timed_out = False
 
@@ -137,8 +204,3 @@ def _wanted_outputs(batch: list[QueuedRequest]) -> tuple[str, ...] | None:
             return None
         wanted |= request.outputs
     return tuple(sorted(wanted))
-
-
-def _resolve_error(request: QueuedRequest, error: BaseException) -> None:
-    if not request.future.done():
-        request.future.set_exception(error)

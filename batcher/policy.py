@@ -34,11 +34,11 @@ class BatchLimits:
     # Let the learned cost model cut each batch where sequences per second peak (padding a
     # batch to one long request can cost more than running that request apart).
     cost_model_batching: bool = True
-    # A request is passed over only by requests that arrived less than this fraction of what a
-    # full batch saves after it (by the cost model; the recent batch time before it is ready).
-    # None: off, the default. The replay's sweep (bench/replay.py) chose 0.35, but on the real
-    # server that cost 20% of mixed throughput without lowering p99 (README, Batching).
-    fairness_window: float | None = None
+    # A request is passed over only by requests that arrived less than this fraction of what
+    # batching saves after it (by the cost model: a batch of the best size at the oldest's
+    # length against its members one by one; the recent batch time before the model is ready).
+    # None: off, batches grouped from the whole queue. 0.5: bench/replay.py, README (Batching).
+    fairness_window: float | None = 0.5
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
@@ -51,6 +51,12 @@ class BatchLimits:
             raise ValueError("fairness_window must be >= 0")
         if self.latency_objective_s is not None and self.latency_objective_s <= 0:
             raise ValueError("latency_objective_s must be > 0")
+
+
+def most_at(limits: BatchLimits, length: int) -> int:
+    """The most requests of `length` tokens one batch may hold (at least one: a request over
+    the token limit still runs, alone)."""
+    return max(1, min(limits.max_batch_size, limits.max_batch_tokens // length))
 
 
 def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:

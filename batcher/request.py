@@ -60,3 +60,8 @@ class QueuedRequest:
     @property
     def length(self) -> int:
         return self.sequence.length
+
+    def fail(self, error: BaseException) -> None:
+        """Resolve the future with `error`, unless it is resolved already (exactly once)."""
+        if not self.future.done():
+            self.future.set_exception(error)

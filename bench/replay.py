@@ -8,6 +8,7 @@ them on 2 cores. HTTP and the event loop's own CPU are left out, for every polic
 
 Policies, all on the same requests:
   ferry      BatchLimits() as served: length grouping in the fairness window, the cost model's cut
+  no-window  ferry with fairness_window None: length neighbours from the whole queue
   fifo       batches in arrival order, as full as the limits allow (no grouping, no cost model,
              so no fairness window either: arrival order passes nobody over)
   fcfs       one request at a time, first come first served: the strong unbatched server
@@ -51,6 +52,7 @@ def policies(windows: list[float]) -> dict[str, BatchLimits]:
         "fcfs": BatchLimits(max_batch_size=1, max_concurrent_batches=SLOTS),
         "fifo": replace(ferry, group_by_length=False, cost_model_batching=False),
         "ferry": ferry,
+        "no-window": replace(ferry, fairness_window=None),
     }
     for window in windows:
         named[f"window={window:g}"] = replace(ferry, fairness_window=window)

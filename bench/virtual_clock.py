@@ -49,6 +49,22 @@ class VirtualClock:
         self.call_at(self.now + seconds, _set_once, done)
         await done
 
+    def next_due(self) -> float | None:
+        """When the next timer is due (None: none is set)."""
+        return self._timers[0][0] if self._timers else None
+
+    def fire_next(self) -> None:
+        """Move to the next timer's time and fire every timer due then.
+
+        Like the event loop: every timer due at one instant fires before any task runs.
+        """
+        when = self._timers[0][0]
+        self.now = max(self.now, when)
+        while self._timers and self._timers[0][0] == when:
+            _, _, timer = heapq.heappop(self._timers)
+            if not timer.cancelled:
+                timer.callback(*timer.args)
+
     async def run(self, main: Coroutine[Any, Any, T]) -> T:
         """Run `main` to its end in virtual time (an error if it waits on nothing timed)."""
         task = asyncio.ensure_future(main)
@@ -59,13 +75,7 @@ class VirtualClock:
             if not self._timers:
                 task.cancel()
                 raise RuntimeError("the replay waits on nothing timed: it would never finish")
-            when = self._timers[0][0]
-            self.now = max(self.now, when)
-            # Like the event loop: every timer due at one instant fires before any task runs.
-            while self._timers and self._timers[0][0] == when:
-                _, _, timer = heapq.heappop(self._timers)
-                if not timer.cancelled:
-                    timer.callback(*timer.args)
+            self.fire_next()
 
 
 def _set_once(future: asyncio.Future) -> None:

@@ -141,7 +141,7 @@ class FerryMetrics:
         self.cost_coefficient = Gauge(
             "ferry_cost_model_coefficient",
             "Learned batch cost: seconds = fixed + per_request*n + per_token*n*L "
-            "+ per_token_squared*n*L^2.",
+            "+ per_token_squared*n*L^2 + batch_tokens_squared*(n*L)^2.",
             ["model", "term"],
             registry=r,
         )

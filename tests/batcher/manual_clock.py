@@ -1,13 +1,17 @@
 """A clock the tests move by hand: the batcher's waits, deadlines and timeouts fire when a test
-advances it, never because wall time passed. Deterministic on a loaded machine."""
+advances it, never because wall time passed. Deterministic on a loaded machine.
+
+The replay's virtual clock (bench/virtual_clock.py) with the steps a test takes itself: the
+replay jumps from timer to timer until its run ends; a test moves a chosen amount of time.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from ferry.bench.virtual_clock import VirtualClock
 
 T = TypeVar("T")
 
@@ -22,51 +26,18 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-class Timer:
-    def __init__(self, when: float, callback: Callable[..., Any], args: tuple) -> None:
-        self.when = when
-        self.callback = callback
-        self.args = args
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualClock:
+class ManualClock(VirtualClock):
     """Satisfies the batcher's `Clock` (time, call_at) and adds `advance` and `sleep`."""
 
     def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-        self._timers: list[tuple[float, int, Timer]] = []
-        self._order = itertools.count()
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: Callable[..., Any], *args: Any) -> Timer:
-        timer = Timer(when, callback, args)
-        heapq.heappush(self._timers, (when, next(self._order), timer))
-        return timer
-
-    async def sleep(self, seconds: float) -> None:
-        """A backend's work or a client's pause, in this clock's time."""
-        done = asyncio.get_running_loop().create_future()
-        self.call_at(self.now + seconds, lambda: done.done() or done.set_result(None))
-        await done
+        super().__init__(start)
 
     async def advance(self, seconds: float) -> None:
         """Move time forward, firing each due timer at its own time and settling after it."""
         target = self.now + seconds
         await settle()
-        while self._timers and self._timers[0][0] <= target:
-            # Like the event loop: every timer due at one instant fires before any task runs.
-            when = self._timers[0][0]
-            self.now = max(self.now, when)
-            while self._timers and self._timers[0][0] == when:
-                _, _, timer = heapq.heappop(self._timers)
-                if not timer.cancelled:
-                    timer.callback(*timer.args)
+        while (due := self.next_due()) is not None and due <= target:
+            self.fire_next()
             await settle()
         self.now = target
         await settle()

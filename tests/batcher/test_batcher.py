@@ -70,6 +70,27 @@ def make(backend: RecordingBackend, clock: ManualClock, **limits) -> MicroBatche
     return batcher
 
 
+def never_answering(clock: ManualClock, **options) -> tuple[MicroBatcher, asyncio.Future]:
+    """A started batcher whose backend never answers, and one request submitted to it."""
+    backend = RecordingBackend(asyncio.Event())
+    batcher = MicroBatcher("m", backend.infer, BatchLimits(), LIMITS, clock=clock, **options)
+    batcher.start()
+    (future,) = batcher.submit([seq(1)])
+    return batcher, future
+
+
+async def one_batch_running(
+    clock: ManualClock, **limits
+) -> tuple[asyncio.Event, RecordingBackend, MicroBatcher, list[asyncio.Future]]:
+    """A batcher with one slot, held by a running batch of one request until `gate` is set."""
+    gate = asyncio.Event()
+    backend = RecordingBackend(gate)
+    batcher = make(backend, clock, max_concurrent_batches=1, **limits)
+    running = batcher.submit([seq(1)])
+    await settle()
+    return gate, backend, batcher, running
+
+
 async def test_results_are_scattered_back_unpadded():
     clock = ManualClock()
     backend = RecordingBackend()
@@ -109,11 +130,7 @@ async def test_a_full_batch_goes_at_once_without_waiting_for_the_window():
 
 async def test_requests_arriving_while_a_batch_runs_form_the_next_batch():
     clock = ManualClock()
-    gate = asyncio.Event()
-    backend = RecordingBackend(gate)
-    batcher = make(backend, clock, max_concurrent_batches=1)
-    first = batcher.submit([seq(1)])
-    await settle()
+    gate, backend, batcher, first = await one_batch_running(clock)
     rest = [f for i in range(5) for f in batcher.submit([seq(i + 2)])]
     assert batcher.queue_depth == 5 and batcher.running_batches == 1
     gate.set()
@@ -134,10 +151,7 @@ async def test_unvalidated_input_is_asserted_against_and_nothing_is_queued():
 
 async def test_full_queue_refuses_at_once_and_keeps_nothing():
     clock = ManualClock()
-    gate = asyncio.Event()
-    batcher = make(RecordingBackend(gate), clock, max_queue_size=3, max_concurrent_batches=1)
-    running = batcher.submit([seq(1)])
-    await settle()  # the first batch is now running and holds the only slot
+    gate, _, batcher, running = await one_batch_running(clock, max_queue_size=3)
     queued = batcher.submit([seq(2), seq(3)])
     with pytest.raises(QueueFull) as info:
         batcher.submit([seq(4), seq(5)])
@@ -152,11 +166,7 @@ async def test_full_queue_refuses_at_once_and_keeps_nothing():
 
 async def test_deadline_passed_in_queue_never_reaches_the_backend():
     clock = ManualClock()
-    gate = asyncio.Event()
-    backend = RecordingBackend(gate)
-    batcher = make(backend, clock, max_concurrent_batches=1)
-    blocker = batcher.submit([seq(1)])
-    await settle()
+    gate, backend, batcher, blocker = await one_batch_running(clock)
     (late,) = batcher.submit([seq(7)], timeout_s=0.01)
     await clock.advance(0.009)
     assert not late.done()  # not before its deadline
@@ -172,16 +182,7 @@ async def test_deadline_passed_in_queue_never_reaches_the_backend():
 
 async def test_default_timeout_applies_when_the_request_sets_none():
     clock = ManualClock()
-    batcher = MicroBatcher(
-        "m",
-        RecordingBackend(asyncio.Event()).infer,
-        BatchLimits(),
-        LIMITS,
-        default_timeout_s=0.5,
-        clock=clock,
-    )
-    batcher.start()
-    (waiting,) = batcher.submit([seq(1)])
+    batcher, waiting = never_answering(clock, default_timeout_s=0.5)
     await clock.advance(0.499)
     assert not waiting.done()
     await clock.advance(0.001)
@@ -191,11 +192,7 @@ async def test_default_timeout_applies_when_the_request_sets_none():
 
 async def test_cancelled_request_is_dropped_before_dispatch():
     clock = ManualClock()
-    gate = asyncio.Event()
-    backend = RecordingBackend(gate)
-    batcher = make(backend, clock, max_concurrent_batches=1)
-    blocker = batcher.submit([seq(1)])
-    await settle()
+    gate, backend, batcher, blocker = await one_batch_running(clock)
     (gone,) = batcher.submit([seq(9)])
     (kept,) = batcher.submit([seq(8)])
     gone.cancel()
@@ -253,10 +250,7 @@ async def test_wrong_number_of_output_rows_fails_instead_of_misrouting():
 
 async def test_close_drains_queued_work_and_refuses_new():
     clock = ManualClock()
-    gate = asyncio.Event()
-    batcher = make(RecordingBackend(gate), clock, max_concurrent_batches=1)
-    futures = batcher.submit([seq(1)])
-    await settle()
+    gate, _, batcher, futures = await one_batch_running(clock)
     futures += batcher.submit([seq(2)])
     closing = asyncio.create_task(batcher.close(5))
     await settle()

@@ -19,7 +19,7 @@ from ferry.batcher import (
 )
 from ferry.batcher.cost_model import TERMS
 from tests.batcher.manual_clock import ManualClock, settle
-from tests.batcher.test_batcher import LIMITS, RecordingBackend, seq
+from tests.batcher.test_batcher import LIMITS, RecordingBackend, never_answering, seq
 
 
 class RecordingObserver:
@@ -220,19 +220,10 @@ async def test_a_backend_cancelling_itself_is_not_reported_as_a_timeout():
 
 async def test_a_stop_at_the_moment_of_the_timeout_is_a_stop_not_a_timeout():
     clock = ManualClock()
-    batcher = MicroBatcher(
-        "m",
-        RecordingBackend(asyncio.Event()).infer,
-        BatchLimits(),
-        LIMITS,
-        infer_timeout_s=1.0,
-        clock=clock,
-    )
-    batcher.start()
-    (future,) = batcher.submit([seq(1)])
+    batcher, future = never_answering(clock, infer_timeout_s=1.0)
     await settle()
     # Cancel the running batch in the same instant as its timeout fires.
-    clock.call_at(clock.time() + 1.0, lambda: [t.cancel() for t in list(batcher._running)])
+    clock.call_at(clock.time() + 1.0, lambda: [t.cancel() for t in list(batcher.dispatch.running)])
     await clock.advance(1.0)
     assert isinstance(future.exception(), BatchAbandoned)
     await batcher.close(0)

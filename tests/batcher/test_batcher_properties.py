@@ -28,6 +28,7 @@ from ferry.batcher import (
     TokenSequence,
     pad_batch,
 )
+from ferry.batcher.dispatch import Dispatch
 from tests.batcher.manual_clock import ManualClock
 
 VOCAB = 50
@@ -166,13 +167,13 @@ def test_every_arrival_gets_its_unbatched_result_unless_cancelled_timed_out_or_b
     run_property(MicroBatcher, EXAMPLES)
 
 
-class FailsTheWholeBatch(MicroBatcher):
+class FailsTheWholeBatchDispatch(Dispatch):
     """Broken: one bad member fails every member of its batch (no retry alone)."""
 
     async def _run_batch(self, batch) -> None:
         padded = pad_batch([r.sequence for r in batch])
         try:
-            rows = await self._infer_rows(padded)
+            rows = await self._infer_rows(padded, 0.0)
         except Exception as exc:
             for request in batch:
                 if not request.future.done():
@@ -183,13 +184,25 @@ class FailsTheWholeBatch(MicroBatcher):
                 request.future.set_result(row)
 
 
-class NeverSucceeds(MicroBatcher):
+class NeverSucceedsDispatch(Dispatch):
     """Broken: every request fails."""
 
     async def _run_batch(self, batch) -> None:
         for request in batch:
             if not request.future.done():
                 request.future.set_exception(InferenceFailed("broken"))
+
+
+class FailsTheWholeBatch(MicroBatcher):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch.__class__ = FailsTheWholeBatchDispatch  # the part under test, broken
+
+
+class NeverSucceeds(MicroBatcher):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch.__class__ = NeverSucceedsDispatch
 
 
 @pytest.mark.parametrize("broken", [FailsTheWholeBatch, NeverSucceeds])

@@ -172,10 +172,12 @@ async def long_behind_a_stream(window: float) -> tuple[float, list[list[int]]]:
 
 
 async def test_a_long_request_behind_a_stream_of_short_ones_is_served_within_three_batches():
-    # The window is half what a full batch saves: 0.5 * 3 fixed costs of 10 ms = 15 ms, so the
-    # stream (from 30 ms on) never joins a short backlog batch: the backlog and the long
+    # The default window is half what a full batch saves: 0.5 * 3 fixed costs of 10 ms = 15 ms,
+    # so the stream (from 30 ms on) never joins a short backlog batch: the backlog and the long
     # request go first come, first served in length groups.
-    took, batches = await long_behind_a_stream(window=0.5)
+    window = BatchLimits().fairness_window
+    assert window == 0.5
+    took, batches = await long_behind_a_stream(window)
     assert batches[:3] == [[5, 6, 7, 8], [9, 10, 11, 12], [40]]
     assert took == pytest.approx((0.010 + 0.032) + (0.010 + 0.048) + (0.010 + 0.040))
 
@@ -205,7 +207,9 @@ async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
     for step in (0.0, window, 0.001):
         await clock.advance(step)
         batcher.submit([seq(*FOUR)])
-    assert [r.enqueued_at - 1000 for r in batcher._candidates()] == pytest.approx([0, window])
+    assert [r.enqueued_at - 1000 for r in batcher.collection.candidates()] == pytest.approx(
+        [0, window]
+    )
     await batcher.close(0)
 
 
@@ -229,19 +233,19 @@ async def test_the_window_is_the_fixed_costs_a_full_batch_saves(length, arrivals
     for at in arrivals:
         await clock.advance(at - (clock.time() - 1000))
         batcher.submit([seq(*range(1, length + 1))])
-    assert len(batcher._candidates()) == candidates
+    assert len(batcher.collection.candidates()) == candidates
     await batcher.close(0)
 
 
 @pytest.mark.parametrize(
     "limits",
     [
-        # Off by default: on the real server the window cost mixed throughput, p99 unchanged.
-        BatchLimits(),
+        # Switched off: batches grouped from the whole queue.
+        BatchLimits(fairness_window=None),
         # Arrival order passes nobody over: a FIFO batch takes what came after a window's end.
         BatchLimits(group_by_length=False, fairness_window=0.35),
     ],
-    ids=["default", "arrival-order"],
+    ids=["off", "arrival-order"],
 )
 async def test_no_window_where_none_applies(limits):
     clock = ManualClock()
@@ -250,7 +254,7 @@ async def test_no_window_where_none_applies(limits):
     for step in (0.0, 1.0, 1.0):
         await clock.advance(step)
         batcher.submit([seq(*FOUR)])
-    assert len(batcher._candidates()) == 3
+    assert len(batcher.collection.candidates()) == 3
     await batcher.close(0)
 
 

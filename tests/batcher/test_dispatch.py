@@ -61,8 +61,13 @@ async def test_a_batch_left_by_an_unforeseen_path_fails_its_members_and_logs_the
 
 
 class CollectorBug(MicroBatcher):
-    async def _next_batch(self):
-        raise RuntimeError("a bug in collection")
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+
+        async def next_batch():
+            raise RuntimeError("a bug in collection")
+
+        self.collection.next_batch = next_batch  # type: ignore[method-assign]
 
 
 async def test_a_dead_collector_is_logged_critical_with_its_traceback(caplog):
