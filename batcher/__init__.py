@@ -9,7 +9,6 @@ from ferry.batcher.errors import (
     DeadlineExceeded,
     InferenceFailed,
     InferenceTimedOut,
-    InvalidInput,
     QueueFull,
 )
 from ferry.batcher.observer import BatchObserver
@@ -27,7 +26,6 @@ __all__ = [
     "DeadlineExceeded",
     "InferenceFailed",
     "InferenceTimedOut",
-    "InvalidInput",
     "MicroBatcher",
     "PaddedBatch",
     "QueueFull",

@@ -7,15 +7,6 @@ class BatcherError(Exception):
     """Base of every error a batcher future can carry."""
 
 
-class InvalidInput(BatcherError):
-    """A request that can never run: rejected before it is queued."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
 class QueueFull(BatcherError):
     """The bounded queue has no room: refused at once rather than left to time out later."""
 

@@ -43,7 +43,9 @@ class Sampler:
     def _penalized(self, logits: np.ndarray) -> np.ndarray:
         if self._penalty == 1.0 or self._seen.size == 0:
             return logits
-        scores = logits.astype(np.float32, copy=True)
+        # float64: a penalty near float32's smallest normal would overflow float32 logits to
+        # inf, and softmax over inf is NaN.
+        scores = logits.astype(np.float64, copy=True)
         picked = scores[self._seen]
         scores[self._seen] = np.where(picked > 0, picked / self._penalty, picked * self._penalty)
         return scores

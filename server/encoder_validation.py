@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder_request import (
     MASK_FIELD,
     EncoderInputs,
@@ -21,6 +20,7 @@ from ferry.server.encoder_request import (
     ValidSequences,
     item_field,
 )
+from ferry.server.errors import InvalidInput
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.settings import Settings
 from ferry.server.tokenization import TextRejected

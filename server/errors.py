@@ -21,7 +21,6 @@ from ferry.batcher.errors import (
     DeadlineExceeded,
     InferenceFailed,
     InferenceTimedOut,
-    InvalidInput,
     QueueFull,
 )
 from ferry.llm.errors import (
@@ -38,6 +37,16 @@ from ferry.server.disconnect import ClientDisconnected
 from ferry.server.json_errors import field_at, json_error
 
 logger = logging.getLogger(__name__)
+
+
+class InvalidInput(Exception):
+    """A request that can never run, refused before any work: a 422 (400 in the OpenAI
+    dialect) naming the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 class UnknownModel(Exception):

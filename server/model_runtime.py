@@ -14,8 +14,8 @@ from ferry.backends.base import Backend
 from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.manifest import ModelManifest
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
-from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder_request import ValidSequences
+from ferry.server.errors import InvalidInput
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tokenization import TextTokenizer

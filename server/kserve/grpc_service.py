@@ -21,10 +21,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry import __version__
-from ferry.batcher.errors import InvalidInput
 from ferry.server.auth import check_bearer
 from ferry.server.dialects import kserve_message
-from ferry.server.errors import Failure, NotReady, failure
+from ferry.server.errors import Failure, InvalidInput, NotReady, failure
 from ferry.server.kserve.infer import (
     deserialize_bytes,
     infer_tensors,

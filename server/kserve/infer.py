@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from ferry.batcher import stack_rows
-from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder import EncoderServing
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
+from ferry.server.errors import InvalidInput
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.schemas import PRIORITY_BOUND

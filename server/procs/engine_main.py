@@ -98,6 +98,8 @@ class EngineServer:
         outputs = None if message.outputs is None else frozenset(message.outputs)
         try:
             model = self.registry.get(message.model)
+            if message.timeout_s is not None:  # the floor needs the cost model, which lives here
+                model.check_deadline(max(message.lengths), message.timeout_s)
             futures = model.submit_rows(sequences, message.timeout_s, outputs, message.priority)
         except Exception as exc:
             failed = wire.Failed(message.rid, -1, wire.error_to_wire(exc))
@@ -144,8 +146,11 @@ class EngineServer:
             try:
                 async for delta in stream:
                     if delta.finish_reason is not None:
-                        # Before the client sees its end: a scrape after it counts its tokens.
-                        self._send(peer, self._stats_now())
+                        # Before the client sees its end: a scrape after it, by whichever API
+                        # process, counts its tokens.
+                        stats = self._stats_now()
+                        for api in self._peers:
+                            self._send(api, stats)
                     self._send(peer, wire.Delta(message.rid, delta))
             finally:
                 await stream.aclose()  # cancelled (the client left): the engine aborts it

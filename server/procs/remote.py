@@ -80,8 +80,7 @@ class RemoteModelRuntime(ModelRuntime):
         )
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
-        # The cost model lives in the engine process; there a deadline it cannot meet is
-        # refused by admission (429) instead of this 422.
+        # The cost model lives in the engine process, which checks the same floor on Submit.
         pass
 
     async def close(self, drain_timeout_s: float) -> None:

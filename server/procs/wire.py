@@ -17,6 +17,7 @@ from ferry.batcher import TokenSequence
 from ferry.batcher import errors as batcher_errors
 from ferry.llm import errors as llm_errors
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
+from ferry.server import errors as server_errors
 
 
 class Hello(msgspec.Struct, tag=True):
@@ -195,10 +196,11 @@ def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:
     }
 
 
-# The exceptions that cross: the batcher's and the LLM engines' own, rebuilt by class name.
+# The exceptions that cross: the batcher's, the LLM engines' and the server's own (a refusal
+# the engine decides, such as the deadline floor), rebuilt by class name.
 _ERRORS: dict[str, type[BaseException]] = {
     name: value
-    for module in (batcher_errors, llm_errors)
+    for module in (batcher_errors, llm_errors, server_errors)
     for name, value in vars(module).items()
     if isinstance(value, type) and issubclass(value, Exception)
 }

@@ -9,9 +9,9 @@ import numpy as np
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ferry.batcher.errors import InvalidInput
 from ferry.server.dialects import OPENAI
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
+from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses

@@ -19,9 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ferry import __version__
-from ferry.batcher.errors import InvalidInput
 from ferry.server.dialects import KSERVE
-from ferry.server.errors import MalformedRequest
+from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve.infer import (

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from ferry.batcher.errors import InvalidInput
 from ferry.server.dialects import OPENAI
+from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,

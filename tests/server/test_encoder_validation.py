@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ferry.batcher.errors import InvalidInput
 from ferry.bench.server_process import default_model_config
 from ferry.server.encoder_request import Texts, TokenArrays, TokenLists, ValidSequences
 from ferry.server.encoder_validation import EncoderValidation
+from ferry.server.errors import InvalidInput
 from ferry.server.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -10,9 +10,16 @@ import pytest
 from fastapi import Body
 from pydantic import BaseModel, ValidationError
 
-from ferry.batcher.errors import InferenceFailed, InvalidInput, QueueFull
+from ferry.batcher.errors import InferenceFailed, QueueFull
 from ferry.server.app import create_app
-from ferry.server.errors import ERROR_TABLE, Failure, UnknownModel, failure, validation_failure
+from ferry.server.errors import (
+    ERROR_TABLE,
+    Failure,
+    InvalidInput,
+    UnknownModel,
+    failure,
+    validation_failure,
+)
 from ferry.server.settings import Settings
 
 

@@ -7,10 +7,10 @@ import asyncio
 
 import orjson
 
-from ferry.batcher.errors import InvalidInput
 from ferry.server.dialects import KSERVE, OPENAI, PathDialects
 from ferry.server.disconnect import DISCONNECTED
 from ferry.server.drain import DrainState
+from ferry.server.errors import InvalidInput
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotCall, HotRoutes
 from ferry.server.metrics import FerryMetrics

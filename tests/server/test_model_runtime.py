@@ -9,8 +9,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from ferry.batcher.errors import InvalidInput
 from ferry.server.encoder_request import ValidSequences
+from ferry.server.errors import InvalidInput
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -12,8 +12,8 @@ import pytest
 import pytest_asyncio
 from tokenizers import Tokenizer
 
-from ferry.batcher.errors import InvalidInput
 from ferry.bench.server_process import DEFAULT_MODEL, DEFAULT_MODEL_DIR, default_model_config
+from ferry.server.errors import InvalidInput
 from ferry.server.kserve.infer import (
     deserialize_bytes,
     request_priority,

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from ferry.batcher import TokenSequence
-from ferry.batcher.errors import InferenceFailed, InvalidInput, QueueFull
+from ferry.batcher.errors import InferenceFailed, QueueFull
 from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings, TokenLogprob
 from ferry.llm.errors import PromptTooLong
+from ferry.server.errors import InvalidInput
 from ferry.server.procs import wire
 
 
