@@ -49,3 +49,11 @@ def test_a_seed_repeats_its_tokens_and_any_int64_seed_is_taken():
         assert [runs[0].choose(logits)[0] for _ in range(20)] == [
             runs[1].choose(logits)[0] for _ in range(20)
         ]
+
+
+def test_the_smallest_float32_penalty_overflows_nothing():
+    """A penalty at float32's smallest normal (the OpenAPI fuzzer's boundary value) sends a
+    seen token's positive logit past float32's range; sampling must still pick a real token."""
+    tiny = float(np.finfo(np.float32).tiny)
+    sampler = Sampler(SamplingSettings(temperature=1.0, repetition_penalty=tiny), [0, 1])
+    assert sampler.choose(np.array([5.0, 4.0, -1.0], np.float32))[0] == 0  # 5 / tiny wins
