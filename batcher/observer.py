@@ -26,27 +26,6 @@ class BatchObserver(Protocol):
     def cost_model(self, coefficients: dict[str, float]) -> None: ...
 
 
-class NullObserver:
-    """For callers that want no metrics (tests of the batcher alone, benchmarks)."""
-
-    def queue_depth(self, depth: int) -> None:
-        pass
-
-    def rejected(self, reason: RejectReason) -> None:
-        pass
-
-    def batch_formed(
-        self,
-        size: int,
-        real_tokens: int,
-        padded_tokens: int,
-        queue_waits_s: list[float],
-        priority: int,
-    ) -> None:
-        pass
-
-    def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
-        pass
-
-    def cost_model(self, coefficients: dict[str, float]) -> None:
-        pass
+class NullObserver(BatchObserver):
+    """For callers that want no metrics (tests of the batcher alone, benchmarks): the
+    protocol's own bodies do nothing."""
