@@ -20,6 +20,9 @@ class Backend(Protocol):
     sequence_outputs: frozenset[str]
     # How many batches may run at once and still pay off (sessions, instances).
     max_concurrency: int
+    # A batch handed over while all of those run waits inside the backend and starts, in the
+    # backend's own threads, the moment one frees (so the batcher may form one ahead).
+    queues_batches: bool
 
     async def start(self) -> None:
         """Load and warm up; readiness turns on only after this returns."""

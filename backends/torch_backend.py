@@ -37,6 +37,7 @@ _IMPORT_LOCK = threading.Lock()
 
 class TorchBackend:
     name = "torch"
+    queues_batches = False  # not measured: each batch waits for a free runner in the loop
 
     def __init__(
         self,

@@ -83,6 +83,7 @@ def map_error(exc: BaseException, target: TritonTarget) -> BaseException:
 
 class TritonBackend:
     name = "triton"
+    queues_batches = False  # not measured: each batch waits for a free runner in the loop
 
     def __init__(
         self,

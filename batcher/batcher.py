@@ -70,6 +70,7 @@ class MicroBatcher:
             self.cost_model,
             self._observer,
             slots=limits.max_concurrent_batches,
+            prepared=limits.prepared_batches,
             sequence_outputs=sequence_outputs,
             pad_token_id=pad_token_id,
             infer_timeout_s=infer_timeout_s,
@@ -206,7 +207,7 @@ class MicroBatcher:
         self.admission.reprice()
 
     async def _drained(self) -> None:
-        while self.queue or self.dispatch.running:
+        while self.queue or self.dispatch.running or self.dispatch.answering:
             await asyncio.sleep(0.01)
 
     def _expire(self, request: QueuedRequest) -> None:

@@ -41,6 +41,9 @@ class BatchCostModel:
         self.coefficients = np.zeros(len(TERMS))
         self._coefficient_list = [0.0] * len(TERMS)
         self.fits = 0  # how many times the coefficients changed
+        # best_share by (length, most), for the current coefficients: admission prices every
+        # request by it and reprices the whole queue after each refit.
+        self._best_shares: dict[tuple[int, int], tuple[int, float]] = {}
 
     @property
     def ready(self) -> bool:
@@ -61,6 +64,7 @@ class BatchCostModel:
         coefficients = _nonnegative_least_squares(x / scale, y) / scale
         self.coefficients = coefficients
         self._coefficient_list = coefficients.tolist()
+        self._best_shares.clear()
         self._since_fit = 0
         self.fits += 1
 
@@ -79,11 +83,15 @@ class BatchCostModel:
     def best_share(self, length: int, most: int) -> tuple[int, float]:
         """The batch size of at most `most` at which a request of `length` tokens costs least,
         and that cost (its share of the batch): what length grouping serves it in at best."""
+        known = self._best_shares.get((length, most))
+        if known is not None:
+            return known
         best_n, best_s = 1, self.predict(1, length)
         for n in range(2, most + 1):
             share = self.predict(n, length) / n
             if share < best_s:
                 best_n, best_s = n, share
+        self._best_shares[length, most] = best_n, best_s
         return best_n, best_s
 
     def as_dict(self) -> dict[str, float]:

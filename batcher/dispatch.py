@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -39,6 +40,7 @@ class Dispatch:
         observer: BatchObserver,
         *,
         slots: int,
+        prepared: int = 0,
         sequence_outputs: frozenset[str],
         pad_token_id: int,
         infer_timeout_s: float | None,
@@ -55,8 +57,18 @@ class Dispatch:
         self._infer_timeout_s = infer_timeout_s
         self._clock = clock
         self._refitted = refitted  # after each refit of the cost model
-        self._slots = asyncio.Semaphore(slots)
-        self.running: set[asyncio.Task] = set()
+        # A slot per runner, and per batch that may wait inside the backend for a runner.
+        self._slots = asyncio.Semaphore(slots + prepared)
+        self._runners = slots
+        self._on_backend = 0
+        # The start times of batches waiting inside the backend for a runner, in the order the
+        # backend takes them: the one that frees a runner starts the first of them.
+        self._waiting_starts: deque[list[float]] = deque()
+        self.running: set[asyncio.Task] = set()  # batches holding a slot: on the backend
+        # Batches the backend has answered, their members still being answered: their slot is
+        # already back, so the next batch reaches the idle session before this one's rows are
+        # scattered and sent (which costs the event loop milliseconds a session would sit idle).
+        self.answering: set[asyncio.Task] = set()
         self.recent_batch_s = 0.05
         # Seconds a batch really took per second admission priced its members at (recent
         # batches): what the shares leave out (padding to a neighbour's length, a cut short of
@@ -78,13 +90,24 @@ class Dispatch:
 
     async def stop(self) -> None:
         """Cancel the running batches (their members fail with BatchAbandoned)."""
-        for task in list(self.running):
+        tasks = [*self.running, *self.answering]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self.running, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _answered(self) -> None:
+        """The current batch's backend call is over: give its slot back now."""
+        task = asyncio.current_task()
+        if task in self.running:
+            self.running.discard(task)
+            self.answering.add(task)
+            self._slots.release()
 
     def _batch_done(self, task: asyncio.Task) -> None:
-        self.running.discard(task)
-        self._slots.release()
+        self.answering.discard(task)
+        if task in self.running:
+            self.running.discard(task)
+            self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())
 
@@ -142,10 +165,14 @@ class Dispatch:
         """Run the batch; `priced_s` is what admission priced its members at (their shares)."""
         predicted_s = self._cost_model.predict(padded.size, padded.padded_length)
         clock = clock_or_loop(self._clock)
-        started = clock.time()
+        started = [clock.time()]  # later, if it waits inside the backend for a runner
+        if self._on_backend >= self._runners:
+            self._waiting_starts.append(started)
+        self._on_backend += 1
         failed = True
         try:
             outputs = await self._infer_within_timeout(padded)
+            self._answered()
             for name, value in outputs.items():
                 if value.shape[0] != padded.size:
                     raise InferenceFailed(
@@ -154,7 +181,13 @@ class Dispatch:
             failed = False
             return unpad_outputs(outputs, padded.lengths, self._sequence_outputs, padded.outputs)
         finally:
-            elapsed = clock.time() - started
+            self._on_backend -= 1
+            now = clock.time()
+            if any(start is started for start in self._waiting_starts):
+                self._waiting_starts.remove(started)  # it never reached a runner
+            elif self._waiting_starts:
+                self._waiting_starts.popleft()[0] = now  # its runner takes the next batch
+            elapsed = now - started[0]
             self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * elapsed
             if not failed:
                 self._cost_model.observe(padded.size, padded.padded_length, elapsed)

@@ -23,6 +23,10 @@ class BatchLimits:
     max_queue_delay_s: float = 0.002
     max_queue_size: int = 1024
     max_concurrent_batches: int = 2
+    # Batches formed ahead of a free runner, waiting inside a backend that starts them in its own
+    # threads (`queues_batches`): a runner that frees takes the next batch at once instead of
+    # waiting for the event loop to form and hand one over (1-3 ms a batch, measured).
+    prepared_batches: int = 0
     # Sort the queue by length so short requests are not padded to long ones.
     group_by_length: bool = True
     # With no batch running there is nothing to wait for: dispatch at once (lowest latency at
@@ -43,6 +47,8 @@ class BatchLimits:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue_size < 1 or self.max_concurrent_batches < 1:
             raise ValueError("batch size, queue size and concurrent batches must be >= 1")
+        if self.prepared_batches < 0:
+            raise ValueError("prepared_batches must be >= 0")
         if self.max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
         if self.max_queue_delay_s < 0:

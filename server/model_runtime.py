@@ -84,7 +84,11 @@ class ModelRuntime:
             self.name,
             self.backend.infer,
             # The backend knows how many batches may run at once (measured when auto).
-            replace(self.settings.batching, max_concurrent_batches=self.backend.max_concurrency),
+            replace(
+                self.settings.batching,
+                max_concurrent_batches=self.backend.max_concurrency,
+                prepared_batches=1 if self.backend.queues_batches else 0,
+            ),
             SequenceLimits(self.manifest.max_length, self.manifest.vocab_size),
             sequence_outputs=self.backend.sequence_outputs,
             pad_token_id=self.manifest.pad_token_id,

@@ -51,6 +51,8 @@ class ModelSettings(_Strict):
                 "batching.max_concurrent_batches is the backend's: backend.sessions "
                 "(onnxruntime) or backend.concurrency (triton)"
             )
+        if isinstance(batching, dict) and "prepared_batches" in batching:
+            raise ValueError("batching.prepared_batches is the backend's (queues_batches)")
         return batching
 
 

@@ -97,3 +97,20 @@ def test_best_share_is_the_cheapest_batch_size_up_to_the_limit(length, most):
     best = min(shares, key=shares.__getitem__)
     assert model.best_share(length, most) == (best, pytest.approx(shares[best]))
     assert 1 < model.best_share(128, 32)[0] < 32  # an interior optimum: the test can fail
+
+
+def test_best_share_follows_each_refit():
+    # Remembered per fit (admission reads it for every request): a refit must not leave the
+    # share of the old coefficients behind.
+    model = BatchCostModel(refit_every=1)
+    for n in (1, 4, 16, 32):
+        for width in (16, 64, 128):
+            model.observe(n, width, true_cost(n, width))
+    before = model.best_share(64, 32)
+    for n in (1, 4, 16, 32):
+        for width in (16, 64, 128):
+            model.observe(n, width, 3 * true_cost(n, width))
+    model.refit()
+    after = model.best_share(64, 32)
+    assert after == (before[0], pytest.approx(model.predict(before[0], 64) / before[0]))
+    assert after[1] > before[1]

@@ -207,3 +207,57 @@ async def test_a_cancelled_request_leaves_the_reported_queue_depth():
     assert observer.depths == [1, 2, 1]
     assert observer.rejections == ["cancelled"]
     await batcher.close(0)
+
+
+class RunnerBackend:
+    """A backend with `runners` of its own: a batch handed over while all run waits inside it,
+    as ONNX Runtime's worker pool does (`queues_batches`); each batch takes `seconds`."""
+
+    def __init__(self, clock: ManualClock, runners: int, seconds: float) -> None:
+        self.clock = clock
+        self.seconds = seconds
+        self.handed: list[float] = []  # clock time of each hand-over
+        self._runners = asyncio.Semaphore(runners)
+
+    async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
+        self.handed.append(self.clock.time())
+        async with self._runners:
+            await self.clock.sleep(self.seconds)
+        return {"total": np.ones((batch.size, 1), dtype=np.float32)}
+
+
+@pytest.mark.parametrize("prepared", [0, 1])
+async def test_a_prepared_batch_waits_in_the_backend_and_is_timed_from_its_runner(prepared):
+    clock = ManualClock()
+    backend = RunnerBackend(clock, runners=1, seconds=1.0)
+    batcher, observer = make_observed(
+        clock, backend, max_batch_size=1, max_concurrent_batches=1, prepared_batches=prepared
+    )
+    batcher.start()
+    futures = batcher.submit([seq(1), seq(2), seq(3)])
+    await settle()
+    # With one prepared, the second batch is already inside the backend behind the first.
+    assert backend.handed == [1000.0] + [1000.0] * prepared
+    assert batcher.queue_depth == 2 - prepared
+    await clock.run_until_done(asyncio.gather(*futures))
+    # Each batch ran for 1 s on the runner: the wait for it is not its cost.
+    assert [seconds for seconds, _, _ in observer.finished] == [1.0, 1.0, 1.0]
+    await batcher.close(1)
+
+
+async def test_the_next_batch_is_taken_before_the_answered_ones_members_are():
+    """The slot comes back when the backend answers: the collector takes the next batch before
+    the answered batch's callers run (answering them costs the event loop time a free runner
+    would otherwise spend idle)."""
+    clock = ManualClock()
+    gate = asyncio.Event()
+    batcher = make(RecordingBackend(gate), clock, max_batch_size=1, max_concurrent_batches=1)
+    (first,) = batcher.submit([seq(1)])
+    await settle()
+    batcher.submit([seq(2)])
+    depth_when_answered: list[int] = []
+    first.add_done_callback(lambda _: depth_when_answered.append(batcher.queue_depth))
+    gate.set()
+    await settle()
+    assert depth_when_answered == [0]
+    await batcher.close(1)

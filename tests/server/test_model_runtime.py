@@ -34,6 +34,10 @@ async def test_derived_outputs_are_fetched_as_logits(runtime):
 
 async def test_widths_and_sequence_outputs_are_learned_at_start(runtime):
     assert runtime.ready
+    # ONNX Runtime queues batches in its own worker pool: the batcher forms one ahead.
+    limits = runtime.batcher.limits
+    assert limits.max_concurrent_batches == runtime.backend.max_concurrency
+    assert limits.prepared_batches == 1
     assert runtime.output_width(EMBEDDING) == runtime.output_width(HIDDEN) == 384
     assert runtime.is_sequence_output(HIDDEN) and not runtime.is_sequence_output(EMBEDDING)
 
