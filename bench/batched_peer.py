@@ -112,19 +112,34 @@ def batched_peer(
         server = ManagedProcess(
             name, command, Path(tmp) / f"{name}.log", predict_ok(url), url, cwd=REPO, grace_s=15
         )
-        children: list[int] = []
+        children: dict[int, str] = {}
+
+        def note_children() -> None:  # at start and before the stop: a worker may be restarted
+            children.update((pid, _started(pid)) for pid in process_tree(server.pid or 0)[1:])
+
         try:
             with running(server, ready_timeout_s):
+                note_children()
                 try:
                     yield server
                 finally:
-                    children = process_tree(server.pid or 0)[1:]
+                    note_children()
         finally:
             _kill_survivors(children)
 
 
-def _kill_survivors(pids: list[int]) -> None:
+def _started(pid: int) -> str:
+    """When the process started (field 22 of proc(5)): tells it from a later one of its pid."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return text[text.rindex(")") + 2 :].split()[19]
+
+
+def _kill_survivors(children: dict[int, str]) -> None:
     """Workers the server's own shutdown left behind (a SIGKILLed parent cannot stop them)."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    for pid, started in children.items():
+        if started and _started(pid) == started:  # still ours, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
