@@ -8,16 +8,21 @@ Peers, each started alone (the machine has 2 cores; nothing else of ours runs be
                            ONNX Runtime (clients on its KServe v2 HTTP endpoint)
   ferry->Triton batch      Ferry batches, one Triton request per batch
   ferry->Triton pass       Ferry passes each request through; Triton's batcher batches
+  LitServe, Mosec          each framework's own dynamic batcher (max batch 32, 5 ms wait) in
+                           front of one ONNX Runtime session of every core, each batch padded to
+                           its longest row (bench/litserve_server.py, bench/mosec_server.py)
 For mixed (8-128 tokens) and short (8-16 tokens) inputs at 64 clients, then one client at a
 time against in-process batch-1 latency at the same ONNX Runtime thread count as the session
 that serves it. The in-process ONNX Runtime figure (best of bench/ceiling.py's strategies) is
 the ceiling. CPU per request is read from /proc for the servers we start: the main thread's
-(the event loop) and the whole process's. A peer that fails makes the run exit 1, with why,
-after the others are measured; only `--no-triton` skips the three Triton peers.
+(the event loop) and the whole process's; for LitServe and Mosec, servers of several processes,
+the whole process tree's. A peer that fails makes the run exit 1, with why, after the others
+are measured; only `--no-triton` skips the three Triton peers, `--no-litserve-mosec` those two.
 
 Other work on the machine makes absolute figures noisy: read the ratios, taken in one run.
 
 python -m ferry.bench.peers [--mixed-requests 1500] [--short-requests 4000] [--no-triton]
+    [--no-litserve-mosec]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -34,6 +40,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ferry.bench.batched_peer import batched_peer
 from ferry.bench.ceiling import Ceiling, batch1_p50_ms, ceiling
 from ferry.bench.inputs import token_sequences
 from ferry.bench.process_cpu import CpuPerRequest, CpuSample
@@ -47,6 +54,10 @@ FERRY = "ferry (onnxruntime)"
 UNBATCHED = "unbatched FastAPI + ORT"
 TRITON = "Triton (python backend + ONNX Runtime)"
 TRITON_PEERS = (TRITON, "ferry -> Triton py+ORT (batch)", "ferry -> Triton py+ORT (pass)")
+LITSERVE = "LitServe (batching) + ORT"
+MOSEC = "Mosec (batching) + ORT"
+# Each framework's own batcher, in a server module of its own (bench/batched_peer.py).
+BATCHED_PEERS = {LITSERVE: "ferry.bench.litserve_server", MOSEC: "ferry.bench.mosec_server"}
 STEP_TIMEOUT_S = 300.0
 CORES = os.cpu_count() or 1
 
@@ -74,6 +85,7 @@ class Threads:
 class Peer:
     target: Target
     pid: int | None = None  # the server process whose CPU is read; None when not ours
+    tree: bool = False  # read the CPU of its whole process tree (no one loop thread)
 
 
 @dataclass
@@ -99,12 +111,12 @@ async def _measured(
     peer: Peer, bodies: list[dict], concurrency: int
 ) -> tuple[Step, CpuPerRequest | None]:
     pid = peer.pid
-    before = CpuSample.of(pid) if pid else None
+    before = CpuSample.of(pid, peer.tree) if pid else None
     budget = Budget(len(bodies), None, STEP_TIMEOUT_S)
     step = await measure(peer.target, bodies, concurrency, budget)
     if not pid or before is None:
         return step, None
-    return step, CpuPerRequest.between(before, CpuSample.of(pid), step.completed)
+    return step, CpuPerRequest.between(before, CpuSample.of(pid, peer.tree), step.completed)
 
 
 async def measure_peer(result: PeerResult, peer: Peer, plan: Plan) -> PeerResult:
@@ -157,6 +169,12 @@ def ferry_peer(model: dict) -> Iterator[Peer]:
 def unbatched_peer(model_dir: Path) -> Iterator[Peer]:
     with unbatched_server(model_dir / "model.onnx", CORES) as server:
         yield Peer(Target(server.url, "predict"), server.pid)
+
+
+@contextlib.contextmanager
+def framework_peer(module: str, model_dir: Path) -> Iterator[Peer]:
+    with batched_peer(module, model_dir / "model.onnx") as server:
+        yield Peer(Target(server.url, "predict"), server.pid, tree=True)
 
 
 @contextlib.contextmanager
@@ -240,7 +258,7 @@ def format_summary(sets: tuple[InputSet, ...], results: list[PeerResult], ceilin
             lines.append(f"{input_set.name}: ferry has no figures ({ferry.skipped})")
             continue
         parts = [f"ceiling {_ratio(own.throughput, ceilings[input_set.name].seq_per_s)}"]
-        for name in (UNBATCHED, TRITON):
+        for name in (UNBATCHED, TRITON, LITSERVE, MOSEC):
             step = by_name[name].loaded.get(input_set.name) if name in by_name else None
             if step is not None:
                 parts.append(
@@ -258,7 +276,10 @@ def _ferry(results: list[PeerResult]) -> PeerResult:
 
 
 def _cpu(cpu: CpuPerRequest | None) -> tuple[str, str]:
-    return (f"{cpu.loop_ms:.3f}", f"{cpu.process_ms:.2f}") if cpu else ("-", "-")
+    if cpu is None:
+        return "-", "-"
+    loop = "-" if cpu.loop_ms is None else f"{cpu.loop_ms:.3f}"
+    return loop, f"{cpu.process_ms:.2f}"
 
 
 def _ratio(ferry: float | None, peer: float) -> str:
@@ -289,6 +310,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--no-triton", action="store_true", help="Skip the three Triton peers.")
+    parser.add_argument(
+        "--no-litserve-mosec", action="store_true", help="Skip the LitServe and Mosec peers."
+    )
     parser.add_argument(
         "--triton-protocol",
         choices=["grpc", "http"],
@@ -326,9 +350,19 @@ def main(argv: list[str] | None = None) -> int:
         results += [PeerResult("Triton (all three peers)", Threads("-", 1), skipped="--no-triton")]
     else:
         results += run_triton_peers(args.model_dir, plan, args.triton_protocol)
+    if args.no_litserve_mosec:
+        skipped = PeerResult("LitServe, Mosec", Threads("-", 1), skipped="--no-litserve-mosec")
+        results.append(skipped)
+    else:
+        # One session of every core behind each batcher: 1 x CORES, alone or loaded.
+        threads = Threads(f"1x{CORES}", CORES)
+        for name, module in BATCHED_PEERS.items():
+            start = functools.partial(framework_peer, module, args.model_dir)
+            results.append(run_peer(name, threads, start, plan))
 
     print(f"\n{args.concurrency} concurrent clients, closed loop; ratios are Ferry's to each peer")
-    print("threads: ONNX Runtime sessions x intra-op threads; loop: the server's main thread")
+    print("threads: ONNX Runtime sessions x intra-op threads; loop: the server's main thread;")
+    print("proc: the server process's CPU (LitServe, Mosec: all of their processes together)")
     print("(a shared machine makes absolute figures noisy: compare within this run)")
     for input_set in sets:
         print(f"\n== {input_set.describe} ==")

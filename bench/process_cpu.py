@@ -1,7 +1,8 @@
 """CPU time of a server process and of its event-loop thread, read from /proc (Linux).
 
 The event loop runs on the process's main thread (tid == pid); the CPU that thread spends per
-request is what the loop costs on cores ONNX Runtime also needs.
+request is what the loop costs on cores ONNX Runtime also needs. A server of several processes
+(LitServe, Mosec) is counted as its whole process tree; it has no one loop thread to single out.
 """
 
 from __future__ import annotations
@@ -31,25 +32,54 @@ def process_cpu_s(pid: int) -> float:
     return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every live descendant, parents first (each process's parent read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # it exited while we looked
+            continue
+        ppid = int(text[text.rindex(")") + 2 :].split()[1])  # field 4 of proc(5)
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    tree = [pid]
+    for parent in tree:  # grows while it is walked: breadth first
+        tree.extend(children.get(parent, ()))
+    return tree
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid` and its live descendants (one that exited takes its share along)."""
+    total = 0.0
+    for member in process_tree(pid):
+        try:
+            total += process_cpu_s(member)
+        except OSError:
+            continue
+    return total
+
+
 @dataclass(frozen=True)
 class CpuSample:
-    loop_s: float
+    loop_s: float | None  # None: a process tree, which has no one loop thread
     process_s: float
 
     @classmethod
-    def of(cls, pid: int) -> CpuSample:
+    def of(cls, pid: int, tree: bool = False) -> CpuSample:
+        if tree:
+            return cls(None, tree_cpu_s(pid))
         return cls(thread_cpu_s(pid), process_cpu_s(pid))
 
 
 @dataclass(frozen=True)
 class CpuPerRequest:
-    loop_ms: float  # the main (event-loop) thread's CPU per completed request
-    process_ms: float  # the whole process's CPU per completed request
+    loop_ms: float | None  # the main (event-loop) thread's CPU per completed request
+    process_ms: float  # the whole process's (or process tree's) CPU per completed request
 
     @classmethod
     def between(cls, before: CpuSample, after: CpuSample, requests: int) -> CpuPerRequest:
         n = max(requests, 1)
-        return cls(
-            (after.loop_s - before.loop_s) * 1000 / n,
-            (after.process_s - before.process_s) * 1000 / n,
-        )
+        loop = None
+        if before.loop_s is not None and after.loop_s is not None:
+            loop = (after.loop_s - before.loop_s) * 1000 / n
+        return cls(loop, (after.process_s - before.process_s) * 1000 / n)

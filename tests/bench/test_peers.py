@@ -7,6 +7,8 @@ import contextlib
 from ferry.bench.ceiling import Ceiling
 from ferry.bench.peers import (
     FERRY,
+    LITSERVE,
+    MOSEC,
     TRITON,
     UNBATCHED,
     InputSet,
@@ -34,7 +36,14 @@ def results() -> list[PeerResult]:
     unbatched.loaded["short"] = Step(64, 4000, 300.0, 180.0, 250.0, {200: 4000})
     unbatched.serial = Step(1, 200, 60.0, 12.0, 14.0, {200: 200})
     triton = PeerResult(TRITON, Threads("2x1", 1), skipped="FAILED: boom", failed=True)
-    return [ferry, unbatched, triton]
+    litserve = PeerResult(LITSERVE, Threads("1x2", 2))
+    litserve.loaded["short"] = Step(64, 4000, 400.0, 150.0, 160.0, {200: 4000})
+    litserve.cpu["short"] = CpuPerRequest(None, 5.5)  # a process tree: no loop figure
+    litserve.serial = Step(1, 200, 50.0, 16.0, 18.0, {200: 200})
+    mosec = PeerResult(MOSEC, Threads("1x2", 2))
+    mosec.loaded["short"] = Step(64, 4000, 480.0, 120.0, 125.0, {200: 4000})
+    mosec.serial = Step(1, 200, 55.0, 15.0, 17.0, {200: 200})
+    return [ferry, unbatched, triton, litserve, mosec]
 
 
 def test_ratios_threads_and_cpu_in_the_tables():
@@ -43,6 +52,11 @@ def test_ratios_threads_and_cpu_in_the_tables():
     assert "2x1 (+solo 1x2)" in ferry_row and "0.250" in ferry_row and "3.10" in ferry_row
     assert "2.00x" in unbatched_row and "0.80x" in unbatched_row  # req/s and p99 ratios
     assert "FAILED: boom" in table
+    litserve_row, mosec_row = table.splitlines()[4:6]
+    assert litserve_row.startswith(LITSERVE) and mosec_row.startswith(MOSEC)
+    assert "1.50x" in litserve_row and "1.25x" in litserve_row  # 600/400 req/s, 200/160 p99
+    assert litserve_row.split()[-2:] == ["-", "5.50"]  # the tree's CPU, no loop thread
+    assert "1.25x" in mosec_row and "1.60x" in mosec_row  # 600/480 req/s, 200/125 p99
     assert "0.75x" in table.splitlines()[-1]  # 600 / 800 against the ceiling
 
 
@@ -51,12 +65,17 @@ def test_one_client_compares_at_the_same_thread_count():
     ferry_row, unbatched_row = table.splitlines()[1:3]
     assert "10.00 ms, p50 +0.50 ms" in ferry_row
     assert "9.00 ms, p50 +3.00 ms" in unbatched_row
+    # One session of every core behind each batcher: compared with batch 1 on as many threads.
+    litserve_row = table.splitlines()[4]
+    assert litserve_row.startswith(LITSERVE) and "10.00 ms, p50 +6.00 ms" in litserve_row
 
 
 def test_summary_names_every_ratio_and_the_loop_cpu():
     line = format_summary(SETS, results(), CEILING)
     assert "ceiling 0.75x" in line
     assert f"{UNBATCHED} 2.00x (p99 200 vs 250 ms)" in line
+    assert f"{LITSERVE} 1.50x (p99 200 vs 160 ms)" in line
+    assert f"{MOSEC} 1.25x (p99 200 vs 125 ms)" in line
     assert "loop CPU 0.250 ms/req" in line
 
 
