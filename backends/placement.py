@@ -28,7 +28,7 @@ def fallback_or_refuse(model: str, why: str, allow_cpu_fallback: bool) -> None:
     if not allow_cpu_fallback:
         raise DeviceUnavailable(
             f"{model}: configured for the GPU but {why}; it would run on the CPU. Fix the GPU "
-            "stack, or set allow_cpu_fallback = true (or device = \"cpu\") in the model's "
+            'stack, or set allow_cpu_fallback = true (or device = "cpu") in the model\'s '
             "[models.backend] table."
         )
     logger.warning("%s: %s; running on the CPU (allow_cpu_fallback = true)", model, why)

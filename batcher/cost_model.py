@@ -19,52 +19,54 @@ mixed-load tail (bench/replay.py: mixed p99 1.67x first come, first served, befo
 
 from __future__ import annotations
 
-from collections import deque
+import math
 
 import numpy as np
 
 TERMS = ("fixed", "per_request", "per_token", "per_token_squared", "batch_tokens_squared")
 
 
-def _features(n: int, length: int) -> np.ndarray:
+def _features(n: int, length: int) -> tuple[float, ...]:
     tokens = n * length
-    return np.array([1.0, n, tokens, tokens * length, tokens * tokens], dtype=np.float64)
+    return (1.0, n, tokens, tokens * length, tokens * tokens)
 
 
 class BatchCostModel:
     def __init__(self, window: int = 512, refit_every: int = 8, min_observations: int = 6) -> None:
-        self._rows: deque[np.ndarray] = deque(maxlen=window)
-        self._seconds: deque[float] = deque(maxlen=window)
+        # The last `window` observations, in a ring: a refit reads them without copying rows.
+        self._rows = np.zeros((window, len(TERMS)))
+        self._seconds = np.zeros(window)
+        self._observed = 0
         self._refit_every = refit_every
         self._min_observations = min_observations
         self._since_fit = 0
         self.coefficients = np.zeros(len(TERMS))
         self._coefficient_list = [0.0] * len(TERMS)
+        self._fitted = False  # some coefficient above zero
         self.fits = 0  # how many times the coefficients changed
-        # best_share by (length, most), for the current coefficients: admission prices every
-        # request by it and reprices the whole queue after each refit.
-        self._best_shares: dict[tuple[int, int], tuple[int, float]] = {}
 
     @property
     def ready(self) -> bool:
-        return len(self._rows) >= self._min_observations and bool(self.coefficients.any())
+        return self._fitted and self._observed >= self._min_observations
 
     def observe(self, n: int, length: int, seconds: float) -> None:
-        self._rows.append(_features(n, length))
-        self._seconds.append(seconds)
+        slot = self._observed % len(self._seconds)
+        self._rows[slot] = _features(n, length)
+        self._seconds[slot] = seconds
+        self._observed += 1
         self._since_fit += 1
-        if self._since_fit >= self._refit_every and len(self._rows) >= self._min_observations:
+        if self._since_fit >= self._refit_every and self._observed >= self._min_observations:
             self.refit()
 
     def refit(self) -> None:
-        x = np.stack(self._rows)
-        y = np.asarray(self._seconds)
+        count = min(self._observed, len(self._seconds))
+        x, y = self._rows[:count], self._seconds[:count]
         # Scale columns so the squared term does not dominate the solve numerically.
         scale = np.maximum(np.abs(x).max(axis=0), 1e-12)
         coefficients = _nonnegative_least_squares(x / scale, y) / scale
         self.coefficients = coefficients
         self._coefficient_list = coefficients.tolist()
-        self._best_shares.clear()
+        self._fitted = bool(coefficients.any())
         self._since_fit = 0
         self.fits += 1
 
@@ -82,17 +84,22 @@ class BatchCostModel:
 
     def best_share(self, length: int, most: int) -> tuple[int, float]:
         """The batch size of at most `most` at which a request of `length` tokens costs least,
-        and that cost (its share of the batch): what length grouping serves it in at best."""
-        known = self._best_shares.get((length, most))
-        if known is not None:
-            return known
-        best_n, best_s = 1, self.predict(1, length)
-        for n in range(2, most + 1):
-            share = self.predict(n, length) / n
-            if share < best_s:
-                best_n, best_s = n, share
-        self._best_shares[length, most] = best_n, best_s
-        return best_n, best_s
+        and that cost (its share of the batch): what length grouping serves it in at best.
+
+        A share is `c0 / n + (c1 + c2 L + c3 L^2) + c4 n L^2`, convex in n, least at
+        `n = sqrt(c0 / c4) / L`: one of the two whole sizes around it (the smaller on a tie).
+        Closed form because admission prices every request by it.
+        """
+        fixed, batch_tokens_squared = self._coefficient_list[0], self._coefficient_list[4]
+        if batch_tokens_squared > 0:
+            best = math.sqrt(fixed / batch_tokens_squared) / max(length, 1)
+            around = (math.floor(best), math.ceil(best))
+            sizes = sorted({min(most, max(1, whole)) for whole in around})
+        else:  # nothing grows with the batch: the largest if a fixed cost is shared, else one
+            sizes = [most if fixed > 0 else 1]
+        shares = [(self.predict(n, length) / n, n) for n in sizes]
+        share, n = min(shares)
+        return n, share
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(TERMS, self.coefficients.tolist(), strict=True))

@@ -24,6 +24,7 @@ from typing import Literal, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ferry.server.coalesced_writes import CoalescedWrites
 from ferry.server.dialects import FERRY
 from ferry.server.disconnect import DISCONNECTED
 from ferry.server.errors import HeadTooLarge, RequestTimeout, TooManyConnections, failure
@@ -56,7 +57,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     on_refused: Callable[[RefusalReason], None]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        writes = CoalescedWrites(transport, asyncio.get_running_loop())
+        super().connection_made(writes)  # type: ignore[arg-type]
         self._phase: Phase = "idle"
         self._head_bytes = 0
         self._header_count = 0

@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ferry.batcher.cost_model import BatchCostModel
 
@@ -99,18 +101,22 @@ def test_best_share_is_the_cheapest_batch_size_up_to_the_limit(length, most):
     assert 1 < model.best_share(128, 32)[0] < 32  # an interior optimum: the test can fail
 
 
-def test_best_share_follows_each_refit():
-    # Remembered per fit (admission reads it for every request): a refit must not leave the
-    # share of the old coefficients behind.
+@settings(max_examples=200, deadline=None)
+@given(
+    costs=st.lists(st.floats(0, 1e-2), min_size=5, max_size=5),
+    length=st.integers(1, 512),
+    most=st.integers(1, 64),
+)
+def test_best_share_is_the_brute_force_minimum(costs, length, most):
+    # The closed form (the convex share's real minimum, rounded both ways) against every size.
     model = BatchCostModel(refit_every=1)
-    for n in (1, 4, 16, 32):
-        for width in (16, 64, 128):
-            model.observe(n, width, true_cost(n, width))
-    before = model.best_share(64, 32)
-    for n in (1, 4, 16, 32):
-        for width in (16, 64, 128):
-            model.observe(n, width, 3 * true_cost(n, width))
-    model.refit()
-    after = model.best_share(64, 32)
-    assert after == (before[0], pytest.approx(model.predict(before[0], 64) / before[0]))
-    assert after[1] > before[1]
+    c0, c1, c2, c3, c4 = costs
+    for n in (1, 2, 4, 8, 16, 32):
+        for width in (8, 32, 64, 128, 256):
+            tokens = n * width
+            seconds = c0 + c1 * n + c2 * tokens + c3 * tokens * width + c4 * tokens**2
+            model.observe(n, width, seconds)
+    shares = [model.predict(n, length) / n for n in range(1, most + 1)]
+    n, share = model.best_share(length, most)
+    assert 1 <= n <= most and share == pytest.approx(model.predict(n, length) / n)
+    assert share <= min(shares) * (1 + 1e-9) + 1e-15
