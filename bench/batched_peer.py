@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ PAD_TOKEN_ID = 0  # BERT's [PAD]; the attention mask keeps it out of the pooled 
 # servers, and below one batch's inference time (Mosec's rule for `max_wait_time`).
 MAX_BATCH_SIZE = 32
 WAIT_MS = 5
+KILL_WAIT_S = 10.0  # for a SIGKILLed worker to end
 TIMEOUT_S = 30  # a request's deadline, as Ferry's default model has it (and LitServe's default)
 
 
@@ -139,7 +141,22 @@ def _started(pid: int) -> str:
 
 def _kill_survivors(children: dict[int, str]) -> None:
     """Workers the server's own shutdown left behind (a SIGKILLed parent cannot stop them)."""
+    killed = []
     for pid, started in children.items():
         if started and _started(pid) == started:  # still ours, not a reused pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    # A kill is delivered, not done: wait until each has ended (gone, or a zombie not reaped
+    # yet), so that no worker still holds the cores when the next peer is measured.
+    deadline = time.monotonic() + KILL_WAIT_S
+    while any(_running(pid) for pid in killed) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has ended, only not been reaped

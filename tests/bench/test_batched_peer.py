@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from ferry.bench.batched_peer import _kill_survivors, _started, batched_peer
+from ferry.bench.batched_peer import _kill_survivors, _running, _started, batched_peer
 from ferry.bench.process_cpu import process_tree
 
 PEERS = ["ferry.bench.litserve_server", "ferry.bench.mosec_server"]
@@ -35,7 +34,7 @@ def test_each_row_of_a_padded_batch_equals_its_request_run_alone(
         bad = post({"input_ids": []})
         tree = process_tree(server.pid)
     assert len(tree) >= 3  # HTTP front, worker, ... : each one ends with the server
-    assert not [pid for pid in tree if _alive(pid)]
+    assert not [pid for pid in tree if _running(pid)]
     for ids, answer in zip([short, long], answers, strict=True):
         assert answer.status_code == 200, answer.text
         body = answer.json()
@@ -58,11 +57,3 @@ def test_a_survivor_is_killed_only_if_its_pid_was_not_reused():
     finally:
         child.kill()
         child.wait(10)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has ended, only not been reaped
