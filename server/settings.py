@@ -45,7 +45,8 @@ class ModelSettings(_Strict):
 
     @field_validator("batching", mode="before")
     @classmethod
-    def _concurrency_is_the_backends(cls, batching: Any) -> Any:
+    def _batching_table(cls, batching: Any) -> Any:
+        """What runs at once is the backend's to say; "none" is TOML's null."""
         if isinstance(batching, dict) and "max_concurrent_batches" in batching:
             raise ValueError(
                 "batching.max_concurrent_batches is the backend's: backend.sessions "
@@ -53,6 +54,9 @@ class ModelSettings(_Strict):
             )
         if isinstance(batching, dict) and "prepared_batches" in batching:
             raise ValueError("batching.prepared_batches is the backend's (queues_batches)")
+        if isinstance(batching, dict) and batching.get("fairness_window") == "none":
+            # TOML has no null: "none" turns the window off (groups from the whole queue).
+            batching = {**batching, "fairness_window": None}
         return batching
 
 

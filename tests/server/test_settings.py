@@ -147,6 +147,12 @@ def test_the_defaults_are_the_batchers_and_concurrency_is_the_backends(tmp_path)
         load_settings(
             write(tmp_path, TOML.replace("max_batch_size", "max_concurrent_batches")), environ={}
         )
+    for given, window in (('"none"', None), ("0", 0.0), ("0.25", 0.25)):
+        off = TOML.replace("max_batch_size = 16", f"fairness_window = {given}")
+        (model,) = load_settings(write(tmp_path, off), environ={}).models
+        assert model.batching.fairness_window == window
+    with pytest.raises(ValidationError, match="prepared_batches"):
+        load_settings(write(tmp_path, TOML.replace("max_batch_size", "prepared_batches")), {})
     for bad in ("max_batch_tokens = 0", "latency_objective_s = 0.0", "max_queue_delay_s = -1.0"):
         with pytest.raises(ValidationError, match=bad.split(" =")[0]):
             load_settings(write(tmp_path, TOML.replace("max_batch_size = 16", bad)), environ={})
