@@ -207,7 +207,7 @@ class MicroBatcher:
         self.admission.reprice()
 
     async def _drained(self) -> None:
-        while self.queue or self.dispatch.running or self.dispatch.answering:
+        while self.queue or self.dispatch.running:
             await asyncio.sleep(0.01)
 
     def _expire(self, request: QueuedRequest) -> None:

@@ -64,11 +64,7 @@ class Dispatch:
         # The start times of batches waiting inside the backend for a runner, in the order the
         # backend takes them: the one that frees a runner starts the first of them.
         self._waiting_starts: deque[list[float]] = deque()
-        self.running: set[asyncio.Task] = set()  # batches holding a slot: on the backend
-        # Batches the backend has answered, their members still being answered: their slot is
-        # already back, so the next batch reaches the idle session before this one's rows are
-        # scattered and sent (which costs the event loop milliseconds a session would sit idle).
-        self.answering: set[asyncio.Task] = set()
+        self.running: set[asyncio.Task] = set()
         self.recent_batch_s = 0.05
         # Seconds a batch really took per second admission priced its members at (recent
         # batches): what the shares leave out (padding to a neighbour's length, a cut short of
@@ -90,24 +86,13 @@ class Dispatch:
 
     async def stop(self) -> None:
         """Cancel the running batches (their members fail with BatchAbandoned)."""
-        tasks = [*self.running, *self.answering]
-        for task in tasks:
+        for task in list(self.running):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _answered(self) -> None:
-        """The current batch's backend call is over: give its slot back now."""
-        task = asyncio.current_task()
-        if task in self.running:
-            self.running.discard(task)
-            self.answering.add(task)
-            self._slots.release()
+        await asyncio.gather(*self.running, return_exceptions=True)
 
     def _batch_done(self, task: asyncio.Task) -> None:
-        self.answering.discard(task)
-        if task in self.running:
-            self.running.discard(task)
-            self._slots.release()
+        self.running.discard(task)
+        self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())
 
@@ -172,7 +157,6 @@ class Dispatch:
         failed = True
         try:
             outputs = await self._infer_within_timeout(padded)
-            self._answered()
             for name, value in outputs.items():
                 if value.shape[0] != padded.size:
                     raise InferenceFailed(

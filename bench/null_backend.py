@@ -25,6 +25,7 @@ class NullBackend:
     output_names = (OUTPUT,)
     sequence_outputs: frozenset[str] = frozenset()
     max_concurrency = 4
+    queues_batches = False  # batches wait for a free slot in the loop, as before
 
     async def start(self) -> None:
         return None

@@ -244,20 +244,3 @@ async def test_a_prepared_batch_waits_in_the_backend_and_is_timed_from_its_runne
     assert [seconds for seconds, _, _ in observer.finished] == [1.0, 1.0, 1.0]
     await batcher.close(1)
 
-
-async def test_the_next_batch_is_taken_before_the_answered_ones_members_are():
-    """The slot comes back when the backend answers: the collector takes the next batch before
-    the answered batch's callers run (answering them costs the event loop time a free runner
-    would otherwise spend idle)."""
-    clock = ManualClock()
-    gate = asyncio.Event()
-    batcher = make(RecordingBackend(gate), clock, max_batch_size=1, max_concurrent_batches=1)
-    (first,) = batcher.submit([seq(1)])
-    await settle()
-    batcher.submit([seq(2)])
-    depth_when_answered: list[int] = []
-    first.add_done_callback(lambda _: depth_when_answered.append(batcher.queue_depth))
-    gate.set()
-    await settle()
-    assert depth_when_answered == [0]
-    await batcher.close(1)
