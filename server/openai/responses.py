@@ -12,7 +12,6 @@ from contextlib import aclosing
 from typing import Any
 
 from ferry.llm.errors import InvalidSampling
-from ferry.server.dialects import OPENAI
 from ferry.server.errors import failure
 from ferry.server.openai.planning import plan_chat
 from ferry.server.openai.responses_protocol import ResponsesRequest, responses_error
@@ -157,9 +156,7 @@ async def stream_response(
                     except StopAsyncIteration:
                         break
         except Exception as exc:
-            body = OPENAI.body(failure(exc))["error"]
-            yield events.event({"type": "error", **body})
-            yield events.event({"type": "response.failed", "response": builder.response("failed")})
+            yield events.failed(exc)
             return
         for event in events.closing(finish, (plan.prompt_tokens, tokens)):
             yield event
@@ -182,6 +179,14 @@ class _Events:
         body = {**body, "sequence_number": self._sequence}
         self._sequence += 1
         return f"event: {body['type']}\ndata: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    def failed(self, exc: BaseException) -> str:
+        """A failure after the stream began: OpenAI's `error` event (its `type` is "error"; the
+        error's own type is its `code`), then `response.failed`."""
+        error = failure(exc)
+        return self.event(
+            {"type": "error", "code": error.type, "message": error.message, "param": error.param}
+        ) + self.event({"type": "response.failed", "response": self._builder.response("failed")})
 
     def opening(self) -> str:
         response = self._builder.response("in_progress")

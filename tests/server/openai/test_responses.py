@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from openai.types.responses import ResponseErrorEvent
+
+from ferry.llm.errors import GenerationFailed
 from ferry.server.openai.responses import ResponseBuilder, _Events
 from ferry.server.openai.responses_protocol import ResponsesRequest
 from ferry.server.openai.tool_stream import CallStream
@@ -57,3 +60,18 @@ def test_cut_short_is_incomplete():
     assert bodies[-1]["type"] == "response.incomplete"
     assert bodies[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert bodies[-1]["response"]["output"][0]["status"] == "incomplete"
+
+
+def test_a_failure_after_the_start_is_an_error_event_then_a_failed_response():
+    stream = _Events(ResponseBuilder(ResponsesRequest(model="m", input="hi"), "m"), None)
+    stream.opening()
+    error, failed = [
+        json.loads(event.split("\n")[1].removeprefix("data: "))
+        for event in stream.failed(GenerationFailed("the runtime failed")).split("\n\n")[:-1]
+    ]
+    # The event's type stays "error" (the error's own type is its code), as the SDK reads it.
+    parsed = ResponseErrorEvent.model_validate(error)
+    assert (parsed.type, parsed.message) == ("error", "the runtime failed")
+    assert parsed.code and parsed.code != "error"
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert (error["sequence_number"], failed["sequence_number"]) == (2, 3)
