@@ -7,11 +7,11 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
 
 from ferry.bench.batched_peer import _kill_survivors, _running, _started, batched_peer
 from ferry.bench.process_cpu import process_tree
+from tests.support.predict_answers import assert_answers_as_alone
 
 PEERS = ["ferry.bench.litserve_server", "ferry.bench.mosec_server"]
 # A batch of two that waits long for its second request: two sent at once are one batch.
@@ -35,15 +35,8 @@ def test_each_row_of_a_padded_batch_equals_its_request_run_alone(
         tree = process_tree(server.pid)
     assert len(tree) >= 3  # HTTP front, worker, ... : each one ends with the server
     assert not [pid for pid in tree if _running(pid)]
-    for ids, answer in zip([short, long], answers, strict=True):
-        assert answer.status_code == 200, answer.text
-        body = answer.json()
-        assert body["model"] == default_model_dir.name
-        assert body["usage"] == {"prompt_tokens": len(ids), "total_tokens": len(ids)}
-        assert [list(o) for o in body["outputs"]] == [["sentence_embedding"]]
-        got = np.asarray(body["outputs"][0]["sentence_embedding"])
-        # The short row was padded by 58 tokens: unmasked, they would move it far past this.
-        assert np.max(np.abs(got - embed_alone(ids))) <= 1e-5
+    # The short row was padded by 58 tokens: unmasked, they would move it far past 1e-5.
+    assert_answers_as_alone([short, long], answers, default_model_dir.name, embed_alone)
     assert bad.status_code == 422 and "input_ids" in bad.text
 
 

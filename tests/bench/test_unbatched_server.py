@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import httpx
-import numpy as np
 
 from ferry.bench.unbatched_server import unbatched_server
+from tests.support.predict_answers import assert_answers_as_alone
 
 
 def test_same_embedding_and_shape_as_ferry(default_model_dir, embed_alone):
@@ -16,13 +16,5 @@ def test_same_embedding_and_shape_as_ferry(default_model_dir, embed_alone):
             for ids in inputs
         ]
         bad = httpx.post(f"{server.url}/predict", json={"input_ids": []}, timeout=30)
-    for ids, answer in zip(inputs, answers, strict=True):
-        assert answer.status_code == 200
-        body = answer.json()
-        assert body["model"] == default_model_dir.name
-        assert body["usage"] == {"prompt_tokens": len(ids), "total_tokens": len(ids)}
-        # Only the pooled embedding, as Ferry answers /predict.
-        assert [list(o) for o in body["outputs"]] == [["sentence_embedding"]]
-        got = np.asarray(body["outputs"][0]["sentence_embedding"])
-        assert np.max(np.abs(got - embed_alone(ids))) <= 1e-5
+    assert_answers_as_alone(inputs, answers, default_model_dir.name, embed_alone)
     assert bad.status_code == 422 and "input_ids" in bad.text
