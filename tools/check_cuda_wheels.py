@@ -23,8 +23,14 @@ from packaging.requirements import Requirement
 
 EXTRAS = ("cuda", "cudnn")
 # What preload_dlls() must have loaded: the runtime, the math libraries and cuDNN.
-CUDA_LIBS = ("libcudart.so", "libcublas.so", "libcublasLt.so", "libcufft.so", "libcurand.so",
-             "libcudnn.so")
+CUDA_LIBS = (
+    "libcudart.so",
+    "libcublas.so",
+    "libcublasLt.so",
+    "libcufft.so",
+    "libcurand.so",
+    "libcudnn.so",
+)
 DRIVER_LIBS = {"libcuda.so.1"}
 
 
@@ -76,8 +82,13 @@ def main() -> int:
     site = Path(onnxruntime.__file__).parent.parent
     libdirs = sorted({str(p.parent) for p in (site / "nvidia").rglob("lib*.so*")})
     provider = Path(onnxruntime.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
-    ldd = subprocess.run(["ldd", str(provider)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(libdirs)})
+    ldd = subprocess.run(
+        ["ldd", str(provider)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(libdirs)},
+    )
     missing |= unresolved(ldd.stdout)
     if missing:
         print("CUDA libraries that do not load:", *sorted(missing), sep="\n  ", file=sys.stderr)

@@ -243,4 +243,3 @@ async def test_a_prepared_batch_waits_in_the_backend_and_is_timed_from_its_runne
     # Each batch ran for 1 s on the runner: the wait for it is not its cost.
     assert [seconds for seconds, _, _ in observer.finished] == [1.0, 1.0, 1.0]
     await batcher.close(1)
-

@@ -35,9 +35,12 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> str:
 
 
 def engine_running() -> bool:
-    return subprocess.run(
-        ["docker", "info"], capture_output=True, timeout=30, stdin=subprocess.DEVNULL
-    ).returncode == 0
+    return (
+        subprocess.run(
+            ["docker", "info"], capture_output=True, timeout=30, stdin=subprocess.DEVNULL
+        ).returncode
+        == 0
+    )
 
 
 @dataclass(frozen=True)
@@ -94,8 +97,12 @@ def docker_engine(start_timeout_s: float = 60) -> Iterator[None]:
     before = HostNetwork.capture()
     with tempfile.TemporaryDirectory(prefix="ferry-dockerd-") as tmp:
         dockerd = ManagedProcess(
-            "dockerd", ["dockerd", *DOCKERD_ARGS], Path(tmp) / "dockerd.log", engine_running,
-            grace_s=60, poll_s=0.5,
+            "dockerd",
+            ["dockerd", *DOCKERD_ARGS],
+            Path(tmp) / "dockerd.log",
+            engine_running,
+            grace_s=60,
+            poll_s=0.5,
         )
         try:
             with running(dockerd, start_timeout_s):

@@ -25,8 +25,13 @@ GPU = DEPLOY / "docker-compose.gpu.yml"
 LOCAL = DEPLOY / "docker-compose.local.yml"
 SCHEMA = Path(__file__).parent / "schemas" / "compose-spec.json"
 # Variables the files interpolate; unset here so that `config` shows the defaults.
-VARIABLES = ("FERRY_HTTP_PORT", "PROMETHEUS_PORT", "GRAFANA_PORT", "FERRY_BASE_IMAGE",
-             "FERRY_EXTRA_CA_CERTS")
+VARIABLES = (
+    "FERRY_HTTP_PORT",
+    "PROMETHEUS_PORT",
+    "GRAFANA_PORT",
+    "FERRY_BASE_IMAGE",
+    "FERRY_EXTRA_CA_CERTS",
+)
 
 
 def resolved(*files: Path) -> dict:
@@ -34,8 +39,12 @@ def resolved(*files: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in VARIABLES}
     args = [a for f in files for a in ("-f", str(f))]
     result = subprocess.run(
-        ["docker-compose", *args, "config"], capture_output=True, text=True, timeout=60,
-        stdin=subprocess.DEVNULL, env=env,
+        ["docker-compose", *args, "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
     return yaml.safe_load(result.stdout)

@@ -64,8 +64,12 @@ class Stack:
     def compose(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         result = subprocess.run(
             ["docker-compose", "-p", self.project, *self.files, *args],
-            capture_output=True, text=True, timeout=timeout, env=self.env,
-            stdin=subprocess.DEVNULL, cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
         )
         assert result.returncode == 0, f"docker-compose {' '.join(args)}:\n{result.stderr[-4000:]}"
         return result
@@ -95,10 +99,18 @@ def _ferry_with_a_triton_model(folder: Path) -> Path:
     config = folder / "ferry.toml"
     config.write_text((ROOT / "ferry.toml").read_text() + TRITON_MODEL)
     override = folder / "docker-compose.triton-model.yml"
-    override.write_text(yaml.safe_dump({"services": {"ferry": {
-        "volumes": [f"{config}:/app/ferry.toml:ro"],
-        "depends_on": {"triton": {"condition": "service_healthy"}},
-    }}}))
+    override.write_text(
+        yaml.safe_dump(
+            {
+                "services": {
+                    "ferry": {
+                        "volumes": [f"{config}:/app/ferry.toml:ro"],
+                        "depends_on": {"triton": {"condition": "service_healthy"}},
+                    }
+                }
+            }
+        )
+    )
     config.chmod(0o644)  # read by the container's uid 10001
     return override
 
@@ -112,7 +124,11 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
     with docker_engine():
         base = subprocess.run(
             ["bash", str(ROOT / "tools/docker_base_image.sh")],
-            capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL, check=False,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            stdin=subprocess.DEVNULL,
+            check=False,
         )
         assert base.returncode == 0, base.stderr[-4000:]
         ferry_port, grpc_port, prometheus_port = free_port(), free_port(), free_port()
@@ -127,8 +143,11 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         }
         project = f"ferrytest{uuid.uuid4().hex[:8]}"
         handle = Stack(
-            project, [*FILES, "-f", str(override)], env,
-            f"http://127.0.0.1:{ferry_port}", f"http://127.0.0.1:{prometheus_port}",
+            project,
+            [*FILES, "-f", str(override)],
+            env,
+            f"http://127.0.0.1:{ferry_port}",
+            f"http://127.0.0.1:{prometheus_port}",
         )
         try:
             handle.compose("build", "--parallel", timeout=1200)
@@ -138,7 +157,11 @@ def stack(tmp_path_factory) -> Iterator[Stack]:
         finally:
             subprocess.run(
                 ["docker-compose", "-p", project, *handle.files, "down", "-v", "--remove-orphans"],
-                capture_output=True, env=env, timeout=300, stdin=subprocess.DEVNULL, check=False,
+                capture_output=True,
+                env=env,
+                timeout=300,
+                stdin=subprocess.DEVNULL,
+                check=False,
             )
 
 
@@ -159,8 +182,12 @@ def test_predict_and_chat_answer_through_the_published_port(stack):
         question = [{"role": "user", "content": "What is the capital of France?"}]
         chat = client.post(
             "/v1/chat/completions",
-            json={"model": "SmolLM2-135M-Instruct", "messages": question, "max_tokens": 12,
-                  "temperature": 0},
+            json={
+                "model": "SmolLM2-135M-Instruct",
+                "messages": question,
+                "max_tokens": 12,
+                "temperature": 0,
+            },
         )
         assert chat.status_code == 200, chat.text
         message = chat.json()["choices"][0]["message"]

@@ -202,12 +202,25 @@ def test_copied_sources_are_in_the_build_context():
             assert (ROOT / source).exists(), f"{line}: {source} missing"
             assert not _ignored(source.rstrip("/"), patterns), line
     # What `pip install` needs, and the model `make model` exports, must be in the context.
-    for needed in ("pyproject.toml", "server", "batcher", "backends", "exporters",
-                   "artifacts/models/all-MiniLM-L6-v2/model.onnx",
-                   "artifacts/models/SmolLM2-135M-Instruct/model.onnx.data"):
+    for needed in (
+        "pyproject.toml",
+        "server",
+        "batcher",
+        "backends",
+        "exporters",
+        "artifacts/models/all-MiniLM-L6-v2/model.onnx",
+        "artifacts/models/SmolLM2-135M-Instruct/model.onnx.data",
+    ):
         assert not _ignored(needed, patterns), needed
-    for left_out in (".venv", ".git", "artifacts/bench", "artifacts/hf", "tests", "deploy",
-                     "triton_models"):
+    for left_out in (
+        ".venv",
+        ".git",
+        "artifacts/bench",
+        "artifacts/hf",
+        "tests",
+        "deploy",
+        "triton_models",
+    ):
         assert _ignored(left_out, patterns), left_out
 
 

@@ -18,7 +18,10 @@ NEEDED = ["dockerd", "docker", "docker-compose", "debootstrap", "ip", "iptables"
 def test_install_script_is_idempotent():
     result = subprocess.run(
         ["bash", str(ROOT / "tools/install_docker.sh")],
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "" and result.stderr == ""
