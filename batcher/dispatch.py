@@ -168,7 +168,8 @@ class Dispatch:
             self._on_backend -= 1
             now = clock.time()
             if any(start is started for start in self._waiting_starts):
-                self._waiting_starts.remove(started)  # it never reached a runner
+                # It never reached a runner (by identity: another may have started at this time).
+                self._waiting_starts = deque(s for s in self._waiting_starts if s is not started)
             elif self._waiting_starts:
                 self._waiting_starts.popleft()[0] = now  # its runner takes the next batch
             elapsed = now - started[0]
