@@ -35,6 +35,12 @@ def test_not_ready_until_enough_observations():
     model = BatchCostModel(min_observations=6)
     model.observe(1, 8, 0.01)
     assert not model.ready
+    for n, length in [(2, 16), (4, 32), (8, 64), (1, 128)]:
+        model.observe(n, length, true_cost(n, length))
+    model.refit()  # fitted, but on 5 of the 6 observations it needs
+    assert not model.ready
+    model.observe(2, 64, true_cost(2, 64))
+    assert model.ready
 
 
 def test_refits_every_n_observations_and_counts_each_fit_once():
@@ -76,6 +82,21 @@ def test_only_the_last_512_observations_are_fitted():
         model.observe(n, length, true_cost(n, length))
     model.refit()
     assert model.predict(3, 24) == pytest.approx(true_cost(3, 24), rel=1e-6)
+    # ... and one 511 observations ago still counts.
+    model.observe(1, 8, 100.0)
+    for n, length in shapes[:511]:
+        model.observe(n, length, true_cost(n, length))
+    model.refit()
+    assert model.predict(3, 24) != pytest.approx(true_cost(3, 24), rel=1e-3)
+
+
+def test_with_nothing_shared_by_a_batch_one_request_alone_is_cheapest():
+    # No fixed cost, no batch term: every size costs the same per request; the smaller wins.
+    model = BatchCostModel(refit_every=1)
+    for n in (1, 2, 4, 8):
+        for width in (8, 32, 128):
+            model.observe(n, width, 1e-4 * n * width)
+    assert model.best_share(32, 16) == (1, pytest.approx(32e-4))
 
 
 def test_a_batch_can_cost_more_than_its_members_one_by_one():

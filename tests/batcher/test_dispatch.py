@@ -213,16 +213,16 @@ class RunnerBackend:
     """A backend with `runners` of its own: a batch handed over while all run waits inside it,
     as ONNX Runtime's worker pool does (`queues_batches`); each batch takes `seconds`."""
 
-    def __init__(self, clock: ManualClock, runners: int, seconds: float) -> None:
+    def __init__(self, clock: ManualClock, runners: int, seconds: float | None) -> None:
         self.clock = clock
-        self.seconds = seconds
+        self.seconds = seconds  # None: as many seconds as the batch has padded tokens
         self.handed: list[float] = []  # clock time of each hand-over
         self._runners = asyncio.Semaphore(runners)
 
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
         self.handed.append(self.clock.time())
         async with self._runners:
-            await self.clock.sleep(self.seconds)
+            await self.clock.sleep(self.seconds or float(batch.padded_tokens))
         return {"total": np.ones((batch.size, 1), dtype=np.float32)}
 
 
@@ -242,4 +242,25 @@ async def test_a_prepared_batch_waits_in_the_backend_and_is_timed_from_its_runne
     await clock.run_until_done(asyncio.gather(*futures))
     # Each batch ran for 1 s on the runner: the wait for it is not its cost.
     assert [seconds for seconds, _, _ in observer.finished] == [1.0, 1.0, 1.0]
+    await batcher.close(1)
+
+
+async def test_batches_on_two_runners_are_each_timed_by_their_own_run():
+    # Runners 2, one batch ahead; a batch of L tokens runs L seconds. A (1) and B (2) start at 0;
+    # C (3) waits and starts when A ends (1); D (4) waits and starts when B ends (2). Each is
+    # timed by its own run, however the runners free in turn.
+    clock = ManualClock()
+    backend = RunnerBackend(clock, runners=2, seconds=None)
+    batcher, observer = make_observed(
+        clock, backend, max_batch_size=1, max_concurrent_batches=2, prepared_batches=1
+    )
+    batcher.start()
+    futures = [f for length in (1, 2, 3, 4) for f in batcher.submit([seq(*range(1, length + 1))])]
+    # At 4.5 s C is done and D runs until 6: E (3) starts on the free runner at once, and D's
+    # end (during E) must not be taken for E's start.
+    await clock.advance(4.5)
+    futures += batcher.submit([seq(1, 2, 3)])
+    await clock.run_until_done(asyncio.gather(*futures), step_s=0.5)
+    assert backend.handed == [1000.0, 1000.0, 1000.0, 1001.0, 1004.5]
+    assert [seconds for seconds, _, _ in observer.finished] == [1.0, 2.0, 3.0, 4.0, 3.0]
     await batcher.close(1)
