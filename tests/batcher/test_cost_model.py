@@ -110,7 +110,7 @@ def test_a_batch_can_cost_more_than_its_members_one_by_one():
     assert model.predict(4, 16) < 4 * model.predict(1, 16)
 
 
-@pytest.mark.parametrize(("length", "most"), [(16, 32), (128, 32), (128, 1), (64, 7)])
+@pytest.mark.parametrize(("length", "most"), [(16, 32), (128, 32), (128, 1), (64, 7), (1, 1000)])
 def test_best_share_is_the_cheapest_batch_size_up_to_the_limit(length, most):
     model = BatchCostModel(refit_every=1)
     for n in (1, 4, 16, 32):

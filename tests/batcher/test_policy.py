@@ -175,6 +175,9 @@ def test_limits_refuse_values_that_cannot_work_and_accept_the_smallest_that_can(
     with pytest.raises(ValueError, match=r"^fairness_window must be >= 0$"):
         BatchLimits(fairness_window=-0.01)
     assert BatchLimits(fairness_window=0.0).fairness_window == 0.0
+    with pytest.raises(ValueError, match=r"^prepared_batches must be >= 0$"):
+        BatchLimits(prepared_batches=-1)
+    assert BatchLimits(prepared_batches=0).prepared_batches == 0
 
 
 def test_the_padded_size_counts_both_sides_of_the_anchor():
