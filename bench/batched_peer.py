@@ -22,7 +22,9 @@ import httpx
 import numpy as np
 
 from ferry.backends.ort_session import cpu_session
-from ferry.bench.process_cpu import process_tree
+from ferry.batcher.padding import pad_batch
+from ferry.batcher.request import TokenSequence
+from ferry.bench.process_cpu import process_tree, stat_fields
 from ferry.bench.processes import ManagedProcess, Probe, free_port, running
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,14 +63,10 @@ class PaddedEncoder:
 
 
 def pad_rows(rows: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
-    """The model's feeds: each row right-padded to the longest, its mask 0 over the padding."""
-    width = max(len(row) for row in rows)
-    input_ids = np.full((len(rows), width), PAD_TOKEN_ID, dtype=np.int64)
-    attention_mask = np.zeros((len(rows), width), dtype=np.int64)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = row
-        attention_mask[i, : len(row)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask}
+    """The model's feeds: each row right-padded to the longest, its mask 0 over the padding
+    (Ferry's own padding, so every peer pads exactly as Ferry does)."""
+    padded = pad_batch([TokenSequence.from_ids(list(row)) for row in rows], PAD_TOKEN_ID)
+    return {"input_ids": padded.input_ids, "attention_mask": padded.attention_mask}
 
 
 def parse_args(description: str, argv: list[str] | None) -> argparse.Namespace:
@@ -132,11 +130,8 @@ def batched_peer(
 
 def _started(pid: int) -> str:
     """When the process started (field 22 of proc(5)): tells it from a later one of its pid."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return text[text.rindex(")") + 2 :].split()[19]
+    fields = stat_fields(pid)
+    return fields[19] if fields else ""
 
 
 def _kill_survivors(children: dict[int, str]) -> None:
@@ -155,8 +150,5 @@ def _kill_survivors(children: dict[int, str]) -> None:
 
 
 def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"  # a zombie has ended, only not been reaped
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has ended, only not been reaped

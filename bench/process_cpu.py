@@ -14,34 +14,42 @@ from pathlib import Path
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def _stat_cpu_s(stat: Path) -> float:
-    text = stat.read_text()
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = text[text.rindex(")") + 2 :].split()
+def stat_fields(pid: int, tid: int | None = None) -> list[str] | None:
+    """Fields 3 on of proc(5)'s stat for a process (or one of its threads); None once it is
+    gone. The command name (field 2) may hold spaces and parentheses: split after its last ')'."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _cpu_s(fields: list[str] | None) -> float:
+    if fields is None:
+        raise ProcessLookupError("the process is gone")
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (utime + stime) / TICKS_PER_S
 
 
 def thread_cpu_s(pid: int, tid: int | None = None) -> float:
     """User + system CPU seconds of one thread (the main thread when `tid` is None)."""
-    return _stat_cpu_s(Path(f"/proc/{pid}/task/{pid if tid is None else tid}/stat"))
+    return _cpu_s(stat_fields(pid, pid if tid is None else tid))
 
 
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of the whole process, every thread, live or exited."""
-    return _stat_cpu_s(Path(f"/proc/{pid}/stat"))
+    return _cpu_s(stat_fields(pid))
 
 
 def process_tree(pid: int) -> list[int]:
     """`pid` and every live descendant, parents first (each process's parent read from /proc)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # it exited while we looked
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = stat_fields(int(entry.name))
+        if fields is None:  # it exited while we looked
             continue
-        ppid = int(text[text.rindex(")") + 2 :].split()[1])  # field 4 of proc(5)
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+        children.setdefault(int(fields[1]), []).append(int(entry.name))  # field 4: the parent
     tree = [pid]
     for parent in tree:  # grows while it is walked: breadth first
         tree.extend(children.get(parent, ()))
