@@ -38,6 +38,7 @@ LATENCY_BUCKETS_S = (
 DEFAULT_PRIORITY_LEVELS = (-10, 0, 10)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+GC_PAUSE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -157,6 +158,23 @@ class FerryMetrics:
             "1 when the model is loaded, warm and its backend healthy.",
             ["model"],
             registry=r,
+        )
+
+        # Per process (server/gc_pauses.py); with API processes, summed over all of them.
+        self.gc_pause = Histogram(
+            "ferry_gc_pause_seconds",
+            "Python garbage collections of the serving processes, by generation: each stops "
+            "the event loop and the threads that start batches.",
+            ["generation"],
+            buckets=GC_PAUSE_BUCKETS_S,
+            registry=r,
+        )
+        self.gc_frozen_objects = Gauge(
+            "ferry_gc_frozen_objects",
+            "Objects built at start-up and frozen out of the garbage collector's walks; with "
+            "API processes the fewest of any serving process (0: one has not frozen its heap).",
+            registry=r,
+            multiprocess_mode="min",
         )
 
         # ferry_gpu_*: per GPU, read from NVML at scrape time; absent without a GPU.

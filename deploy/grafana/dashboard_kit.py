@@ -43,6 +43,8 @@ BATCH_TOKENS = ferry_metric("batch_tokens")
 PADDING_RATIO = ferry_metric("padding_ratio")
 BACKEND_DURATION = ferry_metric("backend_duration")
 BACKEND_FAILURES = ferry_metric("backend_failures")
+GC_PAUSE = ferry_metric("gc_pause")
+GC_FROZEN = ferry_metric("gc_frozen_objects")
 # The LLM path (server/openai/observer.py observes these).
 TTFT = ferry_metric("llm_ttft")
 ITL = ferry_metric("llm_itl")

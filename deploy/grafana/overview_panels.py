@@ -8,6 +8,8 @@ from dashboard_kit import (
     BATCH_SIZE,
     BATCH_TOKENS,
     CONNECTIONS_REFUSED,
+    GC_FROZEN,
+    GC_PAUSE,
     IN_FLIGHT,
     MODEL_READY,
     PADDING_RATIO,
@@ -160,6 +162,22 @@ OVERVIEW = (
         BACKEND_FAILURES,
         "Batches whose backend call failed.",
         unit="ops",
+    ),
+    Panel(
+        "Garbage-collector pauses",
+        quantiles(GC_PAUSE, "", by="generation")[1:],
+        unit="s",
+        description="Each collection stops the event loop and the threads that start batches. "
+        "The start-up heap is frozen once the models are up, so generation 2 stays short "
+        "(server/gc_pauses.py).",
+    ),
+    Panel(
+        "Frozen start-up objects",
+        (("fewest of any process", f"min({GC_FROZEN})"),),
+        kind="stat",
+        width=6,
+        description="Objects frozen out of the collector's walks at start-up; 0: a serving "
+        "process has not frozen its heap, and its full collections walk all of it.",
     ),
     # Per GPU, from NVML (server/gpu_metrics.py); empty on hosts without a GPU.
     Panel(

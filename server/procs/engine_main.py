@@ -18,6 +18,7 @@ from pathlib import Path
 
 import zmq
 
+from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs import wire
@@ -35,7 +36,7 @@ class EngineServer:
     def __init__(self, settings: Settings, address: str) -> None:
         self._settings = settings
         self._address = address
-        metrics = FerryMetrics(priority_levels=settings.priority_levels)
+        self._metrics = metrics = FerryMetrics(priority_levels=settings.priority_levels)
         self.engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
         self.registry = ModelRegistry.from_settings(settings, metrics, self.engines)
         self._peers: set[bytes] = set()
@@ -55,6 +56,7 @@ class EngineServer:
             socket, wire.to_engine, wire.frame_count, self._receive, routed=True
         )
         logger.info("engine process %d serving %s", os.getpid(), self._address)
+        keep_gc_off_serving_path(self._metrics)
         if on_ready is not None:
             on_ready()
         report = asyncio.create_task(self._report())

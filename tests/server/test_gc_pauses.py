@@ -1,0 +1,59 @@
+"""The start-up heap frozen out of collections, and each collection timed (server/gc_pauses.py)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from ferry.server.gc_pauses import GcPauseWatch, freeze_startup_heap
+from ferry.server.metrics import FerryMetrics
+from tests.support.metrics import metric_value
+
+
+@pytest.fixture
+def metrics():
+    return FerryMetrics(CollectorRegistry())
+
+
+def _pauses(metrics: FerryMetrics, generation: str, sample: str = "count") -> float:
+    return metrics.registry.get_sample_value(
+        f"ferry_gc_pause_seconds_{sample}", {"generation": generation}
+    )
+
+
+def test_each_collection_is_timed_under_its_generation(metrics):
+    watch = GcPauseWatch(metrics)
+    watch.install()
+    try:
+        gc.collect(2)
+        gc.collect(1)
+    finally:
+        watch.remove()
+    assert _pauses(metrics, "2") == 1 and _pauses(metrics, "2", "sum") > 0
+    assert _pauses(metrics, "1") == 1
+    gc.collect(2)  # removed: no longer counted
+    assert _pauses(metrics, "2") == 1
+
+
+def test_freezing_takes_what_is_alive_out_of_collections(metrics):
+    alive = [object()]  # a container: the collector tracks it
+    assert any(o is alive for o in gc.get_objects())
+    try:
+        frozen = freeze_startup_heap(metrics)
+        assert not any(o is alive for o in gc.get_objects())
+        assert frozen == gc.get_freeze_count() > 0
+        assert metrics.registry.get_sample_value("ferry_gc_frozen_objects") == frozen
+    finally:
+        gc.unfreeze()  # this test process goes on collecting as before
+
+
+def test_a_serving_process_froze_its_heap_and_times_its_collections(kserve):
+    """The real server: one process, or API processes and an engine process (the fewest
+    frozen of any of them; their collections summed)."""
+    kserve.metrics()  # a scrape allocates enough for young collections
+    text = kserve.metrics()
+    # A start-up heap is ~100k objects (FastAPI, pydantic, NumPy, ONNX Runtime, the app).
+    assert metric_value(text, "ferry_gc_frozen_objects") > 20_000
+    assert metric_value(text, "ferry_gc_pause_seconds_count", generation="0") > 0
