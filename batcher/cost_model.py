@@ -32,12 +32,25 @@ def _features(n: int, length: int) -> tuple[float, ...]:
 
 
 class BatchCostModel:
-    def __init__(self, window: int = 512, refit_every: int = 8, min_observations: int = 6) -> None:
+    def __init__(
+        self,
+        window: int = 512,
+        refit_every: int = 8,
+        min_observations: int = 6,
+        settled_after: int = 64,
+        settled_refit_every: int = 64,
+    ) -> None:
         # The last `window` observations, in a ring: a refit reads them without copying rows.
         self._rows = np.zeros((window, len(TERMS)))
         self._seconds = np.zeros(window)
         self._observed = 0
         self._refit_every = refit_every
+        # A refit (least squares over the window, ~160 us) and the queue's repricing after it
+        # (~3 us a queued request) run in the event loop: every 8 batches that was ~5 % of its
+        # time per request under mixed load (bench.peers). Once `settled_after` batches are in
+        # the window, one more barely moves the fit, so refit less often.
+        self._settled_after = settled_after
+        self._settled_refit_every = max(refit_every, settled_refit_every)
         self._min_observations = min_observations
         self._since_fit = 0
         self.coefficients = np.zeros(len(TERMS))
@@ -55,7 +68,10 @@ class BatchCostModel:
         self._seconds[slot] = seconds
         self._observed += 1
         self._since_fit += 1
-        if self._since_fit >= self._refit_every and self._observed >= self._min_observations:
+        every = self._refit_every
+        if self._observed > self._settled_after:
+            every = self._settled_refit_every
+        if self._since_fit >= every and self._observed >= self._min_observations:
             self.refit()
 
     def refit(self) -> None:

@@ -45,6 +45,9 @@ def pad_batch(
 ) -> PaddedBatch:
     """Right-pad to the longest sequence in *this* batch, never to the model's maximum."""
     lengths = tuple(seq.length for seq in sequences)
+    if len(sequences) == 1:  # nothing to pad to: a view of the row (most batches at low load)
+        (seq,) = sequences
+        return PaddedBatch(seq.input_ids[None], seq.attention_mask[None], lengths, outputs)
     width = max(lengths)
     input_ids = np.full((len(sequences), width), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros((len(sequences), width), dtype=np.int64)

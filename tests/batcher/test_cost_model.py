@@ -63,6 +63,18 @@ def test_refits_every_n_observations_and_counts_each_fit_once():
     }
 
 
+def test_refits_less_often_once_settled():
+    model = BatchCostModel(
+        refit_every=2, min_observations=2, settled_after=6, settled_refit_every=5
+    )
+    fits_after = []
+    for _ in range(16):
+        model.observe(2, 16, true_cost(2, 16))
+        fits_after.append(model.fits)
+    # Every 2 observations up to the 6th; then every 5 since the last fit (the 11th, the 16th).
+    assert fits_after == [0, 1, 1, 2, 2, 3, 3, 3, 3, 3, 4, 4, 4, 4, 4, 5]
+
+
 def test_predicts_nothing_before_any_fit():
     assert BatchCostModel().predict(4, 32) == 0.0
 

@@ -14,6 +14,14 @@ def test_batch_is_padded_to_its_own_longest_sequence():
     assert (batch.padded_tokens, batch.real_tokens) == (6, 4)
 
 
+def test_a_batch_of_one_is_its_row_with_its_own_mask():
+    seq = TokenSequence.from_ids([5, 6, 7], [1, 1, 0])
+    batch = pad_batch([seq], pad_token_id=9, outputs=("pooled",))
+    assert batch.input_ids.tolist() == [[5, 6, 7]] and batch.attention_mask.tolist() == [[1, 1, 0]]
+    assert batch.input_ids.dtype == np.int64 and batch.input_ids.flags.c_contiguous
+    assert (batch.lengths, batch.outputs, batch.padded_tokens) == ((3,), ("pooled",), 3)
+
+
 def test_pad_token_is_configurable_and_masks_are_kept():
     batch = pad_batch([TokenSequence.from_ids([1, 2], [1, 0]), TokenSequence.from_ids([3])], 9)
     assert batch.input_ids.tolist() == [[1, 2], [3, 9]]
