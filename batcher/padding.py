@@ -45,9 +45,14 @@ def pad_batch(
 ) -> PaddedBatch:
     """Right-pad to the longest sequence in *this* batch, never to the model's maximum."""
     lengths = tuple(seq.length for seq in sequences)
-    if len(sequences) == 1:  # nothing to pad to: a view of the row (most batches at low load)
+    if len(sequences) == 1:  # nothing to pad (most batches under mixed load): a copy of the row
+        # A copy, not a view: rows from the engine process's wire are read-only buffers, which
+        # torch.from_numpy warns about.
         (seq,) = sequences
-        return PaddedBatch(seq.input_ids[None], seq.attention_mask[None], lengths, outputs)
+        ids = np.array(seq.input_ids[None], dtype=np.int64)
+        return PaddedBatch(
+            ids, np.array(seq.attention_mask[None], dtype=np.int64), lengths, outputs
+        )
     width = max(lengths)
     input_ids = np.full((len(sequences), width), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros((len(sequences), width), dtype=np.int64)

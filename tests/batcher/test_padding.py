@@ -14,11 +14,13 @@ def test_batch_is_padded_to_its_own_longest_sequence():
     assert (batch.padded_tokens, batch.real_tokens) == (6, 4)
 
 
-def test_a_batch_of_one_is_its_row_with_its_own_mask():
-    seq = TokenSequence.from_ids([5, 6, 7], [1, 1, 0])
-    batch = pad_batch([seq], pad_token_id=9, outputs=("pooled",))
+def test_a_batch_of_one_is_its_row_with_its_own_mask_in_writable_arrays():
+    ids, mask = np.array([5, 6, 7]), np.array([1, 1, 0])
+    ids.flags.writeable = mask.flags.writeable = False  # as rows off the engine's wire are
+    batch = pad_batch([TokenSequence(ids, mask)], pad_token_id=9, outputs=("pooled",))
     assert batch.input_ids.tolist() == [[5, 6, 7]] and batch.attention_mask.tolist() == [[1, 1, 0]]
-    assert batch.input_ids.dtype == np.int64 and batch.input_ids.flags.c_contiguous
+    for array in (batch.input_ids, batch.attention_mask):
+        assert array.dtype == np.int64 and array.flags.c_contiguous and array.flags.writeable
     assert (batch.lengths, batch.outputs, batch.padded_tokens) == ((3,), ("pooled",), 3)
 
 
