@@ -17,6 +17,12 @@ def test_from_ids_makes_int64_ids_and_a_full_mask():
     assert masked.attention_mask.dtype == np.int64 and masked.attention_mask.tolist() == [1, 0]
 
 
+def test_from_ids_makes_int64_of_narrower_integers_too():
+    narrow = [np.int32(1), np.int32(0)]  # numpy would keep int32 unless told
+    seq = TokenSequence.from_ids(narrow, narrow)
+    assert seq.input_ids.dtype == np.int64 and seq.attention_mask.dtype == np.int64
+
+
 def test_limits_admit_only_what_the_server_validated():
     """The server validates (tests/server/test_encoder_validation.py); the batcher asserts."""
     assert LIMITS.admits(TokenSequence.from_ids([0, 9, 0, 9], [1, 0, 0, 0]))
