@@ -20,47 +20,19 @@ import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from ferry.bench.inputs import token_sequences
-from ferry.bench.loadgen import LoadResult, run_load
+from ferry.bench.loadgen import LoadResult, merge, run_load
 from ferry.bench.peers import STEP_TIMEOUT_S, ferry_peer, unbatched_peer
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, default_model_config
-from ferry.bench.sweep import Budget, measure
+from ferry.bench.sweep import Budget, Step, measure
 from ferry.bench.targets import Target
 
 FERRY, UNBATCHED = "ferry", "unbatched"
 
 # Sends one block of inputs to the server of that name, closed loop: what it answered.
 Send = Callable[[str, list[list[int]]], Awaitable[LoadResult]]
-
-
-@dataclass
-class Pooled:
-    """One server's blocks together."""
-
-    latencies_s: list[float] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    answered: int = 0  # 200s
-    errors: int = 0
-    per_round: list[float] = field(default_factory=list)  # each block's req/s
-
-    def add(self, load: LoadResult) -> None:
-        self.latencies_s += load.latencies_s
-        self.elapsed_s += load.elapsed_s
-        self.answered += load.statuses.get(200, 0)
-        self.errors += load.completed - load.statuses.get(200, 0)
-        self.per_round.append(load.throughput)
-
-    @property
-    def throughput(self) -> float:
-        return self.answered / self.elapsed_s if self.elapsed_s else 0.0
-
-    def percentile_ms(self, q: float) -> float:
-        return float(np.percentile(self.latencies_s, q) * 1000) if self.latencies_s else 0.0
 
 
 def block_order(round_index: int, names: Sequence[str]) -> list[str]:
@@ -70,31 +42,44 @@ def block_order(round_index: int, names: Sequence[str]) -> list[str]:
 
 async def interleave(
     names: Sequence[str], blocks: Sequence[list[list[int]]], send: Send
-) -> dict[str, Pooled]:
-    """Every block to every server, round by round, in `block_order`."""
-    pooled = {name: Pooled() for name in names}
+) -> dict[str, list[LoadResult]]:
+    """Every block to every server, round by round, in `block_order`: each server's rounds."""
+    rounds: dict[str, list[LoadResult]] = {name: [] for name in names}
     for index, block in enumerate(blocks):
         for name in block_order(index, names):
-            pooled[name].add(await send(name, block))
-    return pooled
+            rounds[name].append(await send(name, block))
+    return rounds
 
 
-def report(pooled: dict[str, Pooled], ferry: str = FERRY, peer: str = UNBATCHED) -> str:
-    mine, theirs = pooled[ferry], pooled[peer]
+def pooled(rounds: list[LoadResult], concurrency: int) -> Step:
+    """A server's rounds as one step: the blocks ran one after another, so their times add."""
+    return Step.from_load(concurrency, merge(rounds, elapsed=sum))
+
+
+def report(
+    rounds: dict[str, list[LoadResult]],
+    steps: dict[str, Step],
+    ferry: str = FERRY,
+    peer: str = UNBATCHED,
+) -> str:
+    """The pooled steps, each server's rounds, and Ferry's ratios to the peer."""
     lines = [f"{'server':<10} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}  per round"]
-    for name, result in pooled.items():
-        rounds = " ".join(f"{rate:.1f}" for rate in result.per_round)
+    for name, step in steps.items():
+        each = " ".join(f"{load.throughput:.1f}" for load in rounds[name])
         lines.append(
-            f"{name:<10} {result.throughput:7.1f} {result.percentile_ms(50):8.1f} "
-            f"{result.percentile_ms(99):8.1f} {result.errors:>6}  {rounds}"
+            f"{name:<10} {step.throughput:7.1f} {step.p50_ms:8.1f} {step.p99_ms:8.1f} "
+            f"{step.errors:>6}  {each}"
         )
-    each = " ".join(
-        f"{a / b:.3f}" for a, b in zip(mine.per_round, theirs.per_round, strict=True) if b
+    mine, theirs = steps[ferry], steps[peer]
+    ratios = " ".join(
+        f"{a.throughput / b.throughput:.3f}"
+        for a, b in zip(rounds[ferry], rounds[peer], strict=True)
+        if b.throughput
     )
     lines.append(
         f"{ferry} / {peer}: {mine.throughput / theirs.throughput:.3f}x req/s, "
-        f"p99 {mine.percentile_ms(99) / theirs.percentile_ms(99):.3f}x "
-        f"(p50 {mine.percentile_ms(50) / theirs.percentile_ms(50):.3f}x); per round {each}"
+        f"p99 {mine.p99_ms / theirs.p99_ms:.3f}x "
+        f"(p50 {mine.p50_ms / theirs.p50_ms:.3f}x); per round {ratios}"
     )
     return "\n".join(lines)
 
@@ -141,21 +126,22 @@ def main(argv: list[str] | None = None) -> int:
             async with asyncio.timeout(STEP_TIMEOUT_S):
                 return await load
 
-        async def run() -> dict[str, Pooled]:
+        async def run() -> dict[str, list[LoadResult]]:
             for target in targets.values():
                 warm = Budget(args.warmup, None, STEP_TIMEOUT_S)
                 await measure(target, target.bodies(blocks[0]), args.concurrency, warm)
             return await interleave(list(targets), blocks, send)
 
-        pooled = asyncio.run(run())
+        rounds = asyncio.run(run())
     print(
         f"{args.rounds} rounds of {args.requests} requests of {args.min_tokens}-{args.max_tokens}"
         f" tokens to each server, {args.concurrency} closed-loop clients, both servers up"
     )
     if args.batching:
         print(f"ferry's batching overrides: {json.dumps(args.batching, sort_keys=True)}")
-    print(report(pooled))
-    return 1 if any(result.errors for result in pooled.values()) else 0
+    steps = {name: pooled(loads, args.concurrency) for name, loads in rounds.items()}
+    print(report(rounds, steps))
+    return 1 if any(step.errors for step in steps.values()) else 0
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -48,6 +49,23 @@ class LoadResult:
             f"p99 {self.percentile_ms(99):7.1f} ms  statuses {dict(sorted(self.statuses.items()))}"
             + (f"  reconnects {self.reconnects}" if self.reconnects else "")
         )
+
+
+def merge(
+    results: Iterable[LoadResult], elapsed: Callable[[list[float]], float] = max
+) -> LoadResult:
+    """One result: all latencies and statuses; its time the longest of theirs (loads that ran
+    side by side) or, with `elapsed=sum`, all of it (loads that ran one after another)."""
+    merged = LoadResult()
+    times = []
+    for result in results:
+        merged.latencies_s += result.latencies_s
+        for status, count in result.statuses.items():
+            merged.statuses[status] = merged.statuses.get(status, 0) + count
+        merged.refusals_without_retry_after += result.refusals_without_retry_after
+        times.append(result.elapsed_s)
+    merged.elapsed_s = elapsed(times) if times else 0.0
+    return merged
 
 
 def encode_request(host: str, path: str, body: dict) -> bytes:

@@ -10,25 +10,13 @@ import asyncio
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
-from ferry.bench.loadgen import LoadResult, run_load
+from ferry.bench.loadgen import LoadResult, merge, run_load
 
 
 def _one_process(
     url: str, bodies: list[dict], clients: int, path: str, duration_s: float
 ) -> LoadResult:
     return asyncio.run(run_load(url, bodies, clients, path, duration_s))
-
-
-def merge(results: list[LoadResult]) -> LoadResult:
-    """One result: all latencies and statuses, over the longest process's time."""
-    merged = LoadResult()
-    for result in results:
-        merged.latencies_s += result.latencies_s
-        for status, count in result.statuses.items():
-            merged.statuses[status] = merged.statuses.get(status, 0) + count
-        merged.refusals_without_retry_after += result.refusals_without_retry_after
-        merged.elapsed_s = max(merged.elapsed_s, result.elapsed_s)
-    return merged
 
 
 def split_clients(concurrency: int, processes: int) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ferry.bench import interleaved
-from ferry.bench.interleaved import Pooled, block_order, interleave, report
+from ferry.bench.interleaved import block_order, interleave, pooled, report
 from ferry.bench.loadgen import LoadResult
 
 
@@ -24,19 +24,23 @@ async def test_every_block_goes_to_every_server_and_the_rounds_are_pooled():
         return LoadResult([0.1 * (i + 1) for i in range(len(block))], statuses, rates[name])
 
     blocks = [[[1]] * 10, [[1]] * 6]
-    pooled = await interleave(["a", "b"], blocks, send)
+    rounds = await interleave(["a", "b"], blocks, send)
+    steps = {name: pooled(loads, concurrency=4) for name, loads in rounds.items()}
     assert sent == [("a", 10), ("b", 10), ("b", 6), ("a", 6)]
-    assert pooled["a"].throughput == pytest.approx(16 / 4.0)
-    assert pooled["b"].throughput == pytest.approx(14 / 8.0)
-    assert (pooled["a"].errors, pooled["b"].errors) == (0, 2)
-    assert pooled["b"].per_round == pytest.approx([9 / 4.0, 5 / 4.0])
-    assert len(pooled["a"].latencies_s) == 16
+    assert steps["a"].throughput == pytest.approx(16 / 4.0)
+    assert steps["b"].throughput == pytest.approx(14 / 8.0)
+    assert (steps["a"].errors, steps["b"].errors) == (0, 2)
+    assert [load.throughput for load in rounds["b"]] == pytest.approx([9 / 4.0, 5 / 4.0])
+    assert steps["a"].completed == 16
 
 
 def test_the_report_gives_pooled_and_per_round_ratios():
-    ferry = Pooled([0.1, 0.2, 0.3], elapsed_s=1.0, answered=3, per_round=[3.0])
-    peer = Pooled([0.2, 0.4, 0.6], elapsed_s=2.0, answered=3, per_round=[1.5])
-    text = report({"ferry": ferry, "unbatched": peer})
+    rounds = {
+        "ferry": [LoadResult([0.1, 0.2, 0.3], {200: 3}, elapsed_s=1.0)],
+        "unbatched": [LoadResult([0.2, 0.4, 0.6], {200: 3}, elapsed_s=2.0)],
+    }
+    steps = {name: pooled(loads, concurrency=4) for name, loads in rounds.items()}
+    text = report(rounds, steps)
     assert "ferry / unbatched: 2.000x req/s, p99 0.500x (p50 0.500x); per round 2.000" in text
 
 
