@@ -27,11 +27,14 @@ def server(tmp_path_factory):
         "path": str(folder),
         "infer_timeout_s": INFER_TIMEOUT_S,
         "backend": {"kind": "onnxruntime", "sessions": 2},
-        # Hold each batch open long enough that concurrent requests share it.
+        # Hold each batch open long enough that concurrent requests share it. The fairness
+        # window is off: it would close the batch to requests arriving more than about half a
+        # (millisecond) batch apart, which a busy box can spread them by.
         "batching": {
             "dispatch_when_idle": False,
             "max_queue_delay_s": 1.0,
             "cost_model_batching": False,
+            "fairness_window": "none",  # TOML has no null
         },
     }
     with ferry_server([config]) as handle:
