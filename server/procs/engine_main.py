@@ -21,7 +21,8 @@ import zmq
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics
-from ferry.server.procs import wire
+from ferry.server.procs import adapter_journal, wire
+from ferry.server.procs.adapter_journal import AdapterJournal
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
 from ferry.server.registry import ModelRegistry
@@ -33,12 +34,20 @@ ACK_TIMEOUT_S = 2.0
 
 
 class EngineServer:
-    def __init__(self, settings: Settings, address: str) -> None:
+    def __init__(
+        self, settings: Settings, address: str, journal: AdapterJournal | None = None
+    ) -> None:
         self._settings = settings
         self._address = address
+        self._journal = journal
         self._metrics = metrics = FerryMetrics(priority_levels=settings.priority_levels)
         self.engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
         self.registry = ModelRegistry.from_settings(settings, metrics, self.engines)
+        # Per LLM, the adapters it serves and where each came from (the journal's content).
+        self._adapters = {
+            m.name: {name: str(path) for name, path in m.adapters.items()}
+            for m in settings.llm_models
+        }
         self._peers: set[bytes] = set()
         self._calls: set[asyncio.Task] = set()
         self._seq = itertools.count(1)
@@ -50,6 +59,7 @@ class EngineServer:
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
         await self.registry.start()
+        await self._restore_adapters()  # before the socket: no API process sees the old set
         socket = self._context.socket(zmq.ROUTER)
         socket.bind(self._address)
         self._socket = LoopSocket(
@@ -168,15 +178,29 @@ class EngineServer:
         reply = wire.Reply(message.rid)
         try:
             engine = self.engines[message.model]
+            served = self._adapters[message.model]
             if message.method == "load_adapter":
                 name, path = message.args
                 await engine.load_adapter(name, Path(path))
+                served[name] = path
             elif message.method == "unload_adapter":
                 await engine.unload_adapter(message.args[0])
+                served.pop(message.args[0], None)
+            if self._journal is not None:
+                self._journal.write(self._adapters)
             await self._publish_adapters(message.model, tuple(engine.adapter_names()))
         except Exception as exc:
             reply.error = wire.error_to_wire(exc)
         self._send(peer, reply)
+
+    async def _restore_adapters(self) -> None:
+        """A restarted engine serves the adapters its predecessor served at its end."""
+        if self._journal is None:
+            return
+        for model, wanted in self._journal.read().items():
+            if model in self.engines:
+                await adapter_journal.restore(self.engines[model], self._adapters[model], wanted)
+        self._journal.write(self._adapters)
 
     async def _publish_adapters(self, model: str, names: tuple[str, ...]) -> None:
         """Every API process knows the change before the load is answered: a request for the
@@ -250,6 +274,7 @@ def engine_main(
     address: str,
     parent: int | None = None,
     on_ready: Callable[[], None] | None = None,
+    journal_path: Path | None = None,
 ) -> None:
     """The engine process's entry (multiprocessing spawn target)."""
     logging.basicConfig(
@@ -264,7 +289,8 @@ def engine_main(
         loop.add_signal_handler(signal.SIGINT, stop.set)
         if parent is not None:
             on_parent_exit(parent, stop.set)
-        await EngineServer(settings, address).run(stop, on_ready)
+        journal = None if journal_path is None else AdapterJournal(journal_path)
+        await EngineServer(settings, address, journal).run(stop, on_ready)
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main())

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from multiprocessing import connection, resource_tracker
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
@@ -51,11 +52,13 @@ def api_main(settings: Settings, sock: socket.socket, address: str, parent: int)
     serve(create_app(settings), settings, sockets=[sock])
 
 
-def engine_entry(settings: Settings, address: str, parent: int, ready: Any) -> None:
+def engine_entry(
+    settings: Settings, address: str, parent: int, ready: Any, journal_path: Path
+) -> None:
     os.setpgrp()
     from ferry.server.procs.engine_main import engine_main
 
-    engine_main(settings, address, parent, ready.set)
+    engine_main(settings, address, parent, ready.set, journal_path)
 
 
 class Supervisor:
@@ -69,6 +72,8 @@ class Supervisor:
         # Read by prometheus_client when each child imports it (children inherit the env).
         os.environ[MULTIPROC_ENV] = metrics_dir
         self._address = f"ipc://{os.path.join(self._dir, 'engine')}"
+        # The adapters served, kept across engine restarts (adapter_journal.py).
+        self._adapter_journal = Path(self._dir) / "adapters.json"
         self._sock = socket.create_server(
             (settings.host, settings.port), backlog=4096, reuse_port=False
         )
@@ -110,7 +115,13 @@ class Supervisor:
     def _start_engine(self) -> None:
         self._engine = self._context.Process(
             target=engine_entry,
-            args=(self._settings, self._address, os.getpid(), self._engine_ready),
+            args=(
+                self._settings,
+                self._address,
+                os.getpid(),
+                self._engine_ready,
+                self._adapter_journal,
+            ),
             name="ferry-engine",
         )
         with _role("engine"):

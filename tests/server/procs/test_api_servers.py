@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -27,8 +26,8 @@ from ferry.bench.server_process import (
 )
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
+from tests.support.server_processes import pids, ready, roles, wait_until
 
-READY_TIMEOUT_S = 90.0
 # Greedy on this prompt runs to max_tokens (no end token): long enough to be cut.
 CHAT = {
     "model": TINY_LLM,
@@ -36,35 +35,6 @@ CHAT = {
     "max_tokens": 2000,
     "temperature": 0,
 }
-
-
-def roles(pid: int) -> dict[int, str]:
-    """The server's children by FERRY_PROCESS (engine / api)."""
-    found = {}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        for entry in environ:
-            if entry.startswith(b"FERRY_PROCESS="):
-                found[int(child)] = entry.split(b"=", 1)[1].decode()
-    return found
-
-
-def pids(server, role: str) -> list[int]:
-    return sorted(p for p, r in roles(server.pid).items() if r == role)
-
-
-def wait_until(condition, timeout_s: float = READY_TIMEOUT_S, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def ready(server) -> bool:
-    try:
-        return httpx.get(f"{server.url}/health/ready", timeout=5).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")

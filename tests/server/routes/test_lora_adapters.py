@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import threading
 from typing import Any
 
@@ -16,6 +18,7 @@ from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR
 from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
+from tests.support.server_processes import pids, ready, wait_until
 
 KEY = "lora-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -24,9 +27,10 @@ REFERENCE = json.loads((ADAPTERS_DIR / "greedy_reference.json").read_text())
 
 @pytest.fixture(scope="module")
 def adapter_dir(tmp_path_factory: pytest.TempPathFactory):
-    """A runtime adapter folder holding `shout`, and a symlink that leads out of it."""
+    """A runtime adapter folder holding `shout` and `zen`, and a symlink that leads out of it."""
     root = tmp_path_factory.mktemp("adapters")
     shutil.copytree(ADAPTERS_DIR / "shout", root / "shout")
+    shutil.copytree(ADAPTERS_DIR / "zen", root / "zen")
     (root / "escape").symlink_to(ADAPTERS_DIR / "zen")
     return root
 
@@ -139,6 +143,30 @@ def test_bad_unloads_are_refused(server):
     with_id = post(server, "/v1/unload_lora_adapter", {"lora_name": "zen", "lora_int_id": 1})
     assert with_id.status_code == 400 and with_id.json()["error"]["param"] == "lora_int_id"
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "nope"}).status_code == 404
+
+
+# Only API processes have an engine process to restart; a single process ends whole.
+@pytest.mark.parametrize("server", [2], indirect=True, ids=["api2"])
+def test_an_engine_restart_keeps_the_adapters_loaded_and_unloaded_at_runtime(client, server):
+    shout = {"lora_name": "shout", "lora_path": "shout/shout.onnx_adapter"}
+    assert post(server, "/v1/load_lora_adapter", shout).status_code == 200
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "zen"}).status_code == 200
+    (engine,) = pids(server, "engine")
+    os.kill(engine, signal.SIGKILL)
+    wait_until(lambda: pids(server, "engine") not in ([], [engine]), what="a new engine")
+    wait_until(lambda: ready(server), what="the restarted engine")
+    try:
+        assert chat(client, "shout", 2).choices[0].message.content == reference_text("shout", 2)
+        with pytest.raises(openai.NotFoundError):
+            chat(client, "zen")
+        assert {m.id for m in client.models.list().data} == {TINY_LLM, "shout"}
+    finally:  # as the module's other tests expect: zen served, shout not
+        post(server, "/v1/unload_lora_adapter", {"lora_name": "shout"})
+        post(
+            server,
+            "/v1/load_lora_adapter",
+            {"lora_name": "zen", "lora_path": "zen/zen.onnx_adapter"},
+        )
 
 
 def test_unload_while_streaming_lets_the_stream_finish(client, server):

@@ -1,0 +1,42 @@
+"""A running server's processes (`api_servers = N`): which child is which, and waiting on them."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+READY_TIMEOUT_S = 90.0
+
+
+def roles(pid: int) -> dict[int, str]:
+    """The server's living children by FERRY_PROCESS (engine / api)."""
+    found = {}
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except (ProcessLookupError, FileNotFoundError):  # died (a zombie until it is reaped)
+            continue
+        for entry in environ:
+            if entry.startswith(b"FERRY_PROCESS="):
+                found[int(child)] = entry.split(b"=", 1)[1].decode()
+    return found
+
+
+def pids(server, role: str) -> list[int]:
+    return sorted(p for p, r in roles(server.pid).items() if r == role)
+
+
+def wait_until(condition, timeout_s: float = READY_TIMEOUT_S, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def ready(server) -> bool:
+    try:
+        return httpx.get(f"{server.url}/health/ready", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
