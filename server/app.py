@@ -6,19 +6,27 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from ferry import __version__
-from ferry.server.dialects import KSERVE, OPENAI, PathDialects, install_error_handlers
+from ferry.server.dialects import (
+    KSERVE,
+    OPENAI,
+    ErrorDialect,
+    PathDialects,
+    install_error_handlers,
+)
 from ferry.server.drain import DrainState
 from ferry.server.encoder import EncoderServing
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.openapi_statuses import document_invalid_statuses
 from ferry.server.procs.runtimes import build_runtimes, metrics_registry
 from ferry.server.routes import (
     embeddings,
@@ -109,6 +117,16 @@ class FerryAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         # Built at the first request, once every route is registered.
         return _outer_layers(super().build_middleware_stack(), self)
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is None:
+            document_invalid_statuses(super().openapi(), self._dialect_of)
+        return self.openapi_schema  # type: ignore[return-value]
+
+    def _dialect_of(self, method: str, path: str) -> ErrorDialect:
+        # A template such as /v2/models/{name}/infer matches its own route's pattern.
+        matched = self.hot.match(method, path)
+        return matched[0].dialect if matched is not None else self.dialects(path)
 
 
 def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:

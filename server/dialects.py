@@ -30,6 +30,11 @@ from ferry.server.replies import Reply, dumps
 
 
 class ErrorDialect(Protocol):
+    @property
+    def invalid_status(self) -> int:
+        """The status an invalid request is answered with (what the API documents)."""
+        ...
+
     def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply: ...
 
 
@@ -85,6 +90,8 @@ def kserve_message(failure: Failure) -> str:
 @dataclass(frozen=True)
 class KServeJson:
     """`{"error": "..."}`: what tritonclient and perf_analyzer read."""
+
+    invalid_status: int = 422
 
     def body(self, failure: Failure) -> dict[str, Any]:
         return {"error": kserve_message(failure)}

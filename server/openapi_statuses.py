@@ -1,0 +1,27 @@
+"""The OpenAPI document lists the invalid-request status each route really answers.
+
+FastAPI documents a 422 on every route that takes a body or parameters. Routes in OpenAI's
+dialect answer 400 instead (as OpenAI and vLLM do), so for them the 422 entry is removed: a
+client generated from the document, or a fuzzer checking answers against it, sees what the
+server does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ferry.server.dialects import ErrorDialect
+
+VALIDATION = "422"
+
+
+def document_invalid_statuses(
+    schema: dict[str, Any], dialect_of: Callable[[str, str], ErrorDialect]
+) -> None:
+    """Drop the 422 entries of the operations whose dialect (by method and path) never answers
+    one."""
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            if dialect_of(method.upper(), path).invalid_status != int(VALIDATION):
+                operation.get("responses", {}).pop(VALIDATION, None)
