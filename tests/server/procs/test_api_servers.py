@@ -7,6 +7,7 @@ OpenAI chat, shutdown); this module covers what only exists with several process
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import httpx
+import jsonschema
+import openai
 import pytest
 
 from ferry.bench.processes import free_port
@@ -76,6 +79,45 @@ def test_metrics_count_the_requests_of_every_api_process_once(server):
     assert metric_value(text, "ferry_model_ready", model="all-MiniLM-L6-v2") == 1
     # Gauges carry no `pid` label: every family keeps a single-process server's labels.
     assert 'pid="' not in text
+
+
+def test_grammars_tool_calls_and_responses_cross_to_the_engine(server):
+    """What the API process compiles (a JSON schema, a forced tool call's grammar) reaches the
+    engine process and binds its output, on chat completions and on the Responses API."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    common = {"model": TINY_LLM, "temperature": 0}
+    hello = [{"role": "user", "content": "hello"}]
+    answer = client.chat.completions.create(
+        **common,
+        messages=hello,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
+    tool = {"type": "function", "function": {"name": "where", "parameters": schema}}
+    called = client.chat.completions.create(
+        **common,
+        messages=hello,
+        max_tokens=40,
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "where"}},
+    )
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "where"
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    response = client.responses.create(
+        **common,
+        input="hello",
+        max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "c", "schema": schema, "strict": True}},
+    )
+    jsonschema.validate(json.loads(response.output_text), schema)
 
 
 def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server):
