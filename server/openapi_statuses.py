@@ -13,7 +13,7 @@ from typing import Any
 
 from ferry.server.dialects import ErrorDialect
 
-VALIDATION = "422"
+FRAMEWORK_INVALID = 422  # FastAPI's status for a request that fails validation
 
 
 def document_invalid_statuses(
@@ -23,5 +23,5 @@ def document_invalid_statuses(
     one."""
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
-            if dialect_of(method.upper(), path).invalid_status != int(VALIDATION):
-                operation.get("responses", {}).pop(VALIDATION, None)
+            if dialect_of(method.upper(), path).invalid_status != FRAMEWORK_INVALID:
+                operation.get("responses", {}).pop(str(FRAMEWORK_INVALID), None)
