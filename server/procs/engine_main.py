@@ -21,8 +21,8 @@ import zmq
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics
-from ferry.server.procs import adapter_journal, wire
-from ferry.server.procs.adapter_journal import AdapterJournal
+from ferry.server.procs import wire
+from ferry.server.procs.adapter_journal import AdapterJournal, restore
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
 from ferry.server.registry import ModelRegistry
@@ -34,9 +34,7 @@ ACK_TIMEOUT_S = 2.0
 
 
 class EngineServer:
-    def __init__(
-        self, settings: Settings, address: str, journal: AdapterJournal | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, address: str, journal: AdapterJournal) -> None:
         self._settings = settings
         self._address = address
         self._journal = journal
@@ -186,8 +184,7 @@ class EngineServer:
             elif message.method == "unload_adapter":
                 await engine.unload_adapter(message.args[0])
                 served.pop(message.args[0], None)
-            if self._journal is not None:
-                self._journal.write(self._adapters)
+            self._journal.write(self._adapters)
             await self._publish_adapters(message.model, tuple(engine.adapter_names()))
         except Exception as exc:
             reply.error = wire.error_to_wire(exc)
@@ -195,11 +192,9 @@ class EngineServer:
 
     async def _restore_adapters(self) -> None:
         """A restarted engine serves the adapters its predecessor served at its end."""
-        if self._journal is None:
-            return
         for model, wanted in self._journal.read().items():
             if model in self.engines:
-                await adapter_journal.restore(self.engines[model], self._adapters[model], wanted)
+                await restore(self.engines[model], self._adapters[model], wanted)
         self._journal.write(self._adapters)
 
     async def _publish_adapters(self, model: str, names: tuple[str, ...]) -> None:
@@ -272,9 +267,9 @@ class EngineServer:
 def engine_main(
     settings: Settings,
     address: str,
-    parent: int | None = None,
-    on_ready: Callable[[], None] | None = None,
-    journal_path: Path | None = None,
+    parent: int | None,
+    on_ready: Callable[[], None] | None,
+    journal_path: Path,
 ) -> None:
     """The engine process's entry (multiprocessing spawn target)."""
     logging.basicConfig(
@@ -289,8 +284,7 @@ def engine_main(
         loop.add_signal_handler(signal.SIGINT, stop.set)
         if parent is not None:
             on_parent_exit(parent, stop.set)
-        journal = None if journal_path is None else AdapterJournal(journal_path)
-        await EngineServer(settings, address, journal).run(stop, on_ready)
+        await EngineServer(settings, address, AdapterJournal(journal_path)).run(stop, on_ready)
 
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(main())
