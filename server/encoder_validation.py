@@ -58,7 +58,7 @@ class EncoderValidation:
         priority: int,
     ) -> ValidSequences:
         field, vocab_size = inputs.field, model.manifest.vocab_size
-        self._check_count(field, _count(inputs))
+        self._check_count(field, _count(inputs), model.settings.batching.max_queue_size)
         if isinstance(inputs, TokenArrays):
             ids, mask = inputs.input_ids, inputs.attention_mask
             lengths = _lengths_of(mask)
@@ -104,12 +104,18 @@ class EncoderValidation:
         _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)
         return tokenized.input_ids, tokenized.attention_mask, tokenized.lengths
 
-    def _check_count(self, field: str, count: int) -> None:
+    def _check_count(self, field: str, count: int, queue_size: int) -> None:
         if count == 0:
             raise InvalidInput(field, "the input list is empty")
         if count > self._limits.max_items_per_request:
             raise InvalidInput(
                 field, f"{count} items; at most {self._limits.max_items_per_request} per request"
+            )
+        if count > queue_size:
+            # More than the model's whole queue holds: a 429 would promise a retry that cannot
+            # succeed (the batcher queues a request's items all or none).
+            raise InvalidInput(
+                field, f"{count} items; this model's queue holds at most {queue_size}"
             )
 
     def _check_response_size(

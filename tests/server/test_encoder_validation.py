@@ -4,6 +4,8 @@ and what a valid request becomes (padded tensors stay padded, rows are views).""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,21 @@ def lists(ids, mask=None, field="input_ids") -> TokenLists:
 )
 async def test_each_rule_names_its_field_and_says_why(runtime, ids, mask, field, message):
     assert await refusal(runtime, lists(ids, mask)) == (field, message)
+
+
+async def test_more_items_than_the_model_s_queue_holds_are_invalid_not_a_429(runtime, monkeypatch):
+    # A 429 would tell the client to retry what can never be queued (all items or none).
+    small_queue = replace(runtime.settings.batching, max_queue_size=2)
+    monkeypatch.setattr(
+        runtime, "settings", runtime.settings.model_copy(update={"batching": small_queue})
+    )
+    assert await refusal(runtime, lists([[101, 102]] * 3)) == (
+        "input_ids",
+        "3 items; this model's queue holds at most 2",
+    )
+    assert (
+        len((await VALIDATION.validate(runtime, lists([[101, 102]] * 2), EMBEDDING)).lengths) == 2
+    )
 
 
 async def test_an_item_is_named_by_its_index_in_the_routes_own_words(runtime):
