@@ -58,7 +58,7 @@ class Admission:
         """What the batches running now add before queued work starts (the recent batch time)."""
         return self._dispatch.recent_batch_s if self._dispatch.running else 0.0
 
-    def predicted_wait_s(self, priority: int = 0, extra_s: float = 0.0) -> float | None:
+    def predicted_wait_s(self, priority: int, extra_s: float = 0.0) -> float | None:
         """When a request of `priority` costing `extra_s` would finish if queued now.
 
         None while the cost model is not ready (nothing to go by yet).

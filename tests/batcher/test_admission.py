@@ -117,6 +117,7 @@ async def test_the_wait_counts_the_work_of_its_priority_and_more_urgent_ones_onl
     assert batcher.predicted_wait_s(-2) == 0.0
     assert batcher.predicted_wait_s(-1) == pytest.approx(share[5] / 2)
     assert batcher.predicted_wait_s(0) == pytest.approx((share[5] + 2 * share[2]) / 2)
+    assert batcher.predicted_wait_s() == batcher.predicted_wait_s(0)  # the default priority
     assert batcher.predicted_wait_s(0, 0.01) == pytest.approx((share[5] + 2 * share[2] + 0.01) / 2)
     assert batcher.predicted_wait_s(1) == pytest.approx((share[5] + 2 * share[2] + share[3]) / 2)
     await batcher.close(0)
@@ -310,6 +311,17 @@ async def test_retry_after_is_the_whole_queue_s_predicted_drain_when_it_is_full(
     await batcher.close(0)
 
 
+async def test_more_items_than_the_whole_queue_holds_are_refused_at_once_even_when_it_is_empty():
+    # All or none: the server refuses such a request as invalid before it gets here.
+    batcher = batcher_for(HeldBackend(), ManualClock(), max_queue_size=2)
+    exact_cost_model(batcher)
+    with pytest.raises(QueueFull) as refused:
+        batcher.submit([seq(1)] * 3)
+    assert refused.value.retry_after_s == 1.0
+    assert len(batcher.queue) == 0
+    await batcher.close(0)
+
+
 async def test_retry_after_before_the_cost_model_counts_batches_of_the_recent_batch_time():
     batcher = batcher_for(HeldBackend(), ManualClock(), max_queue_size=100, max_batch_size=2)
     queue(batcher, *[3] * 100)
@@ -344,6 +356,11 @@ async def test_the_prediction_follows_how_long_batches_really_took_per_priced_se
     # Priced at one share (`own`), it took twice the model's batch of one: pace 0.8 + 0.2 * r.
     pace = 0.8 + 0.2 * 2 * (0.010 + 0.004) / own
     assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
+    # A moving average: the second batch moves it on from there, not from 1.
+    (second,) = queue(batcher, 4)
+    await clock.run_until_done(second)
+    pace = 0.8 * pace + 0.2 * 2 * (0.010 + 0.004) / own
+    assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
     # Behind one queued request: a deadline the model alone would meet (2 * own, at 85 %), the
     # learned pace would not: refused at once.
     queue(batcher, 4)
@@ -359,9 +376,10 @@ async def test_the_pace_also_scales_the_finish_of_queued_less_urgent_requests():
     exact_cost_model(batcher)
     batcher.dispatch.pace = 2.0  # batches have taken twice what they were priced at
     (early,) = batcher.submit([seq(1)], priority=0)  # 3.5 ms of work
-    # At pace 2: (3.5 + 15) * 2 / 2 = 18.5 ms, within 85 % of 22 ms (18.7 ms): admitted.
-    (promised,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.022, priority=1)
-    # An urgent 1-token request (3.5 ms) moves it to 22 ms at pace 2 (at pace 1, 11 ms): refused.
+    # At pace 2: (3.5 + 15) * 2 / 2 = 18.5 ms, within 85 % of 24.2 ms (20.57 ms): admitted.
+    (promised,) = batcher.submit([seq(1, 2, 3, 4, 5)], timeout_s=0.0242, priority=1)
+    # An urgent 1-token request (3.5 ms) moves it to 22 ms at pace 2: refused. (Its own 3.5 ms
+    # counted at pace 1 would move it only to 20.25 ms.)
     with pytest.raises(QueueFull):
         batcher.submit([seq(1)], priority=0)
     assert not early.done() and not promised.done()

@@ -239,3 +239,13 @@ async def test_refusals_at_submit_are_reported_with_their_reason():
     with pytest.raises(Exception, match="model 'm' is shutting down"):
         batcher.submit([seq(3)])
     assert observer.rejections == ["queue_full", "closed"]
+
+
+async def test_each_batch_reports_the_priority_of_its_members():
+    clock = ManualClock()
+    batcher, observer = make(clock, RecordingBackend(clock=clock), max_concurrent_batches=1)
+    futures = batcher.submit([seq(1)], priority=2) + batcher.submit([seq(2)], priority=-3)
+    batcher.start()
+    await clock.run_until_done(asyncio.gather(*futures))
+    assert observer.priorities == [-3, 2]  # the urgent one first, each batch its own level
+    await batcher.close(0)

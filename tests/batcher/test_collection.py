@@ -221,6 +221,8 @@ async def test_the_window_counts_arrivals_up_to_and_including_its_end(ready):
         (4, (0.0, 0.003, 0.004), 2),
         # One 6-token row only: batching saves nothing, the window holds one instant.
         (6, (0.0, 0.0, 0.001), 2),
+        # ... so one a millisecond after the oldest waits for the next batch.
+        (6, (0.0, 0.001, 0.002), 1),
     ],
 )
 async def test_the_window_is_the_fixed_costs_a_full_batch_saves(length, arrivals, candidates):
