@@ -40,7 +40,7 @@ class Dispatch:
         observer: BatchObserver,
         *,
         slots: int,
-        prepared: int = 0,
+        prepared: int,
         sequence_outputs: frozenset[str],
         pad_token_id: int,
         infer_timeout_s: float | None,

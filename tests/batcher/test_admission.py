@@ -139,7 +139,9 @@ async def test_the_queued_work_follows_cancellations_and_dispatches():
     exact_cost_model(batcher)
     queue(batcher, 5)
     (gone,) = queue(batcher, 1, priority=3)
+    (also_gone,) = queue(batcher, 3)
     gone.cancel()
+    also_gone.cancel()
     await settle()
     # Only the 5-token request is left, and priority 3 has no queue any more.
     assert batcher.queue.work_by_priority == {0: pytest.approx(0.030 / 4)}

@@ -209,6 +209,16 @@ async def test_a_cancelled_request_leaves_the_reported_queue_depth():
     await batcher.close(0)
 
 
+async def test_a_dispatched_request_s_answer_reports_no_queue_depth_again():
+    clock = ManualClock()
+    batcher, observer = make_observed(clock, RecordingBackend(clock=clock))
+    batcher.start()
+    (answer,) = batcher.submit([seq(1)])
+    await clock.run_until_done(answer)
+    assert observer.depths == [1, 0]  # queued, then dispatched; its answer left no queue
+    await batcher.close(0)
+
+
 class RunnerBackend:
     """A backend with `runners` of its own: a batch handed over while all run waits inside it,
     as ONNX Runtime's worker pool does (`queues_batches`); each batch takes `seconds`."""

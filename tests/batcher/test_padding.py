@@ -15,8 +15,9 @@ def test_batch_is_padded_to_its_own_longest_sequence():
 
 
 def test_a_batch_of_one_is_its_row_with_its_own_mask_in_writable_arrays():
-    ids, mask = np.array([5, 6, 7]), np.array([1, 1, 0])
-    ids.flags.writeable = mask.flags.writeable = False  # as rows off the engine's wire are
+    # Read-only, as rows off the engine's wire are; int32, as a KServe INT32 tensor's may be.
+    ids, mask = np.array([5, 6, 7], np.int32), np.array([1, 1, 0], np.int32)
+    ids.flags.writeable = mask.flags.writeable = False
     batch = pad_batch([TokenSequence(ids, mask)], pad_token_id=9, outputs=("pooled",))
     assert batch.input_ids.tolist() == [[5, 6, 7]] and batch.attention_mask.tolist() == [[1, 1, 0]]
     for array in (batch.input_ids, batch.attention_mask):
