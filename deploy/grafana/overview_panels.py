@@ -108,6 +108,19 @@ OVERVIEW = (
         description="Time a request waited in the batcher's queue before its batch left.",
     ),
     Panel(
+        "Queue wait p95 by priority",
+        (
+            (
+                "priority {{priority}}",
+                f"histogram_quantile(0.95, sum by (le, priority) "
+                f"(rate({QUEUE_WAIT}_bucket{{{M}}}{RATE})))",
+            ),
+        ),
+        unit="s",
+        description="Lower priority numbers are served first; levels outside the configured "
+        "list (`priority_levels`) count as other.",
+    ),
+    Panel(
         "Backend time per batch",
         quantiles(BACKEND_DURATION, M, by="backend"),
         unit="s",

@@ -121,6 +121,7 @@ def test_overview_has_the_panels_the_issue_asks_for():
         "Request latency",
         "Queue depth",
         "Queue wait",
+        "Queue wait p95 by priority",
         "Batch size",
         "Batch size distribution",
         "Padding ratio",

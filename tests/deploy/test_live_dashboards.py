@@ -37,6 +37,7 @@ pytestmark = [needs_prometheus, pytest.mark.timeout(180)]
 MODEL = "all-MiniLM-L6-v2"
 # Wider than the traffic run, so every rate() sees all of it (Grafana: $__rate_interval).
 RATE_INTERVAL = "1m"
+URGENT = -10  # one of the default priority_levels
 WORDS = [
     "the",
     "quick",
@@ -64,7 +65,8 @@ def predict_texts(i: int) -> list[str]:
 
 
 def drive_predict(url: str, seconds: float) -> dict[int, int]:
-    """Concurrent /predict traffic plus some errors; returns responses by status code."""
+    """Concurrent /predict traffic (one client of 8 urgent) plus some errors; returns responses
+    by status code."""
     statuses: dict[int, int] = {}
 
     def worker(seed: int) -> list[int]:
@@ -73,7 +75,8 @@ def drive_predict(url: str, seconds: float) -> dict[int, int]:
             i = seed
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
-                codes.append(client.post("/predict", json={"inputs": predict_texts(i)}).status_code)
+                body = {"inputs": predict_texts(i), "priority": URGENT if seed == 0 else 0}
+                codes.append(client.post("/predict", json=body).status_code)
                 i += 8
         return codes
 
@@ -139,18 +142,15 @@ def test_overview_query_returns_data(overview_run, query):
     assert finite_values(result), f"only NaN/Inf for panel {query.panel!r}: {expr} -> {result}"
 
 
+def overview_panel_expr(title: str) -> str:
+    """The first query of the overview panel `title`, as Grafana would send it."""
+    query = next(q for q in dashboard_queries("ferry-overview.json") if q.panel == title)
+    return substitute(query.expr, MODEL, RATE_INTERVAL)
+
+
 def test_overview_numbers_match_the_traffic(overview_run):
     prom = overview_run["prometheus"]
-    errors = instant_query(
-        prom,
-        substitute(
-            next(
-                q for q in dashboard_queries("ferry-overview.json") if q.panel == "Errors by status"
-            ).expr,
-            MODEL,
-            RATE_INTERVAL,
-        ),
-    )
+    errors = instant_query(prom, overview_panel_expr("Errors by status"))
     assert {s["metric"]["status"] for s in errors} == {"404", "422"}
     reasons = instant_query(prom, f'ferry_rejections_total{{model="{MODEL}"}}')
     assert {s["metric"]["reason"]: float(s["value"][1]) for s in reasons} == {"invalid": 2.0}
@@ -163,6 +163,8 @@ def test_overview_numbers_match_the_traffic(overview_run):
         f' / sum(ferry_batch_size_requests_count{{model="{MODEL}"}})',
     )
     assert float(mean_batch[0]["value"][1]) > 1, "8 concurrent clients should batch"
+    by_priority = instant_query(prom, overview_panel_expr("Queue wait p95 by priority"))
+    assert {s["metric"]["priority"] for s in by_priority} == {str(URGENT), "0"}
 
 
 def test_model_variable_lists_the_served_model(overview_run):
