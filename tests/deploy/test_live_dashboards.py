@@ -164,7 +164,9 @@ def test_overview_numbers_match_the_traffic(overview_run):
     )
     assert float(mean_batch[0]["value"][1]) > 1, "8 concurrent clients should batch"
     by_priority = instant_query(prom, overview_panel_expr("Queue wait p95 by priority"))
-    assert {s["metric"]["priority"] for s in by_priority} == {str(URGENT), "0"}
+    # Every configured level has a series from the start; only those that waited have a p95.
+    waited = {s["metric"]["priority"] for s in by_priority if finite_values([s])}
+    assert waited == {str(URGENT), "0"}
 
 
 def test_model_variable_lists_the_served_model(overview_run):
