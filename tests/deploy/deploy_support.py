@@ -6,7 +6,6 @@ import json
 import math
 import re
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,20 +118,6 @@ def dashboard_queries(name: str) -> list[Query]:
         for panel in spec["panels"]
         for target in panel.get("targets", [])
     ]
-
-
-def wait_until(check, timeout_s: float, what: str, interval_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    last: object = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-            if last:
-                return last
-        except (httpx.HTTPError, OSError) as exc:
-            last = exc
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what} not reached within {timeout_s}s (last: {last!r})")
 
 
 def instant_query(prometheus: str, expr: str) -> list[dict]:

@@ -25,11 +25,11 @@ from tests.deploy.deploy_support import (
     metric_names,
     needs_prometheus,
     scraped_total,
-    wait_until,
 )
 from tests.gpu import requires_gpu
 from tests.server.conftest import API_SERVERS
 from tests.support.prometheus import prometheus_server
+from tests.support.waiting import wait_until
 from tools.render_dashboard import substitute
 
 pytestmark = [needs_prometheus, pytest.mark.timeout(180)]

@@ -22,10 +22,10 @@ from tests.deploy.deploy_support import (
     instant_query,
     needs_prometheus,
     scraped_total,
-    wait_until,
 )
 from tests.server.conftest import API_SERVERS
 from tests.support.prometheus import prometheus_server
+from tests.support.waiting import wait_until
 from tools.render_dashboard import substitute
 
 pytestmark = [needs_prometheus, pytest.mark.timeout(240)]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
+
+from tests.support import waiting
 
 READY_TIMEOUT_S = 90.0
 
@@ -28,11 +29,8 @@ def pids(server, role: str) -> list[int]:
     return sorted(p for p, r in roles(server.pid).items() if r == role)
 
 
-def wait_until(condition, timeout_s: float = READY_TIMEOUT_S, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+def wait_until(check, timeout_s: float = READY_TIMEOUT_S, what: str = ""):
+    return waiting.wait_until(check, timeout_s, what, interval_s=0.05)
 
 
 def ready(server) -> bool:
