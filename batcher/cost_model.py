@@ -23,6 +23,8 @@ import math
 
 import numpy as np
 
+# Batch sizes whose shares differ by less than this (relative) are a tie, won by the smaller.
+TIE_TOLERANCE = 1e-9
 TERMS = ("fixed", "per_request", "per_token", "per_token_squared", "batch_tokens_squared")
 
 
@@ -103,7 +105,8 @@ class BatchCostModel:
         and that cost (its share of the batch): what length grouping serves it in at best.
 
         A share is `c0 / n + (c1 + c2 L + c3 L^2) + c4 n L^2`, convex in n, least at
-        `n = sqrt(c0 / c4) / L`: one of the two whole sizes around it (the smaller on a tie).
+        `n = sqrt(c0 / c4) / L`: one of the two whole sizes around it, or a smaller one whose share
+        is within a relative TIE_TOLERANCE of it.
         Closed form because admission prices every request by it.
         """
         fixed, batch_tokens_squared = self._coefficient_list[0], self._coefficient_list[4]
@@ -113,9 +116,18 @@ class BatchCostModel:
             sizes = sorted({min(most, max(1, whole)) for whole in around})
         else:  # nothing grows with the batch: the largest if a fixed cost is shared, else one
             sizes = [most if fixed > 0 else 1]
-        shares = [(self.predict(n, length) / n, n) for n in sizes]
-        share, n = min(shares)
-        return n, share
+        share, n = min((self.predict(n, length) / n, n) for n in sizes)
+        # Float noise in the fit must not pick a larger batch: the smallest size whose share is
+        # within TIE_TOLERANCE of the least. Shares fall up to n (convex), so bisect below it.
+        limit = share + abs(share) * TIE_TOLERANCE
+        low, high = 1, n
+        while low < high:
+            middle = (low + high) // 2
+            if self.predict(middle, length) / middle <= limit:
+                high = middle
+            else:
+                low = middle + 1
+        return low, self.predict(low, length) / low
 
     def as_dict(self) -> dict[str, float]:
         return dict(zip(TERMS, self.coefficients.tolist(), strict=True))

@@ -4,9 +4,10 @@
 because the Triton python backend needs numpy < 2 (with numpy 2 every output tensor comes back
 empty), while Ferry itself runs on numpy 2. The Triton 2.51 server binary comes from the
 `nvidia-pytriton` wheel, installed without its dependencies: only the binary, its bundled
-libraries and the python backend are used, never pytriton's own Python API.
+libraries and the python backend are used, never pytriton's own Python API. Both come from the
+locks (`locks/triton.txt`, `locks/triton-nodeps.txt`, hashes checked), which `make lock` writes.
 
-Re-running is cheap: a stamp file holding the requirement list is compared first.
+Re-running is cheap: a stamp file holding the locks is compared first.
 
 `TritonLayout` tells a caller (bench/processes.py, deploy/triton/Dockerfile) how to start
 `tritonserver` from that venv. Standard library only: the Triton image copies this one file.
@@ -24,9 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = ROOT / ".venv-triton"
-PYTRITON = "nvidia-pytriton==0.7.0"
-# What the python-backend model (exporters/triton_python_model.py) imports; numpy < 2 (above).
-REQUIREMENTS = ("numpy>=1.26,<2", "onnxruntime==1.31.1")
+DEFAULT_LOCKS = ROOT / "locks"
+# What the python-backend model (exporters/triton_python_model.py) imports (numpy < 2, above),
+# then pytriton's wheel for the server binary, without its requirements.
+LOCK, NODEPS_LOCK = "triton.txt", "triton-nodeps.txt"
 STAMP = ".ferry-triton-env"
 
 
@@ -35,6 +37,7 @@ class TritonLayout:
     """Where the server binary, its backends and its libraries are inside a built venv."""
 
     venv: Path
+    locks: Path = DEFAULT_LOCKS
 
     @property
     def python(self) -> Path:
@@ -60,7 +63,8 @@ class TritonLayout:
 
     def is_built(self) -> bool:
         stamp = self.venv / STAMP
-        return stamp.exists() and stamp.read_text() == _stamp_text() and self.binary.exists()
+        stamp_text = _stamp_text(self.locks)
+        return stamp.exists() and stamp.read_text() == stamp_text and self.binary.exists()
 
     def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The environment `tritonserver` needs: its libraries first, the venv's python first."""
@@ -99,23 +103,27 @@ class TritonLayout:
         ]
 
 
-def _stamp_text() -> str:
-    return "\n".join((PYTRITON, *REQUIREMENTS, sys.version.split()[0])) + "\n"
+def _stamp_text(locks: Path) -> str:
+    texts = [(locks / name).read_text() for name in (LOCK, NODEPS_LOCK)]
+    return "\n".join((*texts, sys.version.split()[0])) + "\n"
 
 
-def ensure(venv: Path = DEFAULT_VENV, quiet: bool = True) -> TritonLayout:
+def ensure(
+    venv: Path = DEFAULT_VENV, quiet: bool = True, locks: Path = DEFAULT_LOCKS
+) -> TritonLayout:
     """Create the venv and the backend folder if missing or stale; return where things are."""
-    layout = TritonLayout(venv)
+    layout = TritonLayout(venv, locks)
     if layout.is_built():
         return layout
     pip_quiet = ["-q"] if quiet else []
     if not layout.python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(layout.python), "-m", "pip", "install", *pip_quiet, "--disable-pip-version-check"]
-    subprocess.run([*pip, *REQUIREMENTS], check=True)
-    subprocess.run([*pip, "--no-deps", PYTRITON], check=True)
+    # Each lock is complete and hashed: --no-deps so that pip adds nothing it does not name.
+    for name in (LOCK, NODEPS_LOCK):
+        subprocess.run([*pip, "--no-deps", "--require-hashes", "-r", str(locks / name)], check=True)
     _link_backend(layout)
-    (venv / STAMP).write_text(_stamp_text())
+    (venv / STAMP).write_text(_stamp_text(locks))
     return layout
 
 
@@ -137,7 +145,7 @@ def _link_backend(layout: TritonLayout) -> None:
     }
     for name, source in sources.items():
         if not source.exists():
-            raise FileNotFoundError(f"{source} is missing from {PYTRITON}")
+            raise FileNotFoundError(f"{source} is missing from nvidia-pytriton")
         target = python_dir / name
         if target.is_symlink() or target.exists():
             target.unlink()
@@ -147,9 +155,10 @@ def _link_backend(layout: TritonLayout) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument("--locks", type=Path, default=DEFAULT_LOCKS, help="Folder of the locks.")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
-    layout = ensure(args.venv, quiet=not args.verbose)
+    layout = ensure(args.venv, quiet=not args.verbose, locks=args.locks)
     print(f"triton: {layout.binary}")
     return 0
 

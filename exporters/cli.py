@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterator
@@ -123,6 +124,12 @@ def _add_llm_commands(kinds: argparse._SubParsersAction) -> None:
     )
     _add_llm_output_args(default_llm)
     default_llm.add_argument("--hf-out", type=Path, required=True, help="Its float32 HF folder.")
+    default_llm.add_argument(
+        "--write-fingerprint",
+        action="store_true",
+        help="Record the result's fingerprint (greedy replies, weight hashes) instead of "
+        "checking it: after a deliberate change of the lock or the conversion.",
+    )
     default_llm.set_defaults(handler=_export_default_llm)
 
 
@@ -191,7 +198,32 @@ def _export_default_llm(args: argparse.Namespace) -> int:
     from ferry.exporters.default_llm import default_llm_source
 
     args.gguf, args.hf = default_llm_source(), None
-    return _export_llm(args)
+    done = _export_llm(args)
+    return done or _check_default_llm(args.out, args.write_fingerprint)
+
+
+def _check_default_llm(out: Path, write: bool) -> int:
+    """The default model must be the same model on every machine (the lock fixes the tools)."""
+    from ferry.exporters.default_llm import FINGERPRINT_FILE, fingerprint, fingerprint_changes
+
+    with step("fingerprint (greedy replies to fixed prompts)"):
+        actual = fingerprint(out)
+    if write:
+        FINGERPRINT_FILE.write_text(json.dumps(actual, indent=2, ensure_ascii=False) + "\n")
+        print(f"wrote {FINGERPRINT_FILE}")
+        return 0
+    changes = fingerprint_changes(json.loads(FINGERPRINT_FILE.read_text()), actual)
+    if changes:
+        print(
+            f"error: {out} is not the default model recorded in {FINGERPRINT_FILE.name}:\n  "
+            + "\n  ".join(changes)
+            + "\nIs .venv installed from locks/ (make setup)? After a deliberate change: "
+            "ferry export default-llm ... --write-fingerprint",
+            file=sys.stderr,
+        )
+        return 3
+    print(f"fingerprint matches {FINGERPRINT_FILE.name}")
+    return 0
 
 
 def _llm_parity(hf_dir: Path, out: Path, args: argparse.Namespace) -> int:

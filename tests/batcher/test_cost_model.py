@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry.batcher.cost_model import BatchCostModel
+from ferry.batcher.cost_model import TERMS, BatchCostModel
 
 
 def true_cost(n: int, length: int) -> float:
@@ -109,6 +109,22 @@ def test_with_nothing_shared_by_a_batch_one_request_alone_is_cheapest():
         for width in (8, 32, 128):
             model.observe(n, width, 1e-4 * n * width)
     assert model.best_share(32, 16) == (1, pytest.approx(32e-4))
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [
+        {"fixed": 1e-21},  # a shared cost of nothing: the largest batch would look cheapest
+        {"fixed": 1e-21, "batch_tokens_squared": 1e-27},  # an optimum near 5, by rounding
+    ],
+)
+def test_float_noise_in_the_fit_does_not_pick_a_larger_batch(noise):
+    # What numpy's least squares leaves of zero terms differs from one build to the next.
+    model = BatchCostModel(refit_every=1)
+    coefficients = {"per_token": 1e-4, **noise}
+    model._coefficient_list = [coefficients.get(term, 0.0) for term in TERMS]
+    n, share = model.best_share(32, 16)
+    assert n == 1 and share == pytest.approx(32e-4)
 
 
 def test_a_batch_can_cost_more_than_its_members_one_by_one():

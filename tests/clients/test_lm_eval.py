@@ -165,5 +165,7 @@ def test_generation_through_local_chat_completions(server, model, default_llm_di
         reply = greedy_reply(model, default_llm_dir, doc["prompt"], 16, "\n")
         matches.append(re.sub(r"\s", "", reply) == re.sub(r"\s", "", doc["target"]))
     expected = float(np.mean(matches))
-    assert expected == pytest.approx(0.5)  # three targets are the model's replies, three not
+    # Some targets are the model's greedy replies and some are not (which ones depends on the
+    # conversion): the metric is checked both ways.
+    assert 0 < expected < 1
     assert results["ferry_facts_answer"]["exact_match,none"] == pytest.approx(expected)

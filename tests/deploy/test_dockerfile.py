@@ -1,5 +1,6 @@
-"""The Dockerfile read as text, and the two scripts its build runs (tools/image_requirements.py,
-tools/check_cuda_wheels.py) run here; test_docker_stack.py builds the CPU image for real."""
+"""The Dockerfile read as text, and the script its build runs (tools/check_cuda_wheels.py) run
+here; test_docker_stack.py builds the CPU image for real, tests/deploy/test_locks.py checks the
+locks it installs."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import fnmatch
 import importlib.util
 import re
 import tomllib
-
-import pytest
 
 from tests.deploy.deploy_support import ROOT
 
@@ -19,8 +18,6 @@ INSTRUCTIONS = [
     for line in re.sub(r"\\\n", " ", DOCKERFILE).splitlines()
     if line.strip() and not line.lstrip().startswith("#")
 ]
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-EXTRAS = PYPROJECT["project"]["optional-dependencies"]
 # onnxruntime-gpu 1.31.1's Requires-Dist, as its wheel's METADATA declares it.
 ORT_GPU_REQUIRES = [
     "flatbuffers",
@@ -92,9 +89,9 @@ def test_extra_ca_certificates_reach_pip_only_in_the_build_stages():
 
 def test_the_venv_installs_the_variants_requirements_then_the_sources():
     venv = " ".join(stage("venv"))
-    assert "image_requirements.py" in venv and '--variant "${VARIANT}"' in venv
-    assert "pip install -r /src/requirements.txt" in venv
-    assert venv.index("pip install -r") < venv.index("COPY . /src/ferry")
+    assert 'lock="/src/locks/image-${VARIANT}.txt"' in venv
+    assert 'pip install --no-deps --require-hashes -r "${lock}"' in venv
+    assert venv.index("pip install --no-deps --require-hashes") < venv.index("COPY . /src/ferry")
     assert "pip wheel --no-deps --wheel-dir /wheels /src/ferry" in venv
     # The GPU build fails when its CUDA wheels do not match onnxruntime-gpu's.
     check = "/opt/venv/bin/python /src/check_cuda_wheels.py"
@@ -105,29 +102,6 @@ def test_the_venv_installs_the_variants_requirements_then_the_sources():
         "COPY --from=venv /wheels /tmp/wheels"
     )
     assert any("pip install --no-deps" in s and "/tmp/wheels/*.whl" in s for s in runtime)
-
-
-@pytest.mark.parametrize("variant", ["cpu", "gpu"])
-def test_image_requirements_are_pyprojects(variant):
-    reqs = _tool("image_requirements").requirements(PYPROJECT, variant)
-    assert reqs[: len(PYPROJECT["project"]["dependencies"])] == PYPROJECT["project"]["dependencies"]
-    assert set(EXTRAS["triton"]) <= set(reqs)
-    runtime = [r for r in reqs if r.startswith("onnxruntime")]
-    if variant == "cpu":
-        assert runtime == EXTRAS["cpu"]
-    else:
-        # CUDA and cuDNN are the wheels onnxruntime-gpu names itself: they match by construction.
-        spec = next(r for r in EXTRAS["gpu"] if r.startswith("onnxruntime-gpu"))
-        version = re.sub(r"^onnxruntime-gpu(\[[^\]]*\])?", "", spec)
-        assert "onnxruntime-gpu[cuda,cudnn]" + version in runtime
-        assert not any(r.startswith("onnxruntime>") for r in runtime)
-
-
-def test_image_requirements_refuse_an_unknown_variant_and_add_vllm():
-    tool = _tool("image_requirements")
-    with pytest.raises(ValueError, match="variant"):
-        tool.requirements(PYPROJECT, "rocm")
-    assert set(EXTRAS["vllm"]) <= set(tool.requirements(PYPROJECT, "gpu", with_vllm=True))
 
 
 def test_cuda_check_accepts_the_wheels_onnxruntime_gpu_names():
@@ -204,6 +178,7 @@ def test_copied_sources_are_in_the_build_context():
     # What `pip install` needs, and the model `make model` exports, must be in the context.
     for needed in (
         "pyproject.toml",
+        "locks/image-cpu.txt",
         "server",
         "batcher",
         "backends",
