@@ -2,6 +2,8 @@
 imports point down the README's list of packages, never up."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,38 @@ def test_imports_point_down(package):
     below = set(LAYERS[LAYERS.index(package) + 1 :])
     upward = [(path, target) for path, target in ferry_imports(package) if target not in below]
     assert not upward, sorted(upward)
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_a_package_has_one_import_name(package):
+    # From the repository root the folder is importable on its own: it must refuse, naming ferry.
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {package}"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert f"ImportError: import ferry.{package}, not {package}" in done.stderr
+
+
+def python_files() -> list[Path]:
+    """The product, tests, bench and tools: every .py file of the checkout, venvs left out."""
+    skip = {".git", "build", "artifacts", "node_modules"}
+    return [
+        path
+        for path in REPO.rglob("*.py")
+        if not any(part in skip or part.startswith(".venv") for part in path.parts)
+        and "ferry" not in path.relative_to(REPO).parts[:1]  # the links: the same files again
+    ]
+
+
+def test_no_file_imports_a_package_by_its_bare_name():
+    bare = []
+    for path in python_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            bare += [f"{path.relative_to(REPO)}: {m}" for m in modules if m.split(".")[0] in LAYERS]
+    assert not bare, bare
