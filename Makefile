@@ -11,7 +11,7 @@ FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
 
-.PHONY: serve test test-gpu test-latest lock bench-gpu setup model triton-models lint bench dashboards clean mutation
+.PHONY: serve test test-gpu test-latest lock docs bench-gpu setup model triton-models lint bench dashboards clean mutation
 
 serve: setup model
 	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
@@ -122,6 +122,11 @@ TRITON_EXPORT := $(VENV)/bin/ferry export triton --model-dir $(ARTIFACTS)/models
 triton-models: model
 	$(TRITON_EXPORT) --repository triton_models/cpu --flavour python
 	$(TRITON_EXPORT) --repository triton_models/onnxruntime --flavour onnxruntime
+
+# The docs site in build/site, after regenerating docs/reference/ from the code.
+docs: setup
+	$(PY) tools/gen_docs.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,5 +1,5 @@
 """Every Ferry config the repository shows a user loads: ferry.toml, the Kubernetes ConfigMap's,
-and each TOML example in the READMEs (an example that drifts from the settings model fails)."""
+and each TOML example in the READMEs and docs/ (an example that drifts from the settings model fails)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import yaml
 from ferry.server.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
-READMES = ("README.md", "deploy/README.md", "triton_models/README.md")
+DOCS = tuple(str(page.relative_to(ROOT)) for page in sorted((ROOT / "docs").rglob("*.md")))
+READMES = ("README.md", "deploy/README.md", "triton_models/README.md", *DOCS)
 
 
 def readme_examples() -> list[tuple[str, str]]:
