@@ -266,6 +266,7 @@ def test_guided_json_on_completions(client):
             "tools[1].function.parameters.properties.x",
         ),
         ({"tools": [WEATHER], "guided_regex": "a"}, "guided_regex"),
+        ({"guided_grammar": "start: foo"}, "guided_grammar"),  # llguidance's error: line one
         (  # strict: every object closed (OpenAI's rule), or a 400 naming the open one
             {"response_format": {"type": "json_schema", "json_schema": OPEN_FORMAT}},
             "response_format.json_schema.schema",
