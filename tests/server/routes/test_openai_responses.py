@@ -129,6 +129,19 @@ def test_function_tools_with_a_text_format(smol_client, tool_choice):
         jsonschema.validate(json.loads(response.output_text), SCHEMA)
 
 
+def test_a_call_cut_by_max_output_tokens_is_incomplete_streamed_or_not(smol_client):
+    """The call's arguments so far, in an incomplete item of an incomplete response, alike."""
+    request = args(input=QUESTION, tools=[WEATHER], tool_choice="required", max_output_tokens=17)
+    response = smol_client.responses.create(**request)
+    (call,) = response.output
+    assert response.status == "incomplete" and call.status == "incomplete"
+    with smol_client.responses.stream(**request) as events:
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.name, i.arguments, i.status) for i in done] == [
+        (call.name, call.arguments, "incomplete")
+    ]
+
+
 def test_function_call_output_round_trip(smol_client):
     first = smol_client.responses.create(
         **args(input=QUESTION, tools=[WEATHER], tool_choice="required")
