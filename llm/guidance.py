@@ -46,7 +46,9 @@ def grammar_error(guidance: Guidance) -> str | None:
     else:
         grammar = LLMatcher.grammar_from_lark(guidance.data)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    return messages[0].strip() if is_error else None
+    # Its first line: the rest quotes the grammar, which for Ferry's own (tools) is not the
+    # client's text.
+    return messages[0].strip().splitlines()[0] if is_error else None
 
 
 def check_guidance(guidance: Guidance, param: str) -> None:
@@ -69,7 +71,7 @@ def _failing_part(schema: Any) -> list[str]:
         return []
     defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
     deepest: list[str] = []
-    for count, (path, part) in enumerate(_parts(schema, [])):
+    for count, (path, part) in enumerate(schema_parts(schema, [])):
         if count >= _MAX_PARTS:
             break
         if not path or not isinstance(part, dict) or len(path) <= len(deepest):
@@ -80,19 +82,19 @@ def _failing_part(schema: Any) -> list[str]:
     return deepest
 
 
-def _parts(schema: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+def schema_parts(schema: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
     """Every subschema with its path, depth first."""
     yield path, schema
     if not isinstance(schema, dict):
         return
     for key in _SCHEMA_KEYS:
         if isinstance(schema.get(key), dict):
-            yield from _parts(schema[key], [*path, key])
+            yield from schema_parts(schema[key], [*path, key])
     for key in _SCHEMA_MAPS:
         if isinstance(schema.get(key), dict):
             for name, sub in schema[key].items():
-                yield from _parts(sub, [*path, key, str(name)])
+                yield from schema_parts(sub, [*path, key, str(name)])
     for key in _SCHEMA_LISTS:
         if isinstance(schema.get(key), list):
             for i, sub in enumerate(schema[key]):
-                yield from _parts(sub, [*path, key, str(i)])
+                yield from schema_parts(sub, [*path, key, str(i)])

@@ -47,10 +47,13 @@ def plan_chat(request: ChatCompletionRequest, served: ServedModel) -> Plan:
     _check_capacity(served.engine, 1, request.n)
     # Grammars are compiled (and refused) before the prompt is rendered: a 400, never a failure
     # inside the engine.
-    tools = plan_tools(request)
     output = output_guidance(request)
-    if tools is not None and output is not None:
-        raise InvalidSampling(output[1], f"{output[1]} cannot be combined with tools")
+    answer = None  # what text chosen instead of a call follows: the response_format
+    if output is not None and request.tools and request.tool_choice != "none":
+        if output[1] != "response_format":  # vLLM's extras are not OpenAI's, nor combined
+            raise InvalidSampling(output[1], f"{output[1]} cannot be combined with tools")
+        answer = output[0]
+    tools = plan_tools(request, answer)
     if tools is not None and request.logprobs and request.stream:
         raise InvalidSampling("logprobs", "logprobs with tools and stream=true is not supported")
     tokenizer = served.engine.tokenizer
@@ -115,9 +118,18 @@ def _plan(
             raise PromptTooLong(len(prompt_ids), engine.max_context_tokens, named)
         # Clamp instead of failing, the way a finished-by-length reply reads.
         fitted = sampling if sampling.max_tokens <= room else replace(sampling, max_tokens=room)
-        choices += [Choice(p * n + j, prompt_ids, fitted) for j in range(n)]
+        choices += [Choice(p * n + j, prompt_ids, _seeded(fitted, j)) for j in range(n)]
     prompt_tokens = sum(len(ids) for ids in prompts)
     return Plan(served, response_id, choices, prompt_tokens)
+
+
+def _seeded(sampling: SamplingSettings, choice: int) -> SamplingSettings:
+    """Choice i of a prompt samples with seed + i, as vLLM's parallel sampling does, so that n
+    seeded choices differ (each still reproducible); kept within int64, the API's range."""
+    if sampling.seed is None or choice == 0:
+        return sampling
+    seed = (sampling.seed + choice + 2**63) % 2**64 - 2**63
+    return replace(sampling, seed=seed)
 
 
 def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:

@@ -110,9 +110,12 @@ async def create_response(
     builder = ResponseBuilder(request, chat.model)
     status = "completed"
     if choice.message.tool_calls:
-        for call in choice.message.tool_calls:
+        calls = choice.message.tool_calls
+        for i, call in enumerate(calls):  # a call cut by max_output_tokens is the last one
+            cut = choice.finish_reason == "length" and i == len(calls) - 1
+            item_status = "incomplete" if cut else "completed"
             builder.output.append(
-                call_item(call.function.name, call.function.arguments, "completed")
+                call_item(call.function.name, call.function.arguments, item_status)
             )
     else:
         item_status = "incomplete" if choice.finish_reason == "length" else "completed"
@@ -197,8 +200,11 @@ class _Events:
     def text(self, text: str) -> list[str]:
         if not text:
             return []
-        events = []
         pieces = [("text", text)] if self._calls is None else self._calls.feed(text)
+        return self._pieces(pieces)
+
+    def _pieces(self, pieces: list[tuple[Any, ...]]) -> list[str]:
+        events = []
         for piece in pieces:
             if piece[0] == "text":
                 events += self._text_delta(piece[1])
@@ -226,7 +232,8 @@ class _Events:
         return events
 
     def closing(self, finish: str | None, usage: tuple[int, int]) -> list[str]:
-        events = self._close_call()
+        events = self._pieces(self._calls.finish()) if self._calls is not None else []
+        events += self._close_call("incomplete" if finish == "length" else "completed")
         if self._message is None and (self._calls is None or self._calls.calls == 0):
             events += self._text_delta("")  # an empty answer is still a message
         if self._message is not None:
@@ -241,11 +248,11 @@ class _Events:
         events.append(self.event({"type": kind, "response": response}))
         return events
 
-    def _close_call(self) -> list[str]:
+    def _close_call(self, status: str = "completed") -> list[str]:
         call, self._open_call = self._open_call, None
         if call is None:
             return []
-        call["status"] = "completed"
+        call["status"] = status
         return [
             self._call_event(
                 "response.function_call_arguments.done", call=call, arguments=call["arguments"]

@@ -35,8 +35,7 @@ from ferry.server.openai.protocol import (
 )
 from ferry.server.openai.streams import Deltas, merge, sse_events
 from ferry.server.openai.tool_models import FunctionCall, ToolCall
-from ferry.server.openai.tool_stream import ToolChunks
-from ferry.server.openai.tools import parse_calls
+from ferry.server.openai.tool_stream import ToolChunks, read_calls
 from ferry.server.registry import ModelRegistry, ServedModel
 
 
@@ -261,10 +260,13 @@ def _completion_choice(
 
 
 def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, str | None]:
-    """The answer as text, or as the tool calls it holds (finish_reason `tool_calls`)."""
-    calls = parse_calls(result.text) if plan.tools is not None else None
-    if calls is None:
+    """The answer as text, or as the tool calls it holds (finish_reason `tool_calls`, or
+    `length` for a call cut short: read as its stream reads it, tool_stream.py)."""
+    if plan.tools is None:
         return ChatMessage(content=result.text), result.finish_reason
+    content, calls = read_calls([result.text], plan.tools.text_allowed)
+    if not calls:  # text, or a call cut inside its name: no markup as content
+        return ChatMessage(content=content or None), result.finish_reason
     tool_calls = [ToolCall(function=FunctionCall(name=n, arguments=a)) for n, a in calls]
     reason = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
     return ChatMessage(content=None, tool_calls=tool_calls), reason

@@ -13,6 +13,7 @@ from typing import Any
 from ferry.llm.base import Guidance
 from ferry.llm.errors import InvalidSampling
 from ferry.llm.guidance import check_guidance
+from ferry.server.openai.strict import check_strict
 
 # vLLM's extras, in the order vLLM reads them.
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
@@ -71,6 +72,8 @@ def _response_format(response_format: Any) -> tuple[Guidance, str]:
         raise InvalidSampling(param, "response_format of type json_schema needs json_schema")
     if spec.schema_ is None:
         raise InvalidSampling(f"{param}.schema", f"{param}.schema is required")
+    if spec.strict:
+        check_strict(spec.schema_, f"{param}.schema")
     return json_schema_guidance(spec.schema_, f"{param}.schema"), "response_format"
 
 

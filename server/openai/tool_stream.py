@@ -1,13 +1,19 @@
-"""Streamed tool calls: a choice's text read as it arrives and sent as OpenAI's incremental
+"""Tool calls read from a choice's text: as it arrives, sent as OpenAI's incremental
 `delta.tool_calls` (the first piece of a call carries its id, type and name, the next ones its
-arguments), which the SDK's stream helpers and langchain reassemble. Text chosen under `auto`
-streams as content, as without tools."""
+arguments), which the SDK's stream helpers and langchain reassemble; or whole, for an answer
+that is not streamed. Both read with the one CallStream, so they give the same calls. Text
+chosen under `auto` is content, as without tools.
+
+A call cut short by `max_tokens` (finish_reason `length`) is still a call once its name is
+whole: its arguments are what the model wrote of them (not valid JSON). A call cut inside its
+name is dropped. The `<tool_call>` markup is never content."""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from ferry.llm.base import GenerationDelta
@@ -62,6 +68,19 @@ class CallStream:
             pieces.append(("arguments", self.calls - 1, piece))
         return pieces
 
+    def finish(self) -> list[tuple[Any, ...]]:
+        """The rest of a call cut short: its held-back arguments, without a partial closing
+        `}</tool_call>` after arguments that are already whole."""
+        if self._arguments is None or not self._pending:
+            return []
+        rest, self._pending = self._pending, ""
+        for end in range(len(rest)):
+            if _END.startswith(rest[end:]) and _is_json(self._arguments + rest[:end]):
+                rest = rest[:end]
+                break
+        self._arguments += rest
+        return [("arguments", self.calls - 1, rest)] if rest else []
+
     def _close_call(self) -> str | None:
         """The rest of the open call's arguments if the call is complete in what is pending:
         the first `}</tool_call>` after which the arguments are whole JSON (a string value may
@@ -80,6 +99,30 @@ class CallStream:
         return None
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def read_calls(texts: Iterable[str], text_allowed: bool) -> tuple[str, list[tuple[str, str]]]:
+    """The text and the (name, arguments JSON) calls of an answer, given in pieces (a whole
+    answer is one piece), as its stream gives them."""
+    stream = CallStream(text_allowed)
+    content, calls = "", []
+    pieces = [piece for text in texts for piece in stream.feed(text)]
+    for piece in [*pieces, *stream.finish()]:
+        if piece[0] == "text":
+            content += piece[1]
+        elif piece[0] == "call":
+            calls.append([piece[2], ""])
+        else:
+            calls[piece[1]][1] += piece[2]
+    return content, [(name, arguments) for name, arguments in calls]
+
+
 class ToolChunks:
     """StreamChunks for a chat stream whose choices may answer with calls."""
 
@@ -91,7 +134,10 @@ class ToolChunks:
     def delta(self, index: int, delta: GenerationDelta) -> str:
         stream = self._streams[index]
         events = []
-        for piece in stream.feed(delta.text):
+        pieces = stream.feed(delta.text)
+        if delta.finish_reason is not None:
+            pieces += stream.finish()
+        for piece in pieces:
             if piece[0] == "text":
                 events.append(self._chunks.delta(index, GenerationDelta(piece[1], 0)))
             else:
@@ -117,5 +163,7 @@ class ToolChunks:
         choice = ChatCompletionStreamChoice(index=index, delta=DeltaMessage(tool_calls=[tool_call]))
         return self._chunks.event([choice])
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
-        return self._chunks.usage(prompt_tokens, completion_tokens)
+    def usage(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> str:
+        return self._chunks.usage(prompt_tokens, completion_tokens, cached_tokens)

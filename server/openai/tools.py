@@ -4,8 +4,9 @@ read back from what the model wrote.
 A call is written as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (the Hermes
 format vLLM's `hermes` parser reads, and the one Qwen and Hermes templates teach), compact JSON,
 several back to back. The grammar enforces it: `required` and a named choice allow
-only calls, `auto` allows either a call or text that does not begin with `<`, so whatever call
-the model starts is well formed and its arguments follow the tool's `parameters`.
+only calls, `auto` allows either a call or text that does not begin with `<` (with a JSON
+`response_format`, text in that format), so whatever call the model starts is well formed and
+its arguments follow the tool's `parameters`. `none` gives the plain request, format included.
 
 A chat template with no tool format (`tools` never appears in it, as in SmolLM2's) gets the
 default: the tools and the call format described in the system message, an assistant's earlier
@@ -15,12 +16,14 @@ calls written back as the text above, and `tool` results passed to the template 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from ferry.llm.base import Guidance
 from ferry.llm.errors import InvalidSampling
-from ferry.llm.guidance import check_guidance
+from ferry.llm.guidance import check_guidance, grammar_error
+from ferry.server.openai.strict import check_strict
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -42,8 +45,9 @@ class ToolPlan:
     text_allowed: bool  # `auto`: the answer may be text instead of calls
 
 
-def plan_tools(request: Any) -> ToolPlan | None:
-    """The checked tool settings of a chat request; None when no call may be made."""
+def plan_tools(request: Any, answer: Guidance | None = None) -> ToolPlan | None:
+    """The checked tool settings of a chat request; None when no call may be made. `answer`:
+    the JSON schema guidance of its `response_format`, which text chosen under `auto` follows."""
     tools, choice = request.tools, request.tool_choice
     if not tools:
         if choice not in (None, "none"):
@@ -60,46 +64,116 @@ def plan_tools(request: Any) -> ToolPlan | None:
                 "tool_choice", f"tool_choice names {choice.function.name!r}, not in tools"
             )
         names = [choice.function.name]
-    schemas = []
+    calls: dict[int, dict[str, Any]] = {}  # tool index -> its call's schema
     for i, tool in enumerate(tools):
+        param = f"tools[{i}].function.parameters"
         parameters = tool.function.parameters or _NO_ARGUMENTS
+        if tool.function.strict:
+            check_strict(parameters, param)
         # Each tool alone first, so a schema that cannot compile is named by its index.
-        check_guidance(
-            Guidance("json_schema", json.dumps(parameters)), f"tools[{i}].function.parameters"
-        )
+        check_guidance(Guidance("json_schema", json.dumps(parameters)), param)
         if tool.function.name in names:
-            schemas.append(_call_schema(tool.function.name, parameters))
+            calls[i] = _call_schema(i, tool.function.name, parameters)
     text_allowed = choice in (None, "auto")
     parallel = request.parallel_tool_calls is not False
-    grammar = call_grammar(schemas, text_allowed, parallel)
-    guidance = Guidance("lark_grammar", grammar)
-    check_guidance(guidance, "tools")
+    guidance = Guidance(
+        "lark_grammar", call_grammar(list(calls.values()), text_allowed, parallel, answer)
+    )
+    if grammar_error(guidance) is not None:
+        _refuse_combined(calls, guidance)
     return ToolPlan([t.model_dump(exclude_none=True) for t in tools], guidance, text_allowed)
 
 
-def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    return {
+def _refuse_combined(calls: dict[int, dict[str, Any]], combined: Guidance) -> None:
+    """InvalidSampling naming the tool whose call cannot compile (each compiled alone as a
+    schema), in one line: the grammar is Ferry's, not the client's text."""
+    for i, schema in calls.items():
+        alone = Guidance("lark_grammar", call_grammar([schema], False, False))
+        error = grammar_error(alone)
+        if error is not None:
+            param = f"tools[{i}].function.parameters"
+            raise InvalidSampling(param, f"{param} cannot be used as a tool call: {_bare(error)}")
+    error = grammar_error(combined) or ""
+    raise InvalidSampling("tools", f"tools cannot be used together: {_bare(error)}")
+
+
+def _bare(error: str) -> str:
+    """llguidance's message without its place in Ferry's grammar (`at 4(12): `)."""
+    return re.sub(r"^at \d+\(\d+\): ", "", error)
+
+
+def _call_schema(index: int, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """One call: its name, and arguments following the tool's parameters. A schema with local
+    `$ref`s (pydantic's `$defs`, recursion to `#`) is moved whole under the combined schema's
+    `$defs` as `tool<index>`, with each such ref rebased there, so that it still resolves."""
+    key = f"tool{index}"
+    arguments, defs = parameters, None
+    rebased = _rebased(parameters, key)
+    if rebased != parameters:  # it has local refs
+        arguments, defs = {"$ref": f"#/$defs/{key}"}, {key: rebased}
+    schema = {
         "type": "object",
-        "properties": {"name": {"const": name}, "arguments": parameters},
+        "properties": {"name": {"const": name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+    return schema if defs is None else {**schema, "$defs": defs}
 
 
-def call_grammar(schemas: list[dict[str, Any]], text_allowed: bool, parallel: bool) -> str:
-    """A Lark grammar (llguidance's, with `%json`) for calls, or text not starting with `<`."""
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    schema = {**schema, "x-guidance": _COMPACT}
+# Keys whose values are data, not schemas (a `$ref` in them is not a reference), and those whose
+# values map any name (`default` included) to a schema.
+_DATA_KEYS = frozenset({"const", "enum", "default", "examples"})
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+
+
+def _rebased(schema: Any, key: str, named: bool = False) -> Any:
+    """`schema` with each local ref (`#`, `#/x`) turned into `#/$defs/<key>`, `#/$defs/<key>/x`;
+    `named`: schema is a map of names to schemas."""
+    if isinstance(schema, list):
+        return [_rebased(item, key) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if named:
+        return {name: _rebased(sub, key) for name, sub in schema.items()}
+    rebased = {
+        k: v if k in _DATA_KEYS else _rebased(v, key, k in _NAMED_SCHEMAS)
+        for k, v in schema.items()
+    }
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")):
+        rebased["$ref"] = f"#/$defs/{key}{ref[1:]}"
+    return rebased
+
+
+def call_grammar(
+    schemas: list[dict[str, Any]],
+    text_allowed: bool,
+    parallel: bool,
+    answer: Guidance | None = None,
+) -> str:
+    """A Lark grammar (llguidance's, with `%json`) for calls or, when text is allowed, text not
+    starting with `<` (or, with `answer`, JSON following its schema)."""
+    defs: dict[str, Any] = {}
+    for schema in schemas:  # hoisted to the root, where `#/$defs/...` resolves
+        defs.update(schema.get("$defs", {}))
+    calls = [{k: v for k, v in s.items() if k != "$defs"} for s in schemas]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = {**schema, **({"$defs": defs} if defs else {}), "x-guidance": _COMPACT}
     rows = [
-        "start: TEXT | calls" if text_allowed else "start: calls",
+        f"start: {'TEXT' if answer is None else 'answer'} | calls"
+        if text_allowed
+        else "start: calls",
         # No separator between calls: offered a newline after one, a small model writes the
         # same call again; offered `<` or the end, it ends.
         "calls: call+" if parallel else "calls: call",
         f"call: {json.dumps(OPEN)} arguments {json.dumps(CLOSE)}",
         f"arguments: %json {json.dumps(schema)}",
     ]
-    if text_allowed:
+    if text_allowed and answer is None:
         rows.append(r"TEXT: /[^<](.|\n)*/")
+    elif text_allowed:
+        assert answer is not None and answer.kind == "json_schema"
+        rows.append(f"answer: %json {answer.data}")
     return "\n".join(rows)
 
 
@@ -141,24 +215,3 @@ def call_text(name: str, arguments: str) -> str:
         parsed = arguments  # a client's malformed history: kept, as a string
     body = json.dumps({"name": name, "arguments": parsed}, separators=(",", ":"))
     return f"{OPEN}{body}{CLOSE}"
-
-
-# -- the answer ---------------------------------------------------------------------------------
-
-
-def parse_calls(text: str) -> list[tuple[str, str]] | None:
-    """(name, arguments JSON) of each complete call, or None when the text holds none (text
-    chosen under `auto`, or a call cut short by max_tokens)."""
-    decoder = json.JSONDecoder()
-    calls, at = [], 0
-    while text.startswith(OPEN, at):
-        try:  # whole JSON values, so a closing tag inside a string does not end the call
-            call, end = decoder.raw_decode(text, at + len(OPEN))
-        except ValueError:
-            break
-        if not text.startswith(CLOSE, end):
-            break
-        arguments = json.dumps(call["arguments"], separators=(",", ":"), ensure_ascii=False)
-        calls.append((call["name"], arguments))
-        at = end + len(CLOSE)
-    return calls or None

@@ -121,3 +121,13 @@ def test_echo_keeps_each_prompts_text_for_its_choices() -> None:
     assert plan.prompt_tokens == len(TOKENIZER.encode("ab")) + len(TOKENIZER.encode("cd"))
     ids = plan_completion(completion(prompt=[5, 6], echo=True), served())
     assert ids.choices[0].prompt_text == TOKENIZER.decode([5, 6])  # token ids: decoded once
+
+
+@pytest.mark.parametrize(
+    ("seed", "seeds"),
+    [(None, [None, None, None, None]), (7, [7, 8, 7, 8]), (2**63 - 1, [2**63 - 1, -(2**63)] * 2)],
+)
+def test_choice_i_of_each_prompt_samples_with_seed_plus_i(seed, seeds) -> None:
+    """vLLM's parallel sampling: n seeded choices differ, and stay within int64."""
+    plan = plan_completion(completion(prompt=["a", "b"], n=2, seed=seed), served())
+    assert [c.sampling.seed for c in plan.choices] == seeds

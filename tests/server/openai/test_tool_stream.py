@@ -1,4 +1,5 @@
-"""The streamed-call reader: any split of the model's text gives the same calls and text."""
+"""The call reader: any split of the model's text gives the same calls and text, which are what
+the whole text gives (the answer that is not streamed), cut calls included."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ferry.server.openai.tool_stream import CallStream
-from ferry.server.openai.tools import parse_calls
+from ferry.server.openai.tool_stream import read_calls
 
 CALLS = (
     '<tool_call>{"name":"get_weather","arguments":{"city":"}</tool_call>"}}</tool_call>'
@@ -19,20 +19,8 @@ CALLS = (
 
 
 def replay(text: str, cuts: list[int], text_allowed: bool) -> tuple[str, list[tuple[str, str]]]:
-    stream = CallStream(text_allowed)
-    content, calls = "", []
     bounds = [0, *sorted(cuts), len(text)]
-    for start, end in itertools.pairwise(bounds):
-        for piece in stream.feed(text[start:end]):
-            if piece[0] == "text":
-                content += piece[1]
-            elif piece[0] == "call":
-                assert piece[1] == len(calls)
-                calls.append((piece[2], ""))
-            else:
-                name, arguments = calls[piece[1]]
-                calls[piece[1]] = (name, arguments + piece[2])
-    return content, calls
+    return read_calls([text[a:b] for a, b in itertools.pairwise(bounds)], text_allowed)
 
 
 @given(st.lists(st.integers(min_value=0, max_value=len(CALLS)), max_size=12))
@@ -40,7 +28,7 @@ def test_calls_come_out_whole_however_the_text_is_split(cuts):
     content, calls = replay(CALLS, cuts, text_allowed=True)
     assert content == ""
     assert calls == [("get_weather", '{"city":"}</tool_call>"}'), ("get_time", "{}")]
-    assert calls == parse_calls(CALLS)
+    assert (content, calls) == read_calls([CALLS], text_allowed=True)
     assert [json.loads(a) for _, a in calls] == [{"city": "}</tool_call>"}, {}]
 
 
@@ -49,6 +37,22 @@ def test_text_under_auto_streams_as_content(cuts):
     assert replay("Paris, sure.", cuts, text_allowed=True) == ("Paris, sure.", [])
 
 
-@pytest.mark.parametrize("text", ["Paris", '<tool_call>{"name":"f","arguments":{"a":1', ""])
-def test_text_or_a_cut_call_holds_no_calls(text):
-    assert parse_calls(text) is None
+CUT = '<tool_call>{"name":"f","arguments":{"a":1'
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        ("Paris", []),
+        ("", []),
+        ('<tool_call>{"name":"f', []),  # cut inside the name: no call, no markup as content
+        (CUT, [("f", '{"a":1')]),  # cut inside the arguments: what was written of them
+        (CUT + "}}</tool_c", [("f", '{"a":1}')]),  # cut in the closing tag: arguments whole
+        (CUT + "2}", [("f", '{"a":12}')]),
+    ],
+)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(CUT) + 9), max_size=6))
+def test_a_cut_call_reads_the_same_streamed_or_whole(text, calls, cuts):
+    content, read = replay(text, [c for c in cuts if c <= len(text)], text_allowed=True)
+    assert read == calls and (content, read) == read_calls([text], text_allowed=True)
+    assert "<" not in content

@@ -1,11 +1,24 @@
-"""The default tool prompt for templates without a tool format, and the call grammar."""
+"""The default tool prompt for templates without a tool format, and the call grammar (checked
+with llguidance on the default model's vocabulary)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from ferry.llm.base import Guidance
-from ferry.server.openai.tools import ToolPlan, call_grammar, call_text, render_messages
+from ferry.server.openai.protocol import ChatCompletionRequest
+from ferry.server.openai.structured import json_schema_guidance
+from ferry.server.openai.tool_models import ToolParam
+from ferry.server.openai.tools import (
+    ToolPlan,
+    call_grammar,
+    call_text,
+    plan_tools,
+    render_messages,
+)
+from tests.server.routes.conftest import SMOL_DIR
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 PLAN = ToolPlan(TOOLS, Guidance("lark_grammar", 'start: "x"'), text_allowed=True)
@@ -40,3 +53,74 @@ def test_the_grammar_allows_text_only_under_auto_and_one_call_without_parallel()
     schemas = [{"type": "object"}]
     assert call_grammar(schemas, True, True).startswith("start: TEXT | calls\ncalls: call+")
     assert call_grammar(schemas, False, False).startswith("start: calls\ncalls: call\n")
+
+
+# -- tool schemas with `$defs` and `$ref`, checked with llguidance on the default model's vocabulary
+
+
+@pytest.fixture(scope="module")
+def vocabulary():
+    from llguidance import LLTokenizer
+
+    return LLTokenizer((SMOL_DIR / "tokenizer.json").read_text())
+
+
+def accepts(vocabulary, grammar: str, text: str) -> bool:
+    from llguidance import LLMatcher
+
+    matcher = LLMatcher(vocabulary, LLMatcher.grammar_from_lark(grammar))
+    tokens = vocabulary.tokenize_str(text)
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+
+def tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+ROLE = {"$defs": {"Role": {"enum": ["admin", "guest"]}}}
+TOOLS_WITH_REFS = [
+    # pydantic's shape: the root refers into its own $defs (the same name in two tools)
+    tool("person", {**ROLE, "type": "object", "properties": {"role": {"$ref": "#/$defs/Role"}}}),
+    tool("group", {**ROLE, "type": "object", "properties": {"role": {"$ref": "#/$defs/Role"}}}),
+    # recursion to the root, a pointer into properties, and a property named like a data key
+    tool(
+        "node",
+        {
+            "type": "object",
+            "properties": {"next": {"$ref": "#"}, "default": {"$ref": "#/properties/next"}},
+            "additionalProperties": False,
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "accepted"),
+    [
+        ('<tool_call>{"name":"person","arguments":{"role":"admin"}}</tool_call>', True),
+        ('<tool_call>{"name":"group","arguments":{"role":"guest"}}</tool_call>', True),
+        ('<tool_call>{"name":"person","arguments":{"role":"boss"}}</tool_call>', False),
+        (
+            '<tool_call>{"name":"node","arguments":{"next":{"next":{}},"default":{}}}</tool_call>',
+            True,
+        ),
+        ('<tool_call>{"name":"node","arguments":{"next":{"other":1}}}</tool_call>', False),
+    ],
+)
+def test_local_refs_resolve_for_every_tool(vocabulary, text, accepted):
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    request.tools = [ToolParam.model_validate(t) for t in TOOLS_WITH_REFS]
+    plan = plan_tools(request)
+    assert plan is not None and accepts(vocabulary, plan.guidance.data, text) is accepted
+
+
+def test_a_response_format_is_the_text_allowed_beside_calls(vocabulary):
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    request.tools = [ToolParam.model_validate(TOOLS_WITH_REFS[0])]
+    answer = json_schema_guidance(
+        {"type": "object", "properties": {"a": {"type": "integer"}}}, "rf"
+    )
+    grammar = plan_tools(request, answer).guidance.data
+    assert accepts(vocabulary, grammar, '{"a":1}')
+    assert accepts(vocabulary, grammar, '<tool_call>{"name":"person","arguments":{}}</tool_call>')
+    assert not accepts(vocabulary, grammar, "Paris")

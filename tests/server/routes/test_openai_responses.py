@@ -111,6 +111,37 @@ def test_function_tools(smol_client, stream):
     jsonschema.validate(json.loads(calls[0].arguments), PARAMETERS)
 
 
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "none"])
+def test_function_tools_with_a_text_format(smol_client, tool_choice):
+    """A tool and `text.format` together: a call, or a message in the format (tool_choice)."""
+    response = smol_client.responses.create(
+        **args(input="What is the capital of France?", max_output_tokens=60),
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        text={"format": {"type": "json_schema", "name": "capital", "schema": SCHEMA}},
+    )
+    (item,) = response.output
+    if item.type == "function_call":
+        assert tool_choice != "none" and item.name == "get_weather"
+        jsonschema.validate(json.loads(item.arguments), PARAMETERS)
+    else:
+        assert tool_choice != "required"
+        jsonschema.validate(json.loads(response.output_text), SCHEMA)
+
+
+def test_a_call_cut_by_max_output_tokens_is_incomplete_streamed_or_not(smol_client):
+    """The call's arguments so far, in an incomplete item of an incomplete response, alike."""
+    request = args(input=QUESTION, tools=[WEATHER], tool_choice="required", max_output_tokens=17)
+    response = smol_client.responses.create(**request)
+    (call,) = response.output
+    assert response.status == "incomplete" and call.status == "incomplete"
+    with smol_client.responses.stream(**request) as events:
+        done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert [(i.name, i.arguments, i.status) for i in done] == [
+        (call.name, call.arguments, "incomplete")
+    ]
+
+
 def test_function_call_output_round_trip(smol_client):
     first = smol_client.responses.create(
         **args(input=QUESTION, tools=[WEATHER], tool_choice="required")
@@ -153,6 +184,19 @@ def test_function_call_output_round_trip(smol_client):
                 }
             },
             "text.format.schema.properties.a",
+        ),
+        (  # strict: the schema must be closed, as OpenAI requires
+            {
+                "text": {
+                    "format": {
+                        "type": "json_schema",
+                        "name": "x",
+                        "strict": True,
+                        "schema": {"type": "object", "properties": {"a": {"type": "string"}}},
+                    }
+                }
+            },
+            "text.format.schema",
         ),
         (
             {

@@ -5,6 +5,7 @@ small model's answers end well inside max_tokens."""
 
 from __future__ import annotations
 
+import enum
 import json
 
 import httpx
@@ -31,6 +32,8 @@ WEATHER = {
         "parameters": WEATHER_PARAMETERS,
     },
 }
+# The SDK's parse() parses only strict tools (closed schemas, as WEATHER_PARAMETERS is).
+STRICT_WEATHER = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
 TIME_PARAMETERS = {
     "type": "object",
     "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
@@ -48,6 +51,68 @@ class Capital(BaseModel):
 
 
 CAPITAL_SCHEMA = {**Capital.model_json_schema(), "additionalProperties": False}
+
+
+class Role(enum.Enum):
+    admin = "admin"
+    guest = "guest"
+
+
+class Address(BaseModel):
+    city: str = Field(max_length=20)
+
+
+class Person(BaseModel):
+    """What pydantic writes as `$defs` and `$ref`s: a nested model and an enum."""
+
+    name: str = Field(max_length=20)
+    role: Role
+    address: Address
+
+
+class Tree(BaseModel):
+    """A recursive model: its `$ref` points at its own definition."""
+
+    label: str = Field(max_length=10)
+    children: list[Tree] = Field(max_length=2)
+
+
+PERSON_TOOL = openai.pydantic_function_tool(Person)
+MISSING_REF = {
+    "name": "broken",
+    "parameters": {"type": "object", "properties": {"x": {"$ref": "#/$defs/Missing"}}},
+}
+OPEN_OBJECT = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+OPEN_FORMAT = {"name": "open", "strict": True, "schema": OPEN_OBJECT}
+UNREQUIRED_FORMAT = {
+    "name": "unrequired",
+    "strict": True,
+    "schema": {
+        "type": "object",
+        "properties": {
+            "a": {
+                "type": "object",
+                "properties": {"b": {"type": "string"}},
+                "additionalProperties": False,
+            }
+        },
+        "required": ["a"],
+        "additionalProperties": False,
+    },
+}
+OPEN_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "find",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"where": OPEN_OBJECT},
+            "required": ["where"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +261,21 @@ def test_guided_json_on_completions(client):
             "tool_choice",
         ),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "response_format"),
+        (  # a tool's $ref that resolves nowhere: named by the tool's index, in one line
+            {"tools": [PERSON_TOOL, {**PERSON_TOOL, "function": MISSING_REF}]},
+            "tools[1].function.parameters.properties.x",
+        ),
+        ({"tools": [WEATHER], "guided_regex": "a"}, "guided_regex"),
+        ({"guided_grammar": "start: foo"}, "guided_grammar"),  # llguidance's error: line one
+        (  # strict: every object closed (OpenAI's rule), or a 400 naming the open one
+            {"response_format": {"type": "json_schema", "json_schema": OPEN_FORMAT}},
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": UNREQUIRED_FORMAT}},
+            "response_format.json_schema.schema.properties.a",
+        ),
+        ({"tools": [WEATHER, OPEN_TOOL]}, "tools[1].function.parameters.properties.where"),
         ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
     ],
 )
@@ -204,6 +283,7 @@ def test_what_cannot_be_compiled_is_a_400_naming_it(client, body, param):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(**args(messages=CAPITAL, max_tokens=5), extra_body=body)
     assert info.value.body["param"] == param
+    assert "\n" not in info.value.body["message"]
 
 
 # -- tools --------------------------------------------------------------------------------------
@@ -283,6 +363,104 @@ def test_tool_result_round_trip(client):
         **args(messages=WEATHER_QUESTION, max_tokens=1), tools=[WEATHER], tool_choice="none"
     )
     assert answer.usage.prompt_tokens > without.usage.prompt_tokens + 10
+
+
+PERSON_QUESTION = [{"role": "user", "content": "Add Ada, an admin from London."}]
+
+
+def test_pydantic_tools_with_defs_and_refs_compile_and_parse(client):
+    """Each tool's `$defs` (a nested model and an enum; a recursive model beside it) resolve in
+    the one grammar of every tool; the SDK parses the call back into the model."""
+    result = client.chat.completions.parse(
+        **args(messages=PERSON_QUESTION, max_tokens=60),
+        tools=[openai.pydantic_function_tool(Tree), PERSON_TOOL],
+        tool_choice="required",
+    )
+    call = result.choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, Person)
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "none"])
+def test_tools_with_a_response_format(client, tool_choice):
+    """The answer is a call or JSON in the format, as tool_choice allows."""
+    result = client.chat.completions.parse(
+        **args(messages=CAPITAL, max_tokens=60),
+        tools=[STRICT_WEATHER],
+        tool_choice=tool_choice,
+        response_format=Capital,
+    )
+    message = result.choices[0].message
+    if tool_choice == "required":
+        assert_valid_calls(message.tool_calls, ("get_weather",))
+    elif tool_choice == "none":
+        assert message.tool_calls is None and isinstance(message.parsed, Capital)
+    else:
+        assert bool(message.tool_calls) != isinstance(message.parsed, Capital)
+
+
+def test_a_streamed_tool_call_ends_with_usage_and_done(client):
+    stream = client.chat.completions.create(
+        **args(messages=WEATHER_QUESTION),
+        tools=[WEATHER],
+        tool_choice="required",
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)  # raises APIConnectionError on a stream cut before [DONE]
+    *deltas, last = chunks
+    assert last.choices == [] and last.usage.completion_tokens > 0
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in deltas if c.choices][-1] == "tool_calls"
+    assert all(c.usage is None for c in deltas)
+
+
+def streamed_calls(chunks):
+    """(name, arguments) of each call, reassembled from the stream's tool_call deltas."""
+    calls = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            for piece in choice.delta.tool_calls or []:
+                name, arguments = calls.get(piece.index, ("", ""))
+                calls[piece.index] = (
+                    name + (piece.function.name or ""),
+                    arguments + (piece.function.arguments or ""),
+                )
+    return [calls[i] for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("max_tokens", [3, 17])
+def test_a_call_cut_by_max_tokens_reads_the_same_streamed_or_not(client, max_tokens):
+    """Cut inside its name: no call; cut in its arguments: the call, with the arguments written
+    so far. Never the `<tool_call>` markup as content; finish_reason `length` both ways."""
+    request = args(messages=WEATHER_QUESTION, max_tokens=max_tokens)
+    request.update(tools=[WEATHER], tool_choice="required")
+    whole = client.chat.completions.create(**request).choices[0]
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls or []]
+    assert streamed_calls(chunks) == calls
+    assert whole.finish_reason == "length"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    streamed_text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert not whole.message.content and not streamed_text
+    if max_tokens > 3:  # the name is whole: the call is there, its arguments not yet JSON
+        assert calls[0][0] == "get_weather" and calls[0][1].startswith("{")
+        with pytest.raises(ValueError):
+            json.loads(calls[0][1])
+    else:
+        assert calls == []
+
+
+def test_n_seeded_choices_are_seed_plus_i(client):
+    """Choice i samples with seed + i (vLLM's parallel sampling): n=2 with seed s gives what
+    two requests with seeds s and s + 1 give."""
+    request = args(messages=CAPITAL, max_tokens=12, temperature=1.0)
+    both = client.chat.completions.create(**request, n=2, seed=41)
+    alone = [
+        client.chat.completions.create(**request, seed=seed).choices[0].message.content
+        for seed in (41, 42)
+    ]
+    assert [c.message.content for c in both.choices] == alone
+    assert alone[0] != alone[1]
 
 
 # -- langchain ----------------------------------------------------------------------------------
