@@ -1,7 +1,7 @@
 """The asyncio micro-batcher: plain request objects in, futures out. Knows nothing of HTTP."""
 
-# One import name per module: ferry/batcher links here. Imported as `batcher`, each module would load
-# a second time, and an exception raised under one name would not be caught under the other.
+# One import name: ferry/batcher links here. Imported as `batcher`, each module would load a
+# second time, and an exception raised under one name would not be caught under the other.
 if __name__ != "ferry.batcher":
     raise ImportError(f"import ferry.batcher, not {__name__}: Ferry's packages have one name")
 

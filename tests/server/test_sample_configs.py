@@ -1,5 +1,5 @@
 """Every Ferry config the repository shows a user loads: ferry.toml, the Kubernetes ConfigMap's,
-and each TOML example in the READMEs and docs/ (an example that drifts from the settings model fails)."""
+and each TOML example in the READMEs and docs/ (one that drifts from the settings model fails)."""
 
 from __future__ import annotations
 
