@@ -11,7 +11,7 @@ FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
 
-.PHONY: serve test test-gpu test-latest lock docs bench-gpu setup model triton-models lint bench dashboards clean mutation
+.PHONY: serve test test-fast test-gpu test-latest lock docs bench-gpu setup model triton-models lint bench dashboards clean mutation
 
 serve: setup model
 	$(VENV)/bin/ferry serve --config ferry.toml --host $(FERRY_HOST) --port $(FERRY_PORT)
@@ -27,6 +27,11 @@ test: setup model
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) -m ferry.bench.triton_env
 	$(PY) -m pytest -q
+
+# The unit tier alone (tests/conftest.py marks each test unit, integration or system): no server
+# process, nothing installed beyond the venv and the default models.
+test-fast: setup model
+	$(PY) -m pytest -q -m unit
 
 # GPU hosts: the `gpu`-marked tests, in their own venv from locks/gpu-test.txt (Python 3.12:
 # vLLM pins its own CUDA torch, which the CPU export wheel would clash with). They skip only where

@@ -37,8 +37,12 @@ def decode_greedy(model: KVModel, prompts: list[list[int]], steps: int) -> np.nd
 
 
 def test_one_row_gives_the_og_generator_tokens(kv_model, prompts):
-    expected, _ = greedy(og.Model(str(REAL_MODEL)), prompts[0], 12, eos_ids(REAL_MODEL))
-    assert decode_greedy(kv_model, prompts[:1], 11)[0].tolist() == expected
+    stop = eos_ids(REAL_MODEL)
+    expected, _ = greedy(og.Model(str(REAL_MODEL)), prompts[0], 12, stop)
+    got = decode_greedy(kv_model, prompts[:1], 11)[0].tolist()
+    # The Generator stops before an end-of-sequence token; the raw decode goes on past it.
+    assert got[: len(expected)] == expected
+    assert len(expected) == len(got) or got[len(expected)] in stop
 
 
 def test_in_a_step_of_several_rows_a_row_does_not_depend_on_the_others(kv_model, prompts):
