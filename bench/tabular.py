@@ -1,0 +1,200 @@
+"""Tabular serving (issue 34's first target): scikit-learn's gradient boosting on the breast-cancer
+data (569 x 30, shipped in scikit-learn's wheel), one row per request, 64 clients, KServe v2
+JSON on every server, so the load generator cannot tell them apart:
+
+- Ferry, `ferry serve --model gb=model.onnx`: the graph's own signature, its batcher;
+- the strong unbatched server: one ONNX Runtime session of one thread per core, handed out to a
+  thread pool of the same size, orjson, no access log (bench/unbatched_server.py's recipe);
+- Triton's CPU build: python backend running ONNX Runtime, its dynamic batcher (up to 32, a
+  2 ms window) over two instances of one thread, as Ferry runs two sessions of one thread.
+
+Prints req/s and p50/p99 of each, Ferry's ratios to each peer, and the CPU Ferry's event-loop
+thread spent per request, all from one run.
+
+    python -m ferry.bench.tabular [--duration 15] [--clients 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ferry.bench.loadgen import LoadResult, run_load
+from ferry.bench.process_cpu import CpuPerRequest, CpuSample
+from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
+
+MODEL = "gb"
+INPUT, OUTPUT = "float_input", "probabilities"
+TRITON_BATCH, TRITON_DELAY_US, TRITON_INSTANCES = 32, 2000, 2
+
+
+def export_model(out: Path) -> tuple[Path, np.ndarray]:
+    """The fitted classifier as ONNX (probabilities as a tensor, no ZipMap), and its rows."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.ensemble import GradientBoostingClassifier
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = x.astype(np.float32)
+    estimator = GradientBoostingClassifier(n_estimators=100, random_state=0).fit(x, y)
+    onnx = to_onnx(estimator, x[:1], options={"zipmap": False}, target_opset=15)
+    onnx.graph.input[0].name = INPUT  # skl2onnx names it X
+    for node in onnx.graph.node:
+        node.input[:] = [INPUT if name == "X" else name for name in node.input]
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "model.onnx"
+    path.write_bytes(onnx.SerializeToString())
+    return path, x
+
+
+def bodies(rows: np.ndarray) -> list[dict]:
+    return [
+        {
+            "inputs": [
+                {"name": INPUT, "shape": [1, rows.shape[1]], "datatype": "FP32", "data": r.tolist()}
+            ],
+            "outputs": [{"name": OUTPUT}],
+        }
+        for r in rows
+    ]
+
+
+def ferry_process(model: Path, work: Path) -> ManagedProcess:
+    port = free_port()
+    command = [sys.executable, "-m", "ferry", "serve", "--model", f"{MODEL}={model}"]
+    command += ["--port", str(port)]
+    return ManagedProcess(
+        "ferry",
+        command,
+        work / "ferry.log",
+        http_ok(f"http://127.0.0.1:{port}/health/ready"),
+        url=f"http://127.0.0.1:{port}",
+    )
+
+
+def unbatched_process(model: Path, work: Path) -> ManagedProcess:
+    port = free_port()
+    command = [sys.executable, "-m", "ferry.bench.unbatched_tensor_server"]
+    command += ["--model", str(model), "--name", MODEL, "--port", str(port)]
+    return ManagedProcess(
+        "unbatched",
+        command,
+        work / "unbatched.log",
+        http_ok(f"http://127.0.0.1:{port}/v2/health/ready"),
+        url=f"http://127.0.0.1:{port}",
+    )
+
+
+TRITON_MODEL_PY = """
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        folder = args["model_repository"] + "/" + args["model_version"]
+        self.session = ort.InferenceSession(folder + "/model.onnx", options)
+
+    def execute(self, requests):
+        rows = [pb_utils.get_input_tensor_by_name(r, "{input}").as_numpy() for r in requests]
+        out = self.session.run(["{output}"], {{"{input}": np.concatenate(rows)}})[0]
+        answers, start = [], 0
+        for r in rows:
+            piece = out[start : start + len(r)]
+            start += len(r)
+            tensor = pb_utils.Tensor("{output}", piece)
+            answers.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+        return answers
+"""
+
+
+def triton_repository(model: Path, features: int, classes: int, repository: Path) -> None:
+    folder = repository / MODEL
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.onnx").write_bytes(model.read_bytes())
+    (folder / "1" / "model.py").write_text(TRITON_MODEL_PY.format(input=INPUT, output=OUTPUT))
+    (folder / "config.pbtxt").write_text(
+        f'name: "{MODEL}"\nbackend: "python"\nmax_batch_size: {TRITON_BATCH}\n'
+        f'input [ {{ name: "{INPUT}" data_type: TYPE_FP32 dims: [ {features} ] }} ]\n'
+        f'output [ {{ name: "{OUTPUT}" data_type: TYPE_FP32 dims: [ {classes} ] }} ]\n'
+        f"dynamic_batching {{ max_queue_delay_microseconds: {TRITON_DELAY_US} }}\n"
+        f"instance_group [ {{ count: {TRITON_INSTANCES} kind: KIND_CPU }} ]\n"
+    )
+
+
+@contextlib.contextmanager
+def triton_process(model: Path, rows: np.ndarray, work: Path) -> Iterator[str | None]:
+    """Triton's URL, or None (with the reason printed) where its CPU build cannot start."""
+    from ferry.bench.processes import triton_server
+    from ferry.bench.triton_env import ensure
+
+    try:
+        layout = ensure()
+        triton_repository(model, rows.shape[1], 2, work / "triton-repo")
+        with triton_server(work / "triton-repo", work, layout) as server:
+            yield f"http://{server.http_url}"
+    except (OSError, RuntimeError) as exc:
+        print(f"triton: not measured ({exc})")
+        yield None
+
+
+def measure(url: str, payloads: list[dict], clients: int, duration_s: float) -> LoadResult:
+    path = f"/v2/models/{MODEL}/infer"
+    asyncio.run(run_load(url, payloads[:clients], clients, path=path))  # warm up
+    return asyncio.run(run_load(url, payloads, clients, path=path, duration_s=duration_s))
+
+
+def line(name: str, result: LoadResult) -> str:
+    p50, p99 = result.percentile_ms(50), result.percentile_ms(99)
+    return f"{name:>10}: {result.throughput:8.1f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="Seconds per server.")
+    parser.add_argument("--clients", type=int, default=64)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="ferry-tabular-") as tmp:
+        work = Path(tmp)
+        model, rows = export_model(work / "model")
+        payloads = bodies(rows)
+        results: dict[str, LoadResult] = {}
+        with running(ferry_process(model, work)) as ferry:
+            before = CpuSample.of(ferry.pid or 0)
+            results["ferry"] = measure(ferry.url, payloads, args.clients, args.duration)
+            loop_cpu = CpuPerRequest.between(
+                before, CpuSample.of(ferry.pid or 0), results["ferry"].completed
+            )
+        with running(unbatched_process(model, work)) as peer:
+            results["unbatched"] = measure(peer.url, payloads, args.clients, args.duration)
+        with triton_process(model, rows, work) as triton_url:
+            if triton_url is not None:
+                results["triton"] = measure(triton_url, payloads, args.clients, args.duration)
+    print(f"tabular: breast-cancer gradient boosting, 1 row/request, {args.clients} clients")
+    for name, result in results.items():
+        print(line(name, result))
+    ours = results["ferry"]
+    for peer in ("unbatched", "triton"):
+        if peer in results:
+            theirs = results[peer]
+            print(
+                f"ferry / {peer}: {ours.throughput / theirs.throughput:.2f}x req/s, "
+                f"p99 {ours.percentile_ms(99) / theirs.percentile_ms(99):.2f}x"
+            )
+    print(f"ferry event-loop CPU: {loop_cpu.loop_ms:.3f} ms per request")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
