@@ -15,12 +15,12 @@ calls written back as the text above, and `tool` results passed to the template 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ferry.llm.base import Guidance
 from ferry.llm.errors import InvalidSampling
-from ferry.llm.guidance import check_guidance
+from ferry.server.openai.grammars import Grammars, GrammarSpec
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -38,8 +38,19 @@ class ToolPlan:
     """A request's tools after checking: what to prompt with and how the answer is read."""
 
     tools: list[dict[str, Any]]  # OpenAI's tool objects, for the template or the default prompt
-    guidance: Guidance
+    grammar: GrammarSpec  # the calls' grammar, checked by `checked_tools`
     text_allowed: bool  # `auto`: the answer may be text instead of calls
+    # Each tool's parameters alone, checked first so that a schema is named by its index.
+    parameters: tuple[GrammarSpec, ...] = ()
+    guidance: Guidance | None = None  # set by `checked_tools`
+
+
+async def checked_tools(plan: ToolPlan, grammars: Grammars, engine: str) -> ToolPlan:
+    """`plan` with its grammar checked (each tool's parameters first) as `guidance`."""
+    grammars.check_alternatives(len(plan.tools), "tools", "tools")
+    for spec in plan.parameters:
+        await grammars.check(spec, engine)
+    return replace(plan, guidance=await grammars.check(plan.grammar, engine))
 
 
 def plan_tools(request: Any) -> ToolPlan | None:
@@ -60,21 +71,18 @@ def plan_tools(request: Any) -> ToolPlan | None:
                 "tool_choice", f"tool_choice names {choice.function.name!r}, not in tools"
             )
         names = [choice.function.name]
-    schemas = []
+    schemas, parameters = [], []
     for i, tool in enumerate(tools):
-        parameters = tool.function.parameters or _NO_ARGUMENTS
-        # Each tool alone first, so a schema that cannot compile is named by its index.
-        check_guidance(
-            Guidance("json_schema", json.dumps(parameters)), f"tools[{i}].function.parameters"
-        )
+        schema = tool.function.parameters or _NO_ARGUMENTS
+        param = f"tools[{i}].function.parameters"
+        parameters.append(GrammarSpec("json_schema", json.dumps(schema), param))
         if tool.function.name in names:
-            schemas.append(_call_schema(tool.function.name, parameters))
+            schemas.append(_call_schema(tool.function.name, schema))
     text_allowed = choice in (None, "auto")
     parallel = request.parallel_tool_calls is not False
-    grammar = call_grammar(schemas, text_allowed, parallel)
-    guidance = Guidance("lark_grammar", grammar)
-    check_guidance(guidance, "tools")
-    return ToolPlan([t.model_dump(exclude_none=True) for t in tools], guidance, text_allowed)
+    grammar = GrammarSpec("lark_grammar", call_grammar(schemas, text_allowed, parallel), "tools")
+    dumped = [t.model_dump(exclude_none=True) for t in tools]
+    return ToolPlan(dumped, grammar, text_allowed, tuple(parameters))
 
 
 def _call_schema(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +162,7 @@ def parse_calls(text: str) -> list[tuple[str, str]] | None:
     while text.startswith(OPEN, at):
         try:  # whole JSON values, so a closing tag inside a string does not end the call
             call, end = decoder.raw_decode(text, at + len(OPEN))
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: deeper than Python reads
             break
         if not text.startswith(CLOSE, end):
             break

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from ferry.llm.base import Guidance
+from ferry.server.openai.grammars import GrammarSpec
 from ferry.server.openai.tools import ToolPlan, call_grammar, call_text, render_messages
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-PLAN = ToolPlan(TOOLS, Guidance("lark_grammar", 'start: "x"'), text_allowed=True)
+PLAN = ToolPlan(TOOLS, GrammarSpec("lark_grammar", 'start: "x"', "tools"), text_allowed=True)
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
 
 
