@@ -93,6 +93,15 @@ class GrammarPool:
         await asyncio.gather(*(w.kill() for w in list(self._all)), return_exceptions=True)
         self._all.clear()
 
+    @property
+    def pids(self) -> set[int]:
+        """The checker processes now running."""
+        return {w.process.pid for w in self._all}
+
+    @property
+    def cached(self) -> int:
+        return len(self._cache)
+
     async def check(self, kind: str, text: str, tokenizer: str | None = None) -> str:
         """The grammar as the engine takes it; GrammarRefused naming the bound it is over, the
         compile error, or the crash. A caller that goes away leaves the check to finish (its

@@ -8,6 +8,8 @@ imports are done. A grammar that crashes llguidance ends this process, and only 
 from __future__ import annotations
 
 import json
+import os
+import resource
 import sys
 from typing import Any
 
@@ -27,7 +29,13 @@ def answer(checker: GrammarChecker, job: dict[str, Any]) -> dict[str, Any]:
     return {"grammar": grammar}
 
 
+# Below the server's own priority: on a busy host a long compile waits, the event loop does not.
+NICENESS = 10
+
+
 def main(argv: list[str]) -> None:
+    os.nice(NICENESS)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing grammar leaves no core file
     import llguidance  # noqa: F401  (imported before "ready": the first check is not slower)
 
     checker = GrammarChecker(GrammarLimits(**json.loads(argv[0])))
