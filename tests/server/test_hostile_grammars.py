@@ -1,7 +1,8 @@
 """Grammars can neither crash nor freeze the server (issue 35): a real server process, its
 grammar bounds opened wide so that the hostile grammars reach llguidance itself, in the checker
-processes. Each request is a 400 naming its field, the server is alive after, and
-`/health/live` answered within 50 ms throughout."""
+processes, in one process and behind `api_servers = 2`. Each request is a 400 naming its field,
+the server is alive after (its API processes too), and `/health/live` answered within 50 ms
+throughout."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 
 from ferry.bench.server_process import TINY_LLM, ferry_server
 from tests.llm.grammars import chained_defs, gbnf_chain, lark_chain
+from tests.server.conftest import API_SERVERS
 from tests.support.liveness import LivenessProbe
 from tests.support.llm_configs import tiny_llm_config
+from tests.support.server_processes import pids
 
 OPEN_BOUNDS = {
     "grammar_max_chars": 10**7,
@@ -26,9 +29,10 @@ CRASHES = chained_defs(1000)  # SIGSEGV inside llguidance 1.9
 USER = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture(scope="module")
-def server():
-    with ferry_server(models=[], llm_models=[tiny_llm_config()], server=OPEN_BOUNDS) as handle:
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request):
+    settings = {**OPEN_BOUNDS, "api_servers": request.param}
+    with ferry_server(models=[], llm_models=[tiny_llm_config()], server=settings) as handle:
         yield handle
 
 
@@ -80,6 +84,7 @@ RESPONSES_FORMAT = {"format": {"type": "json_schema", "name": "x", "schema": jso
 def test_a_grammar_that_crashes_or_stalls_llguidance_is_a_400_and_nothing_else(
     server, client, path_body, param, said
 ):
+    api_processes = pids(server, "api")
     with LivenessProbe(server.url) as probe:
         answer = post(client, path_body)
     assert answer.status_code == 400, answer.text
@@ -87,6 +92,7 @@ def test_a_grammar_that_crashes_or_stalls_llguidance_is_a_400_and_nothing_else(
     assert error["param"] == param and said in error["message"]
     probe.assert_lively()
     assert server.process.poll() is None  # the server process itself never died
+    assert pids(server, "api") == api_processes  # nor, behind api_servers = 2, an API process
     ok = post(client, chat(guided_regex="[a-z]{1,3}"))
     assert ok.status_code == 200, ok.text
 
