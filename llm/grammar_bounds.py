@@ -25,6 +25,7 @@ _GBNF_RULE = re.compile(r"^\s*[A-Za-z_][\w-]*\s*::=", re.MULTILINE)
 _LARK_REGEX = re.compile(r"/((?:[^/\\\n]|\\.)+)/[imslux]*")
 _QUOTED = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "enum", "prefixItems")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _ALTERNATIVES = "grammar_max_alternatives"
 
 
@@ -82,7 +83,8 @@ def _schema_bounds(text: str, limits: GrammarLimits) -> None:
     for level, node in _containers(schema):
         depth = max(depth, level)
         if isinstance(node, dict):
-            subschemas += 1
+            # A map of named subschemas (`properties`, `$defs`) is not a subschema itself.
+            subschemas += 1 - sum(isinstance(node.get(key), dict) for key in _SCHEMA_MAPS)
             for key in _SCHEMA_LISTS:
                 if isinstance(node.get(key), list):
                     what = f"entries in one {key}"

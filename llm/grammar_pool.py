@@ -27,6 +27,7 @@ from ferry.llm.grammar_worker import READY
 log = logging.getLogger(__name__)
 # A GBNF grammar converted to Lark may come back larger than it went in.
 _LINE_LIMIT = 64 * 2**20
+_RESPAWN_DELAY_S = 1.0
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])  # the folder that holds ferry/
 
 
@@ -153,9 +154,20 @@ class GrammarPool:
         self._all.discard(worker)
         await worker.kill()
         if not self._closed:
-            task = asyncio.create_task(self._spawn())
+            task = asyncio.create_task(self._respawn())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _respawn(self) -> None:
+        """A replacement, retried while the host refuses one (fork failing under memory
+        pressure): checks wait for it rather than fail."""
+        while not self._closed:
+            try:
+                await self._spawn()
+                return
+            except (OSError, RuntimeError):
+                log.exception("a grammar checker process could not start; retrying")
+                await asyncio.sleep(_RESPAWN_DELAY_S)
 
     async def _spawn(self) -> None:
         path = os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
