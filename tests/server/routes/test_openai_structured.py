@@ -208,6 +208,7 @@ def test_what_cannot_be_compiled_is_a_400_naming_it(client, body, param):
 
 
 DEEP = "[" * 2000 + "]" * 2000  # JSON inside a string: past Python's recursion limit
+MANY_TOOLS = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(1001)]
 DEEP_CALL = [
     *CAPITAL,
     {
@@ -236,6 +237,7 @@ DEEP_CALL = [
         ({"guided_regex": r"[^\s\S]"}, "guided_regex", "admits no output"),
         ({"guided_grammar": "start: start"}, "guided_grammar", "admits no output"),
         ({"guided_json": {"$ref": "#"}}, "guided_json", "admits no output"),
+        ({"tools": MANY_TOOLS}, "tools", "grammar_max_alternatives"),
         ({"guided_json": DEEP}, "guided_json", "nested deeper"),
         ({"messages": DEEP_CALL}, "messages[1].tool_calls[0].function.arguments", "nested deeper"),
     ],
