@@ -30,6 +30,7 @@ class Guidance:
 
     kind: GuidanceKind
     data: str  # json_schema: the schema as JSON text; regex: the pattern; lark_grammar: the text
+    param: str = "guidance"  # the request field it came from, for an engine's refusal
 
 
 @dataclass(frozen=True)

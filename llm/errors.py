@@ -46,6 +46,11 @@ class PromptTooLong(InvalidPrompt):
         self.max_context_tokens = max_context_tokens
 
 
+class GrammarFailed(InvalidSampling):
+    """The engine's llguidance stopped a request's grammar (one of its ParserLimits met mid-way,
+    or a grammar it refused at the start): the request's doing, a 400 naming its field."""
+
+
 class EngineOverloaded(LLMError):
     """Running and waiting slots are all taken; shed the request instead of queueing it."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.llm.base import FinishReason, GenerationDelta, SamplingSettings, TokenLogprob
-from ferry.llm.errors import GenerationFailed
+from ferry.llm.guidance import request_error
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import GeneratorLane
@@ -174,7 +174,7 @@ class OwnerLoop:
                 job.lane.begin(job, add.adapter, add.prompt_ids, add.sampling)
             except Exception as exc:  # a bad request must not kill the engine
                 self._by_id.pop(add.request_id, None)
-                self._deliver(add.request_id, GenerationFailed(str(exc)))
+                self._deliver(add.request_id, request_error(exc, add.sampling.guidance))
                 continue
             job.decoder = self._tokenizer.create_stream()
         self._publish_counts()
@@ -190,7 +190,8 @@ class OwnerLoop:
     def _step_lanes(self) -> None:
         for job, token, finish, error in self._steps():
             if error is not None:
-                self._finish(job, GenerationFailed(f"generation failed: {error}"))
+                guidance = job.add.sampling.guidance
+                self._finish(job, request_error(error, guidance, "generation failed: "))
                 continue
             first = job.generated == 0
             self._advance(job, token, finish)

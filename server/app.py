@@ -25,6 +25,7 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
 from ferry.server.procs.runtimes import build_runtimes, metrics_registry
@@ -67,7 +68,9 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry = await build_runtimes(settings, metrics)
         app.state.registry = registry
-        app.state.openai = OpenAIServing(registry, observer=LLMMetricsObserver(metrics))
+        grammars, grammar_pool = await start_grammars(settings)
+        observer = LLMMetricsObserver(metrics)
+        app.state.openai = OpenAIServing(registry, observer=observer, grammars=grammars)
         metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
         await registry.start()
         logger.info("ferry: serving %s", ", ".join(registry.names()))
@@ -79,6 +82,8 @@ def create_app(settings: Settings) -> FastAPI:
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)
+            if grammar_pool is not None:
+                await grammar_pool.close()
 
     hot = HotRoutes()
     dialects = PathDialects()

@@ -137,6 +137,18 @@ class Settings(_Strict):
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
     max_tokens_per_request: int = Field(default=65536, ge=1)
+    # Grammars (response_format, guided_*, tools) are checked off the event loop, in
+    # `grammar_workers` processes that a crash or a timeout costs nothing but a 400; each
+    # refusal names the bound it hit. The defaults keep llguidance inside its own ParserLimits,
+    # which onnxruntime-genai enforces mid-generation (README "Structured outputs").
+    grammar_max_chars: int = Field(default=131_072, ge=1)
+    grammar_max_rules: int = Field(default=1000, ge=1)  # Lark/GBNF rules, JSON subschemas
+    grammar_max_depth: int = Field(default=64, ge=1)  # nested groups, JSON levels
+    grammar_max_repeat: int = Field(default=10_000, ge=1)  # `{n}` counts, nested ones multiplied
+    grammar_max_alternatives: int = Field(default=1000, ge=1)  # anyOf/enum/choices/`|`, tools
+    grammar_compile_timeout_s: float = Field(default=10.0, gt=0)
+    grammar_workers: int = Field(default=2, ge=1, le=64)
+    grammar_cache_entries: int = Field(default=512, ge=0)  # checked grammars kept (LRU)
     # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
     # Request priorities with their own ferry_queue_wait_seconds series (others: "other"), so

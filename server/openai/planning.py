@@ -1,6 +1,6 @@
 """OpenAI requests checked once, before an engine sees them (the model already resolved by the
-registry): the prompt rendered and tokenized, sampling validated and max_tokens fitted to each
-prompt's room."""
+registry): grammars checked off the event loop (`grammars.py`), the prompt rendered and
+tokenized, sampling validated and max_tokens fitted to each prompt's room."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from ferry.llm.base import LLMEngine, SamplingSettings
 from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
+from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -15,7 +16,7 @@ from ferry.server.openai.protocol import (
     new_completion_id,
 )
 from ferry.server.openai.structured import output_guidance, request_kind
-from ferry.server.openai.tools import ToolPlan, plan_tools, render_messages
+from ferry.server.openai.tools import ToolPlan, checked_tools, plan_tools, render_messages
 from ferry.server.registry import ServedModel
 
 
@@ -42,10 +43,12 @@ class Plan:
     structured: str | None = None  # the output constraint's kind, for the metrics
 
 
-def plan_chat(request: ChatCompletionRequest, served: ServedModel) -> Plan:
+async def plan_chat(
+    request: ChatCompletionRequest, served: ServedModel, grammars: Grammars
+) -> Plan:
     request.check_supported()
     _check_capacity(served.engine, 1, request.n)
-    # Grammars are compiled (and refused) before the prompt is rendered: a 400, never a failure
+    # Grammars are checked (and refused) before the prompt is rendered: a 400, never a failure
     # inside the engine.
     output = output_guidance(request)
     answer = None  # what text chosen instead of a call follows: the response_format
@@ -56,6 +59,11 @@ def plan_chat(request: ChatCompletionRequest, served: ServedModel) -> Plan:
     tools = plan_tools(request, answer)
     if tools is not None and request.logprobs and request.stream:
         raise InvalidSampling("logprobs", "logprobs with tools and stream=true is not supported")
+    if tools is not None:
+        tools = await checked_tools(tools, grammars, served.base)
+    guidance = tools.guidance if tools is not None else None
+    if output is not None and tools is None:  # with tools, the format is inside their grammar
+        guidance = await grammars.check(output[0], served.base)
     tokenizer = served.engine.tokenizer
     native = getattr(tokenizer, "has_tool_format", False)
     messages = render_messages(request.chat_messages(), tools, native)
@@ -63,7 +71,6 @@ def plan_chat(request: ChatCompletionRequest, served: ServedModel) -> Plan:
         messages, *([tools.tools] if native and tools is not None else [])
     )
     sampling = request.to_sampling(served.engine.max_context_tokens)
-    guidance = tools.guidance if tools is not None else output[0] if output else None
     if guidance is not None:
         sampling = replace(sampling, guidance=guidance)
     plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling, "messages")
@@ -71,9 +78,12 @@ def plan_chat(request: ChatCompletionRequest, served: ServedModel) -> Plan:
     return replace(plan, tools=tools, structured=structured, priority=request.priority)
 
 
-def plan_completion(request: CompletionRequest, served: ServedModel) -> Plan:
+async def plan_completion(
+    request: CompletionRequest, served: ServedModel, grammars: Grammars
+) -> Plan:
     request.check_supported()
-    output = output_guidance(request)  # compiled (and refused) before any prompt is tokenized
+    output = output_guidance(request)  # checked (and refused) before any prompt is tokenized
+    guidance = None if output is None else await grammars.check(output[0], served.base)
     engine = served.engine
     given = request.prompts()
     _check_capacity(engine, len(given), request.n)
@@ -88,8 +98,8 @@ def plan_completion(request: CompletionRequest, served: ServedModel) -> Plan:
             prompts.append(_checked_ids(prompt, tokenizer.vocab_size, i if many else None))
             texts.append(tokenizer.decode(prompt) if request.echo else "")
     sampling = request.to_sampling(engine.max_context_tokens)
-    if output is not None:
-        sampling = replace(sampling, guidance=output[0])
+    if guidance is not None:
+        sampling = replace(sampling, guidance=guidance)
     plan = _plan(served, new_completion_id(), prompts, request.n, sampling, "prompt")
     structured = request_kind(request, tools=False)
     plan = replace(plan, structured=structured, priority=request.priority)

@@ -24,6 +24,7 @@ from pydantic import (
 
 from ferry.llm.base import FLOAT32_MAX, FLOAT32_TINY, SamplingSettings
 from ferry.llm.errors import InvalidSampling
+from ferry.server.openai.json_depth import check_json_depth
 from ferry.server.openai.request_base import OpenAIRequestModel
 from ferry.server.openai.tool_models import (
     DeltaToolCall,
@@ -223,6 +224,13 @@ class ChatCompletionRequest(_SamplingFields):
                 message["tool_call_id"] = m.tool_call_id
             messages.append(message)
         return messages
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        for i, message in enumerate(self.messages):
+            for j, call in enumerate(message.tool_calls or ()):
+                field = f"messages[{i}].tool_calls[{j}].function.arguments"
+                check_json_depth(call.function.arguments, field)
 
     def to_sampling(self, default_max_tokens: int) -> SamplingSettings:
         """Engine settings; without a limit, generate up to the room left in the context."""

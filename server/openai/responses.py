@@ -129,7 +129,9 @@ async def stream_response(
 ) -> AsyncIterator[str]:
     """Start the generation and wait for its first delta, so early errors are HTTP errors."""
     try:
-        plan = plan_chat(request.to_chat(), served or serving.resolve(request.model))
+        plan = await plan_chat(
+            request.to_chat(), served or serving.resolve(request.model), serving.grammars
+        )
     except InvalidSampling as exc:
         raise responses_error(exc) from None
     deltas = serving.generations(plan)

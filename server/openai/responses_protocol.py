@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from ferry.llm.errors import InvalidSampling
+from ferry.server.openai.json_depth import check_json_depth
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
     OpenAIRequestModel,
@@ -140,6 +141,9 @@ class ResponsesRequest(OpenAIRequestModel):
             if name in extra and not _neutral(extra[name], neutral):
                 why = _WHY.get(name, "not supported by this server")
                 raise InvalidSampling(name, f"{name}: {why}")
+        for i, item in enumerate(self.input if isinstance(self.input, list) else ()):
+            if isinstance(item, FunctionCallItem):
+                check_json_depth(item.arguments, f"input[{i}].arguments")
 
     def texts(self) -> list[str]:
         """Every text the request carries (input items first, so `input[i]` names item i), for

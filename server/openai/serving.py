@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ferry.llm.base import TokenLogprob
 from ferry.llm.errors import EngineOverloaded
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
+from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
 from ferry.server.openai.observer import GenerationObserver, LLMObserver, NullObserver
 from ferry.server.openai.planning import Choice, Plan, plan_chat, plan_completion
@@ -56,8 +57,10 @@ class OpenAIServing:
         *,
         observer: LLMObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
+        grammars: Grammars | None = None,
     ) -> None:
         self._models = models
+        self.grammars = grammars or Grammars()
         self._observer: LLMObserver = observer or NullObserver()
         self._clock = clock
         # Generations admitted per engine and not yet finished: a request is admitted whole or
@@ -73,7 +76,7 @@ class OpenAIServing:
     async def chat(
         self, request: ChatCompletionRequest, served: ServedModel | None = None
     ) -> ChatCompletionResponse:
-        plan = plan_chat(request, served or self.resolve(request.model))
+        plan = await plan_chat(request, served or self.resolve(request.model), self.grammars)
         results = await self._collect(plan)
         decode = plan.served.engine.tokenizer.decode
         choices = [
@@ -94,7 +97,7 @@ class OpenAIServing:
     async def chat_stream(
         self, request: ChatCompletionRequest, served: ServedModel | None = None
     ) -> AsyncIterator[str]:
-        plan = plan_chat(request, served or self.resolve(request.model))
+        plan = await plan_chat(request, served or self.resolve(request.model), self.grammars)
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
@@ -105,7 +108,7 @@ class OpenAIServing:
     async def completion(
         self, request: CompletionRequest, served: ServedModel | None = None
     ) -> CompletionResponse:
-        plan = plan_completion(request, served or self.resolve(request.model))
+        plan = await plan_completion(request, served or self.resolve(request.model), self.grammars)
         results = await self._collect(plan)
         choices = [
             _completion_choice(request, plan, choice, result)
@@ -119,7 +122,7 @@ class OpenAIServing:
     async def completion_stream(
         self, request: CompletionRequest, served: ServedModel | None = None
     ) -> AsyncIterator[str]:
-        plan = plan_completion(request, served or self.resolve(request.model))
+        plan = await plan_completion(request, served or self.resolve(request.model), self.grammars)
         chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 

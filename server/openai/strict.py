@@ -8,15 +8,16 @@ itself lets the model add keys, which a small model may do until `max_tokens`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from ferry.llm.errors import InvalidSampling
-from ferry.llm.guidance import schema_parts
+from ferry.llm.grammar_check import schema_children
 
 
 def check_strict(schema: Any, param: str) -> None:
     """InvalidSampling naming the first object of `schema` (at `param`) that is not closed."""
-    for path, part in schema_parts(schema, []):
+    for path, part in _parts(schema, ()):
         if not isinstance(part, dict) or not _is_object(part):
             continue
         where = ".".join([param, *path])
@@ -39,3 +40,11 @@ def _is_object(schema: dict[str, Any]) -> bool:
         or (isinstance(kind, list) and "object" in kind)
         or ("properties" in schema)
     )
+
+
+def _parts(schema: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every subschema with its path, depth first (the body parser bounds the depth)."""
+    yield path, schema
+    if isinstance(schema, dict):
+        for step, child in schema_children(schema):
+            yield from _parts(child, path + step)

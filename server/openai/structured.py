@@ -1,4 +1,4 @@
-"""`response_format` and vLLM's `guided_*` extras compiled into one engine Guidance, checked once.
+"""`response_format` and vLLM's `guided_*` extras as one grammar to check (`grammars.py`).
 
 JSON answers are compact: Ferry adds llguidance's `"x-guidance": {"whitespace_flexible": false}`
 to a schema that sets no whitespace option itself, because free whitespace lets a small model
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ferry.llm.base import Guidance
 from ferry.llm.errors import InvalidSampling
-from ferry.llm.guidance import check_guidance
+from ferry.server.openai.grammars import GrammarSpec
+from ferry.server.openai.json_depth import check_json_depth
 from ferry.server.openai.strict import check_strict
 
 # vLLM's extras, in the order vLLM reads them.
@@ -20,9 +20,10 @@ GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 _COMPACT = {"whitespace_flexible": False}
 
 
-def json_schema_guidance(schema: Any, param: str) -> Guidance:
-    """A schema (a dict, or JSON text) as compact-JSON guidance, checked to compile."""
+def json_schema_guidance(schema: Any, param: str) -> GrammarSpec:
+    """A schema (a dict, or JSON text) as a compact-JSON grammar."""
     if isinstance(schema, str):
+        check_json_depth(schema, param)
         try:
             schema = json.loads(schema)
         except ValueError as exc:
@@ -32,15 +33,13 @@ def json_schema_guidance(schema: Any, param: str) -> Guidance:
     options = schema.get("x-guidance")
     if not isinstance(options, dict) or not options:
         schema = {**schema, "x-guidance": _COMPACT}
-    guidance = Guidance("json_schema", json.dumps(schema))
-    check_guidance(guidance, param)
-    return guidance
+    return GrammarSpec("json_schema", json.dumps(schema), param)
 
 
-def output_guidance(request: Any) -> tuple[Guidance, str] | None:
+def output_guidance(request: Any) -> tuple[GrammarSpec, str] | None:
     """The request's one output constraint and the parameter that asked for it, or None.
     Two kinds at once are a 400 naming the second (vLLM allows only one as well)."""
-    found: list[tuple[Guidance, str]] = []
+    found: list[tuple[GrammarSpec, str]] = []
     response_format = request.response_format
     if response_format is not None and response_format.type != "text":
         found.append(_response_format(response_format))
@@ -63,7 +62,7 @@ def request_kind(request: Any, tools: bool) -> str | None:
     return next((name for name in GUIDED if getattr(request, name) is not None), None)
 
 
-def _response_format(response_format: Any) -> tuple[Guidance, str]:
+def _response_format(response_format: Any) -> tuple[GrammarSpec, str]:
     if response_format.type == "json_object":
         return json_schema_guidance({"type": "object"}, "response_format"), "response_format"
     spec = response_format.json_schema
@@ -77,27 +76,11 @@ def _response_format(response_format: Any) -> tuple[Guidance, str]:
     return json_schema_guidance(spec.schema_, f"{param}.schema"), "response_format"
 
 
-def _guided(name: str, value: Any) -> Guidance:
+def _guided(name: str, value: Any) -> GrammarSpec:
     if name == "guided_json":
         return json_schema_guidance(value, name)
     if name == "guided_regex":
-        guidance = Guidance("regex", value)
-    elif name == "guided_choice":
-        # Each choice as a Lark string literal: JSON's escaping is valid there.
-        guidance = Guidance("lark_grammar", "start: " + " | ".join(json.dumps(c) for c in value))
-    else:
-        guidance = Guidance("lark_grammar", _as_lark(value, name))
-    check_guidance(guidance, name)
-    return guidance
-
-
-def _as_lark(grammar: str, param: str) -> str:
-    """Lark as is; GBNF/EBNF (what vLLM's xgrammar takes) converted to Lark by llguidance."""
-    try:
-        from llguidance.gbnf_to_lark import any_to_lark
-    except ImportError:  # pragma: no cover - installed with the cpu extra
-        return grammar
-    try:
-        return any_to_lark(grammar)
-    except Exception as exc:
-        raise InvalidSampling(param, f"{param} is not a Lark or GBNF grammar: {exc}") from None
+        return GrammarSpec("regex", value, name)
+    if name == "guided_choice":  # made a Lark grammar by the checker, off the event loop
+        return GrammarSpec("choice", json.dumps(value), name)
+    return GrammarSpec("any_grammar", value, name)

@@ -91,7 +91,7 @@ class CallStream:
             rest = self._pending[:at]
             try:
                 json.loads(self._arguments + rest)
-            except ValueError:
+            except (ValueError, RecursionError):  # not whole JSON yet, or deeper than Python reads
                 at = self._pending.find(_END, at + 1)
                 continue
             self._arguments, self._pending = None, self._pending[at + len(_END) :]

@@ -16,13 +16,12 @@ calls written back as the text above, and `tool` results passed to the template 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ferry.llm.base import Guidance
 from ferry.llm.errors import InvalidSampling
-from ferry.llm.guidance import check_guidance, grammar_error
+from ferry.server.openai.grammars import Grammars, GrammarSpec
 from ferry.server.openai.strict import check_strict
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -41,11 +40,22 @@ class ToolPlan:
     """A request's tools after checking: what to prompt with and how the answer is read."""
 
     tools: list[dict[str, Any]]  # OpenAI's tool objects, for the template or the default prompt
-    guidance: Guidance
+    grammar: GrammarSpec  # the calls' grammar, checked by `checked_tools`
     text_allowed: bool  # `auto`: the answer may be text instead of calls
+    # Each tool's parameters alone, checked first so that a schema is named by its index.
+    parameters: tuple[GrammarSpec, ...] = ()
+    guidance: Guidance | None = None  # set by `checked_tools`
 
 
-def plan_tools(request: Any, answer: Guidance | None = None) -> ToolPlan | None:
+async def checked_tools(plan: ToolPlan, grammars: Grammars, engine: str) -> ToolPlan:
+    """`plan` with its grammar checked (each tool's parameters first) as `guidance`."""
+    grammars.check_alternatives(len(plan.tools), "tools", "tools")
+    for spec in plan.parameters:
+        await grammars.check(spec, engine)
+    return replace(plan, guidance=await grammars.check(plan.grammar, engine))
+
+
+def plan_tools(request: Any, answer: GrammarSpec | None = None) -> ToolPlan | None:
     """The checked tool settings of a chat request; None when no call may be made. `answer`:
     the JSON schema guidance of its `response_format`, which text chosen under `auto` follows."""
     tools, choice = request.tools, request.tool_choice
@@ -64,42 +74,24 @@ def plan_tools(request: Any, answer: Guidance | None = None) -> ToolPlan | None:
                 "tool_choice", f"tool_choice names {choice.function.name!r}, not in tools"
             )
         names = [choice.function.name]
-    calls: dict[int, dict[str, Any]] = {}  # tool index -> its call's schema
+    schemas, parameters = [], []
     for i, tool in enumerate(tools):
+        schema = tool.function.parameters or _NO_ARGUMENTS
         param = f"tools[{i}].function.parameters"
-        parameters = tool.function.parameters or _NO_ARGUMENTS
         if tool.function.strict:
-            check_strict(parameters, param)
-        # Each tool alone first, so a schema that cannot compile is named by its index.
-        check_guidance(Guidance("json_schema", json.dumps(parameters)), param)
+            check_strict(schema, param)
+        # Each tool alone is checked first (`checked_tools`), so a schema that cannot compile
+        # is named by its index.
+        parameters.append(GrammarSpec("json_schema", json.dumps(schema), param))
         if tool.function.name in names:
-            calls[i] = _call_schema(i, tool.function.name, parameters)
+            schemas.append(_call_schema(i, tool.function.name, schema))
     text_allowed = choice in (None, "auto")
     parallel = request.parallel_tool_calls is not False
-    guidance = Guidance(
-        "lark_grammar", call_grammar(list(calls.values()), text_allowed, parallel, answer)
+    grammar = GrammarSpec(
+        "lark_grammar", call_grammar(schemas, text_allowed, parallel, answer), "tools"
     )
-    if grammar_error(guidance) is not None:
-        _refuse_combined(calls, guidance)
-    return ToolPlan([t.model_dump(exclude_none=True) for t in tools], guidance, text_allowed)
-
-
-def _refuse_combined(calls: dict[int, dict[str, Any]], combined: Guidance) -> None:
-    """InvalidSampling naming the tool whose call cannot compile (each compiled alone as a
-    schema), in one line: the grammar is Ferry's, not the client's text."""
-    for i, schema in calls.items():
-        alone = Guidance("lark_grammar", call_grammar([schema], False, False))
-        error = grammar_error(alone)
-        if error is not None:
-            param = f"tools[{i}].function.parameters"
-            raise InvalidSampling(param, f"{param} cannot be used as a tool call: {_bare(error)}")
-    error = grammar_error(combined) or ""
-    raise InvalidSampling("tools", f"tools cannot be used together: {_bare(error)}")
-
-
-def _bare(error: str) -> str:
-    """llguidance's message without its place in Ferry's grammar (`at 4(12): `)."""
-    return re.sub(r"^at \d+\(\d+\): ", "", error)
+    dumped = [t.model_dump(exclude_none=True) for t in tools]
+    return ToolPlan(dumped, grammar, text_allowed, tuple(parameters))
 
 
 def _call_schema(index: int, name: str, parameters: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +141,7 @@ def call_grammar(
     schemas: list[dict[str, Any]],
     text_allowed: bool,
     parallel: bool,
-    answer: Guidance | None = None,
+    answer: GrammarSpec | None = None,
 ) -> str:
     """A Lark grammar (llguidance's, with `%json`) for calls or, when text is allowed, text not
     starting with `<` (or, with `answer`, JSON following its schema)."""
@@ -173,7 +165,7 @@ def call_grammar(
         rows.append(r"TEXT: /[^<](.|\n)*/")
     elif text_allowed:
         assert answer is not None and answer.kind == "json_schema"
-        rows.append(f"answer: %json {answer.data}")
+        rows.append(f"answer: %json {answer.text}")
     return "\n".join(rows)
 
 

@@ -1,14 +1,12 @@
-"""Grammar checks before work, and the one place guidance reaches onnxruntime-genai."""
+"""The one place guidance reaches onnxruntime-genai, and what its refusals become."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from ferry.llm.base import Guidance
-from ferry.llm.errors import InvalidSampling
-from ferry.llm.guidance import apply_guidance, check_guidance
+from ferry.llm.errors import GenerationFailed, GrammarFailed
+from ferry.llm.guidance import apply_guidance, request_error
 
 
 class Target:
@@ -26,36 +24,24 @@ def test_apply_sets_kind_and_data_once_and_nothing_without_guidance():
     assert target.calls == [("regex", "[a-z]+")]
 
 
+GUIDED = Guidance("json_schema", "{}", "response_format.json_schema.schema")
+# What onnxruntime-genai raised for an `anyOf` of 5000 objects, one token in.
+ROW_LIMIT = (
+    "Error committing tokens: Parser Error: Current row has 5000 items; max is 2000\n<state>..."
+)
+
+
 @pytest.mark.parametrize(
-    ("schema", "path"),
+    ("message", "guidance", "expected"),
     [
-        ({"type": "object", "properties": {"a": {"not": {}}}}, "p.properties.a"),
-        ({"type": "array", "items": {"type": "string", "format": "nope"}}, "p.items"),
-        ({"anyOf": [{"type": "string"}, {"type": "nope"}]}, "p.anyOf.1"),
-        ({"$ref": "#/$defs/missing"}, "p"),
+        (ROW_LIMIT, GUIDED, GrammarFailed),
+        ("Error creating grammar: panic: assertion failed", GUIDED, GrammarFailed),
+        ("bad allocation", GUIDED, GenerationFailed),
+        (ROW_LIMIT, None, GenerationFailed),  # no grammar of the request's: the engine's fault
     ],
 )
-def test_a_schema_that_cannot_compile_names_its_part(schema, path):
-    with pytest.raises(InvalidSampling) as err:
-        check_guidance(Guidance("json_schema", json.dumps(schema)), "p")
-    assert err.value.field == path
-
-
-@pytest.mark.parametrize(
-    "guidance",
-    [
-        Guidance("json_schema", json.dumps({"type": "object", "properties": {"a": {}}})),
-        Guidance("regex", "[0-9]{1,3}"),
-        Guidance("lark_grammar", 'start: "a" | %json {"type": "integer"}'),
-    ],
-)
-def test_what_compiles_passes(guidance):
-    check_guidance(guidance, "p")
-
-
-@pytest.mark.parametrize(
-    "guidance", [Guidance("regex", "[a-z"), Guidance("lark_grammar", "start: missing")]
-)
-def test_bad_regex_and_lark_are_refused(guidance):
-    with pytest.raises(InvalidSampling, match="cannot be used"):
-        check_guidance(guidance, "p")
+def test_a_grammar_the_engine_stops_is_the_requests_fault(message, guidance, expected):
+    error = request_error(RuntimeError(message), guidance)
+    assert type(error) is expected
+    if expected is GrammarFailed:
+        assert error.field == GUIDED.param and "<state>" not in str(error)

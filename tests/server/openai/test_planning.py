@@ -11,6 +11,7 @@ import pytest
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
 from ferry.llm.vllm import VLLMEngine
+from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.planning import plan_chat, plan_completion
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.registry import ServedModel
@@ -19,6 +20,7 @@ from tests.llm.llm_paths import HF_DIR, MODEL_NAME
 
 TOKENIZER = ChatTokenizer(HF_DIR)
 MESSAGES = [{"role": "user", "content": "hello there"}]
+GRAMMARS = Grammars()  # no request here carries a grammar
 
 
 def served(context: int = 256, concurrency: int = 8) -> ServedModel:
@@ -44,8 +46,8 @@ def completion(**fields: Any) -> CompletionRequest:
     return CompletionRequest.model_validate({"model": MODEL_NAME, "prompt": "hi", **fields})
 
 
-def test_a_chat_is_rendered_once_and_its_n_choices_share_the_prompt() -> None:
-    plan = plan_chat(chat(n=3, priority=-10), served())
+async def test_a_chat_is_rendered_once_and_its_n_choices_share_the_prompt() -> None:
+    plan = await plan_chat(chat(n=3, priority=-10), served(), GRAMMARS)
     ids = TOKENIZER.encode_chat(MESSAGES)
     assert [c.index for c in plan.choices] == [0, 1, 2]
     assert all(c.prompt_ids is plan.choices[0].prompt_ids for c in plan.choices)  # one list
@@ -54,15 +56,16 @@ def test_a_chat_is_rendered_once_and_its_n_choices_share_the_prompt() -> None:
     assert plan.priority == -10 and plan.response_id.startswith("chatcmpl-")
 
 
-def test_max_tokens_is_fitted_to_each_prompts_room_in_the_context() -> None:
+async def test_max_tokens_is_fitted_to_each_prompts_room_in_the_context() -> None:
     long, short = "one two three four five six seven eight", "hi"
-    plan = plan_completion(completion(prompt=[long, short], max_tokens=200), served(context=64))
+    request = completion(prompt=[long, short], max_tokens=200)
+    plan = await plan_completion(request, served(context=64), GRAMMARS)
     rooms = [64 - len(TOKENIZER.encode(p)) for p in (long, short)]
     assert [c.sampling.max_tokens for c in plan.choices] == rooms
-    unlimited = plan_chat(chat(), served(context=64))  # no limit asked: all the room there is
-    assert (
-        unlimited.choices[0].sampling.max_tokens == 64 - plan_chat(chat(), served()).prompt_tokens
-    )
+    # No limit asked: all the room there is.
+    unlimited = await plan_chat(chat(), served(context=64), GRAMMARS)
+    prompt_tokens = (await plan_chat(chat(), served(), GRAMMARS)).prompt_tokens
+    assert unlimited.choices[0].sampling.max_tokens == 64 - prompt_tokens
 
 
 @pytest.mark.parametrize(
@@ -73,53 +76,56 @@ def test_max_tokens_is_fitted_to_each_prompts_room_in_the_context() -> None:
         (chat(messages=[{"role": "user", "content": "x " * 300}]), "messages"),
     ],
 )
-def test_a_prompt_with_no_room_left_names_what_to_shorten(request_: Any, field: str) -> None:
+async def test_a_prompt_with_no_room_left_names_what_to_shorten(request_: Any, field: str) -> None:
     plan = plan_chat if isinstance(request_, ChatCompletionRequest) else plan_completion
     with pytest.raises(PromptTooLong) as err:
-        plan(request_, served(context=128))
+        await plan(request_, served(context=128), GRAMMARS)
     assert err.value.field == field
 
 
-def test_token_ids_outside_the_vocabulary_are_an_invalid_prompt() -> None:
+async def test_token_ids_outside_the_vocabulary_are_an_invalid_prompt() -> None:
     vocab = TOKENIZER.vocab_size
     with pytest.raises(InvalidPrompt) as err:
-        plan_completion(completion(prompt=[[1, 2], [3, vocab]]), served())
+        await plan_completion(completion(prompt=[[1, 2], [3, vocab]]), served(), GRAMMARS)
     assert err.value.field == "prompt[1]" and str(vocab) in str(err.value)
     ids = [1, 2, vocab - 1]
-    assert plan_completion(completion(prompt=ids), served()).choices[0].prompt_ids == ids
+    plan = await plan_completion(completion(prompt=ids), served(), GRAMMARS)
+    assert plan.choices[0].prompt_ids == ids
 
 
 @pytest.mark.parametrize(
     ("prompts", "n", "field"), [(["a"], 3, "n"), (["a", "b", "c"], 1, "prompt")]
 )
-def test_more_generations_than_the_engine_ever_holds_is_a_400(prompts, n, field) -> None:
+async def test_more_generations_than_the_engine_ever_holds_is_a_400(prompts, n, field) -> None:
     with pytest.raises(InvalidSampling) as err:
-        plan_completion(completion(prompt=prompts, n=n), served(concurrency=2))
+        await plan_completion(completion(prompt=prompts, n=n), served(concurrency=2), GRAMMARS)
     assert err.value.field == field
 
 
-def test_a_bias_on_a_token_the_model_lacks_is_refused() -> None:
+async def test_a_bias_on_a_token_the_model_lacks_is_refused() -> None:
     bias = {str(TOKENIZER.vocab_size): 5.0}
     with pytest.raises(InvalidSampling) as err:
-        plan_completion(completion(logit_bias=bias), served())
+        await plan_completion(completion(logit_bias=bias), served(), GRAMMARS)
     assert err.value.field == "logit_bias"
 
 
-def test_an_option_the_engine_cannot_honour_is_refused_not_ignored() -> None:
+async def test_an_option_the_engine_cannot_honour_is_refused_not_ignored() -> None:
     engine = served()
     engine.engine.sampling_options = frozenset()  # as an engine without penalties declares
     with pytest.raises(InvalidSampling) as err:
-        plan_completion(completion(presence_penalty=0.5), engine)
+        await plan_completion(completion(presence_penalty=0.5), engine, GRAMMARS)
     assert err.value.field == "presence_penalty"
-    plan_completion(completion(presence_penalty=0.0), engine)  # the neutral value asks nothing
+    # The neutral value asks nothing.
+    await plan_completion(completion(presence_penalty=0.0), engine, GRAMMARS)
 
 
-def test_echo_keeps_each_prompts_text_for_its_choices() -> None:
-    plan = plan_completion(completion(prompt=["ab", "cd"], n=2, echo=True), served())
+async def test_echo_keeps_each_prompts_text_for_its_choices() -> None:
+    request = completion(prompt=["ab", "cd"], n=2, echo=True)
+    plan = await plan_completion(request, served(), GRAMMARS)
     assert [c.prompt_text for c in plan.choices] == ["ab", "ab", "cd", "cd"]
     assert [c.index for c in plan.choices] == [0, 1, 2, 3]
     assert plan.prompt_tokens == len(TOKENIZER.encode("ab")) + len(TOKENIZER.encode("cd"))
-    ids = plan_completion(completion(prompt=[5, 6], echo=True), served())
+    ids = await plan_completion(completion(prompt=[5, 6], echo=True), served(), GRAMMARS)
     assert ids.choices[0].prompt_text == TOKENIZER.decode([5, 6])  # token ids: decoded once
 
 
@@ -127,7 +133,8 @@ def test_echo_keeps_each_prompts_text_for_its_choices() -> None:
     ("seed", "seeds"),
     [(None, [None, None, None, None]), (7, [7, 8, 7, 8]), (2**63 - 1, [2**63 - 1, -(2**63)] * 2)],
 )
-def test_choice_i_of_each_prompt_samples_with_seed_plus_i(seed, seeds) -> None:
+async def test_choice_i_of_each_prompt_samples_with_seed_plus_i(seed, seeds) -> None:
     """vLLM's parallel sampling: n seeded choices differ, and stay within int64."""
-    plan = plan_completion(completion(prompt=["a", "b"], n=2, seed=seed), served())
+    request = completion(prompt=["a", "b"], n=2, seed=seed)
+    plan = await plan_completion(request, served(), GRAMMARS)
     assert [c.sampling.seed for c in plan.choices] == seeds

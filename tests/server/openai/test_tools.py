@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ferry.llm.base import Guidance
+from ferry.server.openai.grammars import GrammarSpec
 from ferry.server.openai.protocol import ChatCompletionRequest
 from ferry.server.openai.structured import json_schema_guidance
 from ferry.server.openai.tool_models import ToolParam
@@ -21,7 +21,7 @@ from ferry.server.openai.tools import (
 from tests.server.routes.conftest import SMOL_DIR
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
-PLAN = ToolPlan(TOOLS, Guidance("lark_grammar", 'start: "x"'), text_allowed=True)
+PLAN = ToolPlan(TOOLS, GrammarSpec("lark_grammar", 'start: "x"', "tools"), text_allowed=True)
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
 
 
@@ -111,7 +111,7 @@ def test_local_refs_resolve_for_every_tool(vocabulary, text, accepted):
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
     request.tools = [ToolParam.model_validate(t) for t in TOOLS_WITH_REFS]
     plan = plan_tools(request)
-    assert plan is not None and accepts(vocabulary, plan.guidance.data, text) is accepted
+    assert plan is not None and accepts(vocabulary, plan.grammar.text, text) is accepted
 
 
 def test_a_response_format_is_the_text_allowed_beside_calls(vocabulary):
@@ -120,7 +120,7 @@ def test_a_response_format_is_the_text_allowed_beside_calls(vocabulary):
     answer = json_schema_guidance(
         {"type": "object", "properties": {"a": {"type": "integer"}}}, "rf"
     )
-    grammar = plan_tools(request, answer).guidance.data
+    grammar = plan_tools(request, answer).grammar.text
     assert accepts(vocabulary, grammar, '{"a":1}')
     assert accepts(vocabulary, grammar, '<tool_call>{"name":"person","arguments":{}}</tool_call>')
     assert not accepts(vocabulary, grammar, "Paris")

@@ -14,6 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from tests.llm.grammars import chained_defs, gbnf_chain
 from tests.server.routes.conftest import SMOL as MODEL
 
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
@@ -284,6 +285,58 @@ def test_what_cannot_be_compiled_is_a_400_naming_it(client, body, param):
         client.chat.completions.create(**args(messages=CAPITAL, max_tokens=5), extra_body=body)
     assert info.value.body["param"] == param
     assert "\n" not in info.value.body["message"]
+
+
+DEEP = "[" * 2000 + "]" * 2000  # JSON inside a string: past Python's recursion limit
+MANY_TOOLS = [{"type": "function", "function": {"name": f"f{i}"}} for i in range(1001)]
+DEEP_CALL = [
+    *CAPITAL,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": DEEP}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+]
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "said"),
+    [
+        ({"guided_json": json.loads(chained_defs(1000))}, "guided_json", "grammar_max_rules"),
+        ({"guided_regex": "(a{1000}){1000}"}, "guided_regex", "grammar_max_repeat"),
+        ({"guided_regex": "a{1000000}"}, "guided_regex", "grammar_max_repeat"),
+        (
+            {"guided_choice": [f"c{i}" for i in range(100_000)]},
+            "guided_choice",
+            "grammar_max_chars",
+        ),
+        ({"guided_grammar": gbnf_chain(2000)}, "guided_grammar", "grammar_max_rules"),
+        ({"guided_regex": r"[^\s\S]"}, "guided_regex", "admits no output"),
+        ({"guided_grammar": "start: start"}, "guided_grammar", "admits no output"),
+        ({"guided_json": {"$ref": "#"}}, "guided_json", "admits no output"),
+        ({"tools": MANY_TOOLS}, "tools", "grammar_max_alternatives"),
+        ({"guided_json": DEEP}, "guided_json", "nested deeper"),
+        ({"messages": DEEP_CALL}, "messages[1].tool_calls[0].function.arguments", "nested deeper"),
+    ],
+)
+def test_grammars_over_a_bound_admitting_nothing_or_too_deep_are_a_400(client, body, param, said):
+    """Issue 35: each refusal names the field and the setting that bounds it."""
+    with pytest.raises(openai.BadRequestError) as info:
+        body = dict(body)
+        messages = body.pop("messages", CAPITAL)
+        client.chat.completions.create(**args(messages=messages, max_tokens=5), extra_body=body)
+    assert info.value.body["param"] == param and said in info.value.body["message"]
+
+
+def test_a_responses_function_call_nested_too_deep_is_a_400(server):
+    item = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": DEEP}
+    body = {"model": MODEL, "input": [{"role": "user", "content": "hi"}, item]}
+    answer = httpx.post(f"{server.url}/v1/responses", json=body, timeout=60)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "input[1].arguments"
 
 
 # -- tools --------------------------------------------------------------------------------------

@@ -1,0 +1,110 @@
+"""Grammars can neither crash nor freeze the server (issue 35): a real server process, its
+grammar bounds opened wide so that the hostile grammars reach llguidance itself, in the checker
+processes, in one process and behind `api_servers = 2`. Each request is a 400 naming its field,
+the server is alive after (its API processes too), and `/health/live` answered within 50 ms
+throughout."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from ferry.bench.server_process import TINY_LLM, ferry_server
+from tests.llm.grammars import chained_defs, gbnf_chain, lark_chain
+from tests.server.conftest import API_SERVERS
+from tests.support.liveness import LivenessProbe
+from tests.support.llm_configs import tiny_llm_config
+from tests.support.server_processes import pids
+
+OPEN_BOUNDS = {
+    "grammar_max_chars": 10**7,
+    "grammar_max_rules": 10**6,
+    "grammar_max_alternatives": 10**6,
+    "grammar_compile_timeout_s": 3.0,
+    "grammar_workers": 1,
+}
+CRASHES = chained_defs(1000)  # SIGSEGV inside llguidance 1.9
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(request):
+    settings = {**OPEN_BOUNDS, "api_servers": request.param}
+    with ferry_server(models=[], llm_models=[tiny_llm_config()], server=settings) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        # Warm: the first request's one-time costs are not the hostile grammar's.
+        assert post(c, chat(guided_regex="[a-z]{1,3}")).status_code == 200
+        yield c
+
+
+def chat(**fields):
+    return (
+        "/v1/chat/completions",
+        {"model": TINY_LLM, "messages": USER, "max_tokens": 4, **fields},
+    )
+
+
+def post(client: httpx.Client, path_body: tuple[str, dict]) -> httpx.Response:
+    path, body = path_body
+    return client.post(path, json=body)
+
+
+def tool(parameters):
+    return [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+
+
+def response_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+RESPONSES_FORMAT = {"format": {"type": "json_schema", "name": "x", "schema": json.loads(CRASHES)}}
+
+
+@pytest.mark.parametrize(
+    ("path_body", "param", "said"),
+    [
+        (chat(response_format=response_format(json.loads(CRASHES))),
+         "response_format.json_schema.schema", "crashed"),
+        (chat(guided_json=CRASHES), "guided_json", "crashed"),
+        (chat(tools=tool(json.loads(CRASHES))), "tools[0].function.parameters", "crashed"),
+        (("/v1/responses", {"model": TINY_LLM, "input": "hi", "text": RESPONSES_FORMAT}),
+         "text.format.schema", "crashed"),
+        (chat(guided_grammar=lark_chain(4000)), "guided_grammar", "crashed"),
+        # Seconds in the GBNF converter: the compile budget ends it.
+        (chat(guided_grammar=gbnf_chain(8000)), "guided_grammar", "grammar_compile_timeout_s"),
+    ],
+)  # fmt: skip
+def test_a_grammar_that_crashes_or_stalls_llguidance_is_a_400_and_nothing_else(
+    server, client, path_body, param, said
+):
+    api_processes = pids(server, "api")
+    with LivenessProbe(server.url) as probe:
+        answer = post(client, path_body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == param and said in error["message"]
+    probe.assert_lively()
+    assert server.process.poll() is None  # the server process itself never died
+    assert pids(server, "api") == api_processes  # nor, behind api_servers = 2, an API process
+    ok = post(client, chat(guided_regex="[a-z]{1,3}"))
+    assert ok.status_code == 200, ok.text
+
+
+def test_a_grammar_the_engine_stops_mid_way_is_a_400_not_a_500(client):
+    """An `anyOf` of 2100 objects compiles, then meets llguidance's 2000-item row limit inside
+    onnxruntime-genai once `{"` is written (the default grammar_max_alternatives refuses it)."""
+    objects = [
+        {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+        for i in range(2100)
+    ]
+    answer = post(client, chat(guided_json={"anyOf": objects}, max_tokens=8))
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "guided_json" and "2000" in error["message"]
