@@ -22,7 +22,8 @@ from ferry.batcher.errors import (
     InferenceTimedOut,
 )
 from ferry.batcher.observer import BatchObserver
-from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.packing import Packing
+from ferry.batcher.padding import PaddedBatch
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
 from ferry.batcher.types import Clock, InferFn, Result, clock_or_loop
@@ -41,8 +42,7 @@ class Dispatch:
         *,
         slots: int,
         prepared: int,
-        sequence_outputs: frozenset[str],
-        pad_token_id: int,
+        packing: Packing,
         infer_timeout_s: float | None,
         clock: Clock | None,
         refitted: Callable[[], None],
@@ -52,8 +52,7 @@ class Dispatch:
         self._queue = queue
         self._cost_model = cost_model
         self._observer = observer
-        self._sequence_outputs = sequence_outputs
-        self._pad_token_id = pad_token_id
+        self._packing = packing
         self._infer_timeout_s = infer_timeout_s
         self._clock = clock
         self._refitted = refitted  # after each refit of the cost model
@@ -112,7 +111,7 @@ class Dispatch:
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         wanted = _wanted_outputs(batch)
-        padded = pad_batch([r.sequence for r in batch], self._pad_token_id, wanted)
+        padded = self._packing.pack([r.sequence for r in batch], wanted)
         if not self._queue and len(self.running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)
         now = clock_or_loop(self._clock).time()
@@ -157,13 +156,9 @@ class Dispatch:
         failed = True
         try:
             outputs = await self._infer_within_timeout(padded)
-            for name, value in outputs.items():
-                if value.shape[0] != padded.size:
-                    raise InferenceFailed(
-                        f"output {name!r} has {value.shape[0]} rows for a batch of {padded.size}"
-                    )
+            rows = self._packing.unpack(padded, outputs)
             failed = False
-            return unpad_outputs(outputs, padded.lengths, self._sequence_outputs, padded.outputs)
+            return rows
         finally:
             self._on_backend -= 1
             now = clock.time()
