@@ -103,3 +103,60 @@ def tensor_json(value: np.ndarray, datatype: str) -> Any:
     if datatype == "BYTES":
         return [v.decode() if isinstance(v, bytes) else str(v) for v in value.ravel()]
     return value.ravel()
+
+
+# gRPC: typed contents of each datatype (FP16 has none: raw contents only, as in Triton).
+CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndarray]:
+    """A ModelInferRequest's inputs (raw contents, or typed contents of the datatype's own
+    field), checked against the graph as on HTTP."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput("raw_input_contents", "one raw content per input is required")
+    tensors: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        name, shape, datatype = tensor.name, list(tensor.shape), tensor.datatype
+        if name not in signature.input_names:
+            inputs = list(signature.input_names)
+            raise InvalidInput(name, f"not an input of this model; inputs are {inputs}")
+        if name in tensors:
+            raise InvalidInput(name, "given more than once")
+        want = signature.input(name)
+        if datatype != want.datatype:
+            raise InvalidInput(
+                name, f"datatype {datatype} does not match the model's {want.datatype}"
+            )
+        count = math.prod(shape)
+        used = [field.name for field, _ in tensor.contents.ListFields()]
+        if raw:
+            if used:
+                raise InvalidInput(name, "send raw_input_contents or typed contents, not both")
+            array = _binary(name, datatype, want.dtype, raw[index], count, shape)
+        else:
+            field = CONTENTS.get(datatype)
+            if field is None or any(f != field for f in used):
+                where = f"contents.{field}" if field else "raw_input_contents only"
+                raise InvalidInput(name, f"{datatype} data goes in {where}")
+            items = list(getattr(tensor.contents, field))
+            if datatype == "BYTES":
+                items = [item.decode(errors="replace") for item in items]
+            array = typed_array(name, datatype, want.dtype, items)
+        if array.size != count:
+            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
+        tensors[name] = array.reshape(shape)
+    return tensors

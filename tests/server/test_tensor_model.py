@@ -13,8 +13,11 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
 
+from ferry.bench.processes import free_port
 from ferry.bench.server_process import ferry_server
 from tests.support import plain_graphs
 from tests.support.metrics import metric_value
@@ -60,7 +63,9 @@ def server(graphs):
     config_entry = {"name": "lr", "path": str(graphs["lr"])}
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
-    with ferry_server([config_entry], env=wait, args=args) as handle:
+    grpc_port = free_port()
+    with ferry_server([config_entry], {"grpc_port": grpc_port}, env=wait, args=args) as handle:
+        handle.grpc_url = f"127.0.0.1:{grpc_port}"
         yield handle
 
 
@@ -96,8 +101,29 @@ def kserve_input(name: str, array: np.ndarray) -> dict:
     }
 
 
-def client(server) -> triton_http.InferenceServerClient:
+def client(server, protocol: str = "http"):
+    if protocol == "grpc":
+        return triton_grpc.InferenceServerClient(server.grpc_url)
     return triton_http.InferenceServerClient(server.url.removeprefix("http://"), concurrency=4)
+
+
+def client_infer(server, protocol: str, model: str, feeds: dict[str, np.ndarray], outputs):
+    """tritonclient's way, binary tensors over HTTP and raw contents over gRPC."""
+    module = triton_grpc if protocol == "grpc" else triton_http
+    inputs = []
+    for name, array in feeds.items():
+        datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+        tensor = module.InferInput(name, list(array.shape), datatype)
+        if protocol == "grpc":
+            tensor.set_data_from_numpy(array)
+        else:
+            tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+    with client(server, protocol) as triton:
+        result = triton.infer(
+            model, inputs, outputs=[module.InferRequestedOutput(n) for n in outputs]
+        )
+    return {n: result.as_numpy(n) for n in outputs}
 
 
 # -- signature and metadata -----------------------------------------------------------------------
@@ -125,6 +151,20 @@ def test_metadata_comes_from_the_graph(server):
     ]
     assert masked_config["max_batch_size"] > 0
     assert masked_config["input"][0]["dims"] == [-1]  # the batch axis is implicit
+    with client(server, "grpc") as triton:
+        over_grpc = triton.get_model_metadata("gb", as_json=True)
+        grpc_config = triton.get_model_config("logreg_iris", as_json=True)["config"]
+    assert over_grpc["inputs"] == [{"name": "X", "datatype": "FP32", "shape": ["-1", "30"]}]
+    assert grpc_config["input"][0]["dims"] == ["3", "2"]
+
+
+def test_grpc_refuses_a_wrong_datatype_naming_the_input(server):
+    tensor = triton_grpc.InferInput("X", [1, 30], "FP64")
+    tensor.set_data_from_numpy(np.ones((1, 30), np.float64))
+    with client(server, "grpc") as triton, pytest.raises(InferenceServerException) as error:
+        triton.infer("gb", [tensor])
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert error.value.message().startswith("X: datatype FP64 does not match the model's FP32")
 
 
 # -- padding --------------------------------------------------------------------------------------
@@ -182,27 +222,19 @@ def every_type_feeds(rows: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_every_datatype_goes_in_and_comes_back_exactly(server, sessions, binary):
+@pytest.mark.parametrize("protocol", ["http", "json", "grpc"])
+def test_every_datatype_goes_in_and_comes_back_exactly(server, sessions, protocol):
     requests = [every_type_feeds(rows=int(RNG.integers(1, 3))) for _ in range(12)]
 
     def send(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not binary:  # plain JSON, FP16 as numbers too (tritonclient sends FP16 binary only)
+        if protocol == "json":  # FP16 as JSON numbers too (tritonclient sends it binary only)
             reply = infer(server, "every_type", [kserve_input(n, a) for n, a in feeds.items()])
             assert reply.status_code == 200, reply.text
             return {
                 o["name"]: np.array(o["data"], dtype=TYPES[o["datatype"]]).reshape(o["shape"])
                 for o in reply.json()["outputs"]
             }
-        inputs = []
-        for name, array in feeds.items():
-            tensor = triton_http.InferInput(name, list(array.shape), name.removeprefix("x_"))
-            tensor.set_data_from_numpy(array, binary_data=True)
-            inputs.append(tensor)
-        outputs = [triton_http.InferRequestedOutput(f"y_{t}", binary_data=True) for t in TYPES]
-        with client(server) as triton:
-            result = triton.infer("every_type", inputs, outputs=outputs)
-        return {f"y_{t}": result.as_numpy(f"y_{t}") for t in TYPES}
+        return client_infer(server, protocol, "every_type", feeds, [f"y_{t}" for t in TYPES])
 
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(send, requests))
@@ -278,16 +310,15 @@ def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
 # -- tabular models -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("model", ["gb", "lr"])
-def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, model):
+def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, model, protocol):
     rows = plain_graphs.breast_cancer_rows()[RNG.choice(569, size=64, replace=False)]
 
     def send(row: np.ndarray):
-        tensor = triton_http.InferInput("X", [1, 30], "FP32")
-        tensor.set_data_from_numpy(row[None], binary_data=True)
-        with client(server) as triton:
-            result = triton.infer(model, [tensor])
-        return result.as_numpy("output_label"), result.as_numpy("output_probability")
+        names = ["output_label", "output_probability"]
+        result = client_infer(server, protocol, model, {"X": row[None]}, names)
+        return result["output_label"], result["output_probability"]
 
     with ThreadPoolExecutor(CLIENTS) as pool:
         answers = list(pool.map(send, rows))
