@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ferry.backends.manifest import MANIFEST_NAME
-from ferry.server.settings import ModelSettings
+from ferry.server.settings import ModelSettings, Settings
 
 GRAPH_NAME = "model.onnx"
 
@@ -35,3 +35,14 @@ def plain_graph(settings: ModelSettings) -> Path | None:
             f"model {settings.name!r}: {path} has no {MANIFEST_NAME} and {found}"
         )
     return graphs[0]
+
+
+def refuse_plain_graphs_across_processes(settings: Settings) -> None:
+    """API processes (`api_servers` > 1) reach the encoders through the engine process's token
+    wire, which has no place for named tensors: refused at start, not at the first request."""
+    plain = [m.name for m in settings.models if plain_graph(m) is not None]
+    if settings.api_servers > 1 and plain:
+        raise ValueError(
+            f"models {plain} are plain ONNX graphs, served only with api_servers = 1 "
+            f"(got {settings.api_servers})"
+        )
