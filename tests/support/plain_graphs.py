@@ -75,24 +75,34 @@ def every_type(path: Path) -> Path:
     return _save(graph, path)
 
 
-def breast_cancer(path: Path, estimator: str) -> Path:
-    """A classifier of scikit-learn's bundled breast-cancer data, exported by skl2onnx."""
-    from skl2onnx import to_onnx
-    from sklearn.datasets import load_breast_cancer
+def breast_cancer_estimator(estimator: str):
+    """A classifier fitted on scikit-learn's bundled breast-cancer data (569 x 30)."""
     from sklearn.ensemble import GradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    x, y = load_breast_cancer(return_X_y=True)
-    x = x.astype(np.float32)
     model = {
         "gradient_boosting": GradientBoostingClassifier(n_estimators=20, random_state=0),
         "logistic_regression": make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)),
     }[estimator]
-    model.fit(x, y)
-    onnx.save(to_onnx(model, x[:1], target_opset=17), path)
+    x = breast_cancer_rows()
+    return model.fit(x, breast_cancer_labels())
+
+
+def breast_cancer(path: Path, estimator: str) -> Path:
+    """The classifier exported by skl2onnx (ZipMap on, as skl2onnx makes it by default)."""
+    from skl2onnx import to_onnx
+
+    x = breast_cancer_rows()
+    onnx.save(to_onnx(breast_cancer_estimator(estimator), x[:1], target_opset=17), path)
     return path
+
+
+def breast_cancer_labels() -> np.ndarray:
+    from sklearn.datasets import load_breast_cancer
+
+    return load_breast_cancer(return_X_y=True)[1]
 
 
 def breast_cancer_rows() -> np.ndarray:
