@@ -63,6 +63,11 @@ class QueuedRequest:
     def length(self) -> int:
         return self.sequence.length
 
+    @property
+    def shape_key(self) -> tuple:
+        """Only requests of one key share a batch (tensors' unpadded axes; tokens: one key)."""
+        return getattr(self.sequence, "shape_key", ())
+
     def fail(self, error: BaseException) -> None:
         """Resolve the future with `error`, unless it is resolved already (exactly once)."""
         if not self.future.done():

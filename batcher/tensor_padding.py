@@ -38,7 +38,9 @@ class TensorRows:
 
     tensors: Mapping[str, np.ndarray]
     rows: int
-    axis_sizes: Mapping[str, int]  # dynamic axis name -> its size in this request
+    axis_sizes: Mapping[str, int]  # padded axis name -> its size in this request
+    # The sizes of its dynamic axes that are not padded: only requests of equal keys batch.
+    shape_key: tuple[tuple[str, int], ...] = ()
 
     @property
     def length(self) -> int:

@@ -46,6 +46,7 @@ class TensorModel:
         self._metrics = metrics
         self.batcher: MicroBatcher | None = None
         self.batchable = False
+        self._padded: frozenset[str] = frozenset()  # the dynamic axes requests pad along
         self.ready = False
 
     @property
@@ -66,6 +67,15 @@ class TensorModel:
                 f"model {self.name!r}: pad_values names {sorted(unknown)}, which are not among "
                 f"its inputs {list(signature.input_names)}"
             )
+        dynamic = {a for s in signature.inputs for a in s.axis_names().values()}
+        pad_axes = self.settings.pad_axes
+        unknown = set(pad_axes or ()) - dynamic
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
+                f"its inputs' dynamic axes {sorted(dynamic)}"
+            )
+        self._padded = frozenset(dynamic if pad_axes is None else pad_axes)
         self.batchable = signature.batchable
         self.batcher = MicroBatcher(
             self.name,
@@ -83,8 +93,11 @@ class TensorModel:
         self._metrics.model_ready.labels(self.name).set(1)
 
     def _layout(self) -> TensorLayout:
-        inputs = {s.name: s.axis_names() for s in self.signature.inputs}
-        padded = {axis for axes in inputs.values() for axis in axes.values()}
+        padded = self._padded
+        inputs = {
+            s.name: {i: a for i, a in s.axis_names().items() if a in padded}
+            for s in self.signature.inputs
+        }
         outputs = {
             s.name: {i: a for i, a in s.axis_names().items() if a in padded}
             for s in self.signature.outputs
@@ -107,10 +120,16 @@ class TensorModel:
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
-            return valid_rows(self.signature, tensors, self.batchable)
+            rows = valid_rows(self.signature, tensors, self.batchable)
         except InvalidInput:
             self.count_invalid()
             raise
+        sizes = rows.axis_sizes
+        if set(sizes) <= self._padded:
+            return rows
+        padded = {axis: size for axis, size in sizes.items() if axis in self._padded}
+        key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in padded))
+        return replace(rows, axis_sizes=padded, shape_key=key)
 
     def select_outputs(
         self, requested: Sequence[str | None] | None, *, tensors: bool = True

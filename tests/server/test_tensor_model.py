@@ -55,16 +55,19 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def server(graphs):
     # Waits for company (no dispatch while idle), so concurrent requests share padded batches.
-    wait = {
-        "FERRY_MODEL__MASKED__BATCHING__DISPATCH_WHEN_IDLE": "false",
-        "FERRY_MODEL__MASKED__BATCHING__MAX_QUEUE_DELAY_S": "0.02",
-    }
-    # One model from a [[models]] entry naming a plain file; the rest from --model.
-    config_entry = {"name": "lr", "path": str(graphs["lr"])}
+    wait = {}
+    for name in ("MASKED", "UNPADDED"):
+        wait[f"FERRY_MODEL__{name}__BATCHING__DISPATCH_WHEN_IDLE"] = "false"
+        wait[f"FERRY_MODEL__{name}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.02"
+    # Models from [[models]] entries naming a plain file; the rest from --model.
+    config_entries = [
+        {"name": "lr", "path": str(graphs["lr"])},
+        {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
+    ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
     grpc_port = free_port()
-    with ferry_server([config_entry], {"grpc_port": grpc_port}, env=wait, args=args) as handle:
+    with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
         yield handle
 
@@ -170,9 +173,9 @@ def test_grpc_refuses_a_wrong_datatype_naming_the_input(server):
 # -- padding --------------------------------------------------------------------------------------
 
 
-def masked_request(rows: int) -> dict[str, np.ndarray]:
+def masked_request(rows: int, width: int | None = None) -> dict[str, np.ndarray]:
     """Rows of one width (a request is rectangular), each with its own real length."""
-    width = int(RNG.integers(1, 40))
+    width = width or int(RNG.integers(1, 40))
     data = RNG.normal(size=(rows, width)).astype(np.float32)
     mask = np.zeros((rows, width), dtype=np.int64)
     for row in range(rows):
@@ -180,12 +183,9 @@ def masked_request(rows: int) -> dict[str, np.ndarray]:
     return {"data": data, "mask": mask}
 
 
-def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sessions):
-    before = metric_value(server.metrics(), "ferry_batch_size_requests_count", model="masked")
-    requests = [masked_request(rows=int(RNG.integers(1, 4))) for _ in range(48)]
-
+def send_masked(server, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict]:
     def send(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        reply = infer(server, "masked", [kserve_input(n, a) for n, a in feeds.items()])
+        reply = infer(server, model, [kserve_input(n, a) for n, a in feeds.items()])
         assert reply.status_code == 200, reply.text
         return {
             o["name"]: np.array(o["data"], dtype=np.float32).reshape(o["shape"])
@@ -193,7 +193,13 @@ def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sess
         }
 
     with ThreadPoolExecutor(CLIENTS) as pool:
-        answers = list(pool.map(send, requests))
+        return list(pool.map(send, requests))
+
+
+def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sessions):
+    before = metric_value(server.metrics(), "ferry_batch_size_requests_count", model="masked")
+    requests = [masked_request(rows=int(RNG.integers(1, 4))) for _ in range(48)]
+    answers = send_masked(server, "masked", requests)
     for feeds, answer in zip(requests, answers, strict=True):
         expected = alone(sessions["masked"], feeds)
         assert answer["masked"].shape == feeds["data"].shape  # cut back to its own width
@@ -203,6 +209,18 @@ def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sess
     batches = metric_value(text, "ferry_batch_size_requests_count", model="masked") - before
     assert batches < len(requests), "no two requests shared a batch: padding went untested"
     assert metric_value(text, "ferry_batch_padding_ratio_sum", model="masked") > 0
+
+
+def test_axes_left_unpadded_batch_only_requests_of_equal_size(server, sessions):
+    requests = [masked_request(rows=1, width=int(RNG.choice([3, 6]))) for _ in range(48)]
+    answers = send_masked(server, "unpadded", requests)
+    for feeds, answer in zip(requests, answers, strict=True):
+        expected = alone(sessions["masked"], feeds)
+        np.testing.assert_allclose(answer["masked"], expected["masked"], rtol=1e-6, atol=1e-6)
+    text = server.metrics()
+    batches = metric_value(text, "ferry_batch_size_requests_count", model="unpadded")
+    assert batches < len(requests), "no two requests shared a batch"
+    assert metric_value(text, "ferry_batch_padding_ratio_sum", model="unpadded") == 0
 
 
 # -- datatypes ------------------------------------------------------------------------------------
