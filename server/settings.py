@@ -34,7 +34,8 @@ class ModelSettings(_Strict):
     # plain ONNX graph (an .onnx file, or a folder of one without ferry_model.json), served as
     # named tensors in and out (server/tensor_model.py).
     path: Path
-    # Outputs returned by /predict unless the request asks for others.
+    # Outputs returned by /predict unless the request asks for others (a plain graph: all of
+    # its outputs unless set).
     outputs: tuple[str, ...] = ("sentence_embedding",)
     # A request's deadline unless it sets its own: past it, 504 (queued work is dropped).
     timeout_s: float = Field(default=30.0, gt=0)

@@ -47,6 +47,7 @@ class TensorModel:
         self.batcher: MicroBatcher | None = None
         self.batchable = False
         self._padded: frozenset[str] = frozenset()  # the dynamic axes requests pad along
+        self._default_outputs: tuple[str, ...] = ()  # /predict's when a request names none
         self.ready = False
 
     @property
@@ -76,6 +77,16 @@ class TensorModel:
                 f"its inputs' dynamic axes {sorted(dynamic)}"
             )
         self._padded = frozenset(dynamic if pad_axes is None else pad_axes)
+        if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
+            missing = set(self.settings.outputs) - set(signature.output_names)
+            if missing:
+                raise ValueError(
+                    f"model {self.name!r}: outputs {sorted(missing)} are not among "
+                    f"{list(signature.output_names)}"
+                )
+            self._default_outputs = self.settings.outputs
+        else:
+            self._default_outputs = signature.output_names
         self.batchable = signature.batchable
         self.batcher = MicroBatcher(
             self.name,
@@ -132,17 +143,19 @@ class TensorModel:
         return replace(rows, axis_sizes=padded, shape_key=key)
 
     def select_outputs(
-        self, requested: Sequence[str | None] | None, *, tensors: bool = True
+        self, requested: Sequence[str | None] | None, *, tensors: bool = False
     ) -> tuple[str, ...]:
-        """The outputs a request names (checked), else every output of the graph (`tensors`
-        as the encoders' has no meaning here: every output is a tensor on KServe)."""
+        """The outputs a request names (checked), else the configured ones (`outputs`; every
+        output of the graph when unset), or with `tensors` (KServe) every one, as encoders."""
         choices = self.signature.output_names
         for name in requested or ():
             if name not in choices:
                 raise InvalidInput(
                     "outputs", f"unknown output {name!r}; choose from {list(choices)}"
                 )
-        return tuple(requested) if requested else choices  # type: ignore[arg-type]
+        if requested:
+            return tuple(requested)  # type: ignore[arg-type]
+        return choices if tensors else self._default_outputs
 
     async def infer(
         self,

@@ -269,7 +269,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 async def infer_plain(model: TensorModel, request: Any) -> service_pb2.ModelInferResponse:
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes."""
-    wanted = model.select_outputs([o.name for o in request.outputs])
+    wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
     priority = request_priority(_parameter(request.parameters, "priority"))
     rows = model.validate(decode_grpc_tensors(request, model.signature))
     result = await model.infer(rows, wanted, None, priority)

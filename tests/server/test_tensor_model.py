@@ -18,7 +18,7 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
-from ferry.bench.server_process import ferry_server
+from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.support import plain_graphs
 from tests.support.metrics import metric_value
 
@@ -59,9 +59,11 @@ def server(graphs):
     for name in ("MASKED", "UNPADDED"):
         wait[f"FERRY_MODEL__{name}__BATCHING__DISPATCH_WHEN_IDLE"] = "false"
         wait[f"FERRY_MODEL__{name}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.02"
-    # Models from [[models]] entries naming a plain file; the rest from --model.
+    # Models from [[models]] entries naming a plain file (beside the default text encoder,
+    # still the default model); the rest from --model.
     config_entries = [
-        {"name": "lr", "path": str(graphs["lr"])},
+        default_model_config(),
+        {"name": "lr", "path": str(graphs["lr"]), "outputs": ["output_probability"]},
         {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
     ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
@@ -360,6 +362,19 @@ def test_predict_takes_records_and_named_tensors(server, sessions, form):
     for answer, probability in zip(answers, expected["output_probability"], strict=True):
         assert list(answer["output_probability"]) == ["0", "1"]  # ZipMap's classes as keys
         np.testing.assert_allclose(list(answer["output_probability"].values()), probability)
+
+
+def test_predict_serves_text_and_plain_graphs_side_by_side(server):
+    text = httpx.post(f"{server.url}/predict", json={"inputs": "a sentence"}, timeout=30)
+    assert text.status_code == 200 and text.json()["model"] == DEFAULT_MODEL
+    row = plain_graphs.breast_cancer_rows()[0].tolist()
+    body = {"model": "lr", "inputs": [{"X": row}]}
+    tabular = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+    assert tabular.status_code == 200, tabular.text
+    (answer,) = tabular.json()["outputs"]
+    assert list(answer) == ["output_probability"]  # the configured outputs, not every one
+    listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    assert {m["id"] for m in listed} >= {DEFAULT_MODEL, "masked", "lr", "logreg_iris"}
 
 
 def test_a_fixed_first_axis_is_served_one_request_at_a_time(server, sessions):
