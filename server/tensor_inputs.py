@@ -42,7 +42,8 @@ def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.nda
         return np.array(flat, dtype=object)
     if datatype in FLOATS:
         wide = np.array(flat, dtype=np.float64)
-        array = wide.astype(dtype)
+        with np.errstate(over="ignore"):  # found just below, and refused naming the item
+            array = wide.astype(dtype)
         lost = np.isfinite(wide) & ~np.isfinite(array)
         if lost.any():
             index = int(np.argmax(lost))

@@ -4,6 +4,7 @@ against ONNX Runtime run on that request alone, under concurrency, over KServe v
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -15,10 +16,14 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.server.metrics import FerryMetrics
+from ferry.server.settings import ModelSettings
+from ferry.server.tensor_model import TensorModel
 from tests.support import plain_graphs
 from tests.support.metrics import metric_value
 
@@ -406,3 +411,21 @@ def test_a_missing_model_file_is_an_error_naming_it(tmp_path):
     )
     assert run.returncode != 0
     assert str(missing) in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"pad_values": {"nope": 1.0}}, "pad_values names ['nope']"),
+        ({"pad_axes": ["N", "S"]}, "pad_axes names ['N', 'S']"),
+        ({"outputs": ["mean", "median"]}, "outputs ['median']"),
+    ],
+)
+async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, fields, words):
+    settings = ModelSettings(name="masked", path=graphs["masked"], **fields)
+    model = TensorModel(settings, graphs["masked"], FerryMetrics(CollectorRegistry()))
+    try:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            await model.start()
+    finally:
+        await model.close(0)
