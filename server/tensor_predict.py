@@ -71,7 +71,7 @@ def answer_rows(
     always does); else one object of the whole outputs."""
     counts = {result[name].shape[0] if result[name].ndim else -1 for name in outputs}
     if len(counts) != 1 or -1 in counts:
-        return [{name: result[name].tolist() for name in outputs}]
+        return [{name: _plain(result[name]) for name in outputs}]
     (count,) = counts
     keys = {name: [str(k) for k in model.class_keys.get(name, [])] for name in outputs}
     rows = []
@@ -82,6 +82,13 @@ def answer_rows(
             if model.signature.output(name).class_map:
                 row[name] = dict(zip(keys[name], value.tolist(), strict=True))
             else:
-                row[name] = value.tolist()
+                row[name] = _plain(value)
         rows.append(row)
     return rows
+
+
+def _plain(value: Any) -> Any:
+    """A row's value as JSON takes it: a string output's row is a str (or bytes) already."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value.tolist() if hasattr(value, "tolist") else value

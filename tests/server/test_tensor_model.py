@@ -54,6 +54,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
         "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
         "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
         "iris": plain_graphs.iris_graph(),
+        "iris_by_name": plain_graphs.iris_by_name(folder / "iris_by_name.onnx"),
     }
 
 
@@ -73,6 +74,7 @@ def server(graphs):
     ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
+    args += ["--model", str(graphs["iris_by_name"])]
     grpc_port = free_port()
     with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
@@ -380,6 +382,28 @@ def test_predict_serves_text_and_plain_graphs_side_by_side(server):
     assert list(answer) == ["output_probability"]  # the configured outputs, not every one
     listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
     assert {m["id"] for m in listed} >= {DEFAULT_MODEL, "masked", "lr", "logreg_iris"}
+
+
+@pytest.mark.parametrize("protocol", ["predict", "json", "http"])
+def test_string_labels_come_back_as_strings(server, sessions, protocol):
+    rows = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
+    expected = alone(sessions["iris_by_name"], {"X": rows})
+    if protocol == "predict":
+        body = {"model": "iris_by_name", "inputs": {"X": rows.tolist()}}
+        reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        answers = reply.json()["outputs"]
+        assert [a["output_label"] for a in answers] == expected["output_label"].tolist()
+        assert list(answers[1]["output_probability"]) == list(plain_graphs.IRIS_NAMES)
+        return
+    if protocol == "json":
+        reply = infer(server, "iris_by_name", [kserve_input("X", rows)])
+        assert reply.status_code == 200, reply.text
+        label = reply.json()["outputs"][0]
+        assert label["datatype"] == "BYTES" and label["data"] == expected["output_label"].tolist()
+        return
+    result = client_infer(server, "http", "iris_by_name", {"X": rows}, ["output_label"])
+    assert [b.decode() for b in result["output_label"]] == expected["output_label"].tolist()
 
 
 def test_a_fixed_first_axis_is_served_one_request_at_a_time(server, sessions):

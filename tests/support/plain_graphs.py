@@ -105,6 +105,23 @@ def breast_cancer_labels() -> np.ndarray:
     return load_breast_cancer(return_X_y=True)[1]
 
 
+def iris_by_name(path: Path) -> Path:
+    """A classifier whose labels are strings: a BYTES output, and ZipMap keyed by name."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_iris(return_X_y=True)
+    x = x.astype(np.float32)
+    names = np.array(IRIS_NAMES)[y]
+    model = LogisticRegression(max_iter=500).fit(x, names)
+    onnx.save(to_onnx(model, x[:1], target_opset=17), path)
+    return path
+
+
+IRIS_NAMES = ("setosa", "versicolor", "virginica")
+
+
 def breast_cancer_rows() -> np.ndarray:
     from sklearn.datasets import load_breast_cancer
 
