@@ -85,6 +85,11 @@ def nested(name: str, data: Any) -> tuple[list[int], list]:
         return [], [data]
     if not data:
         return [0], []
+    lists = sum(isinstance(item, list) for item in data)
+    if not lists:  # the innermost level (a row of numbers): no call per item
+        return [len(data)], data
+    if lists != len(data):
+        raise InvalidInput(name, "lists mixed with single values (a tensor is rectangular)")
     parts = [nested(name, item) for item in data]
     shape = parts[0][0]
     if any(part[0] != shape for part in parts):

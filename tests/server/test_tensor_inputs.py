@@ -70,3 +70,10 @@ def test_named_axes_must_agree_between_inputs():
     assert rows.rows == 1 and rows.axis_sizes == {"T": 3}
     with pytest.raises(InvalidInput, match=r"axis 1 \(T\) is 2, but input 'data' has it 3"):
         valid_rows(MASKED, {"data": data, "mask": np.ones((1, 2), np.bool_)}, True)
+
+
+@pytest.mark.parametrize("data", [[[1.0], [2.0, 3.0]], [1.0, [2.0]], [[1.0], 2.0]])
+def test_ragged_nesting_is_refused_naming_the_input(data):
+    with pytest.raises(InvalidInput) as error:
+        json_tensor(MASKED.inputs[0], data)
+    assert error.value.field == "data" and "rectangular" in error.value.message
