@@ -147,6 +147,9 @@ def test_metadata_comes_from_the_graph(server):
         gb = triton.get_model_metadata("gb")
         iris_config = triton.get_model_config("logreg_iris")
         masked_config = triton.get_model_config("masked")
+        assert triton.is_model_ready("masked") and triton.is_model_ready("logreg_iris")
+        stats = triton.get_inference_statistics("gb")["model_stats"]
+    assert [m["name"] for m in stats] == ["gb"]
     assert masked["inputs"] == [
         {"name": "data", "datatype": "FP32", "shape": [-1, -1]},
         {"name": "mask", "datatype": "INT64", "shape": [-1, -1]},
