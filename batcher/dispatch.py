@@ -23,10 +23,9 @@ from ferry.batcher.errors import (
 )
 from ferry.batcher.observer import BatchObserver
 from ferry.batcher.packing import Packing
-from ferry.batcher.padding import PaddedBatch
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
-from ferry.batcher.types import Clock, InferFn, Result, clock_or_loop
+from ferry.batcher.types import Batch, Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +144,7 @@ class Dispatch:
             if not request.future.done():
                 request.future.set_result(row)
 
-    async def _infer_rows(self, padded: PaddedBatch, priced_s: float) -> list[Result]:
+    async def _infer_rows(self, padded: Batch, priced_s: float) -> list[Result]:
         """Run the batch; `priced_s` is what admission priced its members at (their shares)."""
         predicted_s = self._cost_model.predict(padded.size, padded.padded_length)
         clock = clock_or_loop(self._clock)
@@ -182,7 +181,7 @@ class Dispatch:
                 self._observer.cost_model(self._cost_model.as_dict())
                 self._refitted()
 
-    async def _infer_within_timeout(self, padded: PaddedBatch) -> Result:
+    async def _infer_within_timeout(self, padded: Batch) -> Result:
         """A hung backend fails its batch (504) instead of holding its callers forever."""
         if self._infer_timeout_s is None:
             return await self._infer(padded)

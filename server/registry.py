@@ -84,9 +84,6 @@ class ModelRegistry:
         tensor = self.tensors.get(key) if key is not None else None
         return tensor if tensor is not None else self.get(name)
 
-    def tensor_names(self) -> list[str]:
-        return list(self.tensors)
-
     def llm(self, name: str) -> ServedModel:
         """The LLM `name`: a base model, or an adapter loaded on one."""
         engine = self.llms.get(name)
