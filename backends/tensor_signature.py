@@ -40,6 +40,9 @@ class TensorSpec:
     datatype: str  # KServe's name: FP32, INT64, BYTES, ...
     shape: tuple[Dim, ...]  # dynamic axes by name; unnamed ones are named "<tensor>:<axis>"
     class_map: bool = False  # a ZipMap output: [N, C] on KServe, {class: p} on /predict
+    # The names given here to the graph's unnamed dynamic axes: no other tensor shares them,
+    # so an output cannot be cut back along them (never padded unless configured).
+    unnamed: frozenset[str] = frozenset()
 
     @property
     def dtype(self) -> np.dtype:
@@ -50,6 +53,10 @@ class TensorSpec:
     def axis_names(self) -> dict[int, str]:
         """The dynamic axes (by position) past the first: what padding may act on."""
         return {i: d for i, d in enumerate(self.shape) if i > 0 and isinstance(d, str)}
+
+    def named_axes(self) -> set[str]:
+        """Those of `axis_names` the graph itself names."""
+        return set(self.axis_names().values()) - self.unnamed
 
     def metadata_shape(self) -> list[int]:
         return [d if isinstance(d, int) else -1 for d in self.shape]
@@ -100,7 +107,9 @@ def _spec(node: Any, output: bool) -> TensorSpec:
         side = "output" if output else "input"
         message = f"{side} {node.name!r} has type {node.type}, which Ferry cannot serve"
         raise UnsupportedGraph(message)
-    return TensorSpec(node.name, DATATYPES[node.type][0], _dims(node.name, node.shape))
+    dims = _dims(node.name, node.shape)
+    unnamed = frozenset(d for d, given in zip(dims, node.shape, strict=True) if d != given)
+    return TensorSpec(node.name, DATATYPES[node.type][0], dims, unnamed=unnamed)
 
 
 def _dims(name: str, shape: Sequence[Any]) -> tuple[Dim, ...]:

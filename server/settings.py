@@ -43,8 +43,9 @@ class ModelSettings(_Strict):
     infer_timeout_s: float = Field(default=60.0, gt=0)
     backend: BackendOptions = OnnxRuntimeOptions()
     # A plain graph's dynamic axes (by name) that requests are padded along to share a batch;
-    # None: every dynamic axis past the first. Requests differing on another never share one
-    # (an image model's height and width: padding would change its answers).
+    # None: every dynamic axis past the first that the graph names (an unnamed one cannot be
+    # traced to an output). Requests differing on another never share one (an image model's
+    # height and width: padding would change its answers).
     pad_axes: tuple[str, ...] | None = None
     # A plain graph's inputs padded with other than 0 along their dynamic axes (by input name).
     pad_values: dict[str, float] = Field(default_factory=dict)

@@ -69,6 +69,7 @@ class TensorModel:
                 f"its inputs {list(signature.input_names)}"
             )
         dynamic = {a for s in signature.inputs for a in s.axis_names().values()}
+        named = {a for s in signature.inputs for a in s.named_axes()}
         pad_axes = self.settings.pad_axes
         unknown = set(pad_axes or ()) - dynamic
         if unknown:
@@ -76,7 +77,8 @@ class TensorModel:
                 f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
                 f"its inputs' dynamic axes {sorted(dynamic)}"
             )
-        self._padded = frozenset(dynamic if pad_axes is None else pad_axes)
+        # By default the axes the graph names: an unnamed one ties no output to it.
+        self._padded = frozenset(named if pad_axes is None else pad_axes)
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
             missing = set(self.settings.outputs) - set(signature.output_names)
             if missing:

@@ -50,6 +50,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("graphs")
     return {
         "masked": plain_graphs.masked_mean(folder / "masked_mean.onnx"),
+        "unnamed": plain_graphs.masked_mean(folder / "unnamed.onnx", axis=None),
         "every_type": plain_graphs.every_type(folder / "every_type.onnx"),
         "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
         "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
@@ -62,7 +63,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
 def server(graphs):
     # Waits for company (no dispatch while idle), so concurrent requests share padded batches.
     wait = {}
-    for name in ("MASKED", "UNPADDED"):
+    for name in ("MASKED", "UNPADDED", "UNNAMED"):
         wait[f"FERRY_MODEL__{name}__BATCHING__DISPATCH_WHEN_IDLE"] = "false"
         wait[f"FERRY_MODEL__{name}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.02"
     # Models from [[models]] entries naming a plain file (beside the default text encoder,
@@ -74,7 +75,7 @@ def server(graphs):
     ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
-    args += ["--model", str(graphs["iris_by_name"])]
+    args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
     grpc_port = free_port()
     with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
@@ -223,16 +224,18 @@ def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sess
     assert metric_value(text, "ferry_batch_padding_ratio_sum", model="masked") > 0
 
 
-def test_axes_left_unpadded_batch_only_requests_of_equal_size(server, sessions):
+# Configured so (pad_axes = []), or unnamed in the graph (no output can be tied to it).
+@pytest.mark.parametrize("model", ["unpadded", "unnamed"])
+def test_axes_left_unpadded_batch_only_requests_of_equal_size(server, sessions, model):
     requests = [masked_request(rows=1, width=int(RNG.choice([3, 6]))) for _ in range(48)]
-    answers = send_masked(server, "unpadded", requests)
+    answers = send_masked(server, model, requests)
     for feeds, answer in zip(requests, answers, strict=True):
         expected = alone(sessions["masked"], feeds)
         np.testing.assert_allclose(answer["masked"], expected["masked"], rtol=1e-6, atol=1e-6)
     text = server.metrics()
-    batches = metric_value(text, "ferry_batch_size_requests_count", model="unpadded")
+    batches = metric_value(text, "ferry_batch_size_requests_count", model=model)
     assert batches < len(requests), "no two requests shared a batch"
-    assert metric_value(text, "ferry_batch_padding_ratio_sum", model="unpadded") == 0
+    assert metric_value(text, "ferry_batch_padding_ratio_sum", model=model) == 0
 
 
 # -- datatypes ------------------------------------------------------------------------------------

@@ -40,7 +40,8 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
     return path
 
 
-def masked_mean(path: Path) -> Path:
+def masked_mean(path: Path, axis: str | None = "T") -> Path:
+    """`axis` None: the length axis left unnamed, as an export without dynamic-axis names."""
     nodes = [
         helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
         helper.make_node("Mul", ["data", "maskf"], ["masked"]),
@@ -53,12 +54,12 @@ def masked_mean(path: Path) -> Path:
         nodes,
         "masked_mean",
         [
-            helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", "T"]),
-            helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", "T"]),
+            helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", axis]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", axis]),
         ],
         [
             helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["N"]),
-            helper.make_tensor_value_info("masked", TensorProto.FLOAT, ["N", "T"]),
+            helper.make_tensor_value_info("masked", TensorProto.FLOAT, ["N", axis]),
         ],
     )
     return _save(graph, path)
