@@ -68,16 +68,15 @@ class TensorModel:
                 f"model {self.name!r}: pad_values names {sorted(unknown)}, which are not among "
                 f"its inputs {list(signature.input_names)}"
             )
-        dynamic = {a for s in signature.inputs for a in s.axis_names().values()}
+        # Only axes the graph names: an unnamed one ties no output to it to cut back.
         named = {a for s in signature.inputs for a in s.named_axes()}
         pad_axes = self.settings.pad_axes
-        unknown = set(pad_axes or ()) - dynamic
+        unknown = set(pad_axes or ()) - named
         if unknown:
             raise ValueError(
                 f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
-                f"its inputs' dynamic axes {sorted(dynamic)}"
+                f"its inputs' named dynamic axes {sorted(named)}"
             )
-        # By default the axes the graph names: an unnamed one ties no output to it.
         self._padded = frozenset(named if pad_axes is None else pad_axes)
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
             missing = set(self.settings.outputs) - set(signature.output_names)

@@ -444,16 +444,18 @@ def test_a_missing_model_file_is_an_error_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("fields", "words"),
+    ("graph", "fields", "words"),
     [
-        ({"pad_values": {"nope": 1.0}}, "pad_values names ['nope']"),
-        ({"pad_axes": ["N", "S"]}, "pad_axes names ['N', 'S']"),
-        ({"outputs": ["mean", "median"]}, "outputs ['median']"),
+        ("masked", {"pad_values": {"nope": 1.0}}, "pad_values names ['nope']"),
+        ("masked", {"pad_axes": ["N", "S"]}, "pad_axes names ['N', 'S']"),
+        ("masked", {"outputs": ["mean", "median"]}, "outputs ['median']"),
+        # An unnamed axis ties no output to it: its padding could not be cut back.
+        ("unnamed", {"pad_axes": ["data:1"]}, "pad_axes names ['data:1']"),
     ],
 )
-async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, fields, words):
-    settings = ModelSettings(name="masked", path=graphs["masked"], **fields)
-    model = TensorModel(settings, graphs["masked"], FerryMetrics(CollectorRegistry()))
+async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, graph, fields, words):
+    settings = ModelSettings(name="m", path=graphs[graph], **fields)
+    model = TensorModel(settings, graphs[graph], FerryMetrics(CollectorRegistry()))
     try:
         with pytest.raises(ValueError, match=re.escape(words)):
             await model.start()
