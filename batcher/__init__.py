@@ -17,9 +17,11 @@ from ferry.batcher.errors import (
     QueueFull,
 )
 from ferry.batcher.observer import BatchObserver
+from ferry.batcher.packing import TensorPacking, TokenPacking
 from ferry.batcher.padding import PaddedBatch, pad_batch, stack_rows, unpad_outputs
 from ferry.batcher.policy import BatchLimits
 from ferry.batcher.request import SequenceLimits, TokenSequence
+from ferry.batcher.tensor_padding import TensorBatch, TensorLayout, TensorRows
 
 __all__ = [
     "BatchAbandoned",
@@ -35,6 +37,11 @@ __all__ = [
     "PaddedBatch",
     "QueueFull",
     "SequenceLimits",
+    "TensorBatch",
+    "TensorLayout",
+    "TensorPacking",
+    "TensorRows",
+    "TokenPacking",
     "TokenSequence",
     "pad_batch",
     "stack_rows",

@@ -28,10 +28,12 @@ from ferry.batcher.errors import (
     DeadlineExceeded,
 )
 from ferry.batcher.observer import BatchObserver, NullObserver
+from ferry.batcher.packing import Packing, TokenPacking
 from ferry.batcher.padding import PaddedBatch
 from ferry.batcher.policy import BatchLimits
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest, SequenceLimits, TokenSequence
+from ferry.batcher.tensor_padding import TensorRows
 from ferry.batcher.types import Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
@@ -43,10 +45,11 @@ class MicroBatcher:
         name: str,
         infer: InferFn,
         limits: BatchLimits,
-        sequence_limits: SequenceLimits,
+        sequence_limits: SequenceLimits | None,
         *,
         sequence_outputs: frozenset[str] = frozenset(),
         pad_token_id: int = 0,
+        packing: Packing | None = None,
         default_timeout_s: float | None = None,
         infer_timeout_s: float | None = None,
         observer: BatchObserver | None = None,
@@ -71,8 +74,8 @@ class MicroBatcher:
             self._observer,
             slots=limits.max_concurrent_batches,
             prepared=limits.prepared_batches,
-            sequence_outputs=sequence_outputs,
-            pad_token_id=pad_token_id,
+            # Token sequences unless told otherwise (tensors of any shape: TensorPacking).
+            packing=packing or TokenPacking(pad_token_id, sequence_outputs),
             infer_timeout_s=infer_timeout_s,
             clock=clock,
             refitted=self._cost_model_refitted,
@@ -110,7 +113,7 @@ class MicroBatcher:
 
     def submit(
         self,
-        sequences: Sequence[TokenSequence],
+        sequences: Sequence[TokenSequence | TensorRows],
         timeout_s: float | None = None,
         outputs: frozenset[str] | None = None,
         priority: int = 0,
@@ -129,7 +132,8 @@ class MicroBatcher:
             self._observer.rejected("closed")
             raise BatcherClosed(f"model {self.name!r} is shutting down")
         # Validated once, by the server (encoder_validation.py): asserted, not checked again.
-        assert all(map(self.sequence_limits.admits, sequences)), "unvalidated sequences"
+        limits = self.sequence_limits
+        assert limits is None or all(map(limits.admits, sequences)), "unvalidated sequences"
         loop = asyncio.get_running_loop()
         clock = self._clock or loop
         now = clock.time()
@@ -161,6 +165,7 @@ class MicroBatcher:
         """Seed the cost model with warm-up batches of known shapes (before serving)."""
         limits = self.limits
         clock = clock_or_loop(self._clock)
+        assert self.sequence_limits is not None, "calibrated by token shapes"
         longest = self.sequence_limits.max_length
         shapes = shapes or [
             (n, length)

@@ -66,6 +66,9 @@ class Collection:
         """
         # Strict priorities: a batch holds only the most urgent priority queued.
         queued = self._queue.most_urgent()
+        key = queued[0].shape_key
+        if key:  # tensors that cannot be padded to each other: only the oldest's kind
+            queued = [request for request in queued if request.shape_key == key]
         window = self.limits.fairness_window
         if not self.limits.group_by_length or window is None:
             return queued  # batches in arrival order pass nobody over; None: no window

@@ -22,10 +22,10 @@ from ferry.batcher.errors import (
     InferenceTimedOut,
 )
 from ferry.batcher.observer import BatchObserver
-from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.packing import Packing
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
-from ferry.batcher.types import Clock, InferFn, Result, clock_or_loop
+from ferry.batcher.types import Batch, Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +41,7 @@ class Dispatch:
         *,
         slots: int,
         prepared: int,
-        sequence_outputs: frozenset[str],
-        pad_token_id: int,
+        packing: Packing,
         infer_timeout_s: float | None,
         clock: Clock | None,
         refitted: Callable[[], None],
@@ -52,8 +51,7 @@ class Dispatch:
         self._queue = queue
         self._cost_model = cost_model
         self._observer = observer
-        self._sequence_outputs = sequence_outputs
-        self._pad_token_id = pad_token_id
+        self._packing = packing
         self._infer_timeout_s = infer_timeout_s
         self._clock = clock
         self._refitted = refitted  # after each refit of the cost model
@@ -112,7 +110,7 @@ class Dispatch:
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         wanted = _wanted_outputs(batch)
-        padded = pad_batch([r.sequence for r in batch], self._pad_token_id, wanted)
+        padded = self._packing.pack([r.sequence for r in batch], wanted)
         if not self._queue and len(self.running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)
         now = clock_or_loop(self._clock).time()
@@ -146,7 +144,7 @@ class Dispatch:
             if not request.future.done():
                 request.future.set_result(row)
 
-    async def _infer_rows(self, padded: PaddedBatch, priced_s: float) -> list[Result]:
+    async def _infer_rows(self, padded: Batch, priced_s: float) -> list[Result]:
         """Run the batch; `priced_s` is what admission priced its members at (their shares)."""
         predicted_s = self._cost_model.predict(padded.size, padded.padded_length)
         clock = clock_or_loop(self._clock)
@@ -157,13 +155,9 @@ class Dispatch:
         failed = True
         try:
             outputs = await self._infer_within_timeout(padded)
-            for name, value in outputs.items():
-                if value.shape[0] != padded.size:
-                    raise InferenceFailed(
-                        f"output {name!r} has {value.shape[0]} rows for a batch of {padded.size}"
-                    )
+            rows = self._packing.unpack(padded, outputs)
             failed = False
-            return unpad_outputs(outputs, padded.lengths, self._sequence_outputs, padded.outputs)
+            return rows
         finally:
             self._on_backend -= 1
             now = clock.time()
@@ -187,7 +181,7 @@ class Dispatch:
                 self._observer.cost_model(self._cost_model.as_dict())
                 self._refitted()
 
-    async def _infer_within_timeout(self, padded: PaddedBatch) -> Result:
+    async def _infer_within_timeout(self, padded: Batch) -> Result:
         """A hung backend fails its batch (504) instead of holding its callers forever."""
         if self._infer_timeout_s is None:
             return await self._infer(padded)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ferry.batcher.tensor_padding import TensorRows
+
 
 @dataclass(frozen=True)
 class TokenSequence:
@@ -45,7 +47,7 @@ class SequenceLimits:
 class QueuedRequest:
     """The batcher's queue entry: inputs, the caller's future and the times that matter."""
 
-    sequence: TokenSequence
+    sequence: TokenSequence | TensorRows  # its rows: what the batcher's packing stacks
     future: asyncio.Future
     enqueued_at: float
     deadline: float | None
@@ -60,6 +62,11 @@ class QueuedRequest:
     @property
     def length(self) -> int:
         return self.sequence.length
+
+    @property
+    def shape_key(self) -> tuple:
+        """Only requests of one key share a batch (tensors' unpadded axes; tokens: one key)."""
+        return getattr(self.sequence, "shape_key", ())
 
     def fail(self, error: BaseException) -> None:
         """Resolve the future with `error`, unless it is resolved already (exactly once)."""

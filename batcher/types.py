@@ -9,8 +9,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from ferry.batcher.padding import PaddedBatch
+from ferry.batcher.tensor_padding import TensorBatch
 
-InferFn = Callable[[PaddedBatch], Awaitable[dict[str, np.ndarray]]]
+# A batch as its packing made it: token sequences padded, or tensors stacked (packing.py).
+Batch = PaddedBatch | TensorBatch
+InferFn = Callable[[Batch], Awaitable[dict[str, np.ndarray]]]
 Result = dict[str, np.ndarray]
 
 

@@ -79,6 +79,7 @@ def ferry_server(
     ready_timeout_s: float = 60.0,
     llm_models: list[dict[str, Any]] | None = None,
     module: str = "ferry",  # another entry point with ferry's CLI (bench.null_backend)
+    args: Sequence[str] = (),  # more `ferry serve` arguments (--model PATH)
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(
@@ -87,7 +88,7 @@ def ferry_server(
             server,
             llm_models,
         )
-        handle = FerryProcess(config, Path(tmp) / "server.log", module, env)
+        handle = FerryProcess(config, Path(tmp) / "server.log", module, env, args=args)
         with running(handle, ready_timeout_s):
             yield handle
 
@@ -104,9 +105,11 @@ class FerryProcess(ManagedProcess):
         env: dict[str, str] | None = None,
         launcher: Sequence[str] | None = None,
         cwd: Path = REPO,
+        args: Sequence[str] = (),
     ) -> None:
         port = free_port()
         command = [*(launcher or (sys.executable, "-m", module)), "serve", "--config", str(config)]
+        command += args
         command += ["--port", str(port), "--log-level", "warning"]
         api_key = (env or {}).get("FERRY_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -42,6 +42,23 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     onnx.set_defaults(handler=_export_onnx)
 
+    sklearn = kinds.add_parser(
+        "sklearn",
+        help="Export a fitted scikit-learn estimator to ONNX, with a parity report.",
+        description="Writes an ONNX graph `ferry serve --model` serves, and compares it with "
+        "the estimator's predict_proba (predict for a regressor) on the sample rows; exits 1 "
+        "when they differ by more than the tolerance or a label differs.",
+    )
+    sklearn.add_argument(
+        "--estimator", type=Path, required=True, help="A joblib or pickle file of the estimator."
+    )
+    sklearn.add_argument(
+        "--sample", type=Path, required=True, help="Rows as .npy or numeric .csv (header ok)."
+    )
+    sklearn.add_argument("--out", type=Path, required=True, help="The .onnx file to write.")
+    sklearn.add_argument("--tolerance", type=float, default=1e-4, help="Largest difference.")
+    sklearn.set_defaults(handler=_export_sklearn)
+
     optimize = kinds.add_parser(
         "optimize",
         help="Write an int8 (CPU) or fp16 (GPU) variant of an exported model, with its accuracy.",
@@ -262,6 +279,20 @@ def _batching(args: argparse.Namespace):
         batching.max_queue_delay_s if args.max_queue_delay_s is None else args.max_queue_delay_s,
         getattr(args, "instances", 1),
     )
+
+
+def _export_sklearn(args: argparse.Namespace) -> int:
+    from ferry.exporters import sklearn_export
+
+    estimator = sklearn_export.load_estimator(args.estimator)
+    rows = sklearn_export.load_rows(args.sample)
+    with step("converting with skl2onnx"):
+        graph = sklearn_export.export(estimator, rows, args.out)
+    with step(f"comparing on {len(rows)} sample rows"):
+        report = sklearn_export.parity(estimator, graph, rows, args.tolerance)
+    print(f"wrote {graph}")
+    print(report.describe())
+    return 0 if report.ok else 1
 
 
 def _export_optimize(args: argparse.Namespace) -> int:

@@ -21,6 +21,14 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="Config file (TOML or YAML); default: $FERRY_CONFIG, else no models.",
     )
+    serve.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="[NAME=]PATH",
+        help="Serve a model with no config file: an .onnx file or a model folder; NAME "
+        "defaults to the file's stem. Repeatable; added to the config file's models.",
+    )
     serve.add_argument("--host", default=None, help="Address to bind (default 127.0.0.1).")
     serve.add_argument("--port", type=int, default=None, help="Port to bind (default 8000).")
     serve.add_argument(
@@ -32,12 +40,34 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def model_argument(spec: str) -> dict[str, str]:
+    """`--model [NAME=]PATH` as a `[[models]]` entry; a path that is not there is refused,
+    naming it."""
+    name, path = "", spec
+    if "=" in spec and not Path(spec).exists():  # a name never holds "=": split at the first
+        name, _, path = spec.partition("=")
+    model = Path(path).expanduser().resolve()
+    if not model.exists():
+        raise FileNotFoundError(f"--model {spec}: no such file or folder: {model}")
+    return {"name": name or (model.stem if model.is_file() else model.name), "path": str(model)}
+
+
 def _serve(args: argparse.Namespace) -> int:
     from ferry.server.app import create_app
     from ferry.server.serve import serve
     from ferry.server.settings import load_settings
 
-    settings = load_settings(args.config, host=args.host, port=args.port, log_level=args.log_level)
+    try:
+        models = [model_argument(spec) for spec in args.model]
+    except FileNotFoundError as exc:
+        raise SystemExit(f"ferry serve: {exc}") from None
+    settings = load_settings(
+        args.config,
+        extra_models=models,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+    )
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -42,11 +42,11 @@ class EncoderServing:
 
         Raises the batcher's errors, or ClientDisconnected.
         """
-        rows = await _results(model.submit(valid), disconnected)
+        rows = await gather_results(model.submit(valid), disconnected)
         return EncoderResult(rows, valid.tokens)
 
 
-async def _results(
+async def gather_results(
     futures: list[asyncio.Future], disconnected: asyncio.Future | None
 ) -> list[dict[str, np.ndarray]]:
     """Every future's result; a client that leaves first has its queued items dropped."""

@@ -12,8 +12,10 @@ from ferry.llm.base import EngineStats, LLMEngine
 from ferry.llm.errors import InvalidAdapter
 from ferry.server.errors import UnknownModel
 from ferry.server.metrics import FerryMetrics
+from ferry.server.model_files import plain_graph
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.settings import Settings
+from ferry.server.tensor_model import TensorModel
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class ModelEntry:
     """One served name as /v1/models lists it."""
 
     name: str
-    task: str  # the encoder's manifest task, or "chat"
+    task: str  # the encoder's manifest task, "tensor" (a plain graph), or "chat"
     parent: str | None = None  # a LoRA adapter's base model, as vLLM lists it
 
 
@@ -45,9 +47,11 @@ class ModelRegistry:
         encoders: Mapping[str, ModelRuntime] | None = None,
         llms: Mapping[str, LLMEngine] | None = None,
         default_name: str | None = None,
+        tensors: Mapping[str, TensorModel] | None = None,
     ) -> None:
         self.default_name = default_name  # the encoder a request naming none gets
         self.models = dict(encoders or {})  # encoders (KServe, /predict, embeddings)
+        self.tensors = dict(tensors or {})  # plain graphs (KServe, /predict)
         self.llms = dict(llms or {})  # base LLMs by configured name
         self._unloads: set[asyncio.Task[None]] = set()
 
@@ -55,8 +59,14 @@ class ModelRegistry:
     def from_settings(
         cls, settings: Settings, metrics: FerryMetrics, llms: Mapping[str, LLMEngine]
     ) -> ModelRegistry:
-        encoders = {m.name: ModelRuntime(m, metrics) for m in settings.models}
-        return cls(encoders, llms, settings.default_model_name)
+        encoders, tensors = {}, {}
+        for model in settings.models:
+            graph = plain_graph(model)
+            if graph is None:
+                encoders[model.name] = ModelRuntime(model, metrics)
+            else:
+                tensors[model.name] = TensorModel(model, graph, metrics)
+        return cls(encoders, llms, settings.default_model_name, tensors)
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -67,6 +77,12 @@ class ModelRegistry:
         if model is None:
             raise UnknownModel(key or "", self.names())
         return model
+
+    def find(self, name: str | None) -> ModelRuntime | TensorModel:
+        """The encoder or plain graph `name` (the default one for None)."""
+        key = name or self.default_name
+        tensor = self.tensors.get(key) if key is not None else None
+        return tensor if tensor is not None else self.get(name)
 
     def llm(self, name: str) -> ServedModel:
         """The LLM `name`: a base model, or an adapter loaded on one."""
@@ -88,6 +104,7 @@ class ModelRegistry:
     def entries(self) -> list[ModelEntry]:
         """Every served name: encoders first, then LLMs and adapters."""
         encoders = [ModelEntry(name, m.manifest.task) for name, m in self.models.items()]
+        encoders += [ModelEntry(name, m.task) for name, m in self.tensors.items()]
         return encoders + [ModelEntry(m.name, "chat", m.parent) for m in self.served_llms()]
 
     def names(self) -> list[str]:
@@ -123,24 +140,28 @@ class ModelRegistry:
     async def start(self) -> None:
         await asyncio.gather(
             *(model.start() for model in self.models.values()),
+            *(model.start() for model in self.tensors.values()),
             *(engine.start() for engine in self.llms.values()),
         )
 
     async def ready(self) -> bool:
         """Every encoder loaded and its backend healthy (KServe's server readiness)."""
-        states = await asyncio.gather(*(model.healthy() for model in self.models.values()))
+        models = [*self.models.values(), *self.tensors.values()]
+        states = await asyncio.gather(*(model.healthy() for model in models))
         return all(states)
 
     def readiness(self) -> dict[str, bool]:
         """Each served name for /health/ready: encoders loaded, LLMs (and their adapters) on a
         running engine."""
         encoders = {name: model.ready for name, model in self.models.items()}
+        encoders |= {name: model.ready for name, model in self.tensors.items()}
         return encoders | {m.name: m.engine.is_ready() for m in self.served_llms()}
 
     async def close(self, drain_timeout_s: float) -> None:
         """Encoders drain first (up to the timeout), then the engines stop."""
         await asyncio.gather(
             *(model.close(drain_timeout_s) for model in self.models.values()),
+            *(model.close(drain_timeout_s) for model in self.tensors.values()),
             return_exceptions=True,
         )
         await asyncio.gather(*(e.close() for e in self.llms.values()), return_exceptions=True)

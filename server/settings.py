@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,15 +30,25 @@ class _Strict(BaseModel):
 class ModelSettings(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
     # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
-    # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json).
+    # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json); or a
+    # plain ONNX graph (an .onnx file, or a folder of one without ferry_model.json), served as
+    # named tensors in and out (server/tensor_model.py).
     path: Path
-    # Outputs returned by /predict unless the request asks for others.
+    # Outputs returned by /predict unless the request asks for others (a plain graph: all of
+    # its outputs unless set).
     outputs: tuple[str, ...] = ("sentence_embedding",)
     # A request's deadline unless it sets its own: past it, 504 (queued work is dropped).
     timeout_s: float = Field(default=30.0, gt=0)
     # A batch still running after this fails with 504; the backend is presumed hung.
     infer_timeout_s: float = Field(default=60.0, gt=0)
     backend: BackendOptions = OnnxRuntimeOptions()
+    # A plain graph's dynamic axes (by name) that requests are padded along to share a batch;
+    # None: every dynamic axis past the first that the graph names (an unnamed one cannot be
+    # traced to an output). Requests differing on another never share one (an image model's
+    # height and width: padding would change its answers).
+    pad_axes: tuple[str, ...] | None = None
+    # A plain graph's inputs padded with other than 0 along their dynamic axes (by input name).
+    pad_values: dict[str, float] = Field(default_factory=dict)
     # The batcher's limits, with its own defaults; how many batches run at once is the
     # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
     batching: BatchLimits = BatchLimits()
@@ -175,9 +185,13 @@ class Settings(_Strict):
 
 
 def load_settings(
-    path: Path | None = None, environ: Mapping[str, str] | None = None, **overrides: Any
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    extra_models: Sequence[Mapping[str, Any]] = (),
+    **overrides: Any,
 ) -> Settings:
-    """Build Settings from a file, the environment and explicit overrides (CLI flags)."""
+    """Build Settings from a file, the environment and explicit overrides (CLI flags);
+    `extra_models` (`ferry serve --model`, paths absolute) follow the file's."""
     environ = os.environ if environ is None else environ
     if path is None and environ.get("FERRY_CONFIG"):
         path = Path(environ["FERRY_CONFIG"])
@@ -194,6 +208,7 @@ def load_settings(
             model["adapter_dir"] = str(base_dir / model["adapter_dir"])
         if isinstance(model.get("adapters"), dict):
             model["adapters"] = {k: str(base_dir / v) for k, v in model["adapters"].items()}
+    models += [dict(m) for m in extra_models]
     _apply_env(server, models + llm_models, environ)
     server.update({k: v for k, v in overrides.items() if v is not None})
     return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))

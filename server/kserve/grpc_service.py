@@ -32,6 +32,8 @@ from ferry.server.kserve.infer import (
 )
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
+from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
+from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +166,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             metrics = self.state.metrics
             # As on HTTP, only inference is labelled with its model (statistics count those), and
             # only served names become label values (bounded series).
-            served = method == "ModelInfer" and model_name in self.state.registry.models
+            registry = self.state.registry
+            served = method == "ModelInfer" and (
+                model_name in registry.models or model_name in registry.tensors
+            )
             model = model_name if served else ""
             metrics.requests.labels(model, endpoint, str(status)).inc()
             metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
@@ -195,7 +200,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request, context):
         async def run():
-            model = self.state.registry.get(request.name)
+            model = self.state.registry.find(request.name)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
@@ -211,14 +216,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request, context):
         async def run():
-            metadata = model_metadata(self.state.registry.get(request.name))
-            return json_format.ParseDict(metadata, service_pb2.ModelMetadataResponse())
+            metadata = model_metadata(self.state.registry.find(request.name))
+            # The proto has no place for a ZipMap output's classes (HTTP lists them).
+            response = service_pb2.ModelMetadataResponse()
+            return json_format.ParseDict(metadata, response, ignore_unknown_fields=True)
 
         return await self._call("ModelMetadata", context, run, request.name)
 
     async def ModelConfig(self, request, context):
         async def run():
-            config = model_config(self.state.registry.get(request.name))
+            config = model_config(self.state.registry.find(request.name))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 
@@ -227,7 +234,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request, context):
         async def run():
             registry = self.state.registry
-            names = [registry.get(request.name).name] if request.name else list(registry.models)
+            every = [*registry.models, *registry.tensors]
+            names = [registry.find(request.name).name] if request.name else every
             stats = model_statistics(self.state.metrics.registry, names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
@@ -238,9 +246,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             drain = self.state.drain
             if drain.draining:
                 raise NotReady("the server is shutting down")
-            model = self.state.registry.get(request.model_name)
+            model = self.state.registry.find(request.model_name)
             drain.enter()
             try:
+                if isinstance(model, TensorModel):
+                    return await infer_plain(model, request)
                 wanted = output_names(model, [o.name for o in request.outputs])
                 # A cancelled call (client gone) cancels this task, and with it the queued work.
                 outputs = await infer_tensors(
@@ -255,6 +265,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return encode_outputs(request, outputs)
 
         return await self._call("ModelInfer", context, run, request.model_name)
+
+
+async def infer_plain(model: TensorModel, request: Any) -> service_pb2.ModelInferResponse:
+    """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes."""
+    wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
+    priority = request_priority(_parameter(request.parameters, "priority"))
+    rows = model.validate(decode_grpc_tensors(request, model.signature))
+    result = await model.infer(rows, wanted, None, priority)
+    response = service_pb2.ModelInferResponse(
+        model_name=request.model_name, model_version=VERSION, id=request.id
+    )
+    for name in wanted:
+        datatype = model.signature.output(name).datatype
+        response.outputs.add(name=name, datatype=datatype, shape=list(result[name].shape))
+        response.raw_output_contents.append(tensor_blob(result[name], datatype))
+    return response
 
 
 def _parameter(parameters: Any, name: str) -> Any:

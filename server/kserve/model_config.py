@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
 from ferry.server.model_runtime import ModelRuntime
+from ferry.server.tensor_model import TensorModel
 
 VERSION = "1"
 # A UTF-8 text input, tokenized by the server: [batch] or [batch, 1] BYTES, one text per row.
@@ -17,7 +19,9 @@ TEXT_INPUT = "text"
 TOKEN_INPUTS = ("input_ids", "attention_mask")
 
 
-def model_metadata(model: ModelRuntime) -> dict[str, Any]:
+def model_metadata(model: ModelRuntime | TensorModel) -> dict[str, Any]:
+    if isinstance(model, TensorModel):
+        return tensor_metadata(model)
     backend = model.backend
     # Only the axes Ferry knows are given sizes; the rest vary (-1), as the protocol allows.
     outputs = [
@@ -37,8 +41,10 @@ def model_metadata(model: ModelRuntime) -> dict[str, Any]:
     }
 
 
-def model_config(model: ModelRuntime) -> dict[str, Any]:
+def model_config(model: ModelRuntime | TensorModel) -> dict[str, Any]:
     """Triton's model configuration JSON (int64 fields as numbers, as Triton prints them)."""
+    if isinstance(model, TensorModel):
+        return tensor_config(model)
     settings, backend = model.settings, model.backend
     limits = settings.batching
     # The batch axis is implicit (max_batch_size > 0); every input is optional because a request

@@ -33,8 +33,10 @@ from ferry.server.kserve.infer import (
 )
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
+from ferry.server.kserve.tensor_codec import decode_tensors, parameters, tensor_blob, tensor_json
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.replies import JSON, Reply, dumps
+from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -65,8 +67,8 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
 
 
-def _model(request: Request, name: str) -> ModelRuntime:
-    return request.app.state.registry.get(name)
+def _model(request: Request, name: str) -> ModelRuntime | TensorModel:
+    return request.app.state.registry.find(name)
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -106,7 +108,8 @@ async def get_model_statistics(name: str, request: Request) -> Response:
 
 def _statistics(request: Request, name: str | None) -> Response:
     registry = request.app.state.registry
-    names = list(registry.models) if name is None else [_model(request, name).name]
+    every = [*registry.models, *registry.tensors]
+    names = every if name is None else [_model(request, name).name]
     return JSONResponse(model_statistics(request.app.state.metrics.registry, names))
 
 
@@ -141,9 +144,11 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    model = call.app_state.registry.get(call.params["name"])
+    model = call.app_state.registry.find(call.params["name"])
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
+    if isinstance(model, TensorModel):
+        return await infer_plain(call, model, header_length.decode() if header_length else None)
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)
     priority = request_priority(parameters(header).get("priority"))
@@ -151,6 +156,18 @@ async def infer(call: HotCall) -> Reply:
         model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )
     return encode_response(model.name, header.get("id"), outputs, binary)
+
+
+async def infer_plain(call: HotCall, model: TensorModel, header_length: str | None) -> Reply:
+    """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
+    header, size = read_header(call.body, header_length)
+    wanted, binary = requested_outputs(header, model)
+    priority = request_priority(parameters(header).get("priority"))
+    rows = model.validate(decode_tensors(header, call.body, size, model.signature))
+    result = await model.infer(rows, wanted, None, priority, call.disconnected())
+    outputs = {name: result[name] for name in wanted}  # in the order asked for
+    datatypes = {name: model.signature.output(name).datatype for name in outputs}
+    return encode_response(model.name, header.get("id"), outputs, binary, datatypes)
 
 
 def register_routes(router: APIRouter, hot: HotRoutes) -> None:
@@ -168,8 +185,8 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         )
 
 
-def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
-    """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
+def read_header(body: bytes, header_length: str | None) -> tuple[dict, int]:
+    """The JSON header, checked to be an object with an inputs list, and where it ends."""
     size = len(body) if header_length is None else _header_length(header_length, len(body))
     try:
         # orjson: bounded nesting depth, and no lone surrogates in strings.
@@ -179,8 +196,13 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
         raise MalformedRequest(f"request is not valid JSON: {message}", field) from None
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise MalformedRequest("request must be an object with an 'inputs' list")
+    return header, size
+
+
+def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
+    header, offset = read_header(body, header_length)
     tensors: dict[str, np.ndarray] = {}
-    offset = size
     for spec in header["inputs"]:
         try:
             name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
@@ -236,14 +258,9 @@ def bytes_input(spec: dict, binary: bytes, shape: list[int]) -> np.ndarray:
         raise InvalidInput(name, f"{array.size} strings do not fit shape {shape}") from None
 
 
-def parameters(entry: dict) -> dict:
-    value = entry.get("parameters") or {}
-    if not isinstance(value, dict):
-        raise MalformedRequest("'parameters' must be an object")
-    return value
-
-
-def requested_outputs(header: dict, model: ModelRuntime) -> tuple[list[str], set[str]]:
+def requested_outputs(
+    header: dict, model: ModelRuntime | TensorModel
+) -> tuple[list[str], set[str]]:
     """Output names (all of the backend's when none are asked for) and those to send binary."""
     all_binary = bool(parameters(header).get("binary_data_output", False))
     specs = header.get("outputs") or []
@@ -255,22 +272,27 @@ def requested_outputs(header: dict, model: ModelRuntime) -> tuple[list[str], set
         names.append(name)
         if all_binary or parameters(spec).get("binary_data", False):
             binary.add(name)
-    names = output_names(model, names)
+    names = output_names(model, names)  # type: ignore[arg-type]
     return names, binary if specs else (set(names) if all_binary else set())
 
 
 def encode_response(
-    model: str, request_id: Any, outputs: dict[str, np.ndarray], binary: set[str]
+    model: str,
+    request_id: Any,
+    outputs: dict[str, np.ndarray],
+    binary: set[str],
+    datatypes: dict[str, str] | None = None,  # by output; None: all FP32 (the encoders')
 ) -> Reply:
     entries, blobs = [], []
     for name, value in outputs.items():
-        entry: dict[str, Any] = {"name": name, "datatype": "FP32", "shape": list(value.shape)}
+        datatype = datatypes[name] if datatypes else "FP32"
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in binary:
-            blob = value.astype("<f4").tobytes()
+            blob = tensor_blob(value if datatypes else value.astype(np.float32), datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = value.ravel()
+            entry["data"] = tensor_json(value, datatype)
         entries.append(entry)
     header: dict[str, Any] = {"model_name": model, "model_version": VERSION, "outputs": entries}
     if request_id is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 from fastapi import APIRouter
 
 from ferry.server.dialects import FERRY
@@ -9,12 +12,21 @@ from ferry.server.encoder_request import Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
+from ferry.server.tensor_model import TensorModel
+from ferry.server.tensor_predict import predict_tensors
 
 ERROR_RESPONSES = error_responses(401, 404, 413, 415, 422, 429, 500, 503, 504)
 PATH = "/predict"
 
 
 async def predict(call: HotCall) -> Reply:
+    registry = call.app_state.registry
+    if registry.tensors:  # plain graphs served: the body may be theirs
+        raw = _plain_body(call.body)
+        model = None if raw is None else registry.find(raw.get("model"))
+        if isinstance(model, TensorModel):
+            call.state["model_name"] = model.name
+            return json_reply(await predict_tensors(model, raw, call.disconnected()))
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
     body = PredictRequest.model_validate_json(call.body)
     model = call.app_state.registry.get(body.model)
@@ -35,6 +47,18 @@ async def predict(call: HotCall) -> Reply:
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
     )
+
+
+def _plain_body(body: bytes) -> dict[str, Any] | None:
+    """The body as JSON if it is an object naming a model by a string (or none); else None,
+    left to the encoders' parser and its errors."""
+    try:
+        raw = orjson.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("model", ""), str):
+        return None
+    return raw
 
 
 def register_routes(router: APIRouter, hot: HotRoutes) -> None:

@@ -1,0 +1,139 @@
+"""ONNX Runtime for any graph: named tensors in, named outputs out, the signature read from it.
+
+Beside the token encoder's backend (onnxruntime.py), which feeds `input_ids`: this one feeds
+whatever the graph declares. A pool of sessions, each run in a worker thread (`session.run`
+releases the GIL). A sequence of maps (scikit-learn's ZipMap) comes back as an [N, C] FP32
+array, its class keys learned from the first answer and kept in `class_keys`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ferry.backends.options import OnnxRuntimeOptions
+from ferry.backends.ort_session import session_options
+from ferry.backends.placement import check_session_providers, onnxruntime_providers
+from ferry.backends.tensor_signature import Signature, TensorSpec, read_signature
+from ferry.batcher.tensor_padding import TensorBatch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SESSIONS = 2
+# A dynamic axis's size in the warm-up run (one row; a few steps along the others).
+WARMUP_ROWS = 1
+WARMUP_LENGTH = 4
+
+
+class OnnxTensorBackend:
+    name = "onnxruntime"
+    queues_batches = False
+    sequence_outputs: frozenset[str] = frozenset()
+
+    def __init__(self, model_path: Path, options: OnnxRuntimeOptions) -> None:
+        self.model_path = model_path
+        self._options = options
+        self.max_concurrency = options.sessions or DEFAULT_SESSIONS
+        self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="ort-tensor")
+        self._sessions: queue.SimpleQueue = queue.SimpleQueue()
+        self.signature = Signature((), ())
+        self.providers: list[str] = []
+        self.class_keys: dict[str, list[Any]] = {}
+        self._ready = False
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self.signature.output_names
+
+    async def start(self) -> None:
+        import onnxruntime as ort
+
+        options = self._options
+        wanted = onnxruntime_providers(
+            options.device,
+            ort.get_available_providers(),
+            options.allow_cpu_fallback,
+            str(self.model_path),
+        )
+        loop = asyncio.get_running_loop()
+        new = functools.partial(self._new_session, wanted)
+        sessions = await asyncio.gather(
+            *(loop.run_in_executor(self._executor, new) for _ in range(self.max_concurrency))
+        )
+        self.providers = sessions[0].get_providers()
+        check_session_providers(
+            wanted, self.providers, options.allow_cpu_fallback, str(self.model_path)
+        )
+        self.signature = read_signature(sessions[0])
+        for session in sessions:
+            self._sessions.put(session)
+        await self._warm_up()
+        self._ready = True
+        logger.info("onnxruntime: %s ready on %s", self.model_path, self.providers)
+
+    def _new_session(self, providers: list[str]) -> Any:
+        import onnxruntime as ort
+
+        options = session_options(self._options.intra_op_threads, self._options.spin_threads)
+        return ort.InferenceSession(str(self.model_path), options, providers=providers)
+
+    async def _warm_up(self) -> None:
+        """One run on zeros: the first request does not pay for ORT's lazy set-up, and a ZipMap
+        output tells its class keys. A graph that refuses zeros still serves (logged)."""
+        feeds = {spec.name: _zeros(spec) for spec in self.signature.inputs}
+        if any(feed is None for feed in feeds.values()):
+            return
+        try:
+            await self.run(feeds, self.output_names)
+        except Exception as exc:  # any failure here only skips the warm-up
+            logger.warning("onnxruntime: %s: warm-up on zeros failed: %s", self.model_path, exc)
+
+    async def infer(self, batch: TensorBatch) -> dict[str, np.ndarray]:
+        return await self.run(batch.inputs, batch.outputs or self.output_names)
+
+    async def run(self, feeds: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        run = functools.partial(self._run, feeds, list(names))
+        return await loop.run_in_executor(self._executor, run)
+
+    def _run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """One run in a worker thread, on a session nobody else holds meanwhile."""
+        session = self._sessions.get()
+        try:
+            values = session.run(names, feeds)
+        finally:
+            self._sessions.put(session)
+        return {
+            name: self._class_matrix(name, value) if isinstance(value, list) else value
+            for name, value in zip(names, values, strict=True)
+        }
+
+    def _class_matrix(self, name: str, maps: list[dict]) -> np.ndarray:
+        """ZipMap's list of {class: probability}, one per row, as rows of an [N, C] array."""
+        keys = self.class_keys.setdefault(name, list(maps[0]) if maps else [])
+        matrix = np.array([[row[k] for k in keys] for row in maps], dtype=np.float32)
+        return matrix.reshape(len(maps), len(keys))
+
+    async def health(self) -> bool:
+        return self._ready
+
+    async def close(self) -> None:
+        self._ready = False
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _zeros(spec: TensorSpec) -> np.ndarray | None:
+    if spec.datatype == "BYTES":
+        return None
+    dims = [
+        d if isinstance(d, int) else WARMUP_ROWS if i == 0 else WARMUP_LENGTH
+        for i, d in enumerate(spec.shape)
+    ]
+    return np.zeros(dims, dtype=spec.dtype)

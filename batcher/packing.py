@@ -1,0 +1,54 @@
+"""How a batch of queued members becomes the backend's input, and its output each member's rows.
+
+Token sequences (padding.py) and tensors of any shape (tensor_padding.py) are the two ways; the
+dispatch runs either without knowing which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from ferry.batcher.errors import InferenceFailed
+from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
+from ferry.batcher.tensor_padding import TensorBatch, TensorLayout, pad_tensors, split_outputs
+
+Rows = list[dict[str, np.ndarray]]
+
+
+class Packing(Protocol):
+    def pack(self, members: Sequence[Any], outputs: tuple[str, ...] | None) -> Any:
+        """The members as one padded batch, fetching `outputs` (None: all)."""
+
+    def unpack(self, batch: Any, outputs: dict[str, np.ndarray]) -> Rows:
+        """The backend's batch outputs as each member's own rows."""
+
+
+class TokenPacking:
+    def __init__(self, pad_token_id: int, sequence_outputs: frozenset[str]) -> None:
+        self._pad_token_id = pad_token_id
+        self._sequence_outputs = sequence_outputs
+
+    def pack(self, members: Sequence[Any], outputs: tuple[str, ...] | None) -> PaddedBatch:
+        return pad_batch(members, self._pad_token_id, outputs)
+
+    def unpack(self, batch: PaddedBatch, outputs: dict[str, np.ndarray]) -> Rows:
+        for name, value in outputs.items():
+            if value.shape[0] != batch.size:
+                raise InferenceFailed(
+                    f"output {name!r} has {value.shape[0]} rows for a batch of {batch.size}"
+                )
+        return unpad_outputs(outputs, batch.lengths, self._sequence_outputs, batch.outputs)
+
+
+class TensorPacking:
+    def __init__(self, layout: TensorLayout) -> None:
+        self._layout = layout
+
+    def pack(self, members: Sequence[Any], outputs: tuple[str, ...] | None) -> TensorBatch:
+        return pad_tensors(members, self._layout, outputs)
+
+    def unpack(self, batch: TensorBatch, outputs: dict[str, np.ndarray]) -> Rows:
+        return split_outputs(batch, outputs, self._layout)

@@ -1,0 +1,162 @@
+"""KServe v2 tensors of any datatype for a plain graph: request inputs read, outputs written.
+
+Each input is checked against the graph (its name, then its datatype) before its data is read;
+JSON data goes through the same typed check as /predict (tensor_inputs.py), binary data must be
+exactly the bytes its shape and datatype take. Outputs go back in the graph's datatypes (FP16
+as JSON numbers too); a ZipMap output is its [N, C] FP32 tensor.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+
+from ferry.backends.tensor_signature import Signature
+from ferry.server.errors import InvalidInput, MalformedRequest
+from ferry.server.kserve.infer import deserialize_bytes
+from ferry.server.tensor_inputs import nested, typed_array
+
+
+def parameters(entry: dict) -> dict:
+    value = entry.get("parameters") or {}
+    if not isinstance(value, dict):
+        raise MalformedRequest("'parameters' must be an object")
+    return value
+
+
+def decode_tensors(
+    header: dict, body: bytes, offset: int, signature: Signature
+) -> dict[str, np.ndarray]:
+    """The header's inputs (binary ones read from `body` from `offset` on), each as an array of
+    the graph's datatype in the request's shape."""
+    tensors: dict[str, np.ndarray] = {}
+    for spec in header["inputs"]:
+        try:
+            name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
+        except (KeyError, TypeError, ValueError):
+            raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
+        if name not in signature.input_names:
+            inputs = list(signature.input_names)
+            raise InvalidInput(str(name), f"not an input of this model; inputs are {inputs}")
+        if name in tensors:
+            raise InvalidInput(name, "given more than once")
+        want = signature.input(name)
+        if datatype != want.datatype:
+            raise InvalidInput(
+                name, f"datatype {datatype} does not match the model's {want.datatype}"
+            )
+        if any(d < 0 for d in shape):
+            raise InvalidInput(name, f"shape {shape} has a negative dimension")
+        count = math.prod(shape)
+        binary_size = parameters(spec).get("binary_data_size")
+        if binary_size is not None:
+            size = int(binary_size)
+            chunk = body[offset : offset + size]
+            offset += size
+            if len(chunk) != size:
+                raise InvalidInput(name, "binary data runs past the end of the body")
+            array = _binary(name, datatype, want.dtype, chunk, count, shape)
+        elif "data" in spec:
+            _, flat = nested(name, spec["data"])
+            array = typed_array(name, datatype, want.dtype, flat)
+        else:
+            raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
+        if array.size != count:
+            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
+        tensors[name] = array.reshape(shape)
+    return tensors
+
+
+def _binary(
+    name: str, datatype: str, dtype: np.dtype, chunk: bytes, count: int, shape: list[int]
+) -> np.ndarray:
+    if datatype == "BYTES":
+        items = deserialize_bytes(chunk, name)
+        try:
+            return np.array([item.decode() for item in items], dtype=object)
+        except UnicodeDecodeError:
+            raise InvalidInput(name, "BYTES data must be UTF-8") from None
+    expected = count * dtype.itemsize
+    if len(chunk) != expected:
+        raise InvalidInput(
+            name,
+            f"{len(chunk)} bytes of binary data, but shape {shape} of {datatype} takes {expected}",
+        )
+    return np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
+
+
+def tensor_blob(value: np.ndarray, datatype: str) -> bytes:
+    """Triton's binary tensor data: little-endian values, BYTES length-prefixed."""
+    if datatype == "BYTES":
+        items = [v if isinstance(v, bytes) else str(v).encode() for v in value.ravel()]
+        return b"".join(struct.pack("<I", len(item)) + item for item in items)
+    return np.ascontiguousarray(value).astype(value.dtype.newbyteorder("<")).tobytes()
+
+
+def tensor_json(value: np.ndarray, datatype: str) -> Any:
+    """A flat list (or array) the JSON encoder writes; FP16 and strings as plain values."""
+    if datatype == "FP16":
+        return value.astype(np.float32).ravel()
+    if datatype == "BYTES":
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in value.ravel()]
+    return value.ravel()
+
+
+# gRPC: typed contents of each datatype (FP16 has none: raw contents only, as in Triton).
+CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndarray]:
+    """A ModelInferRequest's inputs (raw contents, or typed contents of the datatype's own
+    field), checked against the graph as on HTTP."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput("raw_input_contents", "one raw content per input is required")
+    tensors: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        name, shape, datatype = tensor.name, list(tensor.shape), tensor.datatype
+        if name not in signature.input_names:
+            inputs = list(signature.input_names)
+            raise InvalidInput(name, f"not an input of this model; inputs are {inputs}")
+        if name in tensors:
+            raise InvalidInput(name, "given more than once")
+        want = signature.input(name)
+        if datatype != want.datatype:
+            raise InvalidInput(
+                name, f"datatype {datatype} does not match the model's {want.datatype}"
+            )
+        count = math.prod(shape)
+        used = [field.name for field, _ in tensor.contents.ListFields()]
+        if raw:
+            if used:
+                raise InvalidInput(name, "send raw_input_contents or typed contents, not both")
+            array = _binary(name, datatype, want.dtype, raw[index], count, shape)
+        else:
+            field = CONTENTS.get(datatype)
+            if field is None or any(f != field for f in used):
+                where = f"contents.{field}" if field else "raw_input_contents only"
+                raise InvalidInput(name, f"{datatype} data goes in {where}")
+            items = list(getattr(tensor.contents, field))
+            if datatype == "BYTES":
+                items = [item.decode(errors="replace") for item in items]
+            array = typed_array(name, datatype, want.dtype, items)
+        if array.size != count:
+            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
+        tensors[name] = array.reshape(shape)
+    return tensors

@@ -1,0 +1,79 @@
+"""A plain graph described in Triton's shapes, from its signature: model metadata and config.
+
+As Triton's ONNX backend completes a config from the graph: a batchable graph (every first axis
+dynamic) has `max_batch_size` > 0 and dims without the batch axis; any other has 0 and its full
+shapes. A ZipMap output is an [N, C] FP32 tensor whose class keys the metadata lists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ferry.backends.tensor_signature import CONFIG_TYPES, TensorSpec
+from ferry.server.tensor_model import TensorModel
+
+VERSION = "1"
+PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX Runtime model
+
+
+def _output_shape(model: TensorModel, spec: TensorSpec) -> list[int]:
+    if spec.class_map:
+        return [-1, len(model.class_keys.get(spec.name, [])) or -1]
+    return spec.metadata_shape()
+
+
+def tensor_metadata(model: TensorModel) -> dict[str, Any]:
+    signature = model.signature
+    outputs = []
+    for spec in signature.outputs:
+        entry: dict[str, Any] = {
+            "name": spec.name,
+            "datatype": spec.datatype,
+            "shape": _output_shape(model, spec),
+        }
+        if spec.class_map and spec.name in model.class_keys:
+            entry["parameters"] = {"classes": [str(k) for k in model.class_keys[spec.name]]}
+        outputs.append(entry)
+    return {
+        "name": model.name,
+        "versions": [VERSION],
+        "platform": PLATFORM,
+        "inputs": [
+            {"name": s.name, "datatype": s.datatype, "shape": s.metadata_shape()}
+            for s in signature.inputs
+        ],
+        "outputs": outputs,
+    }
+
+
+def tensor_config(model: TensorModel) -> dict[str, Any]:
+    """Triton's model configuration JSON."""
+    settings, backend, signature = model.settings, model.backend, model.signature
+    limits = settings.batching
+    skip = 1 if model.batchable else 0  # the batch axis is implicit when batching
+
+    def tensor(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
+        return {"name": spec.name, "data_type": CONFIG_TYPES[spec.datatype], "dims": shape[skip:]}
+
+    config: dict[str, Any] = {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": "onnxruntime",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": limits.max_batch_size if model.batchable else 0,
+        "input": [tensor(s, s.metadata_shape()) for s in signature.inputs],
+        "output": [tensor(s, _output_shape(model, s)) for s in signature.outputs],
+        "instance_group": [
+            {"name": model.name, "kind": "KIND_CPU", "count": backend.max_concurrency}
+        ],
+    }
+    if model.batchable:
+        config["dynamic_batching"] = {
+            "max_queue_delay_microseconds": round(limits.max_queue_delay_s * 1_000_000),
+            "default_queue_policy": {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": round(settings.timeout_s * 1_000_000),
+                "max_queue_size": limits.max_queue_size,
+            },
+        }
+    return config

@@ -1,0 +1,48 @@
+"""What a model's path holds: a folder exported by Ferry (a token encoder) or a plain ONNX graph.
+
+Decided by the files, so `ferry serve --model resnet18.onnx` needs no manifest; a path that is
+not there is an error naming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ferry.backends.manifest import MANIFEST_NAME
+from ferry.server.settings import ModelSettings, Settings
+
+GRAPH_NAME = "model.onnx"
+
+
+def plain_graph(settings: ModelSettings) -> Path | None:
+    """The ONNX file to serve as plain tensors; None for a folder with a manifest (or a
+    backend that reads a folder of its own: torch, triton)."""
+    path = settings.path
+    if not path.exists():
+        raise FileNotFoundError(f"model {settings.name!r}: no such file or folder: {path}")
+    if settings.backend.kind != "onnxruntime":
+        return None
+    if path.is_file():
+        return path
+    if (path / MANIFEST_NAME).exists():
+        return None
+    if (path / GRAPH_NAME).exists():
+        return path / GRAPH_NAME
+    graphs = sorted(path.glob("*.onnx"))
+    if len(graphs) != 1:
+        found = "no .onnx file" if not graphs else f"{len(graphs)} .onnx files and no model.onnx"
+        raise FileNotFoundError(
+            f"model {settings.name!r}: {path} has no {MANIFEST_NAME} and {found}"
+        )
+    return graphs[0]
+
+
+def refuse_plain_graphs_across_processes(settings: Settings) -> None:
+    """API processes (`api_servers` > 1) reach the encoders through the engine process's token
+    wire, which has no place for named tensors: refused at start, not at the first request."""
+    plain = [m.name for m in settings.models if plain_graph(m) is not None]
+    if settings.api_servers > 1 and plain:
+        raise ValueError(
+            f"models {plain} are plain ONNX graphs, served only with api_servers = 1 "
+            f"(got {settings.api_servers})"
+        )

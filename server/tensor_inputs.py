@@ -1,0 +1,180 @@
+"""A request's tensors checked against a graph's signature, once, before any work.
+
+JSON values become arrays of the graph's own datatype only when every item is of that kind: an
+integer input takes integers in its range, a boolean one booleans, a float one numbers (FP16
+too, which Triton refuses as JSON), a BYTES one strings. Nothing is cast silently. Shapes must
+match the graph's fixed axes, and axes of one name must agree across inputs. The result is a
+`TensorRows`, which the batcher takes without checking again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ferry.backends.tensor_signature import Signature, TensorSpec
+from ferry.batcher.tensor_padding import TensorRows
+from ferry.server.errors import InvalidInput
+
+FLOATS = {"FP16", "FP32", "FP64"}
+
+
+def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.ndarray:
+    """Flat JSON items -> a 1-D array of `dtype`, every item of the datatype's kind."""
+    kinds = set(map(type, flat))  # checked at C speed: the common case needs no loop
+    if datatype == "BOOL":
+        allowed: set[type] = {bool}
+    elif datatype in FLOATS:
+        allowed = {int, float}
+    elif datatype == "BYTES":
+        allowed = {str}
+    else:
+        allowed = {int}
+    if not kinds <= allowed:
+        index, item = next((i, x) for i, x in enumerate(flat) if type(x) not in allowed)
+        raise InvalidInput(
+            f"{name}[{index}]", f"{datatype} data must be {_kind(datatype)}, got {_shown(item)}"
+        )
+    if datatype == "BYTES":
+        return np.array(flat, dtype=object)
+    if datatype in FLOATS:
+        wide = np.array(flat, dtype=np.float64)
+        with np.errstate(over="ignore"):  # found just below, and refused naming the item
+            array = wide.astype(dtype)
+        lost = np.isfinite(wide) & ~np.isfinite(array)
+        if lost.any():
+            index = int(np.argmax(lost))
+            raise InvalidInput(f"{name}[{index}]", f"{flat[index]!r} is outside {datatype}'s range")
+        return array
+    if datatype == "BOOL":
+        return np.array(flat, dtype=np.bool_)
+    return _integers(name, datatype, dtype, flat)
+
+
+def _integers(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.ndarray:
+    limits = np.iinfo(dtype)
+    for index, item in enumerate(flat):
+        if not limits.min <= item <= limits.max:
+            raise InvalidInput(
+                f"{name}[{index}]",
+                f"{repr(item)[:40]} is outside {datatype}'s range ({limits.min}..{limits.max})",
+            )
+    return np.array(flat, dtype=dtype)
+
+
+def _kind(datatype: str) -> str:
+    if datatype == "BOOL":
+        return "booleans"
+    if datatype in FLOATS:
+        return "numbers"
+    return "strings" if datatype == "BYTES" else "integers"
+
+
+def _shown(item: Any) -> str:
+    kind = {bool: "a boolean", float: "a float", int: "an integer", str: "a string"}
+    shown = kind.get(type(item), "an object")
+    return f"{shown} ({json.dumps(item)[:40]})" if item is not None else "null"
+
+
+def nested(name: str, data: Any) -> tuple[list[int], list]:
+    """A nested JSON list's shape and its items in order; ragged nesting is refused."""
+    if not isinstance(data, list):
+        return [], [data]
+    if not data:
+        return [0], []
+    lists = sum(isinstance(item, list) for item in data)
+    if not lists:  # the innermost level (a row of numbers): no call per item
+        return [len(data)], data
+    if lists != len(data):
+        raise InvalidInput(name, "lists mixed with single values (a tensor is rectangular)")
+    parts = [nested(name, item) for item in data]
+    shape = parts[0][0]
+    if any(part[0] != shape for part in parts):
+        raise InvalidInput(name, "nested lists of different lengths (a tensor is rectangular)")
+    return [len(data), *shape], [item for part in parts for item in part[1]]
+
+
+def json_tensor(spec: TensorSpec, data: Any) -> np.ndarray:
+    """/predict's nested list for `spec` as an array of the graph's datatype."""
+    shape, flat = nested(spec.name, data)
+    return typed_array(spec.name, spec.datatype, spec.dtype, flat).reshape(shape)
+
+
+def records_tensors(signature: Signature, records: list) -> dict[str, np.ndarray]:
+    """Tabular records (objects keyed by input name, one a row) -> a tensor per input."""
+    columns: dict[str, list] = {name: [] for name in signature.input_names}
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise InvalidInput(f"inputs[{index}]", "a record must be an object of input: value")
+        unknown = set(record) - set(columns)
+        if unknown:
+            raise InvalidInput(
+                f"inputs[{index}].{sorted(unknown)[0]}",
+                f"not an input of this model; inputs are {list(columns)}",
+            )
+        for name, column in columns.items():
+            if name not in record:
+                raise InvalidInput(f"inputs[{index}].{name}", "required input is missing")
+            column.append(record[name])
+    tensors = {}
+    for name, column in columns.items():
+        spec = signature.input(name)
+        array = json_tensor(spec, column)
+        if array.ndim == len(spec.shape) - 1 and spec.shape[-1] == 1:
+            array = array[..., None]  # one input per column: a scalar is that column's [1]
+        tensors[name] = array
+    return tensors
+
+
+def valid_rows(
+    signature: Signature, tensors: Mapping[str, np.ndarray], batchable: bool
+) -> TensorRows:
+    """The request's tensors, checked against the graph: every input present and no other,
+    fixed axes matched, rows and named axes agreeing between inputs."""
+    unknown = set(tensors) - set(signature.input_names)
+    if unknown:
+        raise InvalidInput(
+            sorted(unknown)[0],
+            f"not an input of this model; inputs are {list(signature.input_names)}",
+        )
+    sizes: dict[str, tuple[int, str]] = {}  # axis name -> its size and the input that set it
+    rows: int | None = None
+    for spec in signature.inputs:
+        if spec.name not in tensors:
+            raise InvalidInput(spec.name, "required input is missing")
+        array = tensors[spec.name]
+        if array.ndim != len(spec.shape):
+            raise InvalidInput(
+                spec.name,
+                f"shape {list(array.shape)} does not match the model's {spec.metadata_shape()}",
+            )
+        for axis, (have, want) in enumerate(zip(array.shape, spec.shape, strict=True)):
+            if isinstance(want, int):
+                if have != want:
+                    raise InvalidInput(
+                        spec.name,
+                        f"axis {axis} must be {want}, got {have} (shape {list(array.shape)}; "
+                        f"the model's is {spec.metadata_shape()})",
+                    )
+                continue
+            if have < 1:
+                raise InvalidInput(spec.name, f"axis {axis} ({want}) must be at least 1, got 0")
+            if axis == 0 and batchable:
+                if rows is not None and have != rows:
+                    raise InvalidInput(
+                        spec.name, f"has {have} rows where the other inputs have {rows}"
+                    )
+                rows = have
+                continue
+            if want in sizes and sizes[want][0] != have:
+                size, other = sizes[want]
+                raise InvalidInput(
+                    spec.name,
+                    f"axis {axis} ({want}) is {have}, but input {other!r} has it {size}",
+                )
+            sizes[want] = (have, spec.name)
+    axis_sizes = {axis: size for axis, (size, _) in sizes.items()}
+    return TensorRows(dict(tensors), rows or 1, axis_sizes)

@@ -1,0 +1,188 @@
+"""One served plain ONNX graph: its backend and batcher, its signature read from the graph.
+
+The generic beside the token encoder (model_runtime.py): any named tensors in, any out. A graph
+whose inputs and outputs all have a dynamic first axis is batched (rows stacked, named dynamic
+axes padded together); one with a fixed first axis is served one request at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ferry.backends.onnx_tensors import OnnxTensorBackend
+from ferry.backends.options import OnnxRuntimeOptions
+from ferry.backends.tensor_signature import Signature
+from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking, TensorRows
+from ferry.server.encoder import gather_results
+from ferry.server.errors import InvalidInput
+from ferry.server.metrics import FerryMetrics
+from ferry.server.settings import ModelSettings
+from ferry.server.tensor_inputs import valid_rows
+
+# The batch limit in elements when the config keeps the token default (2048 suits tokens, not
+# a row of 30 features or an image of 150,528 values): about 16 MB of FP32 a batch.
+TENSOR_BATCH_ELEMENTS = 4 * 2**20
+
+
+class TensorModel:
+    task = "tensor"
+
+    def __init__(self, settings: ModelSettings, onnx_file: Path, metrics: FerryMetrics) -> None:
+        if not isinstance(settings.backend, OnnxRuntimeOptions):
+            raise ValueError(
+                f"model {settings.name!r}: a plain ONNX file is served by the onnxruntime "
+                f"backend, not {settings.backend.kind}"
+            )
+        self.settings = settings
+        self.name = settings.name
+        self.onnx_file = onnx_file
+        self.backend = OnnxTensorBackend(onnx_file, settings.backend)
+        self._metrics = metrics
+        self.batcher: MicroBatcher | None = None
+        self.batchable = False
+        self._padded: frozenset[str] = frozenset()  # the dynamic axes requests pad along
+        self._default_outputs: tuple[str, ...] = ()  # /predict's when a request names none
+        self.ready = False
+
+    @property
+    def signature(self) -> Signature:
+        return self.backend.signature
+
+    @property
+    def class_keys(self) -> Mapping[str, list[Any]]:
+        """A ZipMap output's classes, in the order of its [N, C] tensor's columns."""
+        return self.backend.class_keys
+
+    async def start(self) -> None:
+        await self.backend.start()
+        signature = self.signature
+        unknown = set(self.settings.pad_values) - set(signature.input_names)
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r}: pad_values names {sorted(unknown)}, which are not among "
+                f"its inputs {list(signature.input_names)}"
+            )
+        # Only axes the graph names: an unnamed one ties no output to it to cut back.
+        named = {a for s in signature.inputs for a in s.named_axes()}
+        pad_axes = self.settings.pad_axes
+        unknown = set(pad_axes or ()) - named
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
+                f"its inputs' named dynamic axes {sorted(named)}"
+            )
+        self._padded = frozenset(named if pad_axes is None else pad_axes)
+        if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
+            missing = set(self.settings.outputs) - set(signature.output_names)
+            if missing:
+                raise ValueError(
+                    f"model {self.name!r}: outputs {sorted(missing)} are not among "
+                    f"{list(signature.output_names)}"
+                )
+            self._default_outputs = self.settings.outputs
+        else:
+            self._default_outputs = signature.output_names
+        self.batchable = signature.batchable
+        self.batcher = MicroBatcher(
+            self.name,
+            self.backend.infer,
+            self._limits(),
+            None,
+            packing=TensorPacking(self._layout()),
+            default_timeout_s=self.settings.timeout_s,
+            infer_timeout_s=self.settings.infer_timeout_s,
+            observer=self._metrics.batch_observer(self.name, self.backend.name),
+        )
+        self._metrics.queue_capacity.labels(self.name).set(self.settings.batching.max_queue_size)
+        self.batcher.start()
+        self.ready = True
+        self._metrics.model_ready.labels(self.name).set(1)
+
+    def _layout(self) -> TensorLayout:
+        padded = self._padded
+        inputs = {
+            s.name: {i: a for i, a in s.axis_names().items() if a in padded}
+            for s in self.signature.inputs
+        }
+        outputs = {
+            s.name: {i: a for i, a in s.axis_names().items() if a in padded}
+            for s in self.signature.outputs
+        }
+        return TensorLayout(inputs, outputs, dict(self.settings.pad_values), self.batchable)
+
+    def _limits(self) -> BatchLimits:
+        limits = self.settings.batching
+        elements = limits.max_batch_tokens
+        if elements == BatchLimits().max_batch_tokens:
+            elements = TENSOR_BATCH_ELEMENTS
+        return replace(
+            limits,
+            max_concurrent_batches=self.backend.max_concurrency,
+            prepared_batches=0,
+            # A fixed first axis: the graph takes one request's rows at a time.
+            max_batch_size=limits.max_batch_size if self.batchable else 1,
+            max_batch_tokens=elements,
+        )
+
+    def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        try:
+            rows = valid_rows(self.signature, tensors, self.batchable)
+        except InvalidInput:
+            self.count_invalid()
+            raise
+        sizes = rows.axis_sizes
+        if set(sizes) <= self._padded:
+            return rows
+        padded = {axis: size for axis, size in sizes.items() if axis in self._padded}
+        key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in padded))
+        return replace(rows, axis_sizes=padded, shape_key=key)
+
+    def select_outputs(
+        self, requested: Sequence[str | None] | None, *, tensors: bool = False
+    ) -> tuple[str, ...]:
+        """The outputs a request names (checked), else the configured ones (`outputs`; every
+        output of the graph when unset), or with `tensors` (KServe) every one, as encoders."""
+        choices = self.signature.output_names
+        for name in requested or ():
+            if name not in choices:
+                raise InvalidInput(
+                    "outputs", f"unknown output {name!r}; choose from {list(choices)}"
+                )
+        if requested:
+            return tuple(requested)  # type: ignore[arg-type]
+        return choices if tensors else self._default_outputs
+
+    async def infer(
+        self,
+        rows: TensorRows,
+        outputs: Sequence[str],
+        timeout_s: float | None = None,
+        priority: int = 0,
+        disconnected: asyncio.Future | None = None,
+    ) -> dict[str, np.ndarray]:
+        """A validated request's outputs, its rows on the first axis, through the batcher."""
+        assert self.batcher is not None, "infer before start"
+        futures = self.batcher.submit([rows], timeout_s, frozenset(outputs), priority)
+        (result,) = await gather_results(futures, disconnected)
+        return result
+
+    def count_invalid(self) -> None:
+        self._metrics.rejections.labels(self.name, "invalid").inc()
+
+    async def healthy(self) -> bool:
+        ok = self.ready and await self.backend.health()
+        self._metrics.model_ready.labels(self.name).set(1 if ok else 0)
+        return ok
+
+    async def close(self, drain_timeout_s: float) -> None:
+        self.ready = False
+        self._metrics.model_ready.labels(self.name).set(0)
+        if self.batcher is not None:
+            await self.batcher.close(drain_timeout_s)
+        await self.backend.close()

@@ -1,0 +1,94 @@
+"""/predict for a plain graph: named tensors or tabular records in, one object per row out.
+
+`inputs` is either `{input: nested list}` (rows on the first axis) or a list of records, objects
+keyed by the graph's input names (one input per column takes scalars). Each answer row maps the
+outputs to that row's values; a ZipMap output is `{class: probability}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from ferry.server.errors import InvalidInput
+from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
+from ferry.server.tensor_inputs import json_tensor, records_tensors
+from ferry.server.tensor_model import TensorModel
+
+
+class TensorPredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    inputs: dict[str, Any] | list[Any] = Field(
+        description="Named tensors {input: nested list}, or records [{input: value}, ...]."
+    )
+    outputs: list[StrictStr] | None = None
+    timeout_ms: float | None = Field(
+        default=None, ge=MIN_TIMEOUT_MS, le=600_000, allow_inf_nan=False
+    )
+    priority: Priority = 0
+
+
+def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> dict[str, Any]:
+    signature = model.signature
+    if isinstance(inputs, list):
+        if not inputs:
+            raise InvalidInput("inputs", "needs at least one record")
+        return records_tensors(signature, inputs)
+    tensors = {}
+    for name, data in inputs.items():
+        if name not in signature.input_names:
+            inputs_names = list(signature.input_names)
+            raise InvalidInput(name, f"not an input of this model; inputs are {inputs_names}")
+        tensors[name] = json_tensor(signature.input(name), data)
+    return tensors
+
+
+async def predict_tensors(
+    model: TensorModel, raw: dict[str, Any], disconnected: asyncio.Future | None
+) -> dict[str, Any]:
+    body = TensorPredictRequest.model_validate(raw)
+    outputs = model.select_outputs(body.outputs)
+    try:
+        tensors = request_tensors(model, body.inputs)
+    except InvalidInput:
+        model.count_invalid()
+        raise
+    rows = model.validate(tensors)
+    timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
+    result = await model.infer(rows, outputs, timeout_s, body.priority, disconnected)
+    return {"model": model.name, "outputs": answer_rows(model, result, outputs)}
+
+
+def answer_rows(
+    model: TensorModel, result: dict[str, np.ndarray], outputs: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """One object per row when every output has the rows on its first axis (a batchable graph
+    always does); else one object of the whole outputs."""
+    counts = {result[name].shape[0] if result[name].ndim else -1 for name in outputs}
+    if len(counts) != 1 or -1 in counts:
+        return [{name: _plain(result[name]) for name in outputs}]
+    (count,) = counts
+    keys = {name: [str(k) for k in model.class_keys.get(name, [])] for name in outputs}
+    rows = []
+    for index in range(count):
+        row = {}
+        for name in outputs:
+            value = result[name][index]
+            if model.signature.output(name).class_map:
+                row[name] = dict(zip(keys[name], value.tolist(), strict=True))
+            else:
+                row[name] = _plain(value)
+        rows.append(row)
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    """A row's value as JSON takes it: a string output's row is a str (or bytes) already."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value.tolist() if hasattr(value, "tolist") else value

@@ -1,0 +1,79 @@
+"""Request tensors checked against a graph's signature (server/tensor_inputs.py), alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ferry.backends.tensor_signature import Signature, TensorSpec
+from ferry.server.errors import InvalidInput
+from ferry.server.tensor_inputs import json_tensor, records_tensors, typed_array, valid_rows
+
+# One input per column, as skl2onnx converts a data frame's pipeline.
+COLUMNS = Signature(
+    (TensorSpec("age", "INT64", ("N", 1)), TensorSpec("income", "FP32", ("N", 1))),
+    (TensorSpec("score", "FP32", ("N",)),),
+)
+MASKED = Signature(
+    (TensorSpec("data", "FP32", ("N", "T")), TensorSpec("mask", "BOOL", ("N", "T"))),
+    (TensorSpec("mean", "FP32", ("N",)),),
+)
+
+
+def test_records_of_scalars_fill_one_input_per_column():
+    tensors = records_tensors(COLUMNS, [{"age": 30, "income": 1.5}, {"age": 41, "income": 2}])
+    assert tensors["age"].dtype == np.int64 and tensors["age"].tolist() == [[30], [41]]
+    assert tensors["income"].dtype == np.float32 and tensors["income"].shape == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("records", "field"),
+    [
+        ([{"age": 30}], "inputs[0].income"),
+        ([{"age": 30, "income": 1, "city": 2}], "inputs[0].city"),
+        ([{"age": 30.5, "income": 1}], "age[0]"),
+        (["30,1"], "inputs[0]"),
+    ],
+)
+def test_a_bad_record_is_refused_naming_it(records, field):
+    with pytest.raises(InvalidInput) as error:
+        records_tensors(COLUMNS, records)
+    assert error.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("datatype", "items", "field"),
+    [
+        ("BOOL", [True, 1], "x[1]"),
+        ("UINT8", [255, 256], "x[1]"),
+        ("UINT64", [2**64 - 1, -1], "x[1]"),
+        ("INT32", [1, True], "x[1]"),
+        ("FP32", [1.0, "2"], "x[1]"),
+        ("FP16", [1.0, 1e6], "x[1]"),
+    ],
+)
+def test_json_items_of_another_kind_or_out_of_range_are_refused(datatype, items, field):
+    spec = TensorSpec("x", datatype, ("N",))
+    with pytest.raises(InvalidInput) as error:
+        typed_array("x", datatype, spec.dtype, items)
+    assert error.value.field == field
+
+
+def test_the_ends_of_each_integer_range_are_taken_exactly():
+    spec = TensorSpec("x", "UINT64", ("N",))
+    assert typed_array("x", "UINT64", spec.dtype, [0, 2**64 - 1]).tolist() == [0, 2**64 - 1]
+
+
+def test_named_axes_must_agree_between_inputs():
+    data = json_tensor(MASKED.inputs[0], [[1.0, 2.0, 3.0]])
+    rows = valid_rows(MASKED, {"data": data, "mask": np.ones((1, 3), np.bool_)}, True)
+    assert rows.rows == 1 and rows.axis_sizes == {"T": 3}
+    with pytest.raises(InvalidInput, match=r"axis 1 \(T\) is 2, but input 'data' has it 3"):
+        valid_rows(MASKED, {"data": data, "mask": np.ones((1, 2), np.bool_)}, True)
+
+
+@pytest.mark.parametrize("data", [[[1.0], [2.0, 3.0]], [1.0, [2.0]], [[1.0], 2.0]])
+def test_ragged_nesting_is_refused_naming_the_input(data):
+    with pytest.raises(InvalidInput) as error:
+        json_tensor(MASKED.inputs[0], data)
+    assert error.value.field == "data" and "rectangular" in error.value.message

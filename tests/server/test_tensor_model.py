@@ -1,0 +1,463 @@
+"""Plain ONNX graphs served by a real `ferry serve --model ...` process, every answer checked
+against ONNX Runtime run on that request alone, under concurrency, over KServe v2 HTTP
+(tritonclient) and /predict."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from prometheus_client import CollectorRegistry
+from tritonclient.utils import InferenceServerException
+
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.server.metrics import FerryMetrics
+from ferry.server.settings import ModelSettings
+from ferry.server.tensor_model import TensorModel
+from tests.support import plain_graphs
+from tests.support.metrics import metric_value
+
+RNG = np.random.default_rng(34)
+CLIENTS = 16
+TYPES = {
+    "BOOL": np.bool_,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("graphs")
+    return {
+        "masked": plain_graphs.masked_mean(folder / "masked_mean.onnx"),
+        "unnamed": plain_graphs.masked_mean(folder / "unnamed.onnx", axis=None),
+        "every_type": plain_graphs.every_type(folder / "every_type.onnx"),
+        "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
+        "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
+        "iris": plain_graphs.iris_graph(),
+        "iris_by_name": plain_graphs.iris_by_name(folder / "iris_by_name.onnx"),
+    }
+
+
+@pytest.fixture(scope="module")
+def server(graphs):
+    # Waits for company (no dispatch while idle), so concurrent requests share padded batches.
+    wait = {}
+    for name in ("MASKED", "UNPADDED", "UNNAMED"):
+        wait[f"FERRY_MODEL__{name}__BATCHING__DISPATCH_WHEN_IDLE"] = "false"
+        wait[f"FERRY_MODEL__{name}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.02"
+    # Models from [[models]] entries naming a plain file (beside the default text encoder,
+    # still the default model); the rest from --model.
+    config_entries = [
+        default_model_config(),
+        {"name": "lr", "path": str(graphs["lr"]), "outputs": ["output_probability"]},
+        {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
+    ]
+    args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
+    args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
+    args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
+    grpc_port = free_port()
+    with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
+        handle.grpc_url = f"127.0.0.1:{grpc_port}"
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def sessions(graphs) -> dict[str, ort.InferenceSession]:
+    return {name: ort.InferenceSession(str(path)) for name, path in graphs.items()}
+
+
+def alone(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reference: the request run by itself; ZipMap's maps as [N, C] in key order."""
+    names = [o.name for o in session.get_outputs()]
+    values = session.run(names, feeds)
+    return {
+        n: np.array([list(m.values()) for m in v]) if isinstance(v, list) else v
+        for n, v in zip(names, values, strict=True)
+    }
+
+
+def infer(server, model: str, inputs: list[dict], outputs: list[str] | None = None):
+    body: dict = {"inputs": inputs}
+    if outputs:
+        body["outputs"] = [{"name": n} for n in outputs]
+    return httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def kserve_input(name: str, array: np.ndarray) -> dict:
+    datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+    return {
+        "name": name,
+        "datatype": datatype,
+        "shape": list(array.shape),
+        "data": array.ravel().tolist(),
+    }
+
+
+def client(server, protocol: str = "http"):
+    if protocol == "grpc":
+        return triton_grpc.InferenceServerClient(server.grpc_url)
+    return triton_http.InferenceServerClient(server.url.removeprefix("http://"), concurrency=4)
+
+
+def client_infer(server, protocol: str, model: str, feeds: dict[str, np.ndarray], outputs):
+    """tritonclient's way, binary tensors over HTTP and raw contents over gRPC."""
+    module = triton_grpc if protocol == "grpc" else triton_http
+    inputs = []
+    for name, array in feeds.items():
+        datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+        tensor = module.InferInput(name, list(array.shape), datatype)
+        if protocol == "grpc":
+            tensor.set_data_from_numpy(array)
+        else:
+            tensor.set_data_from_numpy(array, binary_data=True)
+        inputs.append(tensor)
+    with client(server, protocol) as triton:
+        result = triton.infer(
+            model, inputs, outputs=[module.InferRequestedOutput(n) for n in outputs]
+        )
+    return {n: result.as_numpy(n) for n in outputs}
+
+
+# -- signature and metadata -----------------------------------------------------------------------
+
+
+def test_metadata_comes_from_the_graph(server):
+    with client(server) as triton:
+        masked = triton.get_model_metadata("masked")
+        gb = triton.get_model_metadata("gb")
+        iris_config = triton.get_model_config("logreg_iris")
+        masked_config = triton.get_model_config("masked")
+        assert triton.is_model_ready("masked") and triton.is_model_ready("logreg_iris")
+        stats = triton.get_inference_statistics("gb")["model_stats"]
+    assert [m["name"] for m in stats] == ["gb"]
+    assert masked["inputs"] == [
+        {"name": "data", "datatype": "FP32", "shape": [-1, -1]},
+        {"name": "mask", "datatype": "INT64", "shape": [-1, -1]},
+    ]
+    assert [o["name"] for o in masked["outputs"]] == ["mean", "masked"]
+    assert gb["inputs"] == [{"name": "X", "datatype": "FP32", "shape": [-1, 30]}]
+    probability = gb["outputs"][1]
+    assert probability["shape"] == [-1, 2]
+    assert probability["parameters"] == {"classes": ["0", "1"]}
+    # A fixed first axis: served one request at a time, its full shape in the config.
+    assert iris_config["max_batch_size"] == 0
+    assert iris_config["input"] == [
+        {"name": "float_input", "data_type": "TYPE_FP32", "dims": [3, 2]}
+    ]
+    assert masked_config["max_batch_size"] > 0
+    assert masked_config["input"][0]["dims"] == [-1]  # the batch axis is implicit
+    with client(server, "grpc") as triton:
+        over_grpc = triton.get_model_metadata("gb", as_json=True)
+        grpc_config = triton.get_model_config("logreg_iris", as_json=True)["config"]
+    assert over_grpc["inputs"] == [{"name": "X", "datatype": "FP32", "shape": ["-1", "30"]}]
+    assert grpc_config["input"][0]["dims"] == ["3", "2"]
+
+
+def test_grpc_refuses_a_wrong_datatype_naming_the_input(server):
+    tensor = triton_grpc.InferInput("X", [1, 30], "FP64")
+    tensor.set_data_from_numpy(np.ones((1, 30), np.float64))
+    with client(server, "grpc") as triton, pytest.raises(InferenceServerException) as error:
+        triton.infer("gb", [tensor])
+    assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert error.value.message().startswith("X: datatype FP64 does not match the model's FP32")
+
+
+# -- padding --------------------------------------------------------------------------------------
+
+
+def masked_request(rows: int, width: int | None = None) -> dict[str, np.ndarray]:
+    """Rows of one width (a request is rectangular), each with its own real length."""
+    width = width or int(RNG.integers(1, 40))
+    data = RNG.normal(size=(rows, width)).astype(np.float32)
+    mask = np.zeros((rows, width), dtype=np.int64)
+    for row in range(rows):
+        mask[row, : int(RNG.integers(1, width + 1))] = 1
+    return {"data": data, "mask": mask}
+
+
+def send_masked(server, model: str, requests: list[dict[str, np.ndarray]]) -> list[dict]:
+    def send(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        reply = infer(server, model, [kserve_input(n, a) for n, a in feeds.items()])
+        assert reply.status_code == 200, reply.text
+        return {
+            o["name"]: np.array(o["data"], dtype=np.float32).reshape(o["shape"])
+            for o in reply.json()["outputs"]
+        }
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        return list(pool.map(send, requests))
+
+
+def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sessions):
+    before = metric_value(server.metrics(), "ferry_batch_size_requests_count", model="masked")
+    requests = [masked_request(rows=int(RNG.integers(1, 4))) for _ in range(48)]
+    answers = send_masked(server, "masked", requests)
+    for feeds, answer in zip(requests, answers, strict=True):
+        expected = alone(sessions["masked"], feeds)
+        assert answer["masked"].shape == feeds["data"].shape  # cut back to its own width
+        np.testing.assert_allclose(answer["mean"], expected["mean"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(answer["masked"], expected["masked"], rtol=1e-6, atol=1e-6)
+    text = server.metrics()
+    batches = metric_value(text, "ferry_batch_size_requests_count", model="masked") - before
+    assert batches < len(requests), "no two requests shared a batch: padding went untested"
+    assert metric_value(text, "ferry_batch_padding_ratio_sum", model="masked") > 0
+
+
+# Configured so (pad_axes = []), or unnamed in the graph (no output can be tied to it).
+@pytest.mark.parametrize("model", ["unpadded", "unnamed"])
+def test_axes_left_unpadded_batch_only_requests_of_equal_size(server, sessions, model):
+    requests = [masked_request(rows=1, width=int(RNG.choice([3, 6]))) for _ in range(48)]
+    answers = send_masked(server, model, requests)
+    for feeds, answer in zip(requests, answers, strict=True):
+        expected = alone(sessions["masked"], feeds)
+        np.testing.assert_allclose(answer["masked"], expected["masked"], rtol=1e-6, atol=1e-6)
+    text = server.metrics()
+    batches = metric_value(text, "ferry_batch_size_requests_count", model=model)
+    assert batches < len(requests), "no two requests shared a batch"
+    assert metric_value(text, "ferry_batch_padding_ratio_sum", model=model) == 0
+
+
+# -- datatypes ------------------------------------------------------------------------------------
+
+
+def every_type_feeds(rows: int) -> dict[str, np.ndarray]:
+    feeds = {}
+    for datatype, dtype in TYPES.items():
+        if datatype == "BOOL":
+            value = RNG.integers(0, 2, size=(rows, 2)).astype(np.bool_)
+        elif datatype.startswith("FP"):
+            value = RNG.normal(size=(rows, 2)).astype(dtype)
+        else:
+            info = np.iinfo(dtype)
+            value = np.array([[info.min, info.max]] * rows, dtype=dtype)  # the range's ends
+        feeds[f"x_{datatype}"] = value
+    return feeds
+
+
+@pytest.mark.parametrize("protocol", ["http", "json", "grpc"])
+def test_every_datatype_goes_in_and_comes_back_exactly(server, sessions, protocol):
+    requests = [every_type_feeds(rows=int(RNG.integers(1, 3))) for _ in range(12)]
+
+    def send(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if protocol == "json":  # FP16 as JSON numbers too (tritonclient sends it binary only)
+            reply = infer(server, "every_type", [kserve_input(n, a) for n, a in feeds.items()])
+            assert reply.status_code == 200, reply.text
+            return {
+                o["name"]: np.array(o["data"], dtype=TYPES[o["datatype"]]).reshape(o["shape"])
+                for o in reply.json()["outputs"]
+            }
+        return client_infer(server, protocol, "every_type", feeds, [f"y_{t}" for t in TYPES])
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(send, requests))
+    for feeds, answer in zip(requests, answers, strict=True):
+        expected = alone(sessions["every_type"], feeds)
+        for name, value in expected.items():
+            assert answer[name].dtype == value.dtype, name
+            np.testing.assert_array_equal(answer[name], value, err_msg=name)
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+GOOD_MASKED = {"data": np.ones((2, 3), np.float32), "mask": np.ones((2, 3), np.int64)}
+BAD_KSERVE = [
+    # (model, inputs, the field named, words of the message)
+    ("masked", [("data", "FP64", [2, 3]), ("mask", "INT64", [2, 3])], "data", "FP64"),
+    ("masked", [("data", "FP32", [2, 3]), ("mask", "INT32", [2, 3])], "mask", "INT32"),
+    ("masked", [("data", "FP32", [2, 3]), ("mask", "INT64", [2, 4])], "mask", "is 4"),
+    ("masked", [("data", "FP32", [2, 3]), ("mask", "INT64", [3, 3])], "mask", "rows"),
+    ("masked", [("data", "FP32", [6]), ("mask", "INT64", [2, 3])], "data", "shape [6]"),
+    ("masked", [("data", "FP32", [2, 3])], "mask", "missing"),
+    ("gb", [("X", "FP32", [1, 29])], "X", "axis 1 must be 30"),
+    ("gb", [("X", "FP64", [1, 30])], "X", "FP64"),
+    ("logreg_iris", [("float_input", "FP32", [2, 2])], "float_input", "axis 0 must be 3"),
+]
+
+
+def _bad_inputs(inputs: list[tuple[str, str, list[int]]]) -> list[dict]:
+    entries = []
+    for name, datatype, shape in inputs:
+        count = int(np.prod(shape))
+        data = [True] * count if datatype == "BOOL" else [1] * count
+        entries.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
+    return entries
+
+
+@pytest.mark.parametrize(("model", "inputs", "field", "words"), BAD_KSERVE)
+def test_a_wrong_datatype_or_shape_is_a_4xx_naming_the_input(server, model, inputs, field, words):
+    reply = infer(server, model, _bad_inputs(inputs))
+    assert 400 <= reply.status_code < 500, reply.text
+    message = reply.json()["error"]
+    assert message.startswith(f"{field}:") and words in message, message
+
+
+BAD_JSON_DATA = [
+    ("masked", {"data": [[1.0, True]], "mask": [[1, 1]]}, "data[1]", "boolean"),
+    ("masked", {"data": [[1.0, 2.0]], "mask": [[1, 1.5]]}, "mask[1]", "float"),
+    ("masked", {"data": [[1.0, 2.0]], "mask": [[1, 2**63]]}, "mask[1]", "range"),
+    ("masked", {"data": [[1.0], [2.0, 3.0]], "mask": [[1], [1, 1]]}, "data", "lengths"),
+    ("masked", {"data": [[1.0]], "mask": [[1]], "extra": [[1]]}, "extra", "not an input"),
+]
+
+
+@pytest.mark.parametrize(("model", "inputs", "field", "words"), BAD_JSON_DATA)
+def test_predict_refuses_what_the_graph_cannot_take_naming_it(server, model, inputs, field, words):
+    reply = httpx.post(f"{server.url}/predict", json={"model": model, "inputs": inputs}, timeout=30)
+    assert reply.status_code == 422, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field and words in error["message"], error
+
+
+def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
+    feeds = every_type_feeds(rows=1)
+    inputs = [kserve_input(n, a) for n, a in feeds.items()]
+    assert infer(server, "every_type", inputs).status_code == 200
+    fp16 = next(i for i in inputs if i["name"] == "x_FP16")
+    fp16["data"] = [1.5, 70000.0]
+    reply = infer(server, "every_type", inputs)
+    assert reply.status_code == 422
+    assert reply.json()["error"].startswith("x_FP16[1]: 70000.0 is outside FP16's range")
+
+
+# -- tabular models -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["gb", "lr"])
+def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, model, protocol):
+    rows = plain_graphs.breast_cancer_rows()[RNG.choice(569, size=64, replace=False)]
+
+    def send(row: np.ndarray):
+        names = ["output_label", "output_probability"]
+        result = client_infer(server, protocol, model, {"X": row[None]}, names)
+        return result["output_label"], result["output_probability"]
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(send, rows))
+    for row, (label, probability) in zip(rows, answers, strict=True):
+        expected = alone(sessions[model], {"X": row[None]})
+        np.testing.assert_array_equal(label, expected["output_label"])
+        assert probability.shape == (1, 2)
+        # A batched matrix product may round the last bit of float32 differently.
+        np.testing.assert_allclose(probability, expected["output_probability"], atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["records", "tensors"])
+def test_predict_takes_records_and_named_tensors(server, sessions, form):
+    rows = plain_graphs.breast_cancer_rows()[:5]
+    inputs = [{"X": row.tolist()} for row in rows] if form == "records" else {"X": rows.tolist()}
+    reply = httpx.post(f"{server.url}/predict", json={"model": "gb", "inputs": inputs}, timeout=30)
+    assert reply.status_code == 200, reply.text
+    answers = reply.json()["outputs"]
+    expected = alone(sessions["gb"], {"X": rows})
+    assert [a["output_label"] for a in answers] == expected["output_label"].tolist()
+    for answer, probability in zip(answers, expected["output_probability"], strict=True):
+        assert list(answer["output_probability"]) == ["0", "1"]  # ZipMap's classes as keys
+        np.testing.assert_allclose(list(answer["output_probability"].values()), probability)
+
+
+def test_predict_serves_text_and_plain_graphs_side_by_side(server):
+    text = httpx.post(f"{server.url}/predict", json={"inputs": "a sentence"}, timeout=30)
+    assert text.status_code == 200 and text.json()["model"] == DEFAULT_MODEL
+    row = plain_graphs.breast_cancer_rows()[0].tolist()
+    body = {"model": "lr", "inputs": [{"X": row}]}
+    tabular = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+    assert tabular.status_code == 200, tabular.text
+    (answer,) = tabular.json()["outputs"]
+    assert list(answer) == ["output_probability"]  # the configured outputs, not every one
+    listed = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+    assert {m["id"] for m in listed} >= {DEFAULT_MODEL, "masked", "lr", "logreg_iris"}
+
+
+@pytest.mark.parametrize("protocol", ["predict", "json", "http"])
+def test_string_labels_come_back_as_strings(server, sessions, protocol):
+    rows = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
+    expected = alone(sessions["iris_by_name"], {"X": rows})
+    if protocol == "predict":
+        body = {"model": "iris_by_name", "inputs": {"X": rows.tolist()}}
+        reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        answers = reply.json()["outputs"]
+        assert [a["output_label"] for a in answers] == expected["output_label"].tolist()
+        assert list(answers[1]["output_probability"]) == list(plain_graphs.IRIS_NAMES)
+        return
+    if protocol == "json":
+        reply = infer(server, "iris_by_name", [kserve_input("X", rows)])
+        assert reply.status_code == 200, reply.text
+        label = reply.json()["outputs"][0]
+        assert label["datatype"] == "BYTES" and label["data"] == expected["output_label"].tolist()
+        return
+    result = client_infer(server, "http", "iris_by_name", {"X": rows}, ["output_label"])
+    assert [b.decode() for b in result["output_label"]] == expected["output_label"].tolist()
+
+
+def test_a_fixed_first_axis_is_served_one_request_at_a_time(server, sessions):
+    requests = [RNG.normal(size=(3, 2)).astype(np.float32) for _ in range(12)]
+
+    def send(x: np.ndarray) -> dict:
+        reply = infer(server, "logreg_iris", [kserve_input("float_input", x)])
+        assert reply.status_code == 200, reply.text
+        return {o["name"]: np.array(o["data"]).reshape(o["shape"]) for o in reply.json()["outputs"]}
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(send, requests))
+    for x, answer in zip(requests, answers, strict=True):
+        expected = alone(sessions["iris"], {"float_input": x})
+        np.testing.assert_array_equal(answer["label"], expected["label"])
+        np.testing.assert_allclose(answer["probabilities"], expected["probabilities"], rtol=1e-6)
+
+
+# -- starting -------------------------------------------------------------------------------------
+
+
+def test_a_missing_model_file_is_an_error_naming_it(tmp_path):
+    missing = tmp_path / "nowhere" / "model.onnx"
+    run = subprocess.run(
+        [sys.executable, "-m", "ferry", "serve", "--model", f"m={missing}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0
+    assert str(missing) in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("graph", "fields", "words"),
+    [
+        ("masked", {"pad_values": {"nope": 1.0}}, "pad_values names ['nope']"),
+        ("masked", {"pad_axes": ["N", "S"]}, "pad_axes names ['N', 'S']"),
+        ("masked", {"outputs": ["mean", "median"]}, "outputs ['median']"),
+        # An unnamed axis ties no output to it: its padding could not be cut back.
+        ("unnamed", {"pad_axes": ["data:1"]}, "pad_axes names ['data:1']"),
+    ],
+)
+async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, graph, fields, words):
+    settings = ModelSettings(name="m", path=graphs[graph], **fields)
+    model = TensorModel(settings, graphs[graph], FerryMetrics(CollectorRegistry()))
+    try:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            await model.start()
+    finally:
+        await model.close(0)

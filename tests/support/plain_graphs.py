@@ -1,0 +1,136 @@
+"""Plain ONNX graphs for the tensor-model tests, built with onnx.helper (and skl2onnx).
+
+- masked_mean: data [N, T] FP32 and mask [N, T] INT64 (one axis name, T) -> the masked mean
+  [N] and the masked data [N, T]: padding T changes nothing a row's answer depends on.
+- every_type: one input per KServe datatype, x_<type> [N, 2], passed through to y_<type>.
+- breast-cancer classifiers from scikit-learn's bundled data, through skl2onnx (ZipMap on).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+OPSET = [helper.make_opsetid("", 17)]
+
+EVERY_TYPE = {
+    "BOOL": TensorProto.BOOL,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+}
+
+
+def _save(graph: onnx.GraphProto, path: Path) -> Path:
+    model = helper.make_model(graph, opset_imports=OPSET)
+    model.ir_version = 8  # what every onnxruntime since 1.14 reads
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def masked_mean(path: Path, axis: str | None = "T") -> Path:
+    """`axis` None: the length axis left unnamed, as an export without dynamic-axis names."""
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["data", "maskf"], ["masked"]),
+        helper.make_node("Constant", [], ["axis"], value=helper.make_tensor("a", 7, [1], [1])),
+        helper.make_node("ReduceSum", ["masked", "axis"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["maskf", "axis"], ["count"], keepdims=0),
+        helper.make_node("Div", ["total", "count"], ["mean"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "masked_mean",
+        [
+            helper.make_tensor_value_info("data", TensorProto.FLOAT, ["N", axis]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", axis]),
+        ],
+        [
+            helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("masked", TensorProto.FLOAT, ["N", axis]),
+        ],
+    )
+    return _save(graph, path)
+
+
+def every_type(path: Path) -> Path:
+    nodes = [helper.make_node("Identity", [f"x_{t}"], [f"y_{t}"]) for t in EVERY_TYPE]
+    graph = helper.make_graph(
+        nodes,
+        "every_type",
+        [helper.make_tensor_value_info(f"x_{t}", e, ["N", 2]) for t, e in EVERY_TYPE.items()],
+        [helper.make_tensor_value_info(f"y_{t}", e, ["N", 2]) for t, e in EVERY_TYPE.items()],
+    )
+    return _save(graph, path)
+
+
+def breast_cancer_estimator(estimator: str):
+    """A classifier fitted on scikit-learn's bundled breast-cancer data (569 x 30)."""
+    from sklearn.ensemble import GradientBoostingClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    model = {
+        "gradient_boosting": GradientBoostingClassifier(n_estimators=20, random_state=0),
+        "logistic_regression": make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)),
+    }[estimator]
+    x = breast_cancer_rows()
+    return model.fit(x, breast_cancer_labels())
+
+
+def breast_cancer(path: Path, estimator: str) -> Path:
+    """The classifier exported by skl2onnx (ZipMap on, as skl2onnx makes it by default)."""
+    from skl2onnx import to_onnx
+
+    x = breast_cancer_rows()
+    onnx.save(to_onnx(breast_cancer_estimator(estimator), x[:1], target_opset=17), path)
+    return path
+
+
+def breast_cancer_labels() -> np.ndarray:
+    from sklearn.datasets import load_breast_cancer
+
+    return load_breast_cancer(return_X_y=True)[1]
+
+
+def iris_by_name(path: Path) -> Path:
+    """A classifier whose labels are strings: a BYTES output, and ZipMap keyed by name."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_iris(return_X_y=True)
+    x = x.astype(np.float32)
+    names = np.array(IRIS_NAMES)[y]
+    model = LogisticRegression(max_iter=500).fit(x, names)
+    onnx.save(to_onnx(model, x[:1], target_opset=17), path)
+    return path
+
+
+IRIS_NAMES = ("setosa", "versicolor", "virginica")
+
+
+def breast_cancer_rows() -> np.ndarray:
+    from sklearn.datasets import load_breast_cancer
+
+    return load_breast_cancer(return_X_y=True)[0].astype(np.float32)
+
+
+def iris_graph() -> Path:
+    """onnxruntime's own logistic regression: a fixed first axis [3, 2] and ZipMap."""
+    import onnxruntime
+
+    return Path(onnxruntime.__file__).parent / "datasets" / "logreg_iris.onnx"
