@@ -23,7 +23,8 @@ async def predict(call: HotCall) -> Reply:
     if body.inputs is not None:
         inputs = Texts(body.texts(), "inputs", body.truncate)
     else:
-        inputs = TokenLists(*body.token_lists(), "input_ids")
+        ids, mask, types = body.token_lists()
+        inputs = TokenLists(ids, mask, "input_ids", types)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     encoder = call.app_state.encoder
     valid = await encoder.validate(model, inputs, outputs, timeout_s, body.priority)
