@@ -14,6 +14,8 @@ from pydantic import (
 )
 
 TokenIds = list[StrictInt] | list[list[StrictInt]]
+# A cross-encoder's input: two texts read together (a query and a document), with segment ids.
+TextPair = Annotated[list[StrictStr], Field(min_length=2, max_length=2)]
 # vLLM's `priority`: lower is served first; bounded so it stays a plain int64.
 PRIORITY_BOUND = 2**31
 Priority = Annotated[StrictInt, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)]
@@ -33,8 +35,10 @@ class PredictRequest(BaseModel):
     )
 
     model: StrictStr | None = Field(default=None, description="Model name; the default if absent.")
-    inputs: StrictStr | list[StrictStr] | None = Field(
-        default=None, description="Text, or a list of texts, tokenized by the server."
+    inputs: StrictStr | list[StrictStr] | list[TextPair] | None = Field(
+        default=None,
+        description="Text, or a list of texts, tokenized by the server; or a list of "
+        "[first, second] text pairs, each tokenized as one input with segment ids.",
     )
     input_ids: TokenIds | None = Field(
         default=None, description="Pre-tokenized input: one list of ids, or a list of them."
@@ -82,9 +86,15 @@ class PredictRequest(BaseModel):
         ids = self.input_ids if batched else [self.input_ids]
         return ids, _items(self.attention_mask), _items(self.token_type_ids)  # type: ignore[return-value]
 
-    def texts(self) -> list[str]:
+    def texts(self) -> tuple[list[str], list[str] | None]:
+        """The texts, and the second text of each pair when pairs were sent."""
         assert self.inputs is not None
-        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+        if isinstance(self.inputs, str):
+            return [self.inputs], None
+        if self.inputs and isinstance(self.inputs[0], list):
+            pairs: list[list[str]] = self.inputs  # type: ignore[assignment]
+            return [first for first, _ in pairs], [second for _, second in pairs]
+        return list(self.inputs), None  # type: ignore[arg-type]
 
 
 def _items(values: TokenIds | None) -> list | None:

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from ferry.server.dialects import FERRY
 from ferry.server.encoder_request import Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
+from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 
@@ -21,7 +22,10 @@ async def predict(call: HotCall) -> Reply:
     call.state["model_name"] = model.name
     outputs = model.select_outputs(body.outputs)
     if body.inputs is not None:
-        inputs = Texts(body.texts(), "inputs", body.truncate)
+        texts, seconds = body.texts()
+        if seconds is not None:
+            check_firsts("inputs", texts, call.app_state.settings.max_chars_per_text)
+        inputs = Texts(texts, "inputs", body.truncate, pairs=seconds)
     else:
         ids, mask, types = body.token_lists()
         inputs = TokenLists(ids, mask, "input_ids", types)

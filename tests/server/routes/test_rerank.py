@@ -151,6 +151,17 @@ def test_predict_reports_a_one_logit_head_as_a_score(server, transformers_logit)
     assert refused.status_code == 422 and refused.json()["error"]["param"] == "outputs"
 
 
+def test_predict_takes_pairs_with_segment_ids(server, transformers_logit):
+    pairs = [[QUERY, d] for d in DOCUMENTS[:2]]
+    body = {"model": RERANKER, "inputs": pairs, "outputs": ["score", "logits"]}
+    response = post(server, "/predict", body)
+    assert response.status_code == 200, response.text
+    for (query, document), item in zip(pairs, response.json()["outputs"], strict=True):
+        want = transformers_logit(query, document)
+        assert item["logits"] == pytest.approx([want], abs=1e-5)
+        assert item["score"] == pytest.approx(sigmoid(want), abs=1e-5)
+
+
 def test_concurrent_reranks_batch_and_each_equals_transformers(server, transformers_logits):
     queries = [f"{QUERY} number {i}" for i in range(12)]
 
@@ -187,6 +198,9 @@ def test_concurrent_reranks_batch_and_each_equals_transformers(server, transform
         ("/v1/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, 400, "text_2"),
         ("/v1/score", {"text_1": [], "text_2": ["c"]}, 400, "text_1"),
         ("/v1/score", {"text_1": "a", "text_2": "c", "model": DEFAULT_MODEL}, 400, "model"),
+        ("/predict", {"inputs": [["q", "d"], [" ", "d"]]}, 422, "inputs[1]"),
+        ("/predict", {"inputs": [["q", "d"], ["q", ""]]}, 422, "inputs[1]"),
+        ("/predict", {"inputs": [["q", "d", "e"]]}, 422, None),
     ],
 )
 def test_wrong_fields_are_refused_naming_them(server, path, body, status, field):
