@@ -23,6 +23,8 @@ class Backend(Protocol):
     # A batch handed over while all of those run waits inside the backend and starts, in the
     # backend's own threads, the moment one frees (so the batcher may form one ahead).
     queues_batches: bool
+    # The model reads segment ids (BERT's token_type_ids); valid once started.
+    takes_token_types: bool
 
     async def start(self) -> None:
         """Load and warm up; readiness turns on only after this returns."""

@@ -14,7 +14,9 @@ from typing import Literal
 
 MANIFEST_NAME = "ferry_model.json"
 
-Task = Literal["embedding", "classification"]
+# rerank: a cross-encoder, a sequence classifier with one logit that scores a (query, document)
+# pair tokenized together with segment ids.
+Task = Literal["embedding", "classification", "rerank"]
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ferry.backends.placement import (
     check_session_providers,
     onnxruntime_providers,
 )
+from ferry.backends.token_inputs import TokenFeed
 from ferry.batcher.padding import PaddedBatch
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ class OnnxRuntimeBackend:
         self.sequence_outputs: frozenset[str] = frozenset()
         self.providers: list[str] = []
         self._on_cuda = False
+        self.feed: TokenFeed | None = None  # read from the graph at start
 
     @classmethod
     def from_options(cls, model_path: Path, options: OnnxRuntimeOptions) -> OnnxRuntimeBackend:
@@ -123,12 +125,13 @@ class OnnxRuntimeBackend:
             self._providers, self.providers, self._allow_cpu_fallback, str(self.model_path)
         )
         self._on_cuda = self.providers[0] == CUDA_EP
+        self.feed = TokenFeed.from_graph(first.get_inputs(), str(self.model_path))
         self.output_names = tuple(o.name for o in first.get_outputs())
-        # A symbolic second dimension named like the inputs' sequence axis marks a padded output.
+        # A symbolic second dimension named like the ids' sequence axis marks a padded output.
         self.sequence_outputs = frozenset(
             o.name
             for o in first.get_outputs()
-            if len(o.shape) >= 2 and o.shape[1] == first.get_inputs()[0].shape[1]
+            if len(o.shape) >= 2 and o.shape[1] == self.feed.sequence_axis
         )
         if self._auto:
             sessions = sessions[: await self._best_concurrency(sessions)]
@@ -145,8 +148,7 @@ class OnnxRuntimeBackend:
             max_workers=len(sessions), thread_name_prefix="ort-run", initializer=self._bind_session
         )
         for batch, length in WARMUP_SHAPES:
-            ids = np.ones((batch, length), dtype=np.int64)
-            feeds = {"input_ids": ids, "attention_mask": ids}
+            feeds = self.feed.ones(batch, length)
             warm = [*sessions, *([self._solo] if self._solo is not None else [])]
             await asyncio.gather(
                 *(loop.run_in_executor(self._executor, s.run, None, feeds) for s in warm)
@@ -158,10 +160,8 @@ class OnnxRuntimeBackend:
         """How many sessions running at once give the most sequences per second here."""
         loop = asyncio.get_running_loop()
         n, length = PROBE_SHAPE
-        feeds = {
-            "input_ids": np.ones((n, length), dtype=np.int64),
-            "attention_mask": np.ones((n, length), dtype=np.int64),
-        }
+        assert self.feed is not None
+        feeds = self.feed.ones(n, length)
 
         def rounds(session) -> None:
             for _ in range(PROBE_ROUNDS):
@@ -189,6 +189,10 @@ class OnnxRuntimeBackend:
         options = session_options(threads or self._intra_op_threads, spinning)
         return ort.InferenceSession(str(self.model_path), options, providers=self._providers)
 
+    @property
+    def takes_token_types(self) -> bool:
+        return self.feed is not None and self.feed.takes_token_types
+
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
         # Only a batch formed with nothing else queued: under load a solo run's threads would
         # share the cores with the other sessions' batches (measured: ~15 % more CPU/request).
@@ -198,7 +202,8 @@ class OnnxRuntimeBackend:
             and self._in_flight == 0
             and not self._solo_busy
         )
-        feeds = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        assert self.feed is not None, "infer before start"
+        feeds = self.feed.feeds(batch)
         names = list(batch.outputs or self.output_names)
         loop = asyncio.get_running_loop()
         self._in_flight += 1

@@ -54,6 +54,7 @@ class TorchBackend:
         self._dtype_setting = dtype
         self._compile = compile
         self._allow_cpu_fallback = allow_cpu_fallback
+        self.takes_token_types = True  # transformers' encoders all accept token_type_ids
         self.output_names: tuple[str, ...] = (
             ("last_hidden_state", "sentence_embedding") if task == "embedding" else ("logits",)
         )
@@ -133,16 +134,19 @@ class TorchBackend:
             model = torch.compile(model, dynamic=True)
         return model
 
-    def _forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, stream: Any) -> list:
+    def _forward(self, batch: PaddedBatch, stream: Any) -> list:
         import torch
 
         with torch.inference_mode(), torch.cuda.stream(stream) if stream else nullcontext():
-            ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-            mask = torch.from_numpy(attention_mask).to(self.device, non_blocking=True)
-            out = self._model(
-                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
+            ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
+            mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
+            types = (
+                torch.zeros_like(ids)
+                if batch.token_type_ids is None
+                else torch.from_numpy(batch.token_type_ids).to(self.device, non_blocking=True)
             )
-            if self.task == "classification":
+            out = self._model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+            if self.task != "embedding":  # a classifier's or a cross-encoder's head
                 results = [out.logits.float()]
             else:
                 hidden = out.last_hidden_state.float()
@@ -156,9 +160,7 @@ class TorchBackend:
         stream = await self._streams.get()
         try:
             loop = asyncio.get_running_loop()
-            values = await loop.run_in_executor(
-                self._executor, self._forward, batch.input_ids, batch.attention_mask, stream
-            )
+            values = await loop.run_in_executor(self._executor, self._forward, batch, stream)
         finally:
             self._streams.put_nowait(stream)
         return dict(zip(self.output_names, values, strict=True))

@@ -101,6 +101,7 @@ class TritonBackend:
         self.start_timeout_s = start_timeout_s
         self._ferry_max_batch_size = max_batch_size
         self.output_names: tuple[str, ...] = ()
+        self.takes_token_types = False  # Ferry's Triton exports take ids and a mask
         self.sequence_outputs: frozenset[str] = frozenset()
         self._client: Any = None
         self._module: Any = None

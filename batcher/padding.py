@@ -20,6 +20,9 @@ class PaddedBatch:
     outputs: tuple[str, ...] | None = None
     # Nothing else queued or running when it was formed: a backend may give it every core.
     runs_alone: bool = False
+    # (batch, padded_length) int64 segment ids, 0 in the padding; None: no member sent any
+    # (a model that takes them gets zeros).
+    token_type_ids: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -50,16 +53,26 @@ def pad_batch(
         # torch.from_numpy warns about.
         (seq,) = sequences
         ids = np.array(seq.input_ids[None], dtype=np.int64)
+        types = seq.token_type_ids
         return PaddedBatch(
-            ids, np.array(seq.attention_mask[None], dtype=np.int64), lengths, outputs
+            ids,
+            np.array(seq.attention_mask[None], dtype=np.int64),
+            lengths,
+            outputs,
+            token_type_ids=None if types is None else np.array(types[None], dtype=np.int64),
         )
     width = max(lengths)
     input_ids = np.full((len(sequences), width), pad_token_id, dtype=np.int64)
     attention_mask = np.zeros((len(sequences), width), dtype=np.int64)
+    paired = any(seq.token_type_ids is not None for seq in sequences)
+    # Segment ids pad with 0, as the mask does; a member without any keeps zeros.
+    token_type_ids = np.zeros_like(input_ids) if paired else None
     for row, seq in enumerate(sequences):
         input_ids[row, : seq.length] = seq.input_ids
         attention_mask[row, : seq.length] = seq.attention_mask
-    return PaddedBatch(input_ids, attention_mask, lengths, outputs)
+        if token_type_ids is not None and seq.token_type_ids is not None:
+            token_type_ids[row, : seq.length] = seq.token_type_ids
+    return PaddedBatch(input_ids, attention_mask, lengths, outputs, token_type_ids=token_type_ids)
 
 
 def unpad_outputs(

@@ -12,10 +12,12 @@ from ferry.batcher.tensor_padding import TensorRows
 
 @dataclass(frozen=True)
 class TokenSequence:
-    """One tokenized input: 1-D int64 ids and a mask of the same length."""
+    """One tokenized input: 1-D int64 ids and a mask of the same length, and segment ids
+    (`token_type_ids`, BERT's sentence A / B) when the input is a pair; None: all zeros."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
+    token_type_ids: np.ndarray | None = None
 
     @classmethod
     def from_ids(cls, ids: list[int], mask: list[int] | None = None) -> TokenSequence:
@@ -39,8 +41,13 @@ class SequenceLimits:
     vocab_size: int
 
     def admits(self, seq: TokenSequence) -> bool:
-        ids, mask = seq.input_ids, seq.attention_mask
-        return ids.ndim == 1 and 0 < ids.shape[0] <= self.max_length and mask.shape == ids.shape
+        ids, mask, types = seq.input_ids, seq.attention_mask, seq.token_type_ids
+        return (
+            ids.ndim == 1
+            and 0 < ids.shape[0] <= self.max_length
+            and mask.shape == ids.shape
+            and (types is None or types.shape == ids.shape)
+        )
 
 
 @dataclass(eq=False)

@@ -26,6 +26,7 @@ class NullBackend:
     sequence_outputs: frozenset[str] = frozenset()
     max_concurrency = 4
     queues_batches = False  # batches wait for a free slot in the loop, as before
+    takes_token_types = False
 
     async def start(self) -> None:
         return None

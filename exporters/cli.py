@@ -32,10 +32,12 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     onnx.add_argument("--out", type=Path, required=True, help="Folder to write the model to.")
     onnx.add_argument(
         "--task",
-        choices=["embedding", "classification"],
+        choices=["embedding", "classification", "rerank"],
         default="embedding",
         help="embedding: mean-pooled, L2-normalised sentence_embedding; "
-        "classification: logits, served as label + probabilities.",
+        "classification: logits, served as label + probabilities; "
+        "rerank: a cross-encoder's one logit, from a (query, document) pair with segment ids, "
+        "served as a score and on /rerank, /v1/rerank and /v1/score.",
     )
     onnx.add_argument(
         "--max-length", type=int, default=256, help="Longest input the server will accept."

@@ -56,15 +56,24 @@ class ChatTokenizer:
         self._as_text.encode_special_tokens = True
 
     def render_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> str:
         extra = {} if tools is None else {"tools": tools}
         return self._template.render(
-            messages=messages, add_generation_prompt=True, **self._special, **extra
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            **self._special,
+            **extra,
         )
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
     ) -> list[int]:
         """The chat prompt's token ids, each message's content encoded as plain text.
 
@@ -78,10 +87,12 @@ class ChatTokenizer:
             for message in messages
             for special in self._special_texts
         ):
-            return self.encode(self.render_chat(messages, tools))
+            return self.encode(self.render_chat(messages, tools, add_generation_prompt))
         placeholders = [f"\x00ferry-content-{i}\x00" for i in range(len(messages))]
         rendered = self.render_chat(
-            [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)], tools
+            [{**m, "content": p} for m, p in zip(messages, placeholders, strict=True)],
+            tools,
+            add_generation_prompt,
         )
         ids: list[int] = []
         rest = rendered
@@ -98,8 +109,15 @@ class ChatTokenizer:
         # Special tokens in the rendered template are real tokens; the template adds no BOS itself.
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tokenizer.decode(ids)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        """A plain text's ids, with the tokenizer's own special tokens if asked (/tokenize)."""
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return [self._tokenizer.id_to_token(i) or "" for i in ids]
 
     @property
     def vocab_size(self) -> int:

@@ -38,6 +38,8 @@ from ferry.server.routes import (
     openai_chat,
     openai_responses,
     predict,
+    rerank,
+    tokenize,
 )
 from ferry.server.settings import Settings
 
@@ -46,7 +48,7 @@ logger = logging.getLogger(__name__)
 # paths from here, to refuse bodies not declared JSON there and nowhere else.
 ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
 # Hot routes: registered with the gateway's table (and documented in the framework's schema).
-HOT_ROUTES = (predict, embeddings, openai_chat, openai_responses, kserve_v2)
+HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
 
 
 async def start_grpc(app: FastAPI):

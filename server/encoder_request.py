@@ -23,6 +23,8 @@ class Texts:
     texts: Sequence[str]
     field: str
     truncate: bool = False
+    # A cross-encoder's pairs: texts[i] with pairs[i], tokenized as one input with segment ids.
+    pairs: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class TokenLists:
     input_ids: Sequence[Sequence[int]]
     attention_mask: Sequence[Sequence[int]] | None
     field: str
+    token_type_ids: Sequence[Sequence[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -41,10 +44,12 @@ class TokenArrays:
     input_ids: np.ndarray
     attention_mask: np.ndarray
     field: str = "input_ids"
+    token_type_ids: np.ndarray | None = None
 
 
 EncoderInputs = Texts | TokenLists | TokenArrays
 MASK_FIELD = "attention_mask"
+TYPES_FIELD = "token_type_ids"
 
 
 def item_field(field: str, index: int, count: int) -> str:
@@ -67,6 +72,8 @@ class ValidSequences:
     field: str
     timeout_s: float | None = None
     priority: int = 0
+    # [items, width] int64 segment ids (0 past each row's length); None: none sent.
+    token_type_ids: np.ndarray | None = None
 
     @property
     def count(self) -> int:
@@ -82,7 +89,12 @@ class ValidSequences:
 
     def sequences(self) -> list[TokenSequence]:
         """Each row cut to its length (views, no copies), as the batcher queues them."""
+        types = self.token_type_ids
         return [
-            TokenSequence(self.input_ids[i, :length], self.attention_mask[i, :length])
+            TokenSequence(
+                self.input_ids[i, :length],
+                self.attention_mask[i, :length],
+                None if types is None else types[i, :length],
+            )
             for i, length in enumerate(self.lengths)
         ]

@@ -13,6 +13,7 @@ import numpy as np
 
 from ferry.server.encoder_request import (
     MASK_FIELD,
+    TYPES_FIELD,
     EncoderInputs,
     Texts,
     TokenArrays,
@@ -59,12 +60,15 @@ class EncoderValidation:
     ) -> ValidSequences:
         field, vocab_size = inputs.field, model.manifest.vocab_size
         self._check_count(field, _count(inputs), model.settings.batching.max_queue_size)
+        types: np.ndarray | None = None
         if isinstance(inputs, TokenArrays):
-            ids, mask = inputs.input_ids, inputs.attention_mask
+            ids, mask, types = inputs.input_ids, inputs.attention_mask, inputs.token_type_ids
             lengths = _lengths_of(mask)
             _check_lengths(field, lengths, model.manifest.max_length)
             _check_ids(field, ids, lengths, vocab_size)
             _check_mask(mask)
+            if types is not None:
+                types = _checked_types(model, types, lengths)
         elif isinstance(inputs, TokenLists):
             lengths = tuple(len(ids) for ids in inputs.input_ids)
             _check_lengths(field, lengths, model.manifest.max_length)
@@ -72,9 +76,13 @@ class EncoderValidation:
             _check_ids(field, ids, lengths, vocab_size)
             if inputs.attention_mask is not None:  # else made here: ones, then padding
                 _check_mask(mask)
+            if inputs.token_type_ids is not None:
+                types = _checked_types(model, _padded_types(inputs, lengths), lengths)
         else:
-            # The tokenizer's ids and mask need no checks: only their lengths.
-            ids, mask, lengths = await self._tokenized(model, inputs)
+            # The tokenizer's ids, mask and segment ids need no checks: only their lengths.
+            ids, mask, types, lengths = await self._tokenized(model, inputs)
+            if not model.takes_token_types:
+                types = None  # a pair is still told apart by its separator tokens
         tokens = sum(lengths)
         if tokens > self._limits.max_tokens_per_request:
             raise InvalidInput(
@@ -84,25 +92,35 @@ class EncoderValidation:
         if timeout_s is not None:
             model.check_deadline(max(lengths), timeout_s)
         return ValidSequences(
-            model.name, ids, mask, lengths, tokens, outputs, field, timeout_s, priority
+            model.name, ids, mask, lengths, tokens, outputs, field, timeout_s, priority, types
         )
 
     async def _tokenized(
         self, model: ModelRuntime, inputs: Texts
-    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, ...]]:
         field, count = inputs.field, len(inputs.texts)
-        for index, text in enumerate(inputs.texts):
+        # A pair's first text is the route's own field (a query); the item named is the second.
+        named = inputs.texts if inputs.pairs is None else inputs.pairs
+        for index, text in enumerate(named):
             if len(text) > self._limits.max_chars_per_text:
                 raise InvalidInput(
                     item_field(field, index, count),
                     f"text has {len(text)} characters; at most {self._limits.max_chars_per_text}",
                 )
+        pairs = None if inputs.pairs is None else list(inputs.pairs)
         try:
-            tokenized = await model.tokenizer.encode_async(list(inputs.texts), inputs.truncate)
+            tokenized = await model.tokenizer.encode_async(
+                list(inputs.texts), inputs.truncate, pairs
+            )
         except TextRejected as exc:
             raise InvalidInput(item_field(field, exc.index, count), exc.message) from None
         _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)
-        return tokenized.input_ids, tokenized.attention_mask, tokenized.lengths
+        return (
+            tokenized.input_ids,
+            tokenized.attention_mask,
+            tokenized.token_type_ids,
+            tokenized.lengths,
+        )
 
     def _check_count(self, field: str, count: int, queue_size: int) -> None:
         if count == 0:
@@ -208,6 +226,53 @@ def _padded_lists(inputs: TokenLists, lengths: tuple[int, ...]) -> tuple[np.ndar
                 item_field(MASK_FIELD, index, count), "attention_mask values must be 0 or 1"
             ) from None
     return ids, mask
+
+
+def _padded_types(inputs: TokenLists, lengths: tuple[int, ...]) -> np.ndarray:
+    """token_type_ids from JSON, shaped like input_ids, right-padded with 0."""
+    types, count = inputs.token_type_ids, len(lengths)
+    assert types is not None
+    if len(types) != count:
+        raise InvalidInput(
+            TYPES_FIELD, f"token_type_ids has {len(types)} items but input_ids has {count}"
+        )
+    padded = np.zeros((count, max(lengths)), dtype=np.int64)
+    for index, length in enumerate(lengths):
+        if len(types[index]) != length:
+            raise InvalidInput(
+                item_field(TYPES_FIELD, index, count),
+                f"token_type_ids has {len(types[index])} values but input_ids has {length}",
+            )
+        try:
+            padded[index, :length] = types[index]
+        except (OverflowError, ValueError, TypeError):
+            raise InvalidInput(
+                item_field(TYPES_FIELD, index, count), "token_type_ids values must be 0 or 1"
+            ) from None
+    return padded
+
+
+def _checked_types(
+    model: ModelRuntime, types: np.ndarray, lengths: Sequence[int]
+) -> np.ndarray | None:
+    """A client's segment ids: 0 (first text) or 1 (second), shaped like input_ids; refused
+    when the model reads none, unless all are 0 (what such a model assumes anyway)."""
+    count = len(lengths)
+    real = _padding_zeroed(types, lengths)
+    bad = (real < 0) | (real > 1)
+    if bad.any():
+        index = int(np.argmax(bad.any(axis=1)))
+        raise InvalidInput(
+            item_field(TYPES_FIELD, index, count), "token_type_ids values must be 0 or 1"
+        )
+    if not real.any():
+        return None
+    if not model.takes_token_types:
+        raise InvalidInput(
+            TYPES_FIELD,
+            f"model {model.name!r} takes no token_type_ids (its graph has no such input)",
+        )
+    return real.astype(np.int64, copy=False)
 
 
 def _check_ids(field: str, ids: np.ndarray, lengths: Sequence[int], vocab_size: int) -> None:

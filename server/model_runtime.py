@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,8 +25,12 @@ logger = logging.getLogger(__name__)
 
 # A deadline under this share of one row's predicted time is refused as one that cannot be met.
 DEADLINE_FLOOR_SHARE = 0.5
-# Outputs computed from `logits` for classification models (not the backend's own).
-DERIVED_OUTPUTS = ("label", "probabilities")
+# Outputs computed from `logits` (not the backend's own): a classifier's label and softmax,
+# or a one-logit head's (a cross-encoder's) sigmoid, where a softmax would always be 1.0.
+CLASS_OUTPUTS = ("label", "probabilities")
+SCORE_OUTPUTS = ("score",)
+DERIVED_OUTPUTS = (*CLASS_OUTPUTS, *SCORE_OUTPUTS)
+HEAD_TASKS = ("classification", "rerank")
 
 
 def build_backend(settings: ModelSettings) -> Backend:
@@ -47,19 +52,19 @@ def build_backend(settings: ModelSettings) -> Backend:
         return TorchBackend.from_options(settings.path, options)
     from ferry.backends.onnxruntime import OnnxRuntimeBackend
 
-    return OnnxRuntimeBackend.from_options(settings.path / "model.onnx", options)
+    model_file = settings.path / "model.onnx"
+    if not model_file.is_file():
+        raise FileNotFoundError(f"model {settings.name!r}: model file not found: {model_file}")
+    return OnnxRuntimeBackend.from_options(model_file, options)
 
 
 class ModelRuntime:
     def __init__(self, settings: ModelSettings, metrics: FerryMetrics) -> None:
         self.settings = settings
         self.name = settings.name
-        # A Hugging Face folder served by `torch` has no ferry_model.json until exported.
-        self.manifest = (
-            folder_manifest(settings.path)
-            if settings.backend.kind == "torch"
-            else ModelManifest.read(settings.path)
-        )
+        # ferry_model.json, else what a Hugging Face config.json beside the model says (a folder
+        # served by `torch`, or an optimum export); the error names the files looked for.
+        self.manifest: ModelManifest = folder_manifest(settings.path)
         self.tokenizer = TextTokenizer(settings.path / "tokenizer.json", self.manifest.max_length)
         self.backend = self._build_backend(settings)
         self._metrics = metrics
@@ -74,7 +79,8 @@ class ModelRuntime:
 
     async def start(self) -> None:
         await self.backend.start()
-        unknown = set(self.settings.outputs) - set(self.servable_outputs)
+        await self._learn_output_widths()  # a head's width decides its derived outputs
+        unknown = set(self.default_outputs) - set(self.servable_outputs)
         if unknown:
             raise ValueError(
                 f"model {self.name!r}: outputs {sorted(unknown)} are not among "
@@ -97,18 +103,33 @@ class ModelRuntime:
             observer=self._metrics.batch_observer(self.name, self.backend.name),
         )
         self._metrics.queue_capacity.labels(self.name).set(self.settings.batching.max_queue_size)
-        await self._learn_output_widths()
         await self.batcher.calibrate()
         self.batcher.start()
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)
 
     @property
+    def scores(self) -> bool:
+        """A one-logit head (a cross-encoder): it answers a score, not a class."""
+        return self.manifest.task in HEAD_TASKS and self._widths.get("logits") == 1
+
+    @property
+    def takes_token_types(self) -> bool:
+        return self.backend.takes_token_types
+
+    @property
     def servable_outputs(self) -> tuple[str, ...]:
         names = self.backend.output_names
-        if self.manifest.task == "classification":
-            return (*names, *DERIVED_OUTPUTS)
+        if self.manifest.task in HEAD_TASKS and "logits" in names:
+            return (*names, *(SCORE_OUTPUTS if self.scores else CLASS_OUTPUTS))
         return names
+
+    @property
+    def default_outputs(self) -> tuple[str, ...]:
+        """The configured outputs; a head's derived ones when the config names none."""
+        if "outputs" in self.settings.model_fields_set or self.manifest.task not in HEAD_TASKS:
+            return self.settings.outputs
+        return SCORE_OUTPUTS if self.scores else CLASS_OUTPUTS
 
     async def _learn_output_widths(self) -> None:
         ids = np.ones((1, 2), dtype=np.int64)
@@ -119,6 +140,7 @@ class ModelRuntime:
         if "logits" in self._widths:
             self._widths["label"] = 1
             self._widths["probabilities"] = 2 * self._widths["logits"]
+            self._widths["score"] = 1
 
     def output_width(self, name: str) -> int:
         return self._widths.get(name, 1)
@@ -182,7 +204,7 @@ class ModelRuntime:
                 )
         if requested:
             return tuple(requested)  # type: ignore[arg-type]
-        return tuple(choices) if tensors else self.settings.outputs
+        return tuple(choices) if tensors else self.default_outputs
 
     def backend_outputs(self, names: Sequence[str]) -> frozenset[str]:
         """What the backend must fetch for `names`: derived outputs come from the logits."""
@@ -191,7 +213,9 @@ class ModelRuntime:
     def render(self, row: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, Any]:
         """One request's raw outputs -> the JSON-ready values it asked for."""
         rendered: dict[str, Any] = {}
-        if self.manifest.task == "classification" and "logits" in row:
+        if self.scores and "logits" in row:
+            row = {**row, "score": sigmoid(float(row["logits"][0]))}
+        elif self.manifest.task in HEAD_TASKS and "logits" in row:
             logits = row["logits"].astype(np.float64)
             exp = np.exp(logits - logits.max())
             probabilities = exp / exp.sum()
@@ -212,3 +236,8 @@ class ModelRuntime:
             await self.batcher.close(drain_timeout_s)
         await self.backend.close()
         self.tokenizer.close()
+
+
+def sigmoid(logit: float) -> float:
+    """A one-logit head's probability (TEI's and vLLM's score for a cross-encoder)."""
+    return 0.5 * (1.0 + math.tanh(logit / 2))  # no overflow for any logit

@@ -14,6 +14,8 @@ from pydantic import (
 )
 
 TokenIds = list[StrictInt] | list[list[StrictInt]]
+# A cross-encoder's input: two texts read together (a query and a document), with segment ids.
+TextPair = Annotated[list[StrictStr], Field(min_length=2, max_length=2)]
 # vLLM's `priority`: lower is served first; bounded so it stays a plain int64.
 PRIORITY_BOUND = 2**31
 Priority = Annotated[StrictInt, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)]
@@ -33,14 +35,21 @@ class PredictRequest(BaseModel):
     )
 
     model: StrictStr | None = Field(default=None, description="Model name; the default if absent.")
-    inputs: StrictStr | list[StrictStr] | None = Field(
-        default=None, description="Text, or a list of texts, tokenized by the server."
+    inputs: StrictStr | list[StrictStr] | list[TextPair] | None = Field(
+        default=None,
+        description="Text, or a list of texts, tokenized by the server; or a list of "
+        "[first, second] text pairs, each tokenized as one input with segment ids.",
     )
     input_ids: TokenIds | None = Field(
         default=None, description="Pre-tokenized input: one list of ids, or a list of them."
     )
     attention_mask: TokenIds | None = Field(
         default=None, description="Optional mask (0/1) shaped like input_ids."
+    )
+    token_type_ids: TokenIds | None = Field(
+        default=None,
+        description="Optional segment ids (0: first text, 1: second) shaped like input_ids, for "
+        "models whose graph reads them (a pair's cross-encoder); zeros if absent.",
     )
     outputs: list[StrictStr] | None = Field(
         default=None, description="Model outputs to return; the model's configured ones if absent."
@@ -62,23 +71,36 @@ class PredictRequest(BaseModel):
     def _one_kind_of_input(self) -> PredictRequest:
         if (self.inputs is None) == (self.input_ids is None):
             raise ValueError("send exactly one of 'inputs' (text) or 'input_ids' (tokens)")
-        if self.attention_mask is not None and self.input_ids is None:
-            raise ValueError("'attention_mask' goes with 'input_ids'")
+        for name in ("attention_mask", "token_type_ids"):
+            if getattr(self, name) is not None and self.input_ids is None:
+                raise ValueError(f"'{name}' goes with 'input_ids'")
         return self
 
-    def token_lists(self) -> tuple[list[list[int]], list[list[int]] | None]:
-        """input_ids / attention_mask as lists of items, whether one item or many was sent."""
+    def token_lists(
+        self,
+    ) -> tuple[list[list[int]], list[list[int]] | None, list[list[int]] | None]:
+        """input_ids, attention_mask and token_type_ids as lists of items, whether one item or
+        many was sent."""
         assert self.input_ids is not None
         batched = bool(self.input_ids) and isinstance(self.input_ids[0], list)
         ids = self.input_ids if batched else [self.input_ids]
-        mask = self.attention_mask
-        if mask is not None and mask and not isinstance(mask[0], list):
-            mask = [mask]
-        return ids, mask  # type: ignore[return-value]
+        return ids, _items(self.attention_mask), _items(self.token_type_ids)  # type: ignore[return-value]
 
-    def texts(self) -> list[str]:
+    def texts(self) -> tuple[list[str], list[str] | None]:
+        """The texts, and the second text of each pair when pairs were sent."""
         assert self.inputs is not None
-        return [self.inputs] if isinstance(self.inputs, str) else list(self.inputs)
+        if isinstance(self.inputs, str):
+            return [self.inputs], None
+        if self.inputs and isinstance(self.inputs[0], list):
+            pairs: list[list[str]] = self.inputs  # type: ignore[assignment]
+            return [first for first, _ in pairs], [second for _, second in pairs]
+        return list(self.inputs), None  # type: ignore[arg-type]
+
+
+def _items(values: TokenIds | None) -> list | None:
+    if values is not None and values and not isinstance(values[0], list):
+        return [values]
+    return values
 
 
 class Usage(BaseModel):

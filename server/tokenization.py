@@ -31,11 +31,13 @@ class TextRejected(Exception):
 
 @dataclass(frozen=True)
 class Tokenized:
-    """Texts as right-padded [texts, longest] int64 ids and mask, and each row's length."""
+    """Texts as right-padded [texts, longest] int64 ids and mask, and each row's length; pairs
+    also with their segment ids (0 for the first text, 1 for the second)."""
 
     input_ids: np.ndarray
     attention_mask: np.ndarray
     lengths: tuple[int, ...]
+    token_type_ids: np.ndarray | None = None
 
 
 @dataclass
@@ -43,6 +45,11 @@ class _Job:
     texts: list[str]
     truncate: bool
     future: asyncio.Future[Tokenized]
+    pairs: list[str] | None = None
+
+    @property
+    def inputs(self) -> list:
+        return self.texts if self.pairs is None else list(zip(self.texts, self.pairs, strict=True))
 
 
 @dataclass
@@ -53,6 +60,8 @@ class _Outcome:
 
 class TextTokenizer:
     def __init__(self, tokenizer_json: Path, max_length: int) -> None:
+        if not tokenizer_json.is_file():  # the library's own error names no file
+            raise FileNotFoundError(f"tokenizer file not found: {tokenizer_json}")
         self.max_length = max_length
         self._exact = Tokenizer.from_file(str(tokenizer_json))
         # Shipped tokenizer.json files often pin padding/truncation (all-MiniLM: fixed 128), which
@@ -67,18 +76,23 @@ class TextTokenizer:
         self._draining = False
         self._drainer: asyncio.Task | None = None
 
-    def encode(self, texts: list[str], truncate: bool = False) -> Tokenized:
-        """Tokenize in the calling thread; TextRejected says which text is at fault."""
-        outcome = self._encode_one(texts, truncate)
+    def encode(
+        self, texts: list[str], truncate: bool = False, pairs: list[str] | None = None
+    ) -> Tokenized:
+        """Tokenize in the calling thread; TextRejected says which text is at fault. With
+        `pairs`, texts[i] and pairs[i] are one input (a cross-encoder's query and document)."""
+        outcome = self._encode_one(_Job(texts, truncate, None, pairs))  # type: ignore[arg-type]
         if outcome.error is not None:
             raise outcome.error
         assert outcome.tokenized is not None
         return outcome.tokenized
 
-    async def encode_async(self, texts: list[str], truncate: bool = False) -> Tokenized:
+    async def encode_async(
+        self, texts: list[str], truncate: bool = False, pairs: list[str] | None = None
+    ) -> Tokenized:
         """`encode` in the tokenizer's worker thread, together with whatever else is waiting."""
         loop = asyncio.get_running_loop()
-        job = _Job(texts, truncate, loop.create_future())
+        job = _Job(texts, truncate, loop.create_future(), pairs)
         self._waiting.append(job)
         if not self._draining:
             self._draining = True
@@ -109,35 +123,54 @@ class TextTokenizer:
             self._draining = False
 
     def _encode_jobs(self, jobs: list[_Job]) -> list[_Outcome]:
-        """Worker thread: every valid job's texts in one `encode_batch` per truncation mode."""
-        outcomes = [self._check(job.texts) for job in jobs]
+        """Worker thread: every valid job's inputs in one `encode_batch` per truncation mode
+        and kind (single texts or pairs)."""
+        outcomes = [self._check(job) for job in jobs]
         for truncate in (False, True):
-            picked = [
-                i
-                for i, job in enumerate(jobs)
-                if job.truncate is truncate and not outcomes[i].error
-            ]
-            texts = [text for i in picked for text in jobs[i].texts]
-            if not texts:
-                continue
-            encodings = (self._truncating if truncate else self._exact).encode_batch(texts)
-            offset = 0
-            for i in picked:
-                count = len(jobs[i].texts)
-                outcomes[i] = _padded(encodings[offset : offset + count])
-                offset += count
+            for paired in (False, True):
+                picked = [
+                    i
+                    for i, job in enumerate(jobs)
+                    if job.truncate is truncate
+                    and (job.pairs is not None) is paired
+                    and not outcomes[i].error
+                ]
+                inputs = [item for i in picked for item in jobs[i].inputs]
+                if not inputs:
+                    continue
+                encodings = (self._truncating if truncate else self._exact).encode_batch(inputs)
+                offset = 0
+                for i in picked:
+                    count = len(jobs[i].texts)
+                    outcomes[i] = _padded(encodings[offset : offset + count], paired)
+                    offset += count
         return outcomes
 
-    def _encode_one(self, texts: list[str], truncate: bool) -> _Outcome:
-        outcome = self._check(texts)
+    def _encode_one(self, job: _Job) -> _Outcome:
+        outcome = self._check(job)
         if outcome.error is not None:
             return outcome
-        encodings = (self._truncating if truncate else self._exact).encode_batch(texts)
-        return _padded(encodings)
+        encodings = (self._truncating if job.truncate else self._exact).encode_batch(job.inputs)
+        return _padded(encodings, job.pairs is not None)
+
+    def token_ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """One text's ids, as the model sees them (no truncation), for /tokenize."""
+        return self._exact.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._exact.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return [self._exact.id_to_token(i) or "" for i in ids]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._exact.get_vocab_size()
 
     @staticmethod
-    def _check(texts: list[str]) -> _Outcome:
-        for index, text in enumerate(texts):
+    def _check(job: _Job) -> _Outcome:
+        for index, text in enumerate(job.texts if job.pairs is None else job.texts + job.pairs):
+            index %= len(job.texts)  # a pair's second text is named by its pair's index
             if not text.strip():
                 return _Outcome(error=TextRejected(index, "text must not be empty"))
             if not text.isascii():
@@ -154,11 +187,14 @@ class TextTokenizer:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _padded(encodings: list) -> _Outcome:
+def _padded(encodings: list, paired: bool = False) -> _Outcome:
     lengths = tuple(len(encoding.ids) for encoding in encodings)
     input_ids = np.zeros((len(encodings), max(lengths, default=0)), dtype=np.int64)
     attention_mask = np.zeros_like(input_ids)
+    token_type_ids = np.zeros_like(input_ids) if paired else None
     for row, (encoding, length) in enumerate(zip(encodings, lengths, strict=True)):
         input_ids[row, :length] = encoding.ids
         attention_mask[row, :length] = encoding.attention_mask
-    return _Outcome(Tokenized(input_ids, attention_mask, lengths))
+        if token_type_ids is not None:
+            token_type_ids[row, :length] = encoding.type_ids
+    return _Outcome(Tokenized(input_ids, attention_mask, lengths, token_type_ids))

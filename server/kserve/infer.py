@@ -21,7 +21,7 @@ from ferry.batcher import stack_rows
 from ferry.server.encoder import EncoderServing
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
 from ferry.server.errors import InvalidInput
-from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS
+from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.schemas import PRIORITY_BOUND
 
@@ -105,30 +105,35 @@ def decoded_texts(texts: np.ndarray) -> list[str]:
     return decoded
 
 
-def token_arrays(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def token_arrays(tensors: dict[str, np.ndarray]) -> TokenArrays:
     ids = tensors["input_ids"]
     mask = tensors.get("attention_mask", np.ones_like(ids))
+    types = tensors.get(TYPES_INPUT)
     if ids.ndim != 2:
         raise InvalidInput("input_ids", f"input_ids must be [batch, seq], got {list(ids.shape)}")
-    if mask.shape != ids.shape:
-        raise InvalidInput(
-            "attention_mask", f"shape {list(mask.shape)} differs from input_ids {list(ids.shape)}"
-        )
-    return ids, mask
+    for name, value in (("attention_mask", mask), (TYPES_INPUT, types)):
+        if value is not None and value.shape != ids.shape:
+            raise InvalidInput(
+                name, f"shape {list(value.shape)} differs from input_ids {list(ids.shape)}"
+            )
+    return TokenArrays(ids, mask, token_type_ids=types)
 
 
 def encoder_inputs(tensors: dict[str, np.ndarray]) -> EncoderInputs:
     """The request's tensors as the encoder's input, named as this protocol names them."""
-    unknown = set(tensors) - {*TOKEN_INPUTS, TEXT_INPUT}
+    unknown = set(tensors) - {*TOKEN_INPUTS, TYPES_INPUT, TEXT_INPUT}
     if unknown:
-        raise InvalidInput(sorted(unknown)[0], "inputs are input_ids (+ attention_mask), or text")
+        raise InvalidInput(
+            sorted(unknown)[0],
+            "inputs are input_ids (+ attention_mask, token_type_ids), or text",
+        )
     if TEXT_INPUT in tensors:
-        if set(tensors) & set(TOKEN_INPUTS):
+        if set(tensors) & {*TOKEN_INPUTS, TYPES_INPUT}:
             raise InvalidInput(TEXT_INPUT, "send either text or input_ids, not both")
         return Texts(decoded_texts(tensors[TEXT_INPUT]), TEXT_INPUT)
     if "input_ids" not in tensors:
         raise InvalidInput("input_ids", "input_ids (or text) is required")
-    return TokenArrays(*token_arrays(tensors))
+    return token_arrays(tensors)
 
 
 def request_priority(value: object) -> int:

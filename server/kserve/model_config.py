@@ -17,6 +17,13 @@ VERSION = "1"
 # A UTF-8 text input, tokenized by the server: [batch] or [batch, 1] BYTES, one text per row.
 TEXT_INPUT = "text"
 TOKEN_INPUTS = ("input_ids", "attention_mask")
+# Segment ids: accepted from every client (all zeros change nothing), listed for the models
+# whose graph reads them.
+TYPES_INPUT = "token_type_ids"
+
+
+def token_inputs(model: ModelRuntime) -> tuple[str, ...]:
+    return (*TOKEN_INPUTS, TYPES_INPUT) if model.takes_token_types else TOKEN_INPUTS
 
 
 def model_metadata(model: ModelRuntime | TensorModel) -> dict[str, Any]:
@@ -34,7 +41,7 @@ def model_metadata(model: ModelRuntime | TensorModel) -> dict[str, Any]:
         "versions": [VERSION],
         "platform": f"ferry_{backend.name}",
         "inputs": [
-            *({"name": n, **tokens} for n in TOKEN_INPUTS),
+            *({"name": n, **tokens} for n in token_inputs(model)),
             {"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1, 1]},
         ],
         "outputs": outputs,
@@ -50,7 +57,8 @@ def model_config(model: ModelRuntime | TensorModel) -> dict[str, Any]:
     # The batch axis is implicit (max_batch_size > 0); every input is optional because a request
     # sends either token ids (with or without a mask) or text.
     inputs = [
-        {"name": n, "data_type": "TYPE_INT64", "dims": [-1], "optional": True} for n in TOKEN_INPUTS
+        {"name": n, "data_type": "TYPE_INT64", "dims": [-1], "optional": True}
+        for n in token_inputs(model)
     ]
     inputs.append({"name": TEXT_INPUT, "data_type": "TYPE_STRING", "dims": [1], "optional": True})
     outputs = [

@@ -101,6 +101,23 @@ class ChatMessageParam(OpenAIRequestModel):
         return "\n".join(part.text for part in self.content)
 
 
+def template_messages(params: list[ChatMessageParam]) -> list[dict[str, Any]]:
+    """Messages with content parts flattened to text, as chat templates expect; an
+    assistant's tool calls as `tool_calls` with parsed arguments (transformers' shape)."""
+    messages: list[dict[str, Any]] = []
+    for m in params:
+        message: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": m.text,
+        }
+        if m.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+        if m.role == "tool" and m.tool_call_id is not None:
+            message["tool_call_id"] = m.tool_call_id
+        messages.append(message)
+    return messages
+
+
 class StreamOptions(OpenAIRequestModel):
     include_usage: StrictBool = False
 
@@ -210,20 +227,7 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: StrictBool | None = None
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """Messages with content parts flattened to text, as chat templates expect; an
-        assistant's tool calls as `tool_calls` with parsed arguments (transformers' shape)."""
-        messages: list[dict[str, Any]] = []
-        for m in self.messages:
-            message: dict[str, Any] = {
-                "role": "system" if m.role == "developer" else m.role,
-                "content": m.text,
-            }
-            if m.tool_calls:
-                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
-            if m.role == "tool" and m.tool_call_id is not None:
-                message["tool_call_id"] = m.tool_call_id
-            messages.append(message)
-        return messages
+        return template_messages(self.messages)
 
     def check_supported(self) -> None:
         super().check_supported()

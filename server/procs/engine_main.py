@@ -104,7 +104,7 @@ class EngineServer:
     # -- encoder requests ----------------------------------------------------------------------
 
     def _submit(self, peer: bytes, message: wire.Submit, frames: list[bytes]) -> None:
-        sequences = wire.unpack_sequences(message.lengths, frames[0], frames[1])
+        sequences = wire.unpack_sequences(message.lengths, *frames)
         outputs = None if message.outputs is None else frozenset(message.outputs)
         try:
             model = self.registry.get(message.model)
@@ -232,6 +232,7 @@ class EngineServer:
                 tuple(sorted(model.backend.sequence_outputs)),
                 model.backend.max_concurrency,
                 dict(model._widths),
+                model.backend.takes_token_types,
             )
             for name, model in self.registry.models.items()
         )

@@ -33,6 +33,7 @@ class BackendView:
     output_names: tuple[str, ...]
     sequence_outputs: frozenset[str]
     max_concurrency: int
+    takes_token_types: bool = False
 
 
 class RemoteModelRuntime(ModelRuntime):
@@ -51,6 +52,7 @@ class RemoteModelRuntime(ModelRuntime):
             info.output_names,
             frozenset(info.sequence_outputs),
             info.max_concurrency,
+            info.takes_token_types,
         )
         self._widths = dict(info.widths)
 

@@ -31,6 +31,7 @@ class ModelInfo(msgspec.Struct):
     sequence_outputs: tuple[str, ...]
     max_concurrency: int
     widths: dict[str, int]
+    takes_token_types: bool = False
 
 
 class LLMInfo(msgspec.Struct):
@@ -48,7 +49,8 @@ class Info(msgspec.Struct, tag=True):
 
 
 class Submit(msgspec.Struct, tag=True):
-    """Validated token sequences for one request; frames: all ids, then all masks (int64)."""
+    """Validated token sequences for one request; frames: all ids, then all masks, then all
+    segment ids (int64; empty when the request has none)."""
 
     rid: int
     model: str
@@ -150,7 +152,7 @@ to_api = msgspec.msgpack.Decoder(list[ToApi])
 def frame_count(header: object) -> int:
     """How many of the frames after the headers belong to this header."""
     if isinstance(header, Submit):
-        return 2  # ids, masks
+        return 3  # ids, masks, segment ids
     if isinstance(header, Row):
         return len(header.names)
     return 0
@@ -160,16 +162,34 @@ def pack_sequences(sequences: Sequence[TokenSequence]) -> tuple[tuple[int, ...],
     lengths = tuple(seq.length for seq in sequences)
     ids = np.concatenate([seq.input_ids for seq in sequences]).astype(np.int64, copy=False)
     masks = np.concatenate([seq.attention_mask for seq in sequences]).astype(np.int64, copy=False)
-    return lengths, [ids.tobytes(), masks.tobytes()]
+    types = b""
+    if any(seq.token_type_ids is not None for seq in sequences):
+        types = (
+            np.concatenate(
+                [
+                    np.zeros(seq.length, np.int64)
+                    if seq.token_type_ids is None
+                    else seq.token_type_ids
+                    for seq in sequences
+                ]
+            )
+            .astype(np.int64, copy=False)
+            .tobytes()
+        )
+    return lengths, [ids.tobytes(), masks.tobytes(), types]
 
 
-def unpack_sequences(lengths: Sequence[int], ids: bytes, masks: bytes) -> list[TokenSequence]:
+def unpack_sequences(
+    lengths: Sequence[int], ids: bytes, masks: bytes, types: bytes = b""
+) -> list[TokenSequence]:
     all_ids = np.frombuffer(ids, dtype=np.int64)
     all_masks = np.frombuffer(masks, dtype=np.int64)
+    all_types = np.frombuffer(types, dtype=np.int64) if types else None
     sequences, start = [], 0
     for length in lengths:
         end = start + length
-        sequences.append(TokenSequence(all_ids[start:end], all_masks[start:end]))
+        row_types = None if all_types is None else all_types[start:end]
+        sequences.append(TokenSequence(all_ids[start:end], all_masks[start:end], row_types))
         start = end
     return sequences
 

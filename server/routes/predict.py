@@ -10,6 +10,7 @@ from fastapi import APIRouter
 from ferry.server.dialects import FERRY
 from ferry.server.encoder_request import Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
+from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 from ferry.server.tensor_model import TensorModel
@@ -33,9 +34,13 @@ async def predict(call: HotCall) -> Reply:
     call.state["model_name"] = model.name
     outputs = model.select_outputs(body.outputs)
     if body.inputs is not None:
-        inputs = Texts(body.texts(), "inputs", body.truncate)
+        texts, seconds = body.texts()
+        if seconds is not None:
+            check_firsts("inputs", texts, call.app_state.settings.max_chars_per_text)
+        inputs = Texts(texts, "inputs", body.truncate, pairs=seconds)
     else:
-        inputs = TokenLists(*body.token_lists(), "input_ids")
+        ids, mask, types = body.token_lists()
+        inputs = TokenLists(ids, mask, "input_ids", types)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     encoder = call.app_state.encoder
     valid = await encoder.validate(model, inputs, outputs, timeout_s, body.priority)

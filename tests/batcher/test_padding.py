@@ -66,3 +66,14 @@ def test_stack_rows_pads_sequence_rows_back_to_the_width():
     assert stacked[0, 2:].sum() == 0 and stacked[1, :4].all() and stacked[1, 4:].sum() == 0
     pooled = stack_rows([np.full(3, 1.0), np.full(3, 2.0)])
     assert pooled.tolist() == [[1.0] * 3, [2.0] * 3]
+
+
+def test_segment_ids_pad_with_zeros_and_stay_none_when_nobody_sent_any():
+    pair = TokenSequence(np.array([5, 6, 7]), np.ones(3, np.int64), np.array([0, 1, 1]))
+    batch = pad_batch([TokenSequence.from_ids([8]), pair])
+    assert batch.token_type_ids is not None
+    assert batch.token_type_ids.tolist() == [[0, 0, 0], [0, 1, 1]]
+    assert pad_batch([pair]).token_type_ids.tolist() == [[0, 1, 1]]
+    assert (
+        pad_batch([TokenSequence.from_ids([8]), TokenSequence.from_ids([9])]).token_type_ids is None
+    )

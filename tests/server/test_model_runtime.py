@@ -5,12 +5,17 @@ validated request."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import numpy as np
 import pytest
 
+from ferry.bench.server_process import default_model_config
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.errors import InvalidInput
+from ferry.server.metrics import FerryMetrics
+from ferry.server.model_runtime import ModelRuntime
+from ferry.server.settings import Settings
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -63,3 +68,21 @@ async def test_submit_queues_each_row_and_resolves_with_the_wanted_outputs(runti
     rendered = runtime.render(rows[0], (EMBEDDING,))
     assert list(rendered) == [EMBEDDING]
     assert np.array_equal(rendered[EMBEDDING], rows[0][EMBEDDING])
+
+
+async def test_a_folder_without_a_manifest_or_config_names_the_files_looked_for(tmp_path):
+    config = default_model_config(name="empty", path=str(tmp_path))
+    with pytest.raises(FileNotFoundError) as info:
+        ModelRuntime(Settings(models=[config]).models[0], FerryMetrics())
+    assert str(tmp_path) in str(info.value)
+    assert "ferry_model.json" in str(info.value) and "config.json" in str(info.value)
+
+
+@pytest.mark.parametrize("missing", ["tokenizer.json", "model.onnx"])
+async def test_a_missing_model_file_is_named(default_model_dir, tmp_path, missing):
+    for name in ("ferry_model.json", "tokenizer.json", "model.onnx"):
+        if name != missing:
+            (tmp_path / name).symlink_to(default_model_dir / name)
+    config = default_model_config(name="partial", path=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / missing))):
+        ModelRuntime(Settings(models=[config]).models[0], FerryMetrics())

@@ -82,3 +82,27 @@ async def test_concurrent_callers_share_batches_and_one_refusal_fails_only_its_c
     assert first.input_ids[0].tolist() == reference.encode(TEXTS[0]).ids
     assert cut.lengths == (min(16, len(reference.encode(TEXTS[1]).ids)),)
     assert both.lengths == tokenizer.encode(TEXTS).lengths
+
+
+def test_pairs_are_one_input_each_with_segment_ids(tokenizer, reference):
+    tokenized = tokenizer.encode(["a query", "another"], pairs=["its document", "a second one"])
+    for row, (first, second) in enumerate(
+        [("a query", "its document"), ("another", "a second one")]
+    ):
+        want = reference.encode(first, second)
+        length = tokenized.lengths[row]
+        assert tokenized.input_ids[row, :length].tolist() == want.ids
+        assert tokenized.token_type_ids[row, :length].tolist() == want.type_ids
+        assert 1 in want.type_ids and not tokenized.token_type_ids[row, length:].any()
+    assert tokenizer.encode(TEXTS).token_type_ids is None
+
+
+def test_a_pair_with_an_empty_second_text_is_refused_by_its_index(tokenizer):
+    with pytest.raises(TextRejected) as info:
+        tokenizer.encode(["q", "q"], pairs=["fine", " "])
+    assert info.value.index == 1
+
+
+def test_a_missing_tokenizer_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "tokenizer.json")):
+        TextTokenizer(tmp_path / "tokenizer.json", max_length=16)

@@ -32,7 +32,7 @@ def test_what_one_turn_sends_arrives_in_order_with_each_header_s_frames(tmp_path
         sent = []
         for rid in (1, 2):
             header = wire.Submit(rid, "m", (1,), None, None, 0)
-            api.send(header, [bytes([rid]) * 8, b"\x01" * 8])
+            api.send(header, [bytes([rid]) * 8, b"\x01" * 8, b""])  # ids, mask, no segment ids
             sent.append(header)
         api.send(wire.Cancel(1))
         # Nothing left yet: the three wait for the end of this turn, then go as one message.
@@ -46,6 +46,6 @@ def test_what_one_turn_sends_arrives_in_order_with_each_header_s_frames(tmp_path
     got, sent = asyncio.run(scenario())
     assert [g[0] for g in got] == [True, True, True]  # the router knows the peer
     assert [g[1] for g in got] == [*sent, wire.Cancel(1)]
-    assert got[0][2] == [b"\x01" * 8, b"\x01" * 8]
-    assert got[1][2] == [b"\x02" * 8, b"\x01" * 8]
+    assert got[0][2] == [b"\x01" * 8, b"\x01" * 8, b""]
+    assert got[1][2] == [b"\x02" * 8, b"\x01" * 8, b""]
     assert got[2][2] == []

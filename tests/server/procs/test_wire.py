@@ -13,17 +13,33 @@ from ferry.server.errors import InvalidInput
 from ferry.server.procs import wire
 
 
-def test_sequences_cross_as_two_frames_and_come_back_equal():
+def test_sequences_cross_as_three_frames_and_come_back_equal():
     sequences = [
         TokenSequence.from_ids([101, 7, 102]),
         TokenSequence.from_ids([101, 102], [1, 0]),
     ]
     lengths, frames = wire.pack_sequences(sequences)
     back = wire.unpack_sequences(lengths, *frames)
-    assert lengths == (3, 2) and len(frames) == 2
+    assert lengths == (3, 2) and len(frames) == 3 and frames[2] == b""  # no segment ids
     for sent, got in zip(sequences, back, strict=True):
         np.testing.assert_array_equal(got.input_ids, sent.input_ids)
         np.testing.assert_array_equal(got.attention_mask, sent.attention_mask)
+        assert got.token_type_ids is None
+
+
+def test_segment_ids_cross_with_zeros_for_a_row_without_them():
+    pair = TokenSequence(
+        np.array([101, 7, 102, 8, 102]), np.ones(5, np.int64), np.array([0, 0, 0, 1, 1])
+    )
+    sequences = [pair, TokenSequence.from_ids([101, 102])]
+    back = wire.unpack_sequences(*_packed(sequences))
+    np.testing.assert_array_equal(back[0].token_type_ids, [0, 0, 0, 1, 1])
+    np.testing.assert_array_equal(back[1].token_type_ids, [0, 0])
+
+
+def _packed(sequences):
+    lengths, frames = wire.pack_sequences(sequences)
+    return (lengths, *frames)
 
 
 def test_a_row_keeps_names_dtypes_and_shapes():
