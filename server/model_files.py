@@ -1,4 +1,5 @@
-"""What a model's path holds: a folder exported by Ferry (a token encoder) or a plain ONNX graph.
+"""What a model's path holds: a token encoder's folder (Ferry's export, or a Hugging Face one:
+a tokenizer and config.json beside the graph) or a plain ONNX graph.
 
 Decided by the files, so `ferry serve --model resnet18.onnx` needs no manifest; a path that is
 not there is an error naming it.
@@ -12,11 +13,14 @@ from ferry.backends.manifest import MANIFEST_NAME
 from ferry.server.settings import ModelSettings, Settings
 
 GRAPH_NAME = "model.onnx"
+# What transformers and optimum write beside a token model's graph.
+HF_TOKEN_MODEL = ("tokenizer.json", "config.json")
 
 
 def plain_graph(settings: ModelSettings) -> Path | None:
-    """The ONNX file to serve as plain tensors; None for a folder with a manifest (or a
-    backend that reads a folder of its own: torch, triton)."""
+    """The ONNX file to serve as plain tensors; None for a token encoder's folder (a manifest, or
+    Hugging Face's tokenizer.json and config.json) or a backend that reads a folder of its own
+    (torch, triton)."""
     path = settings.path
     if not path.exists():
         raise FileNotFoundError(f"model {settings.name!r}: no such file or folder: {path}")
@@ -24,7 +28,7 @@ def plain_graph(settings: ModelSettings) -> Path | None:
         return None
     if path.is_file():
         return path
-    if (path / MANIFEST_NAME).exists():
+    if (path / MANIFEST_NAME).exists() or all((path / f).exists() for f in HF_TOKEN_MODEL):
         return None
     if (path / GRAPH_NAME).exists():
         return path / GRAPH_NAME
