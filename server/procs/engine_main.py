@@ -86,6 +86,10 @@ class EngineServer:
         self._handle(peer, header, frames)  # type: ignore[arg-type]
 
     def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[bytes]) -> None:
+        if peer not in self._peers and not isinstance(message, wire.Hello):
+            # Sent by a process that has exited (read after its pidfd fired), or queued for a
+            # previous engine: no one waits for the answer, so the work is not started.
+            return
         if isinstance(message, wire.Submit):
             self._submit(peer, message, frames)
         elif isinstance(message, wire.Generate):
@@ -136,7 +140,10 @@ class EngineServer:
             self._cancel(key)
         for seq in list(self._acks):
             self._acked(peer, seq)
-        logger.warning(
+        # A drained process (a shutdown) leaves nothing: worth a warning only when it did.
+        level = logging.WARNING if streams or rows else logging.INFO
+        logger.log(
+            level,
             "API process %d exited: generations aborted: %d, encoder requests dropped: %d",
             pid,
             len(streams),
