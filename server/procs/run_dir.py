@@ -41,6 +41,8 @@ def remove_leftovers(parent: str | None = None) -> list[str]:
         if len(owner) != 2 or not owner[0].isdigit() or _identity(int(owner[0])) == " ".join(owner):
             continue  # its owner still runs
         shutil.rmtree(path, ignore_errors=True)
+        if os.path.exists(path):  # not ours to remove after all (another user's files in it)
+            continue
         removed.append(path)
         logger.info("removed %s, left by process %s", path, owner[0])
     return removed
