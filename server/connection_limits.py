@@ -8,7 +8,10 @@ head is in. So here:
 - a head over `max_header_bytes` or with more than `max_headers` lines gets 431 and a close,
   before it is buffered further;
 - beyond `max_connections` open connections a new one gets 503 with Retry-After at once.
-Idle keep-alive connections are closed by uvicorn's own `timeout_keep_alive`.
+Idle keep-alive connections are closed by uvicorn's own `timeout_keep_alive`, except one whose
+next request is already waiting in the socket: after the process was stopped (SIGSTOP, a paused
+VM or container) for longer than the timeout, the overdue timer runs before the loop reads that
+request, and closing with unread data would reset the connection (RST) under the client.
 
 It also hands each request a future that resolves when the client disconnects
 (`scope["extensions"]["ferry.disconnected"]`), so that waiting for an answer costs no task
@@ -18,6 +21,9 @@ listening on `receive()`.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import struct
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -132,6 +138,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._disarm()
         super().on_message_complete()
 
+    def timeout_keep_alive_handler(self) -> None:
+        if _unread_bytes(self.transport):
+            self.timeout_keep_alive_task = None  # the loop reads the request next
+            return
+        super().timeout_keep_alive_handler()
+
     def _arm(self, seconds: float) -> None:
         self._disarm()
         self._timer = self.loop.call_later(seconds, self._timed_out)
@@ -168,6 +180,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
             self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + reply.body)
         self.transport.close()
+
+
+def _unread_bytes(transport: asyncio.Transport) -> int:
+    """Bytes the client sent that the loop has not read yet (FIONREAD on the socket)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except OSError:  # closed meanwhile
+        return 0
+    return struct.unpack("i", raw)[0]
 
 
 def protocol_class(

@@ -166,6 +166,9 @@ class Settings(_Strict):
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS
     # API server processes in front of one engine process (server/procs); 1: one process.
     api_servers: int = Field(default=1, ge=1, le=64)
+    # With api_servers > 1: readiness turns 503 when the engine process has not reported (it
+    # does every 0.25 s) for this long: stopped, or its event loop blocked.
+    engine_heartbeat_timeout_s: float = Field(default=5.0, gt=0)
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
 

@@ -1,9 +1,11 @@
 """The API process's end of the boundary: one DEALER socket to the engine process.
 
 Requests are numbered; a reader task resolves each one's futures (encoder rows) or feeds its
-queue (LLM deltas). The engine's death is seen at once through a pidfd on its process (no
-heartbeat to wait for): every waiting request fails with a 503 error, readiness turns 503, and
-a Hello is repeated until the restarted engine answers.
+queue (LLM deltas). The engine's death is seen at once through a pidfd on its process: every
+waiting request fails with a 503 error, readiness turns 503, and a Hello is repeated until the
+restarted engine answers. A stuck engine (stopped, or its loop blocked) is alive but silent: each
+encoder request's deadline is kept here too (504 at the deadline, whatever the engine does), and
+readiness turns 503 once the engine's periodic Stats are older than `heartbeat_timeout_s`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import zmq
 
 from ferry.batcher import TokenSequence
-from ferry.batcher.errors import BatcherClosed, InferenceFailed
+from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, GenerationFailed
 from ferry.server.procs import wire
@@ -30,8 +33,10 @@ ENGINE_GONE = "the engine process stopped; it is being restarted"
 
 
 class EngineClient:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, heartbeat_timeout_s: float) -> None:
         self._address = address
+        self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._heard = 0.0  # time.monotonic() of the engine's latest message
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
         self._ids = itertools.count(1)
@@ -48,6 +53,13 @@ class EngineClient:
     @property
     def alive(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def responsive(self) -> bool:
+        """Alive, and heard from lately (it reports Stats every STATS_EVERY_S): what readiness
+        reads, so that a stopped engine is visible to the load balancer."""
+        silent_s = time.monotonic() - self._heard
+        return self.alive and silent_s <= self._heartbeat_timeout_s
 
     async def start(self) -> wire.Info:
         """Waits for the engine's first answer (it may still be loading its models)."""
@@ -76,7 +88,10 @@ class EngineClient:
         timeout_s: float | None,
         outputs: frozenset[str] | None,
         priority: int,
+        deadline_s: float | None = None,
     ) -> list[asyncio.Future]:
+        """`timeout_s` is the request's own (None: the model's default, applied by the engine);
+        `deadline_s` is the one both apply, kept here too."""
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in sequences]
         if not self.alive:
@@ -98,7 +113,30 @@ class EngineClient:
 
         for future in futures:
             future.add_done_callback(cancelled)
+        if deadline_s is not None:
+            self._expire_at(rid, futures, deadline_s)
         return futures
+
+    def _expire_at(self, rid: int, futures: list[asyncio.Future], timeout_s: float) -> None:
+        """The deadline holds here even if the engine never answers (stopped, its loop stuck).
+        No Cancel: the engine keeps the same deadline and drops the work itself (counted there
+        as `deadline`, not `cancelled`); its late rows find no request and are dropped."""
+
+        def expire() -> None:
+            if self._rows.get(rid) is futures:
+                del self._rows[rid]
+            for future in futures:
+                if not future.done():
+                    future.set_exception(DeadlineExceeded("the request's deadline passed"))
+
+        timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+
+        def settled(_: asyncio.Future) -> None:
+            if all(f.done() for f in futures):
+                timer.cancel()
+
+        for future in futures:
+            future.add_done_callback(settled)
 
     # -- LLM streams ---------------------------------------------------------------------------
 
@@ -156,6 +194,7 @@ class EngineClient:
         self._socket.send(header, frames or ())
 
     def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
+        self._heard = time.monotonic()
         self._handle(header, frames)  # type: ignore[arg-type]
 
     def _handle(self, message: wire.ToApi, frames: list[bytes]) -> None:
@@ -209,7 +248,7 @@ class EngineClient:
         """Hello until an engine answers (at start, and after each restart)."""
         while True:
             if not self.alive:
-                self._send(wire.Hello())
+                self._send(wire.Hello(os.getpid()))
             await asyncio.sleep(HELLO_EVERY_S)
 
     def _engine_up(self, info: wire.Info) -> None:

@@ -47,6 +47,7 @@ class EngineServer:
             for m in settings.llm_models
         }
         self._peers: set[bytes] = set()
+        self._pidfds: dict[bytes, int] = {}  # per API process, a pidfd on it (its exit)
         self._calls: set[asyncio.Task] = set()
         self._seq = itertools.count(1)
         self._acks: dict[int, tuple[set[bytes], asyncio.Event]] = {}
@@ -70,6 +71,8 @@ class EngineServer:
         report = asyncio.create_task(self._report())
         await stop.wait()
         report.cancel()
+        for peer in list(self._pidfds):
+            self._unwatch(peer)
         await self.registry.close(self._settings.drain_timeout_s)  # encoders drain, then engines
         self._socket.close()
         self._context.term()
@@ -83,6 +86,10 @@ class EngineServer:
         self._handle(peer, header, frames)  # type: ignore[arg-type]
 
     def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[bytes]) -> None:
+        if peer not in self._peers and not isinstance(message, wire.Hello):
+            # Sent by a process that has exited (read after its pidfd fired), or queued for a
+            # previous engine: no one waits for the answer, so the work is not started.
+            return
         if isinstance(message, wire.Submit):
             self._submit(peer, message, frames)
         elif isinstance(message, wire.Generate):
@@ -97,9 +104,51 @@ class EngineServer:
         elif isinstance(message, wire.Ack):
             self._acked(peer, message.seq)
         elif isinstance(message, wire.Hello):
-            self._peers.add(peer)
+            if peer not in self._peers:
+                self._peers.add(peer)
+                self._watch(peer, message.pid)
             self._send(peer, self._info())
             self._send(peer, self._stats_now())
+
+    # -- the API processes' lives ---------------------------------------------------------------
+
+    def _watch(self, peer: bytes, pid: int) -> None:
+        """A pidfd on the API process: its exit is seen at once (ZMQ says nothing of it)."""
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            loop.call_soon(self._peer_gone, peer, pid)
+            return
+        self._pidfds[peer] = fd
+        loop.add_reader(fd, self._peer_gone, peer, pid)
+
+    def _unwatch(self, peer: bytes) -> None:
+        fd = self._pidfds.pop(peer, None)
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    def _peer_gone(self, peer: bytes, pid: int) -> None:
+        """An API process exited: its generations are aborted and its queued rows dropped (no
+        one reads them), and no adapter update waits for its answer."""
+        self._unwatch(peer)
+        self._peers.discard(peer)
+        streams = [key for key in self._streams if key[0] == peer]
+        rows = [key for key in self._rows if key[0] == peer]
+        for key in streams + rows:
+            self._cancel(key)
+        for seq in list(self._acks):
+            self._acked(peer, seq)
+        # A drained process (a shutdown) leaves nothing: worth a warning only when it did.
+        level = logging.WARNING if streams or rows else logging.INFO
+        logger.log(
+            level,
+            "API process %d exited: generations aborted: %d, encoder requests dropped: %d",
+            pid,
+            len(streams),
+            len(rows),
+        )
 
     # -- encoder requests ----------------------------------------------------------------------
 
@@ -205,7 +254,8 @@ class EngineServer:
         for peer in self._peers:
             self._send(peer, wire.Adapters(seq, model, names))
         try:
-            # A process that died meanwhile never answers: its successor learns at Hello.
+            # A process that exits meanwhile is let off (`_peer_gone`); its successor learns at
+            # Hello. The bound is for one that is alive but stuck.
             await asyncio.wait_for(waiting[1].wait(), ACK_TIMEOUT_S)
         except TimeoutError:
             logger.warning(

@@ -59,7 +59,11 @@ class RemoteModelRuntime(ModelRuntime):
     @property
     def ready(self) -> bool:  # type: ignore[override]
         stats = self._client.stats
-        return self._client.alive and stats is not None and stats.models_ready.get(self.name, False)
+        return (
+            self._client.responsive
+            and stats is not None
+            and stats.models_ready.get(self.name, False)
+        )
 
     @ready.setter
     def ready(self, _: bool) -> None:  # ModelRuntime's own flag; here the engine's state decides
@@ -72,13 +76,16 @@ class RemoteModelRuntime(ModelRuntime):
         return self.ready
 
     def submit(self, valid: ValidSequences) -> list[asyncio.Future]:
-        # Admission is the engine's: its batcher has the cost model and the queue.
+        # Admission is the engine's: its batcher has the cost model and the queue. The deadline
+        # is kept on both sides: here it holds even when the engine is stuck.
+        timeout_s = self.settings.timeout_s if valid.timeout_s is None else valid.timeout_s
         return self._client.submit(
             self.name,
             valid.sequences(),
             valid.timeout_s,
             self.backend_outputs(valid.outputs),
             valid.priority,
+            deadline_s=timeout_s,
         )
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
@@ -156,7 +163,9 @@ class RemoteLLMEngine:
 
     def is_ready(self) -> bool:
         stats = self._client.stats
-        return self._client.alive and stats is not None and stats.llms_ready.get(self.name, False)
+        return (
+            self._client.responsive and stats is not None and stats.llms_ready.get(self.name, False)
+        )
 
     def stats(self) -> EngineStats:
         # The engine's latest report: a scrape reaches one API process, which reads it here

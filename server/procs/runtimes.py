@@ -39,4 +39,6 @@ async def build_runtimes(settings: Settings, metrics: FerryMetrics) -> ModelRegi
 
     if SUPERVISOR_PID is not None:  # killed supervisor: drain and stop, as on SIGTERM
         on_parent_exit(SUPERVISOR_PID, lambda: os.kill(os.getpid(), signal.SIGTERM))
-    return await connect(settings, EngineClient(ENGINE_ADDRESS), metrics)
+    return await connect(
+        settings, EngineClient(ENGINE_ADDRESS, settings.engine_heartbeat_timeout_s), metrics
+    )

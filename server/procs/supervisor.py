@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import socket
-import tempfile
 import time
 from collections.abc import Iterator
 from multiprocessing import connection, resource_tracker
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ferry.server.model_files import refuse_plain_graphs_across_processes
+from ferry.server.procs import run_dir
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
 from ferry.server.settings import Settings
 
@@ -66,7 +66,11 @@ class Supervisor:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._context = multiprocessing.get_context("spawn")
-        self._dir = tempfile.mkdtemp(prefix="ferry-")
+        # Before the directory: a port in use leaves nothing behind.
+        self._sock = socket.create_server(
+            (settings.host, settings.port), backlog=4096, reuse_port=False
+        )
+        self._dir = run_dir.create()  # removed at exit; a killed run's by the next start
         metrics_dir = os.path.join(self._dir, "metrics")
         os.mkdir(metrics_dir)
         self._metrics_dir = metrics_dir
@@ -75,9 +79,6 @@ class Supervisor:
         self._address = f"ipc://{os.path.join(self._dir, 'engine')}"
         # The adapters served, kept across engine restarts (adapter_journal.py).
         self._adapter_journal = Path(self._dir) / "adapters.json"
-        self._sock = socket.create_server(
-            (settings.host, settings.port), backlog=4096, reuse_port=False
-        )
         self._engine: BaseProcess | None = None
         # Set by the engine once its models run; one that never got there the first time failed
         # to start (bad model, bad config): the server stops with status 1, no restart loop.
@@ -89,6 +90,7 @@ class Supervisor:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGHUP, self._on_signal)  # a closed terminal: drain, clean up
         # Started before any child, so that it does not inherit a child's FERRY_PROCESS.
         resource_tracker.ensure_running()
         try:

@@ -21,7 +21,10 @@ from ferry.server import errors as server_errors
 
 
 class Hello(msgspec.Struct, tag=True):
-    """An API process asks who serves (sent at start and after an engine restart)."""
+    """An API process asks who serves (sent at start and after an engine restart); the engine
+    watches `pid` and aborts the process's work when it exits."""
+
+    pid: int
 
 
 class ModelInfo(msgspec.Struct):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
 import time
 from urllib.parse import urlsplit
@@ -129,3 +130,49 @@ def test_oversized_request_heads_get_431(server, headers):
     assert refused(server, "header_too_large") == before + 1
     error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]  # the one error body shape
     assert error["type"] == "invalid_request_error" and error["code"] == 431
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One response on a kept-alive connection (its head and Content-Length bytes of body)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed after {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(
+        next(line for line in head.lower().split(b"\r\n") if b"content-length:" in line).split(
+            b":"
+        )[1]
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed mid-body"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_a_request_sent_while_the_server_was_stopped_past_the_keep_alive_timeout_is_served(
+    server,
+):
+    """The keep-alive timer comes due while the process is stopped; on resume it runs before the
+    loop reads the waiting request. That request is answered, not reset."""
+    body = b'{"input_ids": [101, 102]}'
+    request = (
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    sock = connect(server.url)
+    sock.sendall(request)
+    assert status_of(read_response(sock)) == 200  # now idle, kept alive
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        # Well past the keep-alive timeout (at twice it, the reset was not seen on this host).
+        time.sleep(6 * LIMITS["keep_alive_timeout_s"])
+        sock.sendall(request)
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+    try:
+        assert status_of(read_response(sock)) == 200
+    finally:
+        sock.close()

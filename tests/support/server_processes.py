@@ -34,7 +34,21 @@ def wait_until(check, timeout_s: float = READY_TIMEOUT_S, what: str = ""):
 
 
 def ready(server) -> bool:
+    return readiness(server) == 200
+
+
+def readiness(server) -> int | None:
+    """/health/ready's status; None while nothing answers."""
     try:
-        return httpx.get(f"{server.url}/health/ready", timeout=5).status_code == 200
+        return httpx.get(f"{server.url}/health/ready", timeout=5).status_code
     except httpx.TransportError:
-        return False
+        return None
+
+
+def gone(pid: int) -> bool:
+    """Exited (a zombie waiting for its parent to reap it counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")

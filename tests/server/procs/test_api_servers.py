@@ -29,7 +29,7 @@ from ferry.bench.server_process import (
 )
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
-from tests.support.server_processes import pids, ready, roles, wait_until
+from tests.support.server_processes import gone, pids, readiness, ready, roles, wait_until
 
 # Greedy on this prompt runs to max_tokens (no end token): long enough to be cut.
 CHAT = {
@@ -41,12 +41,23 @@ CHAT = {
 
 
 @pytest.fixture(scope="module")
-def server():
+def server_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The server's TMPDIR: where its `ferry-*` run directory goes, watched by the tests."""
+    return tmp_path_factory.mktemp("server-tmp")
+
+
+def run_dirs(server_tmp: Path) -> list[Path]:
+    return sorted(server_tmp.glob("ferry-*"))
+
+
+@pytest.fixture(scope="module")
+def server(server_tmp: Path):
     model = default_model_config(backend={"sessions": 1})
     with ferry_server(
         [model],
         server={"api_servers": 2, "drain_timeout_s": 30},
         llm_models=[tiny_llm_config(max_running=8)],
+        env={"TMPDIR": str(server_tmp)},
     ) as handle:
         wait_until(lambda: len(pids(handle, "api")) == 2, what="two API processes")
         yield handle
@@ -188,29 +199,77 @@ def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(serv
 
 
 def test_an_engine_that_cannot_start_stops_the_server_with_status_1(tmp_path):
-    """No restart loop for a bad configuration: the API processes are ended, status 1."""
+    """No restart loop for a bad configuration: the API processes are ended, status 1, and
+    the run's directory is removed."""
     model = default_model_config(outputs=["no_such_output"])
     config = write_config(tmp_path / "ferry.toml", [model], {"api_servers": 2})
     command = [sys.executable, "-m", "ferry", "serve", "--config", str(config)]
     command += ["--port", str(free_port()), "--log-level", "warning"]
-    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert run.returncode == 1, run.stderr[-2000:]
     assert "no_such_output" in run.stderr and "failed to start" in run.stderr
+    assert run_dirs(tmp_path) == []
 
 
-def gone(pid: int) -> bool:
-    """Exited (a zombie waiting for its new parent to reap it counts as exited)."""
+def test_a_stopped_engine_gets_504_at_the_deadline_and_readiness_turns_503(server):
+    """SIGSTOP: the engine lives but never answers. The API process keeps the deadline itself,
+    and readiness sees the engine's silence; both before the engine resumes."""
+    (engine,) = pids(server, "engine")
+    body = {"inputs": ["a ferry across the river"], "timeout_ms": 1000}
+    os.kill(engine, signal.SIGSTOP)
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return True
-    return state in ("Z", "X")
+        # (a client timeout only so that a regression fails instead of hanging)
+        status = httpx.post(f"{server.url}/predict", json=body, timeout=60).status_code
+        wait_until(lambda: readiness(server) == 503, what="readiness 503")
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert status == 504
+    wait_until(lambda: ready(server), what="readiness once the engine resumed")
+    assert predict(server) == 200
 
 
-def test_a_killed_supervisor_takes_its_processes_with_it(server):
+def test_the_generations_of_an_exited_api_process_are_aborted_in_the_engine(server):
+    """Nobody reads them any more: the engine stops them instead of running to max_tokens."""
+    assert metric_value(server.metrics(), "ferry_llm_requests_running", model=TINY_LLM) == 0
+
+    async def stream_then_kill() -> None:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            body = {**CHAT, "stream": True}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                async for line in response.aiter_lines():
+                    chunk = json.loads(line[6:]) if line.startswith("data: {") else {}
+                    if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                        break  # the engine generates it: its API process dies (whichever)
+                for api in pids(server, "api"):
+                    os.kill(api, signal.SIGKILL)
+
+    asyncio.run(stream_then_kill())
+    # The engine logs, per exited API process, what it aborted: one generation in all.
+    wait_until(lambda: "generations aborted: 1," in server.log(), what="the abort")
+    wait_until(lambda: ready(server), what="new API processes")
+    wait_until(
+        lambda: metric_value(server.metrics(), "ferry_llm_requests_running", model=TINY_LLM) == 0,
+        what="no generation running",
+    )
+
+
+def test_a_killed_supervisor_takes_its_processes_with_it_and_the_next_start_cleans_up(
+    server, server_tmp: Path
+):
     # Last in this module: it ends the module's server.
     children = list(roles(server.pid))
     assert len(children) == 3
+    (left,) = run_dirs(server_tmp)  # the engine socket, metric files, adapter journal
     server.process.kill()
     server.process.wait()
     wait_until(lambda: all(gone(pid) for pid in children), what="the orphans to stop")
+    assert run_dirs(server_tmp) == [left]  # a killed process removes nothing
+    model = default_model_config(backend={"sessions": 1})
+    env = {"TMPDIR": str(server_tmp)}
+    with ferry_server([model], server={"api_servers": 2}, env=env) as handle:
+        # The next start removed the dead run's directory; its own is removed at SIGTERM.
+        (own,) = run_dirs(server_tmp)
+        assert own != left
+        assert handle.stop() == 0
+    assert run_dirs(server_tmp) == []

@@ -18,7 +18,7 @@ from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR
 from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
-from tests.support.server_processes import pids, ready, wait_until
+from tests.support.server_processes import gone, pids, ready, wait_until
 
 KEY = "lora-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -167,6 +167,20 @@ def test_an_engine_restart_keeps_the_adapters_loaded_and_unloaded_at_runtime(cli
             "/v1/load_lora_adapter",
             {"lora_name": "zen", "lora_path": "zen/zen.onnx_adapter"},
         )
+
+
+@pytest.mark.parametrize("server", [2], indirect=True, ids=["api2"])
+def test_a_load_after_an_api_process_exited_waits_for_no_answer_from_it(server):
+    """Every API process acknowledges an adapter change before the load is answered; one that
+    exited is let off at once, not waited for until the acknowledgement's bound."""
+    victim = pids(server, "api")[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: gone(victim), what="the API process to exit")
+    shout = {"lora_name": "shout", "lora_path": "shout/shout.onnx_adapter"}
+    assert post(server, "/v1/load_lora_adapter", shout).status_code == 200
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "shout"}).status_code == 200
+    # The engine logs each acknowledgement it stopped waiting for.
+    assert "did not answer" not in server.log()
 
 
 def test_unload_while_streaming_lets_the_stream_finish(client, server):
