@@ -15,6 +15,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.protocol import (
+    CacheSalt,
     ChatCompletionRequest,
     OpenAIRequestModel,
     _neutral,
@@ -133,6 +134,7 @@ class ResponsesRequest(OpenAIRequestModel):
     text: TextConfig | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    cache_salt: CacheSalt | None = None  # vLLM's extension (server/tenancy.py)
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
@@ -166,6 +168,7 @@ class ResponsesRequest(OpenAIRequestModel):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "stream": self.stream,
+            "cache_salt": self.cache_salt,
         }
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens

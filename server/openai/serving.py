@@ -38,6 +38,7 @@ from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks
 from ferry.server.openai.tools import parse_calls
 from ferry.server.registry import ModelRegistry, ServedModel
+from ferry.server.tenancy import RunAs
 
 
 @dataclass
@@ -72,9 +73,12 @@ class OpenAIServing:
     # -- endpoints --------------------------------------------------------------------------------
 
     async def chat(
-        self, request: ChatCompletionRequest, served: ServedModel | None = None
+        self,
+        request: ChatCompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> ChatCompletionResponse:
-        plan = plan_chat(request, served or self.resolve(request.model))
+        plan = plan_chat(request, served or self.resolve(request.model), run_as)
         results = await self._collect(plan)
         decode = plan.served.engine.tokenizer.decode
         choices = [
@@ -93,9 +97,12 @@ class OpenAIServing:
         )
 
     async def chat_stream(
-        self, request: ChatCompletionRequest, served: ServedModel | None = None
+        self,
+        request: ChatCompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> AsyncIterator[str]:
-        plan = plan_chat(request, served or self.resolve(request.model))
+        plan = plan_chat(request, served or self.resolve(request.model), run_as)
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
@@ -104,9 +111,12 @@ class OpenAIServing:
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(
-        self, request: CompletionRequest, served: ServedModel | None = None
+        self,
+        request: CompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> CompletionResponse:
-        plan = plan_completion(request, served or self.resolve(request.model))
+        plan = plan_completion(request, served or self.resolve(request.model), run_as)
         results = await self._collect(plan)
         choices = [
             _completion_choice(request, plan, choice, result)
@@ -118,9 +128,12 @@ class OpenAIServing:
         )
 
     async def completion_stream(
-        self, request: CompletionRequest, served: ServedModel | None = None
+        self,
+        request: CompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> AsyncIterator[str]:
-        plan = plan_completion(request, served or self.resolve(request.model))
+        plan = plan_completion(request, served or self.resolve(request.model), run_as)
         chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 
@@ -178,6 +191,7 @@ class OpenAIServing:
                 choice.sampling,
                 adapter=served.adapter,
                 priority=plan.priority,
+                cache_salt=plan.cache_salt,
             )
             async with aclosing(generation) as deltas:
                 async for delta in deltas:

@@ -24,6 +24,7 @@ from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve.infer import (
+    ABSENT,
     INT_TYPES,
     deserialize_bytes,
     infer_tensors,
@@ -35,6 +36,7 @@ from ferry.server.kserve.model_config import VERSION, model_config, model_metada
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.replies import JSON, Reply, dumps
+from ferry.server.tenancy import call_priority
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -146,7 +148,8 @@ async def infer(call: HotCall) -> Reply:
     header_length = call.header(HEADER_LENGTH.lower().encode())
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)
-    priority = request_priority(parameters(header).get("priority"))
+    asked = request_priority(parameters(header).get("priority", ABSENT))
+    priority = call_priority(call, asked)
     outputs = await infer_tensors(
         model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )

@@ -19,8 +19,9 @@ from ferry.server.openai.protocol import (
 from ferry.server.registry import ServedModel
 from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.schemas import error_responses
+from ferry.server.tenancy import run_as
 
-ERRORS = error_responses(400, 401, 404, 413, 415, 429, 500, 503)
+ERRORS = error_responses(400, 401, 403, 404, 413, 415, 429, 500, 503)
 STREAM_DOC = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks"}}
 
 
@@ -71,10 +72,11 @@ async def chat_completions(call: HotCall) -> Reply | Stream:
     serving = call.app_state.openai
     texts = [m.text for m in body.messages]
     served = resolve_and_bound(call, body.model, "messages", texts, len(body.messages))
+    tenant = run_as(call, body.priority, body.cache_salt)
     return await respond(
         body.stream,
-        lambda: serving.chat(body, served),
-        lambda: serving.chat_stream(body, served),
+        lambda: serving.chat(body, served, tenant),
+        lambda: serving.chat_stream(body, served, tenant),
     )
 
 
@@ -83,10 +85,11 @@ async def completions(call: HotCall) -> Reply | Stream:
     serving = call.app_state.openai
     prompts = body.prompts()
     served = resolve_and_bound(call, body.model, "prompt", prompts, len(prompts))
+    tenant = run_as(call, body.priority, body.cache_salt)
     return await respond(
         body.stream,
-        lambda: serving.completion(body, served),
-        lambda: serving.completion_stream(body, served),
+        lambda: serving.completion(body, served, tenant),
+        lambda: serving.completion_stream(body, served, tenant),
     )
 
 

@@ -9,8 +9,9 @@ from ferry.server.encoder_request import Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
+from ferry.server.tenancy import call_priority
 
-ERROR_RESPONSES = error_responses(401, 404, 413, 415, 422, 429, 500, 503, 504)
+ERROR_RESPONSES = error_responses(401, 403, 404, 413, 415, 422, 429, 500, 503, 504)
 PATH = "/predict"
 
 
@@ -26,7 +27,8 @@ async def predict(call: HotCall) -> Reply:
         inputs = TokenLists(*body.token_lists(), "input_ids")
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     encoder = call.app_state.encoder
-    valid = await encoder.validate(model, inputs, outputs, timeout_s, body.priority)
+    priority = call_priority(call, body.priority)
+    valid = await encoder.validate(model, inputs, outputs, timeout_s, priority)
     result = await encoder.run(model, valid, call.disconnected())
     return json_reply(
         {
