@@ -33,7 +33,7 @@ from ferry.llm.base import (
     merge_deltas,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, InvalidAdapter
+from ferry.llm.errors import EngineDead, adapter_refused
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import adapter_key
 from ferry.llm.ortgenai_owner import (
@@ -201,7 +201,7 @@ class OrtGenAIEngine:
             raise
         except Exception as exc:
             self._adapters.cancel(name)
-            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+            raise adapter_refused(name, path, exc) from None
         self._adapters.commit(name, adapter_id)
 
     async def unload_adapter(self, name: str) -> None:

@@ -27,7 +27,7 @@ from ferry.llm.base import (
     check_admission,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import InvalidAdapter, InvalidSampling
+from ferry.llm.errors import InvalidAdapter, InvalidSampling, adapter_refused
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -187,7 +187,7 @@ class VLLMEngine:
                 raise RuntimeError("vLLM refused it")
         except Exception as exc:
             self._adapters.cancel(name)
-            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+            raise adapter_refused(name, path, exc) from None
         self._lora_requests[adapter_id] = request
         self._adapters.commit(name, adapter_id)
 

@@ -154,6 +154,9 @@ class Settings(_Strict):
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS
     # API server processes in front of one engine process (server/procs); 1: one process.
     api_servers: int = Field(default=1, ge=1, le=64)
+    # LoRA adapter names become model names and metric label values: bounded (their count is
+    # each model's max_adapters).
+    max_adapter_name_chars: int = Field(default=64, ge=1, le=1024)
     # The ortgenai engines' prefix cache: one budget for every model (ortgenai_prefix.py).
     prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)
     models: tuple[ModelSettings, ...] = ()
