@@ -50,21 +50,21 @@ def resolve_and_bound(
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):
-        if not isinstance(text, str):
-            continue  # token ids: checked against the vocabulary and context by the serving layer
-        if len(text) > settings.max_chars_per_text:
-            raise InvalidInput(
-                f"{field}[{index}]",
-                f"{len(text)} characters; at most {settings.max_chars_per_text}",
-            )
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidInput(
-                    f"{field}[{index}]", "text is not valid Unicode (lone surrogate)"
-                ) from None
+        if isinstance(text, str):  # token ids: checked against the vocabulary and context later
+            check_text(call, f"{field}[{index}]", text)
     return served
+
+
+def check_text(call: HotCall, field: str, text: str) -> None:
+    """One text within max_chars_per_text and valid Unicode, or a 400 naming `field`."""
+    limit = call.app_state.settings.max_chars_per_text
+    if len(text) > limit:
+        raise InvalidInput(field, f"{len(text)} characters; at most {limit}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(field, "text is not valid Unicode (lone surrogate)") from None
 
 
 async def chat_completions(call: HotCall) -> Reply | Stream:
