@@ -242,7 +242,10 @@ def _apply_env(
             if field in ("cors_allow_origins", "priority_keys"):
                 server[field] = value.split(",")
             elif field == "api_keys":  # name=key,name=key
-                server[field] = dict(pair.split("=", 1) for pair in value.split(","))
+                pairs = [pair.split("=", 1) for pair in value.split(",")]
+                if any(len(pair) != 2 for pair in pairs):
+                    raise ValueError("FERRY_API_KEYS: comma-separated name=key pairs")
+                server[field] = dict(pairs)
             else:
                 server[field] = value
     for model in models:

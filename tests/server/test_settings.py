@@ -167,6 +167,7 @@ def test_api_keys_name_tenants_and_priority_keys_must_name_one_of_them():
         ({"FERRY_PRIORITY_KEYS": "carol"}, "priority_keys names no configured key"),
         ({"FERRY_API_KEYS": "alice=k1,bob=k1"}, "two tenants share a key"),
         ({"FERRY_API_KEYS": "alice="}, "every key must be non-empty"),
+        ({"FERRY_API_KEYS": "alice"}, "comma-separated name=key pairs"),
     ):
-        with pytest.raises(ValidationError, match=named):
+        with pytest.raises(ValueError, match=named):  # pydantic's ValidationError is one
             load_settings(environ=bad)
