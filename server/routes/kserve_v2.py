@@ -254,7 +254,9 @@ def requested_outputs(header: dict, model: ModelRuntime) -> tuple[list[str], set
         raise MalformedRequest("'outputs' must be a list of {name} objects")
     names, binary = [], set()
     for spec in specs:
-        name = spec.get("name") if isinstance(spec, dict) else None
+        if not isinstance(spec, dict):  # e.g. [null]: refused, not read as a dict
+            raise MalformedRequest("'outputs' must be a list of {name} objects", "outputs")
+        name = spec.get("name")
         names.append(name)
         if all_binary or parameters(spec).get("binary_data", False):
             binary.add(name)

@@ -257,11 +257,17 @@ def test_kserve_bad_input_gets_a_4xx(client, reference):
         ]
     }
     deep = b"[" * 10_000 + b"]" * 10_000
+    not_objects = {"inputs": [], "outputs": [None]}  # found by the fuzzer below: was a 500
     outputs = {
         "inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [101, 102]}],
         "outputs": 5,
     }
-    for body in (json.dumps(huge).encode(), deep, json.dumps(outputs).encode()):
+    for body in (
+        json.dumps(huge).encode(),
+        deep,
+        json.dumps(outputs).encode(),
+        json.dumps(not_objects).encode(),
+    ):
         answer = post_raw(client, path, body)
         assert 400 <= answer.status_code < 500, answer.text[:300]
         assert isinstance(answer.json()["error"], str)  # KServe's error shape
