@@ -12,7 +12,10 @@ A tenant is the name of the API key a request was sent with (`api_keys`, and `ap
 - Priority is a privilege: a priority below DEFAULT_PRIORITY (more urgent than the default) is
   allowed only to the keys named in `priority_keys` ("*": everyone). Anyone else's is refused
   (403 naming `priority`) or, with `priority_below_default = "clamp"`, run at the default and
-  said so in the `ferry-priority-clamped` response header (gRPC: trailing metadata).
+  said so in the `ferry-priority-clamped` response header (gRPC: trailing metadata). So keyless
+  clients cannot jump the queue, and what a privileged key sends ahead is still held to the
+  batcher's admission (batcher/admission.py): a newcomer that would make an admitted request
+  miss its deadline is refused, not the admitted one.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ CLAMPED_HEADER = b"ferry-priority-clamped"  # its value: the priority the reques
 
 def cache_scope(tenant: str | None, cache_salt: str | None) -> str | None:
     """The engine's `cache_salt` for a request: its tenant and its own salt, unambiguously
-    joined (JSON-like quoting), None for an anonymous request without a salt."""
+    joined (a tuple's repr quotes both), None for an anonymous request without a salt."""
     if tenant is None and cache_salt is None:
         return None
     return repr((tenant, cache_salt))
