@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--urgent-rate", type=float, default=4.0)
     args = parser.parse_args(argv)
-    with ferry_server() as server:
+    # Keyless clients may not go below priority 0 unless the server lets everyone (tenancy.py).
+    with ferry_server(server={"priority_keys": ["*"]}) as server:
         background, urgent = asyncio.run(mixed_load(server.url, args.duration_s, args.urgent_rate))
     print(f"background (priority 0, {BACKGROUND_CLIENTS} clients): {background.summary()}")
     print(f"urgent (priority {URGENT}, {args.urgent_rate:g}/s):      {urgent.summary()}")

@@ -159,10 +159,13 @@ class LLMEngine(Protocol):
         sampling: SamplingSettings,
         adapter: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
         """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
         `adapter` names a loaded LoRA adapter (AdapterNotLoaded if it is not); None: the base.
-        `priority` (vLLM's meaning): waiting requests with a lower number are admitted first."""
+        `priority` (vLLM's meaning): waiting requests with a lower number are admitted first.
+        `cache_salt` (vLLM's meaning): the prompt reuses cached prefixes only of requests with
+        the same salt, and `cached_tokens` counts only those (server/tenancy.py builds it)."""
         ...
 
     def adapter_names(self) -> list[str]: ...

@@ -1,5 +1,9 @@
 """Domain errors raised by LLM engines; server/ maps them to HTTP status codes in one place."""
 
+import logging
+
+log = logging.getLogger(__name__)
+
 
 class LLMError(Exception):
     """Base class for every error an LLM engine raises on purpose."""
@@ -80,3 +84,14 @@ class InvalidAdapter(LLMError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+def adapter_refused(name: str, path: object, error: BaseException) -> InvalidAdapter:
+    """An adapter file the engine would not load: the 400 says so without the server's path
+    (nor the runtime's message, which may quote it); the log has both."""
+    log.warning("adapter %r not loaded from %s: %s", name, path, error)
+    return InvalidAdapter(
+        "lora_path",
+        f"cannot load adapter {shown_name(name)!r}: the file is not an adapter this model "
+        "can load (the server log says why)",
+    )

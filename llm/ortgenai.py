@@ -33,7 +33,7 @@ from ferry.llm.base import (
     merge_deltas,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import EngineDead, InvalidAdapter
+from ferry.llm.errors import EngineDead, adapter_refused
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import adapter_key
 from ferry.llm.ortgenai_owner import (
@@ -44,6 +44,7 @@ from ferry.llm.ortgenai_owner import (
     OwnerCall,
     OwnerLoop,
 )
+from ferry.llm.ortgenai_prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class OrtGenAIEngine:
         max_waiting: int = 64,
         prefix_cache: bool = True,
         prefix_cache_bytes: int = EngineOptions.prefix_cache_bytes,
+        prefix_store: PrefixCache | None = None,
         prefill_chunk: int = EngineOptions.prefill_chunk,
         deterministic: bool = False,
         adapters: Mapping[str, Path] | None = None,
@@ -82,6 +84,7 @@ class OrtGenAIEngine:
             max_running=max_running or EngineOptions.max_running,
             prefix_cache=prefix_cache,
             prefix_cache_bytes=prefix_cache_bytes,
+            prefix_store=prefix_store,
             prefill_chunk=prefill_chunk,
             deterministic=deterministic,
         )
@@ -144,8 +147,10 @@ class OrtGenAIEngine:
         sampling: SamplingSettings,
         adapter: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        """`priority`: waiting requests start lowest first (vLLM's priority scheduling)."""
+        """`priority`: waiting requests start lowest first (vLLM's priority scheduling);
+        `cache_salt`: prefix reuse only with requests of the same salt (ortgenai_prefix.py)."""
         held, ready = len(self._streams), self.is_ready()
         check_admission(self.name, ready, held, self._capacity, self._failure)
         if request_id in self._streams:
@@ -156,7 +161,7 @@ class OrtGenAIEngine:
             key = adapter_key(adapter, adapter_id)
         stream: asyncio.Queue[GenerationDelta | Exception] = asyncio.Queue()
         self._streams[request_id] = stream
-        self._commands.put(AddRequest(request_id, prompt_ids, sampling, key, priority))
+        self._commands.put(AddRequest(request_id, prompt_ids, sampling, key, priority, cache_salt))
         finished = False
         try:
             while not finished:
@@ -196,7 +201,7 @@ class OrtGenAIEngine:
             raise
         except Exception as exc:
             self._adapters.cancel(name)
-            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+            raise adapter_refused(name, path, exc) from None
         self._adapters.commit(name, adapter_id)
 
     async def unload_adapter(self, name: str) -> None:
@@ -272,6 +277,7 @@ class OrtGenAIEngine:
             worker = OwnerLoop(
                 og,
                 model,
+                self.name,
                 KVModel(self._model_dir),
                 self._options,
                 self._eos_ids,

@@ -8,8 +8,9 @@ block of their own; once it is in, they are copied into the next free row of the
 block, and the block is kept packed (a finished row takes the last row's place).
 
 Prefix cache: every finished prompt's keys and values are parked in the PrefixCache
-(ortgenai_prefix.py) at once, so requests running together with one system prompt already share
-it; a hit copies the shared part in and computes only the rest (at least TAIL tokens).
+(ortgenai_prefix.py) at once, under the request's scope (its model and `cache_salt`), so
+requests running together with one system prompt already share it; a hit copies the shared
+part in and computes only the rest (at least TAIL tokens).
 
 Batch invariance (SmolLM2-135M int4): a decode step of two or more rows gives every row the same
 logits whatever the other rows hold (tested), but onnxruntime's MatMulNBits runs other kernels
@@ -30,7 +31,7 @@ import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
-from ferry.llm.ortgenai_prefix import CachedPrefix, PrefixCache
+from ferry.llm.ortgenai_prefix import ModelPrefixCache
 from ferry.llm.sampling import Sampler
 
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
@@ -52,7 +53,7 @@ class BatchLane:
         max_running: int,
         eos_ids: set[int],
         *,
-        cache: PrefixCache | None = None,
+        cache: ModelPrefixCache | None = None,
         prefill_chunk: int = 0,
         deterministic: bool = False,
     ) -> None:
@@ -77,7 +78,7 @@ class BatchLane:
         block = self._model.new_block(1, len(prompt_ids))
         reused = 0
         if self.cache is not None:
-            entry, reused = self.cache.lookup(prompt_ids)
+            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids)
             if entry is not None:
                 block.copy_row(entry.kv, 0, 0, reused)
         job.generator = block  # the owner loop's "running" marker
@@ -120,7 +121,7 @@ class BatchLane:
         self._prefilling.remove(job)
         prompt: KVBlock = job.generator
         if self.cache is not None:
-            self.cache.put(CachedPrefix(prompt, list(job.tokens)))
+            self.cache.put(job.add.cache_salt, list(job.tokens), prompt)
         row = len(self._rows)
         self._reserve(row + 1, len(job.tokens) + 1)
         assert self._block is not None

@@ -25,7 +25,7 @@ from ferry.llm.guidance import request_error
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_lora import GeneratorLane
-from ferry.llm.ortgenai_prefix import PrefixCache
+from ferry.llm.ortgenai_prefix import ModelPrefixCache, PrefixCache
 from ferry.llm.stops import StopMatcher
 
 STOP = object()
@@ -38,6 +38,8 @@ class AddRequest:
     sampling: SamplingSettings  # max_tokens already fits the context
     adapter: str | None = None  # the runtime's adapter key; None: the base model
     priority: int = 0  # waiting requests are admitted lowest first
+    # Prefix reuse happens only between requests of one salt (ortgenai_prefix.py, tenancy).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,9 @@ class EngineOptions:
 
     max_running: int = 16
     prefix_cache: bool = True
-    prefix_cache_bytes: int = 512 * 2**20
+    prefix_cache_bytes: int = 512 * 2**20  # for a store of its own, when none is shared
+    # The process's one prefix store, shared by every model (one budget); None: one of its own.
+    prefix_store: PrefixCache | None = None
     prefill_chunk: int = 256  # prompt tokens per turn; 0: a whole prompt at once
     # Greedy text independent of load: decode steps never run a single row (ortgenai_batch.py).
     deterministic: bool = False
@@ -91,6 +95,7 @@ class OwnerLoop:
         self,
         og: Any,
         model: Any,
+        name: str,
         kv_model: KVModel,
         options: EngineOptions,
         eos_ids: set[int],
@@ -102,10 +107,9 @@ class OwnerLoop:
         self._model = model
         self._tokenizer = og.Tokenizer(model)
         self.max_running = options.max_running
+        store = options.prefix_store or PrefixCache(options.prefix_cache_bytes)
         self.cache = (
-            PrefixCache(options.prefix_cache_bytes, kv_model.token_bytes)
-            if options.prefix_cache
-            else None
+            ModelPrefixCache(store, name, kv_model.token_bytes) if options.prefix_cache else None
         )
         self.lane = GeneratorLane(
             og,

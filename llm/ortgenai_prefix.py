@@ -7,93 +7,169 @@ examples, or a chat's previous turns. Parked at once, not when the request ends,
 running together on one system prompt share it. Entries are read, never handed out: many
 requests copy from one.
 
-Bounds: an entry costs its tokens' bytes (ortgenai_kv.KVModel.token_bytes); entries are evicted
-least recently used first (a hit makes an entry recent) to stay within the byte budget, and an
-entry whose tokens another entry starts with is dropped (the longer one serves all it did).
+Tenancy: reuse is a side channel. A hit shows in `usage.prompt_tokens_details.cached_tokens` and
+in the time to the first token, so whoever can hit another client's entries can test guesses at
+that client's prompt, token by token. Every entry therefore lives under a scope, (model, salt),
+and a lookup only ever sees its own scope's entries: the salt plays the part vLLM's `cache_salt`
+plays in its block hashes (mixed into the first block's hash, so only requests with the same salt
+share anything). The serving layer builds the salt from the API key's name and the request's
+`cache_salt` (server/tenancy.py): requests under different keys, or with different salts, never
+share a prefix, and `cached_tokens` counts only the requester's own. Requests with no key and no
+salt share one scope, as in vLLM.
+
+Structure: one token trie per scope; each node knows the entries whose tokens pass through it, so
+a lookup walks the prompt once, O(prompt length) whatever the number of entries, and a put or an
+eviction walks the entry's tokens once.
+
+Bounds: ONE byte budget for every model of the process (`PrefixCache` is shared, behind a lock:
+each engine's owner thread uses it). An entry costs its tokens' keys and values
+(ortgenai_kv.KVModel.token_bytes) plus NODE_BYTES of trie per token; entries are evicted least
+recently used first, across models (a hit makes an entry recent), to stay within the budget, and
+an entry whose tokens another entry of its scope starts with is dropped (the longer one serves all
+it did).
 
 Same greedy text with or without a hit: onnxruntime's CPU kernels give bit-identical keys, values
 and logits for a prompt fed in pieces of any length >= 2 (measured: whole, chunks of 2, 3, 7, 16,
 a tail of 2 or 3), but not for a piece of ONE token, which takes other MatMulNBits kernels. So a
 hit leaves at least TAIL tokens of the new prompt to run, and only prompt tokens are kept.
 
-Counters follow vLLM's `prefix_cache_queries` / `prefix_cache_hits`: prompt tokens looked up, and
-those found. Pure Python (blocks are opaque here): tested without a model.
+Counters follow vLLM's `prefix_cache_queries` / `prefix_cache_hits` (per model, `ModelPrefixCache`):
+prompt tokens looked up, and those found. Pure Python (blocks are opaque here): tested without a
+model.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 TAIL = 2  # prompt tokens a hit still runs: never one alone (see the module docstring)
+NODE_BYTES = 600  # a trie node's Python objects, about: counted against the budget per token
 
 
 @dataclass
 class CachedPrefix:
     kv: Any  # the keys and values of `tokens` (ortgenai_kv.KVBlock, one row)
     tokens: list[int]
+    scope: Hashable = None  # (model, salt): only lookups of the same scope see it
+    nbytes: int = 0  # what it holds of the budget
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+class _Node:
+    __slots__ = ("children", "ends", "holders")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Node] = {}
+        self.holders: set[int] = set()  # entries whose tokens pass through here
+        self.ends: set[int] | None = None  # entries whose tokens end here
 
 
 class PrefixCache:
-    """Prompts' keys and values by their tokens, LRU within a byte budget. Owner thread only."""
+    """Prompts' keys and values by scope and tokens, LRU within one byte budget. Thread-safe:
+    the owner threads of every engine in the process share one."""
 
-    def __init__(self, budget_bytes: int, bytes_per_token: int) -> None:
+    def __init__(self, budget_bytes: int) -> None:
         self.budget_bytes = budget_bytes
-        self._per_token = bytes_per_token
+        self._lock = threading.Lock()
+        self._roots: dict[Hashable, _Node] = {}
         self._entries: OrderedDict[int, CachedPrefix] = OrderedDict()  # oldest first
         self._next_key = 0
         self.used_bytes = 0
-        self.queries = 0  # prompt tokens looked up (vLLM: prefix_cache_queries)
-        self.hits = 0  # of those, tokens found computed (vLLM: prefix_cache_hits)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def cost(self, entry: CachedPrefix) -> int:
-        return len(entry.tokens) * self._per_token
-
-    def lookup(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
-        """The entry sharing the longest prefix with `prompt` (now the most recent), and how
-        many prompt tokens it saves: at most len(prompt) - TAIL, so that what runs is computed
-        exactly as without the cache."""
-        self.queries += len(prompt)
-        best_key, best = None, 0
-        for key, entry in self._entries.items():
-            shared = min(common_prefix(entry.tokens, prompt), len(prompt) - TAIL)
-            if shared > best:
-                best_key, best = key, shared
-        if best_key is None:
-            return None, 0
-        self._entries.move_to_end(best_key)
-        self.hits += best
-        return self._entries[best_key], best
+    def lookup(self, scope: Hashable, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+        """The entry of `scope` sharing the longest prefix with `prompt` (now the most recent),
+        and how many prompt tokens it saves: at most len(prompt) - TAIL, so that what runs is
+        computed exactly as without the cache. One walk down the prompt."""
+        limit = len(prompt) - TAIL
+        with self._lock:
+            node = self._roots.get(scope)
+            depth = 0
+            while node is not None and depth < limit:
+                child = node.children.get(prompt[depth])
+                if child is None:
+                    break
+                node, depth = child, depth + 1
+            if node is None or depth == 0:
+                return None, 0
+            key = next(iter(node.holders))
+            self._entries.move_to_end(key)
+            return self._entries[key], depth
 
     def put(self, entry: CachedPrefix) -> None:
         """Park a prompt's keys and values as the most recent; evict the oldest beyond the
-        budget, and any entry whose tokens the new one starts with."""
-        cost = self.cost(entry)
-        if cost > self.budget_bytes or not entry.tokens:
+        budget, and any entry of its scope whose tokens the new one starts with."""
+        if entry.nbytes > self.budget_bytes or not entry.tokens:
             return
-        for key, held in list(self._entries.items()):
-            if entry.tokens[: len(held.tokens)] == held.tokens:
-                del self._entries[key]
-                self.used_bytes -= self.cost(held)
-        self._entries[self._next_key] = entry
-        self._next_key += 1
-        self.used_bytes += cost
-        while self.used_bytes > self.budget_bytes:
-            _, oldest = self._entries.popitem(last=False)
-            self.used_bytes -= self.cost(oldest)
+        with self._lock:
+            key = self._next_key
+            self._next_key += 1
+            node = self._roots.setdefault(entry.scope, _Node())
+            covered: list[int] = []
+            for token in entry.tokens:
+                node = node.children.setdefault(token, _Node())
+                if node.ends:
+                    covered.extend(node.ends)
+                node.holders.add(key)
+            node.ends = node.ends or set()
+            node.ends.add(key)
+            self._entries[key] = entry
+            self.used_bytes += entry.nbytes
+            for old in covered:
+                self._remove(old)
+            while self.used_bytes > self.budget_bytes:
+                self._remove(next(iter(self._entries)))
+
+    def drop_scopes(self, model: str) -> None:
+        """Forget every entry of `model` (scopes are (model, salt)): its engine is closing."""
+        with self._lock:
+            for key, entry in list(self._entries.items()):
+                if isinstance(entry.scope, tuple) and entry.scope[:1] == (model,):
+                    self._remove(key)
+
+    def _remove(self, key: int) -> None:
+        entry = self._entries.pop(key)
+        self.used_bytes -= entry.nbytes
+        root = self._roots[entry.scope]
+        path = [root]
+        for token in entry.tokens:
+            path.append(path[-1].children[token])
+        ends = path[-1].ends
+        assert ends is not None
+        ends.discard(key)
+        for depth in range(len(entry.tokens), 0, -1):
+            node = path[depth]
+            node.holders.discard(key)
+            if not node.holders:  # nobody passes here any more: prune the branch
+                del path[depth - 1].children[entry.tokens[depth - 1]]
+        if not root.children:
+            del self._roots[entry.scope]
+
+
+class ModelPrefixCache:
+    """One model's view of the shared PrefixCache: its scopes and its counters. Owner thread."""
+
+    def __init__(self, store: PrefixCache, model: str, token_bytes: int) -> None:
+        self.store = store
+        self._model = model
+        self._per_token = token_bytes + NODE_BYTES
+        self.queries = 0  # prompt tokens looked up (vLLM: prefix_cache_queries)
+        self.hits = 0  # of those, tokens found computed (vLLM: prefix_cache_hits)
+
+    def lookup(self, salt: str | None, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+        self.queries += len(prompt)
+        entry, reused = self.store.lookup((self._model, salt), prompt)
+        self.hits += reused
+        return entry, reused
+
+    def put(self, salt: str | None, tokens: list[int], kv: Any) -> None:
+        nbytes = len(tokens) * self._per_token
+        self.store.put(CachedPrefix(kv, tokens, (self._model, salt), nbytes))
 
     def clear(self) -> None:
-        self._entries.clear()
-        self.used_bytes = 0
+        self.store.drop_scopes(self._model)

@@ -27,7 +27,7 @@ from ferry.llm.base import (
     check_admission,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.errors import InvalidAdapter, InvalidSampling
+from ferry.llm.errors import InvalidAdapter, InvalidSampling, adapter_refused
 
 _FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -187,7 +187,7 @@ class VLLMEngine:
                 raise RuntimeError("vLLM refused it")
         except Exception as exc:
             self._adapters.cancel(name)
-            raise InvalidAdapter("lora_path", f"cannot load adapter {path}: {exc}") from None
+            raise adapter_refused(name, path, exc) from None
         self._lora_requests[adapter_id] = request
         self._adapters.commit(name, adapter_id)
 
@@ -223,6 +223,7 @@ class VLLMEngine:
         sampling: SamplingSettings,
         adapter: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
         check_admission(self.name, self.is_ready(), len(self._active), self._max_concurrency)
         params = to_sampling_params(sampling, self._params_cls, self._structured)
@@ -232,9 +233,13 @@ class VLLMEngine:
         finished = False
         first = True
         try:
-            # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer.
+            # vLLM's own engine prompt shape: token ids, tokenized once by the serving layer;
+            # its cache_salt is mixed into the first block's hash (no reuse across salts).
+            prompt: dict[str, Any] = {"prompt_token_ids": prompt_ids}
+            if cache_salt is not None:
+                prompt["cache_salt"] = cache_salt
             stream = self._engine.generate(
-                {"prompt_token_ids": prompt_ids},
+                prompt,
                 params,
                 request_id=request_id,
                 lora_request=lora,

@@ -42,6 +42,7 @@ from ferry.server.routes import (
     tokenize,
 )
 from ferry.server.settings import Settings
+from ferry.server.tenancy import PriorityPolicy
 
 logger = logging.getLogger(__name__)
 # The framework's routers (the hot routes register themselves): the gateway learns their POST
@@ -104,6 +105,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.drain = DrainState()
     app.state.started_at = int(time.time())
     app.state.encoder = EncoderServing(settings)
+    app.state.priority_policy = PriorityPolicy(
+        settings.priority_keys, settings.priority_below_default
+    )
     install_error_handlers(app, dialects)
     for module in HOT_ROUTES:
         module.register_routes(app.router, hot)

@@ -66,6 +66,16 @@ class Unauthorized(Exception):
         super().__init__("missing or wrong API key: send 'Authorization: Bearer <key>'")
 
 
+class Forbidden(Exception):
+    """A valid request asking for what its API key (or the lack of one) may not have: 403
+    naming the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
 class MalformedRequest(Exception):
     """A body that is not the protocol's shape at all (not JSON, tensors that do not fit): 400.
     `field` names where, when that is known."""
@@ -119,6 +129,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
     (HeadTooLarge, ErrorKind(431, "invalid_request_error")),
     (TooManyConnections, ErrorKind(503, "unavailable_error", retry_after=True)),
     (Unauthorized, ErrorKind(401, "authentication_error")),
+    (Forbidden, ErrorKind(403, "permission_error")),
     (QueueFull, ErrorKind(429, "overloaded_error", retry_after=True)),
     (BatcherClosed, ErrorKind(503, "unavailable_error", retry_after=True)),
     (NotReady, ErrorKind(503, "unavailable_error", retry_after=True)),

@@ -19,7 +19,7 @@ import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ferry.server.auth import check_bearer
+from ferry.server.auth import KeyRing
 from ferry.server.dialects import ErrorDialect, PathDialects, sse_error
 from ferry.server.disconnect import CancelOnDisconnect
 from ferry.server.drain import DrainState
@@ -35,6 +35,7 @@ from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
 from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, send_reply, send_stream
 from ferry.server.settings import Settings
+from ferry.server.tenancy import CLAMPED_HEADER
 
 UNMATCHED = "other"
 OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
@@ -67,7 +68,7 @@ class Gateway:
         self._dialects = dialects  # for requests that no hot route claims
         self._state = state
         self._max_body = settings.max_body_bytes
-        self._key = settings.api_key.encode() if settings.api_key else None
+        self._keys = KeyRing(settings.tenant_keys)
         self._protect_health = settings.api_key_protects_health
         self._protect_metrics = settings.api_key_protects_metrics
         self._in_flight = {c: metrics.in_flight.labels(f"/{c}") for c in PATH_CLASSES}
@@ -87,7 +88,7 @@ class Gateway:
         # Only after routing is the endpoint known; in-flight is counted by path class before.
         in_flight = self._in_flight[_path_class(path)]
         in_flight.inc()
-        response = _ResponseWatch(send)
+        response = _ResponseWatch(send, state)
         endpoint = UNMATCHED
         try:
             endpoint = await self._handle(scope, receive, response, path, state)
@@ -107,10 +108,10 @@ class Gateway:
         """Answer the request; returns the endpoint label."""
         matched = self._hot.match(scope["method"], path)
         route = matched[0] if matched is not None else None
-        if self._key is not None and self._protected(path):
+        if self._keys and self._protected(path):
             given = [value for name, value in scope["headers"] if name == b"authorization"]
             try:
-                check_bearer(given, self._key)
+                state["tenant"] = self._keys.identify(given)
             except (Unauthorized, MalformedRequest) as exc:
                 await self._refuse(send, exc, route, path)
                 return _route_path(scope)
@@ -223,10 +224,11 @@ class Gateway:
 class _ResponseWatch:
     """`send`, remembering the status and whether (and how) the response has begun."""
 
-    __slots__ = ("_send", "finished", "started", "status", "streaming")
+    __slots__ = ("_send", "_state", "finished", "started", "status", "streaming")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, state: dict) -> None:
         self._send = send
+        self._state = state  # the request's: a clamped priority is said in a header
         self.status = 500
         self.started = False
         self.streaming = False
@@ -240,6 +242,10 @@ class _ResponseWatch:
                 name == b"content-type" and value.startswith(b"text/event-stream")
                 for name, value in message.get("headers", ())
             )
+            clamped = self._state.get("priority_clamped")
+            if clamped is not None:
+                headers = [*message.get("headers", ()), (CLAMPED_HEADER, str(clamped).encode())]
+                message = {**message, "headers": headers}
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
         await self._send(message)

@@ -11,6 +11,7 @@ collected as before.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import time
@@ -21,22 +22,44 @@ logger = logging.getLogger(__name__)
 
 
 class GcPauseWatch:
-    """A `gc.callbacks` entry: each collection's duration into `ferry_gc_pause_seconds`."""
+    """A `gc.callbacks` entry: each collection's duration into `ferry_gc_pause_seconds`.
+
+    Noted during the collection, observed after it (on the event loop, or by `flush`): a
+    collection can start while its thread holds prometheus_client's one multiprocess lock
+    (setting up a new series, `api_servers` > 1), and observing there takes that lock again,
+    which froze an API process for good."""
 
     def __init__(self, metrics: FerryMetrics) -> None:
         self._pauses = {
             generation: metrics.gc_pause.labels(str(generation)) for generation in (0, 1, 2)
         }
         self._started = 0.0
+        self._noted: list[tuple[int, float]] = []  # appended under the GIL: no lock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         # Collections never overlap (they hold the GIL), so one start time is enough.
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            self._pauses[info["generation"]].observe(time.perf_counter() - self._started)
+            return
+        self._noted.append((info["generation"], time.perf_counter() - self._started))
+        if self._loop is not None and not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self.flush)
+
+    def flush(self) -> None:
+        """Observe the pauses noted so far."""
+        self._scheduled = False
+        while self._noted:
+            generation, seconds = self._noted.pop()
+            self._pauses[generation].observe(seconds)
 
     def install(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: pauses are observed by `flush`
+            self._loop = None
         gc.callbacks.append(self)
 
     def remove(self) -> None:

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 from ferry.llm.base import LLMEngine
-from ferry.server.settings import LLMSettings
+from ferry.llm.ortgenai_prefix import PrefixCache
+from ferry.server.settings import LLMSettings, Settings
 
 
-def build_llm_engine(settings: LLMSettings) -> LLMEngine:
+def build_llm_engines(settings: Settings) -> dict[str, LLMEngine]:
+    """Every configured LLM engine; the ortgenai ones share one prefix cache, so that one
+    budget (`prefix_cache_bytes`) covers all models."""
+    store = PrefixCache(settings.prefix_cache_bytes)
+    return {m.name: build_llm_engine(m, store) for m in settings.llm_models}
+
+
+def build_llm_engine(settings: LLMSettings, prefix_store: PrefixCache | None = None) -> LLMEngine:
     if settings.engine == "vllm":
         from ferry.llm.vllm import create_vllm_engine  # imports vllm lazily: GPU hosts only
 
@@ -30,7 +38,7 @@ def build_llm_engine(settings: LLMSettings) -> LLMEngine:
         max_running=settings.max_running,
         max_waiting=settings.max_waiting,
         prefix_cache=settings.prefix_cache,
-        prefix_cache_bytes=settings.prefix_cache_bytes,
+        prefix_store=prefix_store,
         prefill_chunk=settings.prefill_chunk,
         deterministic=settings.batch_invariant,
         adapters=settings.adapters,

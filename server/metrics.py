@@ -7,16 +7,20 @@ series count is bounded by configuration, not by traffic.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from ferry.batcher.observer import RejectReason
 from ferry.llm.base import EngineStats
 from ferry.server.connection_limits import REFUSAL_REASONS, RefusalReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
+from ferry.server.procs.metrics_merge import MULTIPROC_ENV
 
 LATENCY_BUCKETS_S = (
     0.001,
@@ -54,6 +58,8 @@ class FerryMetrics:
         # `_created` series double the series count and no dashboard uses them.
         disable_created_metrics()
         self.registry = registry or CollectorRegistry()
+        # Per-model children bound by observers (model -> children): forget_model drops them.
+        self.bound_by_model: list[dict[str, object]] = []
         r = self.registry
         self.requests = Counter(
             "ferry_requests_total",
@@ -270,11 +276,49 @@ class FerryMetrics:
         for family in self._engine_families:
             family.source = stats
 
+    def forget_model(self, model: str) -> None:
+        """Drop every series labelled with `model` (an unloaded LoRA adapter, whose name came
+        from a request): prometheus_client's own label removal, and the children bound for it.
+        In multiprocess mode (`api_servers` > 1) the values live in the processes' files,
+        which prometheus_client cannot remove from; `ServedSeries` leaves them out of scrapes."""
+        for bound in self.bound_by_model:
+            bound.pop(model, None)
+        if os.environ.get(MULTIPROC_ENV):
+            return
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase) and "model" in metric._labelnames:
+                metric.remove_by_labels({"model": model})
+
     def connection_refused(self, reason: RefusalReason) -> None:
         self.connections_refused.labels(reason).inc()
 
     def batch_observer(self, model: str, backend: str) -> ModelBatchObserver:
         return ModelBatchObserver(self, model, backend)
+
+
+class ServedSeries:
+    """What /metrics shows of a registry: every series, less those whose `model` label is not
+    a served name (an unloaded LoRA adapter's, still in a multiprocess file or written by a
+    request that ended as the adapter went). So every label value on /metrics is a configured
+    name or a loaded adapter's, never left over from a request."""
+
+    def __init__(self, registry: CollectorRegistry, served: Collection[str]) -> None:
+        self._registry = registry
+        self._served = {*served, ""}  # "": requests that named no served model
+
+    def collect(self) -> Iterator[Metric]:
+        served = self._served
+        for metric in self._registry.collect():
+            kept = [s for s in metric.samples if s.labels.get("model", "") in served]
+            if len(kept) != len(metric.samples):
+                metric = _with_samples(metric, kept)
+            yield metric
+
+
+def _with_samples(metric: Metric, samples: list[Any]) -> Metric:
+    trimmed = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+    trimmed.samples = samples
+    return trimmed
 
 
 def priority_label(priority: int, levels: tuple[int, ...]) -> str:
@@ -374,6 +418,7 @@ class LLMMetricsObserver:
     def __init__(self, metrics: FerryMetrics) -> None:
         self._m = metrics
         self._models: dict[str, ModelLLMObserver] = {}
+        metrics.bound_by_model.append(self._models)  # type: ignore[arg-type]
 
     def for_model(self, model: str) -> ModelLLMObserver:
         """The model's label values bound once (a dict lookup per request, none per token)."""

@@ -16,9 +16,10 @@ from pydantic import (
 TokenIds = list[StrictInt] | list[list[StrictInt]]
 # A cross-encoder's input: two texts read together (a query and a document), with segment ids.
 TextPair = Annotated[list[StrictStr], Field(min_length=2, max_length=2)]
-# vLLM's `priority`: lower is served first; bounded so it stays a plain int64.
-PRIORITY_BOUND = 2**31
-Priority = Annotated[StrictInt, Field(ge=-PRIORITY_BOUND, le=PRIORITY_BOUND)]
+# vLLM's `priority`: lower is served first; a 32-bit signed integer, as every engine and metric
+# label takes it. Below 0 (more urgent than the default) is a privilege (server/tenancy.py).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+Priority = Annotated[StrictInt, Field(ge=PRIORITY_MIN, le=PRIORITY_MAX)]
 PRIORITY_DESCRIPTION = "Queued requests with a lower number are served first (vLLM's meaning)."
 MIN_TIMEOUT_MS = 1.0
 
@@ -130,6 +131,7 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     descriptions = {
         400: "Invalid request (OpenAI-compatible routes); `error.param` names the field",
         401: "Missing or wrong API key",
+        403: "A priority below 0 that this API key (or none) may not ask for; `error.param`",
         404: "Unknown model",
         413: "Body larger than the configured limit",
         415: "Content-Type is not application/json",

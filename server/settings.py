@@ -84,10 +84,10 @@ class LLMSettings(_Strict):
     max_waiting: int = Field(default=64, ge=0)
     gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
     # Prefix reuse (vLLM's automatic prefix caching): a prompt sharing a prefix with a recent one
-    # computes only the rest. ortgenai: finished generators kept within prefix_cache_bytes of KV
-    # buffers, least recently used evicted first; vllm: enable_prefix_caching.
+    # computes only the rest, within its tenant (server/tenancy.py). ortgenai: prompts' keys and
+    # values kept within the server's prefix_cache_bytes, least recently used evicted first;
+    # vllm: enable_prefix_caching.
     prefix_cache: bool = True
-    prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)  # ortgenai only
     prefill_chunk: int = Field(default=256, ge=0)  # ortgenai: prompt tokens per turn; 0: whole
     # Greedy text that does not depend on what else runs. vllm: its batch-invariant kernels
     # (VLLM_BATCH_INVARIANT=1); ortgenai: decode steps never run a lone row, whose int4 kernel
@@ -143,6 +143,16 @@ class Settings(_Strict):
     # Security: a Bearer key for inference endpoints (as vLLM's and TGI's --api-key); health and
     # metrics stay open for probes and scrapers unless asked otherwise. CORS is off by default.
     api_key: str = ""
+    # More keys, each a tenant of its own (server/tenancy.py: prefix cache scopes, priority):
+    # name -> key. `api_key`, when set, is the tenant "default".
+    api_keys: dict[Annotated[str, Field(min_length=1, max_length=64)], str] = Field(
+        default_factory=dict
+    )
+    # Who may ask for a priority below 0, more urgent than the default: names of keys, or "*"
+    # for every request (keyed or not). Anyone else's is refused (403 naming `priority`), or
+    # with "clamp" run at 0 and said so in the `ferry-priority-clamped` response header.
+    priority_keys: tuple[str, ...] = ()
+    priority_below_default: Literal["refuse", "clamp"] = "refuse"
     api_key_protects_health: bool = False
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
@@ -169,6 +179,11 @@ class Settings(_Strict):
     # With api_servers > 1: readiness turns 503 when the engine process has not reported (it
     # does every 0.25 s) for this long: stopped, or its event loop blocked.
     engine_heartbeat_timeout_s: float = Field(default=5.0, gt=0)
+    # LoRA adapter names become model names and metric label values: bounded (their count is
+    # each model's max_adapters).
+    max_adapter_name_chars: int = Field(default=64, ge=1, le=1024)
+    # The ortgenai engines' prefix cache: one budget for every model (ortgenai_prefix.py).
+    prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
 
@@ -181,6 +196,26 @@ class Settings(_Strict):
         if self.default_model and self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not among {names}")
         return self
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> Settings:
+        if self.api_key and "default" in self.api_keys:
+            raise ValueError("api_keys: 'default' is api_key's name")
+        keys = self.tenant_keys
+        if any(not key for key in keys.values()):
+            raise ValueError("api_keys: every key must be non-empty")
+        if len(set(keys.values())) != len(keys):
+            raise ValueError("api_keys: two tenants share a key")
+        unknown = sorted(set(self.priority_keys) - set(keys) - {"*"})
+        if unknown:
+            raise ValueError(f"priority_keys names no configured key: {unknown}")
+        return self
+
+    @property
+    def tenant_keys(self) -> dict[str, str]:
+        """Every API key by its tenant name; empty: no key, every request anonymous."""
+        default = {"default": self.api_key} if self.api_key else {}
+        return {**self.api_keys, **default}
 
     @property
     def default_model_name(self) -> str:
@@ -234,7 +269,15 @@ def _apply_env(
     for field in Settings.model_fields:
         if field not in ("models", "llm_models") and f"FERRY_{field.upper()}" in environ:
             value = environ[f"FERRY_{field.upper()}"]
-            server[field] = value.split(",") if field == "cors_allow_origins" else value
+            if field in ("cors_allow_origins", "priority_keys"):
+                server[field] = value.split(",")
+            elif field == "api_keys":  # name=key,name=key
+                pairs = [pair.split("=", 1) for pair in value.split(",")]
+                if any(len(pair) != 2 for pair in pairs):
+                    raise ValueError("FERRY_API_KEYS: comma-separated name=key pairs")
+                server[field] = dict(pairs)
+            else:
+                server[field] = value
     for model in models:
         # FERRY_MODEL__<NAME>__BATCHING__MAX_BATCH_SIZE: each further `__` enters a table.
         prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"

@@ -8,6 +8,7 @@ outputs to that row's values; a ZipMap output is `{class: probability}`.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -49,8 +50,12 @@ def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> d
 
 
 async def predict_tensors(
-    model: TensorModel, raw: dict[str, Any], disconnected: asyncio.Future | None
+    model: TensorModel,
+    raw: dict[str, Any],
+    disconnected: asyncio.Future | None,
+    decide_priority: Callable[[int], int],
 ) -> dict[str, Any]:
+    """`decide_priority`: the caller's priority policy (server/tenancy.py) applied to the ask."""
     body = TensorPredictRequest.model_validate(raw)
     outputs = model.select_outputs(body.outputs)
     try:
@@ -60,7 +65,8 @@ async def predict_tensors(
         raise
     rows = model.validate(tensors)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
-    result = await model.infer(rows, outputs, timeout_s, body.priority, disconnected)
+    priority = decide_priority(body.priority)
+    result = await model.infer(rows, outputs, timeout_s, priority, disconnected)
     return {"model": model.name, "outputs": answer_rows(model, result, outputs)}
 
 

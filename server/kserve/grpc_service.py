@@ -21,10 +21,11 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry import __version__
-from ferry.server.auth import check_bearer
+from ferry.server.auth import KeyRing
 from ferry.server.dialects import kserve_message
 from ferry.server.errors import Failure, InvalidInput, NotReady, failure
 from ferry.server.kserve.infer import (
+    ABSENT,
     deserialize_bytes,
     infer_tensors,
     output_names,
@@ -33,6 +34,7 @@ from ferry.server.kserve.infer import (
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
+from ferry.server.tenancy import CLAMPED_HEADER
 from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ SERVICE = "/inference.GRPCInferenceService"
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
     408: grpc.StatusCode.DEADLINE_EXCEEDED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -136,7 +139,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, state: Any) -> None:
         self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
         settings = state.settings
-        self._key = settings.api_key.encode() if settings.api_key else None
+        self._keys = KeyRing(settings.tenant_keys)
         self._protect_health = settings.api_key_protects_health
 
     async def _call(
@@ -174,12 +177,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             metrics.requests.labels(model, endpoint, str(status)).inc()
             metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
 
-    def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> None:
-        if self._key is None or (method in HEALTH_CALLS and not self._protect_health):
-            return
+    def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> str | None:
+        """The caller's tenant (None: no keys configured, or an open call)."""
+        if not self._keys or (method in HEALTH_CALLS and not self._protect_health):
+            return None
         metadata = context.invocation_metadata() or ()
         given = [str(value).encode() for name, value in metadata if name == "authorization"]
-        check_bearer(given, self._key)
+        return self._keys.identify(given)
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:
@@ -247,10 +251,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             if drain.draining:
                 raise NotReady("the server is shutting down")
             model = self.state.registry.find(request.model_name)
+            asked = request_priority(_parameter(request.parameters, "priority"))
+            decided = self.state.priority_policy.apply(
+                asked, self._authorize("ModelInfer", context)
+            )
+            if decided.clamped_from is not None:  # said, as the HTTP header says it
+                clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
+                context.set_trailing_metadata((clamped,))
             drain.enter()
             try:
                 if isinstance(model, TensorModel):
-                    return await infer_plain(model, request)
+                    return await infer_plain(model, request, decided.priority)
                 wanted = output_names(model, [o.name for o in request.outputs])
                 # A cancelled call (client gone) cancels this task, and with it the queued work.
                 outputs = await infer_tensors(
@@ -258,7 +269,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     self.state.encoder,
                     decode_inputs(request),
                     wanted,
-                    priority=request_priority(_parameter(request.parameters, "priority")),
+                    priority=decided.priority,
                 )
             finally:
                 drain.leave()
@@ -267,10 +278,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return await self._call("ModelInfer", context, run, request.model_name)
 
 
-async def infer_plain(model: TensorModel, request: Any) -> service_pb2.ModelInferResponse:
-    """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes."""
+async def infer_plain(
+    model: TensorModel, request: Any, priority: int
+) -> service_pb2.ModelInferResponse:
+    """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
+    `priority` after the policy (server/tenancy.py)."""
     wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
-    priority = request_priority(_parameter(request.parameters, "priority"))
     rows = model.validate(decode_grpc_tensors(request, model.signature))
     result = await model.infer(rows, wanted, None, priority)
     response = service_pb2.ModelInferResponse(
@@ -284,9 +297,10 @@ async def infer_plain(model: TensorModel, request: Any) -> service_pb2.ModelInfe
 
 
 def _parameter(parameters: Any, name: str) -> Any:
-    """A request parameter's value (whichever of InferParameter's fields it was sent in)."""
+    """A request parameter's value (whichever of InferParameter's fields it was sent in);
+    ABSENT when not sent, None when sent without a value."""
     if name not in parameters:
-        return None
+        return ABSENT
     choice = parameters[name].WhichOneof("parameter_choice")
     return None if choice is None else getattr(parameters[name], choice)
 

@@ -23,7 +23,7 @@ from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item
 from ferry.server.errors import InvalidInput
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
 from ferry.server.model_runtime import ModelRuntime
-from ferry.server.schemas import PRIORITY_BOUND
+from ferry.server.schemas import PRIORITY_MAX, PRIORITY_MIN
 
 
 def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
@@ -136,14 +136,19 @@ def encoder_inputs(tensors: dict[str, np.ndarray]) -> EncoderInputs:
     return token_arrays(tensors)
 
 
-def request_priority(value: object) -> int:
+ABSENT = object()  # a parameter not sent at all (null is sent, and refused)
+
+
+def request_priority(value: object = ABSENT) -> int:
     """`parameters.priority` (vLLM's meaning: lower first), checked; 0 when absent."""
-    if value is None:
+    if value is ABSENT:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidInput("priority", "parameters.priority must be an integer")
-    if abs(value) > PRIORITY_BOUND:
-        raise InvalidInput("priority", f"parameters.priority must be within +-{PRIORITY_BOUND}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise InvalidInput(
+            "priority", f"parameters.priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}"
+        )
     return value
 
 

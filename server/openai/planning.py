@@ -18,6 +18,7 @@ from ferry.server.openai.protocol import (
 from ferry.server.openai.structured import output_guidance, request_kind
 from ferry.server.openai.tools import ToolPlan, checked_tools, plan_tools, render_messages
 from ferry.server.registry import ServedModel
+from ferry.server.tenancy import RunAs
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,18 @@ class Plan:
     choices: list[Choice]
     prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
     priority: int = 0  # vLLM's meaning: lower is admitted first
+    cache_salt: str | None = None  # prefix reuse only with this salt (server/tenancy.py)
     tools: ToolPlan | None = None  # the answer may hold tool calls
     structured: str | None = None  # the output constraint's kind, for the metrics
 
 
 async def plan_chat(
-    request: ChatCompletionRequest, served: ServedModel, grammars: Grammars
+    request: ChatCompletionRequest,
+    served: ServedModel,
+    grammars: Grammars,
+    run_as: RunAs | None = None,
 ) -> Plan:
+    """`run_as`: the tenant's priority and salt (server/tenancy.py); None: the request's own."""
     request.check_supported()
     _check_capacity(served.engine, 1, request.n)
     # Grammars are checked (and refused) before the prompt is rendered: a 400, never a failure
@@ -75,11 +81,15 @@ async def plan_chat(
         sampling = replace(sampling, guidance=guidance)
     plan = _plan(served, new_chat_id(), [prompt_ids], request.n, sampling, "messages")
     structured = request_kind(request, tools is not None)
-    return replace(plan, tools=tools, structured=structured, priority=request.priority)
+    plan = replace(plan, tools=tools, structured=structured)
+    return _running_as(plan, run_as or RunAs(request.priority, request.cache_salt))
 
 
 async def plan_completion(
-    request: CompletionRequest, served: ServedModel, grammars: Grammars
+    request: CompletionRequest,
+    served: ServedModel,
+    grammars: Grammars,
+    run_as: RunAs | None = None,
 ) -> Plan:
     request.check_supported()
     output = output_guidance(request)  # checked (and refused) before any prompt is tokenized
@@ -102,12 +112,17 @@ async def plan_completion(
         sampling = replace(sampling, guidance=guidance)
     plan = _plan(served, new_completion_id(), prompts, request.n, sampling, "prompt")
     structured = request_kind(request, tools=False)
-    plan = replace(plan, structured=structured, priority=request.priority)
+    plan = replace(plan, structured=structured)
+    plan = _running_as(plan, run_as or RunAs(request.priority, request.cache_salt))
     if request.echo:
         n = request.n
         choices = [replace(c, prompt_text=texts[c.index // n]) for c in plan.choices]
         plan = replace(plan, choices=choices)
     return plan
+
+
+def _running_as(plan: Plan, run_as: RunAs) -> Plan:
+    return replace(plan, priority=run_as.priority, cache_salt=run_as.cache_salt)
 
 
 def _plan(

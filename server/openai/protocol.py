@@ -44,6 +44,8 @@ MAX_STOP_CHARS = 256
 # OpenAI and vLLM take any int64 seed; beyond it a 400, not a seed silently folded.
 SEED_RANGE = {"ge": -(2**63), "le": 2**63 - 1}
 NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
+# vLLM asks for 43+ random characters (256 bits); bounded, as every text is.
+CacheSalt = Annotated[StrictStr, StringConstraints(min_length=1, max_length=1024)]
 Prompt = NonEmptyStr
 Penalty = Annotated[StrictFloat, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 MAX_LOGPROBS = 20
@@ -139,6 +141,8 @@ class _SamplingFields(OpenAIRequestModel):
     user: str | None = None
     # vLLM's extension: queued requests with a lower number are admitted first.
     priority: Priority = 0
+    # vLLM's extension: prefix reuse only with requests of the same salt (server/tenancy.py).
+    cache_salt: CacheSalt | None = None
     response_format: ResponseFormat | None = None
     # vLLM's structured-output extras (guided_grammar: Lark, or GBNF/EBNF, which is converted).
     # Never empty: a grammar that allows only the empty output cannot be run (onnxruntime-genai

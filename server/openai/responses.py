@@ -18,6 +18,7 @@ from ferry.server.openai.responses_protocol import ResponsesRequest, responses_e
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openai.tool_stream import CallStream
 from ferry.server.registry import ServedModel
+from ferry.server.tenancy import RunAs
 
 _INCOMPLETE = {"length": "max_output_tokens"}
 
@@ -100,10 +101,13 @@ def call_item(name: str, arguments: str, status: str) -> dict[str, Any]:
 
 
 async def create_response(
-    serving: OpenAIServing, request: ResponsesRequest, served: ServedModel | None = None
+    serving: OpenAIServing,
+    request: ResponsesRequest,
+    served: ServedModel | None = None,
+    run_as: RunAs | None = None,
 ) -> dict[str, Any]:
     try:
-        chat = await serving.chat(request.to_chat(), served)
+        chat = await serving.chat(request.to_chat(), served, run_as)
     except InvalidSampling as exc:
         raise responses_error(exc) from None
     choice = chat.choices[0]
@@ -125,12 +129,15 @@ async def create_response(
 
 
 async def stream_response(
-    serving: OpenAIServing, request: ResponsesRequest, served: ServedModel | None = None
+    serving: OpenAIServing,
+    request: ResponsesRequest,
+    served: ServedModel | None = None,
+    run_as: RunAs | None = None,
 ) -> AsyncIterator[str]:
     """Start the generation and wait for its first delta, so early errors are HTTP errors."""
     try:
         plan = await plan_chat(
-            request.to_chat(), served or serving.resolve(request.model), serving.grammars
+            request.to_chat(), served or serving.resolve(request.model), serving.grammars, run_as
         )
     except InvalidSampling as exc:
         raise responses_error(exc) from None

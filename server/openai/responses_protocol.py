@@ -11,11 +11,21 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError
+from pydantic import (
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    Tag,
+    ValidationError,
+)
 
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.json_depth import check_json_depth
 from ferry.server.openai.protocol import (
+    CacheSalt,
     ChatCompletionRequest,
     OpenAIRequestModel,
     _neutral,
@@ -33,12 +43,22 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "reasoning": (None,),
     "max_tool_calls": (None,),
     "top_logprobs": (None, 0),
+    # Ferry never drops input to fit (a prompt too long is a 400) and has one service tier.
+    "truncation": (None, "disabled"),
+    "service_tier": (None, "auto", "default"),
 }
 _WHY = {
     "previous_response_id": "this server keeps no responses: send the whole conversation",
     "store": "this server keeps no responses: send store=false",
     "conversation": "this server keeps no conversations: send the whole conversation",
+    "truncation": "this server never truncates input: send truncation=disabled",
+    "service_tier": "this server has one service tier: send auto or default",
 }
+VERBOSITY_DEFAULT = "medium"  # text.verbosity: the model's own; no other can be honoured
+# OpenAI's metadata bounds: 16 pairs, keys of at most 64 characters, values of at most 512.
+MetadataKey = Annotated[str, StringConstraints(max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=512)]
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(max_length=16)]
 
 
 # Chat's parameter names -> the Responses API's, for errors raised on the chat path.
@@ -94,8 +114,35 @@ class FunctionCallOutputItem(OpenAIRequestModel):
     output: str | list[InputText]
 
 
+def _item_type(item: Any) -> str | None:
+    """An input item's `type` (a message may leave it out), so that only the model of that
+    type validates it and an error names what is wrong with it, not with every other type."""
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", None)
+
+
+ITEM_TYPES = ("message", "function_call", "function_call_output")
 InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(union_mode="left_to_right")
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(
+        _item_type,
+        custom_error_type="input_item_type",
+        custom_error_message=f"an input item's type must be one of {', '.join(ITEM_TYPES)}",
+    ),
+]
+# A text, or a list of items: decided by the JSON type, so that an error in an item is not
+# reported as "input should be a valid string".
+Input = Annotated[
+    Annotated[Annotated[str, Field(min_length=1)], Tag("text")]
+    | Annotated[Annotated[list[InputItem], Field(min_length=1)], Tag("items")],
+    Discriminator(
+        lambda v: "text" if isinstance(v, str) else "items" if isinstance(v, list) else None,
+        custom_error_type="input_type",
+        custom_error_message="input must be a string or a list of input items",
+    ),
 ]
 
 
@@ -118,11 +165,12 @@ class TextFormat(OpenAIRequestModel):
 
 class TextConfig(OpenAIRequestModel):
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
 
 
 class ResponsesRequest(OpenAIRequestModel):
     model: str
-    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
+    input: Input
     instructions: str | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
@@ -132,8 +180,9 @@ class ResponsesRequest(OpenAIRequestModel):
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     text: TextConfig | None = None
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
     user: str | None = None
+    cache_salt: CacheSalt | None = None  # vLLM's extension (server/tenancy.py)
 
     def check_supported(self) -> None:
         extra = self.model_extra or {}
@@ -144,13 +193,16 @@ class ResponsesRequest(OpenAIRequestModel):
         for i, item in enumerate(self.input if isinstance(self.input, list) else ()):
             if isinstance(item, FunctionCallItem):
                 check_json_depth(item.arguments, f"input[{i}].arguments")
+        verbosity = self.text.verbosity if self.text else None
+        if verbosity not in (None, VERBOSITY_DEFAULT):
+            message = f"text.verbosity: only {VERBOSITY_DEFAULT} (the model's own) is supported"
+            raise InvalidSampling("text.verbosity", message)
 
     def texts(self) -> list[str]:
-        """Every text the request carries (input items first, so `input[i]` names item i), for
-        the size bounds checked before tokenizing."""
-        instructions = [self.instructions] if self.instructions else []
+        """The input's texts, one per item (so `input[i]` names item i), for the size bounds
+        checked before tokenizing; `instructions` is bounded on its own, under its name."""
         if isinstance(self.input, str):
-            return [self.input, *instructions]
+            return [self.input]
         texts = []
         for item in self.input:
             if isinstance(item, MessageItem):
@@ -159,7 +211,7 @@ class ResponsesRequest(OpenAIRequestModel):
                 texts.append(item.arguments)
             else:
                 texts.append(_text(item.output))
-        return [*texts, *instructions]
+        return texts
 
     def to_chat(self) -> ChatCompletionRequest:
         """The chat request this runs as: same planning, same engine path."""
@@ -170,6 +222,7 @@ class ResponsesRequest(OpenAIRequestModel):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "stream": self.stream,
+            "cache_salt": self.cache_salt,
         }
         if self.max_output_tokens is not None:
             body["max_completion_tokens"] = self.max_output_tokens

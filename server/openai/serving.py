@@ -38,6 +38,7 @@ from ferry.server.openai.streams import Deltas, merge, sse_events
 from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks, read_calls
 from ferry.server.registry import ModelRegistry, ServedModel
+from ferry.server.tenancy import RunAs
 
 
 @dataclass
@@ -74,9 +75,14 @@ class OpenAIServing:
     # -- endpoints --------------------------------------------------------------------------------
 
     async def chat(
-        self, request: ChatCompletionRequest, served: ServedModel | None = None
+        self,
+        request: ChatCompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> ChatCompletionResponse:
-        plan = await plan_chat(request, served or self.resolve(request.model), self.grammars)
+        plan = await plan_chat(
+            request, served or self.resolve(request.model), self.grammars, run_as
+        )
         results = await self._collect(plan)
         decode = plan.served.engine.tokenizer.decode
         choices = [
@@ -95,9 +101,14 @@ class OpenAIServing:
         )
 
     async def chat_stream(
-        self, request: ChatCompletionRequest, served: ServedModel | None = None
+        self,
+        request: ChatCompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> AsyncIterator[str]:
-        plan = await plan_chat(request, served or self.resolve(request.model), self.grammars)
+        plan = await plan_chat(
+            request, served or self.resolve(request.model), self.grammars, run_as
+        )
         decode = plan.served.engine.tokenizer.decode
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
@@ -106,9 +117,14 @@ class OpenAIServing:
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(
-        self, request: CompletionRequest, served: ServedModel | None = None
+        self,
+        request: CompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> CompletionResponse:
-        plan = await plan_completion(request, served or self.resolve(request.model), self.grammars)
+        plan = await plan_completion(
+            request, served or self.resolve(request.model), self.grammars, run_as
+        )
         results = await self._collect(plan)
         choices = [
             _completion_choice(request, plan, choice, result)
@@ -120,9 +136,14 @@ class OpenAIServing:
         )
 
     async def completion_stream(
-        self, request: CompletionRequest, served: ServedModel | None = None
+        self,
+        request: CompletionRequest,
+        served: ServedModel | None = None,
+        run_as: RunAs | None = None,
     ) -> AsyncIterator[str]:
-        plan = await plan_completion(request, served or self.resolve(request.model), self.grammars)
+        plan = await plan_completion(
+            request, served or self.resolve(request.model), self.grammars, run_as
+        )
         chunks = completion_chunks(plan.response_id, plan.served.name)
         return await self._stream(plan, chunks, request.include_usage)
 
@@ -180,6 +201,7 @@ class OpenAIServing:
                 choice.sampling,
                 adapter=served.adapter,
                 priority=plan.priority,
+                cache_salt=plan.cache_salt,
             )
             async with aclosing(generation) as deltas:
                 async for delta in deltas:

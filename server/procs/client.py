@@ -148,13 +148,16 @@ class EngineClient:
         sampling: SamplingSettings,
         adapter: str | None = None,
         priority: int = 0,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
         if not self.alive:
             raise EngineDead(ENGINE_GONE)
         rid = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = queue
-        message = wire.Generate(rid, model, request_id, prompt_ids, sampling, adapter, priority)
+        message = wire.Generate(
+            rid, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
+        )
         self._send(message)
         finished = False
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 import zmq
 
 from ferry.server.gc_pauses import keep_gc_off_serving_path
-from ferry.server.llm_engines import build_llm_engine
+from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
@@ -39,7 +39,7 @@ class EngineServer:
         self._address = address
         self._journal = journal
         self._metrics = metrics = FerryMetrics(priority_levels=settings.priority_levels)
-        self.engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
+        self.engines = build_llm_engines(settings)
         self.registry = ModelRegistry.from_settings(settings, metrics, self.engines)
         # Per LLM, the adapters it serves and where each came from (the journal's content).
         self._adapters = {
@@ -201,6 +201,7 @@ class EngineServer:
                 message.sampling,
                 message.adapter,
                 message.priority,
+                message.cache_salt,
             )
             try:
                 async for delta in stream:

@@ -12,7 +12,7 @@ import signal
 
 from prometheus_client import CollectorRegistry
 
-from ferry.server.llm_engines import build_llm_engine
+from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
 from ferry.server.registry import ModelRegistry
@@ -31,7 +31,7 @@ def metrics_registry() -> CollectorRegistry | None:
 async def build_runtimes(settings: Settings, metrics: FerryMetrics) -> ModelRegistry:
     """The model registry (encoders and LLM engines), not yet started."""
     if ENGINE_ADDRESS is None:
-        engines = {m.name: build_llm_engine(m) for m in settings.llm_models}
+        engines = build_llm_engines(settings)
         return ModelRegistry.from_settings(settings, metrics, engines)
     from ferry.server.procs.client import EngineClient
     from ferry.server.procs.parent import on_parent_exit

@@ -75,6 +75,7 @@ class Generate(msgspec.Struct, tag=True):
     sampling: SamplingSettings
     adapter: str | None
     priority: int
+    cache_salt: str | None = None
 
 
 class Call(msgspec.Struct, tag=True):

@@ -15,6 +15,7 @@ from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
+from ferry.server.tenancy import call_priority
 
 PATH = "/v1/embeddings"
 
@@ -83,7 +84,7 @@ async def create_embeddings(call: HotCall) -> Reply:
         )
     encoder = call.app_state.encoder
     valid = await encoder.validate(
-        model, _inputs(body), ("sentence_embedding",), priority=body.priority
+        model, _inputs(body), ("sentence_embedding",), priority=call_priority(call, body.priority)
     )
     result = await encoder.run(model, valid, call.disconnected())
     tokens = result.prompt_tokens
@@ -112,7 +113,7 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         create_embeddings,
         OPENAI,
         summary="Create Embeddings",
-        responses=error_responses(400, 401, 404, 413, 415, 429, 500, 503, 504),
+        responses=error_responses(400, 401, 403, 404, 413, 415, 429, 500, 503, 504),
         body_model=EmbeddingRequest,
         response_model=EmbeddingResponse,
     )

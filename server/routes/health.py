@@ -8,6 +8,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
+from ferry.server.metrics import ServedSeries
+
 router = APIRouter()
 
 
@@ -51,4 +53,8 @@ async def metrics(request: Request) -> Response:
     state = request.app.state
     # Negotiated as prometheus_client's own server does (`Accept: application/openmetrics-text`).
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-    return Response(encoder(state.metrics.registry), headers={"Content-Type": content_type})
+    models = getattr(state, "registry", None)  # set once the models are built
+    shown = state.metrics.registry
+    if models is not None:  # only served names as label values (ServedSeries)
+        shown = ServedSeries(shown, models.names())
+    return Response(encoder(shown), headers={"Content-Type": content_type})

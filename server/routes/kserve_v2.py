@@ -24,6 +24,7 @@ from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve.infer import (
+    ABSENT,
     INT_TYPES,
     deserialize_bytes,
     infer_tensors,
@@ -36,6 +37,7 @@ from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import decode_tensors, parameters, tensor_blob, tensor_json
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.replies import JSON, Reply, dumps
+from ferry.server.tenancy import call_priority
 from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
@@ -151,7 +153,8 @@ async def infer(call: HotCall) -> Reply:
         return await infer_plain(call, model, header_length.decode() if header_length else None)
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)
-    priority = request_priority(parameters(header).get("priority"))
+    asked = request_priority(parameters(header).get("priority", ABSENT))
+    priority = call_priority(call, asked)
     outputs = await infer_tensors(
         model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )
@@ -162,7 +165,7 @@ async def infer_plain(call: HotCall, model: TensorModel, header_length: str | No
     """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
     header, size = read_header(call.body, header_length)
     wanted, binary = requested_outputs(header, model)
-    priority = request_priority(parameters(header).get("priority"))
+    priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
     rows = model.validate(decode_tensors(header, call.body, size, model.signature))
     result = await model.infer(rows, wanted, None, priority, call.disconnected())
     outputs = {name: result[name] for name in wanted}  # in the order asked for
@@ -268,7 +271,9 @@ def requested_outputs(
         raise MalformedRequest("'outputs' must be a list of {name} objects")
     names, binary = [], set()
     for spec in specs:
-        name = spec.get("name") if isinstance(spec, dict) else None
+        if not isinstance(spec, dict):  # e.g. [null]: refused, not read as a dict
+            raise MalformedRequest("'outputs' must be a list of {name} objects", "outputs")
+        name = spec.get("name")
         names.append(name)
         if all_binary or parameters(spec).get("binary_data", False):
             binary.add(name)

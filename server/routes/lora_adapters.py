@@ -12,11 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from ferry.llm.errors import InvalidAdapter
+from ferry.llm.errors import InvalidAdapter, shown_name
 from ferry.server.schemas import error_responses
 from ferry.server.settings import LLMSettings
 
 router = APIRouter()
+PATH_MAX, NAME_MAX = 4096, 255  # Linux's (limits.h), in bytes; checked as the client sent them
 
 # vLLM answers these with a plain-text sentence; errors stay in the one JSON error shape.
 RESPONSES = {
@@ -44,7 +45,14 @@ class UnloadLoRAAdapterRequest(BaseModel):
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
     if body.load_inplace:
         raise InvalidAdapter("load_inplace", "load_inplace is not supported: unload, then load.")
-    base, path = adapter_source(body.lora_path, request.app.state.settings.llm_models)
+    settings = request.app.state.settings
+    if len(body.lora_name) > settings.max_adapter_name_chars:
+        raise InvalidAdapter(
+            "lora_name",
+            f"lora_name is {len(body.lora_name)} characters; at most "
+            f"{settings.max_adapter_name_chars} (max_adapter_name_chars)",
+        )
+    base, path = adapter_source(body.lora_path, settings.llm_models)
     await request.app.state.registry.load_adapter(body.lora_name, path, base)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
@@ -57,26 +65,53 @@ async def unload_lora_adapter(
         raise InvalidAdapter("lora_int_id", "lora_int_id is not supported: give lora_name.")
     # Returns once the requests in flight on the adapter finished and it is freed.
     await request.app.state.registry.unload_adapter(body.lora_name)
+    # Its name came from a request: its series go with it (the README's label promise).
+    request.app.state.metrics.forget_model(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 def adapter_source(lora_path: str, models: tuple[LLMSettings, ...]) -> tuple[str, Path]:
     """The base model whose adapter_dir holds `lora_path` (relative paths are taken inside it),
-    and the resolved path; anything outside every adapter_dir is refused."""
+    and the resolved path; anything outside every adapter_dir is refused. Every refusal is a
+    400 naming `lora_path` that quotes only what the client sent, never a server path."""
     roots = [(m.name, m.adapter_dir.resolve()) for m in models if m.adapter_dir is not None]
     if not roots:
         raise InvalidAdapter("lora_path", "Runtime adapter loading is off: no adapter_dir is set.")
+    check_path_text(lora_path)
     found = []
     for base, root in roots:
-        path = (root / lora_path).resolve()
+        try:
+            path = (root / lora_path).resolve()
+        except (OSError, RuntimeError):  # a symlink loop, a name the system refuses
+            message = "lora_path cannot be resolved (a symlink loop, or a name the system refuses)"
+            raise InvalidAdapter("lora_path", message) from None
         if path != root and path.is_relative_to(root):
             found.append((base, path))
     if not found:
-        raise InvalidAdapter("lora_path", f"{lora_path} is not inside a configured adapter_dir.")
+        raise InvalidAdapter(
+            "lora_path", f"{shown_name(lora_path)} is not inside a configured adapter_dir."
+        )
     if len(found) > 1:
         bases = ", ".join(base for base, _ in found)
-        raise InvalidAdapter("lora_path", f"{lora_path} is in the adapter_dir of {bases}.")
+        raise InvalidAdapter(
+            "lora_path", f"{shown_name(lora_path)} is in the adapter_dir of {bases}."
+        )
     base, path = found[0]
     if not path.exists():
-        raise InvalidAdapter("lora_path", f"{lora_path} does not exist.")
+        raise InvalidAdapter("lora_path", f"{shown_name(lora_path)} does not exist.")
     return base, path
+
+
+def check_path_text(lora_path: str) -> None:
+    """What no file system takes, refused before any file system call (which would raise
+    ValueError or OSError, not an answer): NUL, more than PATH_MAX, a part over NAME_MAX."""
+    if "\0" in lora_path:
+        raise InvalidAdapter("lora_path", "lora_path contains a NUL character")
+    size = len(lora_path.encode(errors="replace"))
+    if size > PATH_MAX:
+        raise InvalidAdapter("lora_path", f"lora_path is {size} bytes; at most {PATH_MAX}")
+    longest = max((len(part.encode(errors="replace")) for part in lora_path.split("/")), default=0)
+    if longest > NAME_MAX:
+        raise InvalidAdapter(
+            "lora_path", f"a part of lora_path is {longest} bytes; at most {NAME_MAX}"
+        )

@@ -19,8 +19,9 @@ from ferry.server.openai.protocol import (
 from ferry.server.registry import ServedModel
 from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.schemas import error_responses
+from ferry.server.tenancy import run_as
 
-ERRORS = error_responses(400, 401, 404, 413, 415, 429, 500, 503)
+ERRORS = error_responses(400, 401, 403, 404, 413, 415, 429, 500, 503)
 STREAM_DOC = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks"}}
 
 
@@ -49,21 +50,21 @@ def resolve_and_bound(
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):
-        if not isinstance(text, str):
-            continue  # token ids: checked against the vocabulary and context by the serving layer
-        if len(text) > settings.max_chars_per_text:
-            raise InvalidInput(
-                f"{field}[{index}]",
-                f"{len(text)} characters; at most {settings.max_chars_per_text}",
-            )
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidInput(
-                    f"{field}[{index}]", "text is not valid Unicode (lone surrogate)"
-                ) from None
+        if isinstance(text, str):  # token ids: checked against the vocabulary and context later
+            check_text(call, f"{field}[{index}]", text)
     return served
+
+
+def check_text(call: HotCall, field: str, text: str) -> None:
+    """One text within max_chars_per_text and valid Unicode, or a 400 naming `field`."""
+    limit = call.app_state.settings.max_chars_per_text
+    if len(text) > limit:
+        raise InvalidInput(field, f"{len(text)} characters; at most {limit}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput(field, "text is not valid Unicode (lone surrogate)") from None
 
 
 async def chat_completions(call: HotCall) -> Reply | Stream:
@@ -71,10 +72,11 @@ async def chat_completions(call: HotCall) -> Reply | Stream:
     serving = call.app_state.openai
     texts = [m.text for m in body.messages]
     served = resolve_and_bound(call, body.model, "messages", texts, len(body.messages))
+    tenant = run_as(call, body.priority, body.cache_salt)
     return await respond(
         body.stream,
-        lambda: serving.chat(body, served),
-        lambda: serving.chat_stream(body, served),
+        lambda: serving.chat(body, served, tenant),
+        lambda: serving.chat_stream(body, served, tenant),
     )
 
 
@@ -83,10 +85,11 @@ async def completions(call: HotCall) -> Reply | Stream:
     serving = call.app_state.openai
     prompts = body.prompts()
     served = resolve_and_bound(call, body.model, "prompt", prompts, len(prompts))
+    tenant = run_as(call, body.priority, body.cache_salt)
     return await respond(
         body.stream,
-        lambda: serving.completion(body, served),
-        lambda: serving.completion_stream(body, served),
+        lambda: serving.completion(body, served, tenant),
+        lambda: serving.completion_stream(body, served, tenant),
     )
 
 

@@ -9,7 +9,14 @@ from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
 from ferry.server.replies import Reply, Stream
-from ferry.server.routes.openai_chat import ERRORS, STREAM_DOC, resolve_and_bound, respond
+from ferry.server.routes.openai_chat import (
+    ERRORS,
+    STREAM_DOC,
+    check_text,
+    resolve_and_bound,
+    respond,
+)
+from ferry.server.tenancy import DEFAULT_PRIORITY, run_as
 
 
 async def responses(call: HotCall) -> Reply | Stream:
@@ -17,10 +24,13 @@ async def responses(call: HotCall) -> Reply | Stream:
     serving = call.app_state.openai
     texts = body.texts()
     served = resolve_and_bound(call, body.model, "input", texts, len(texts))
+    if body.instructions:
+        check_text(call, "instructions", body.instructions)
+    tenant = run_as(call, DEFAULT_PRIORITY, body.cache_salt)  # Responses have no priority
     return await respond(
         body.stream,
-        lambda: create_response(serving, body, served),
-        lambda: stream_response(serving, body, served),
+        lambda: create_response(serving, body, served, tenant),
+        lambda: stream_response(serving, body, served, tenant),
     )
 
 

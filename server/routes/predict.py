@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import orjson
@@ -13,10 +14,11 @@ from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
+from ferry.server.tenancy import call_priority
 from ferry.server.tensor_model import TensorModel
 from ferry.server.tensor_predict import predict_tensors
 
-ERROR_RESPONSES = error_responses(401, 404, 413, 415, 422, 429, 500, 503, 504)
+ERROR_RESPONSES = error_responses(401, 403, 404, 413, 415, 422, 429, 500, 503, 504)
 PATH = "/predict"
 
 
@@ -27,7 +29,8 @@ async def predict(call: HotCall) -> Reply:
         model = None if raw is None else registry.find(raw.get("model"))
         if isinstance(model, TensorModel):
             call.state["model_name"] = model.name
-            return json_reply(await predict_tensors(model, raw, call.disconnected()))
+            decide = partial(call_priority, call)
+            return json_reply(await predict_tensors(model, raw, call.disconnected(), decide))
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
     body = PredictRequest.model_validate_json(call.body)
     model = call.app_state.registry.get(body.model)
@@ -43,7 +46,8 @@ async def predict(call: HotCall) -> Reply:
         inputs = TokenLists(ids, mask, "input_ids", types)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     encoder = call.app_state.encoder
-    valid = await encoder.validate(model, inputs, outputs, timeout_s, body.priority)
+    priority = call_priority(call, body.priority)
+    valid = await encoder.validate(model, inputs, outputs, timeout_s, priority)
     result = await encoder.run(model, valid, call.disconnected())
     return json_reply(
         {

@@ -8,7 +8,7 @@ from ferry.llm.base import SamplingSettings
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_owner import AddRequest, Job
-from ferry.llm.ortgenai_prefix import PrefixCache
+from ferry.llm.ortgenai_prefix import ModelPrefixCache, PrefixCache
 from ferry.llm.stops import StopMatcher
 
 EOS = {2}
@@ -55,7 +55,7 @@ def test_a_finished_row_is_refilled_and_the_others_decode_on_unchanged(kv_model,
 
 
 def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, prompts):
-    cache = PrefixCache(2**30, kv_model.token_bytes)
+    cache = ModelPrefixCache(PrefixCache(2**30), "m", kv_model.token_bytes)
     lane = BatchLane(kv_model, 4, EOS, cache=cache, prefill_chunk=8, deterministic=True)
     first = job("first", prompts[0], 8)
     lane.begin(first, None, prompts[0], first.add.sampling)

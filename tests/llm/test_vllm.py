@@ -18,6 +18,7 @@ from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
+from ferry.server.tenancy import RunAs
 from tests.gpu import requires_gpu
 from tests.llm.fake_vllm import (
     FakeAsyncLLM,
@@ -99,6 +100,19 @@ async def test_the_request_priority_reaches_vllm_generate(kind) -> None:
     default = CompletionRequest(model="tiny-llm", prompt="hello there")
     await asyncio.wait_for(serving.completion(default), WAIT_S)
     assert fake.priorities == [-10, 0]
+
+
+async def test_the_tenant_salt_reaches_vllm_as_its_cache_salt() -> None:
+    """vLLM mixes `cache_salt` into its first block's hash: no reuse across salts."""
+    fake = FakeAsyncLLM(steps=[("x", [7])], finish_reason="stop")
+    serving = OpenAIServing(ModelRegistry(llms={"tiny-llm": make_engine(fake)}))
+    request = CompletionRequest(model="tiny-llm", prompt="hello there")
+    await asyncio.wait_for(serving.completion(request, run_as=RunAs(0, "t")), WAIT_S)
+    await asyncio.wait_for(serving.completion(request), WAIT_S)
+    assert [call[0] for call in fake.calls] == [
+        {"prompt_token_ids": PROMPT_IDS, "cache_salt": "t"},
+        {"prompt_token_ids": PROMPT_IDS},
+    ]
 
 
 async def test_sampling_settings_become_sampling_params() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -31,10 +32,37 @@ def test_each_collection_is_timed_under_its_generation(metrics):
         gc.collect(1)
     finally:
         watch.remove()
+    watch.flush()  # no event loop here to observe them
     assert _pauses(metrics, "2") == 1 and _pauses(metrics, "2", "sum") > 0
     assert _pauses(metrics, "1") == 1
     gc.collect(2)  # removed: no longer counted
+    watch.flush()
     assert _pauses(metrics, "2") == 1
+
+
+def test_a_collection_inside_the_metrics_lock_does_not_take_it(metrics):
+    """prometheus_client's multiprocess values share one lock, and a collection can start
+    while it is held (a new series being set up): observing there would wait on it forever."""
+    lock = threading.Lock()
+    inside: list[bool] = []
+
+    class Locked:
+        def observe(self, seconds: float) -> None:
+            taken = lock.acquire(blocking=False)  # held by the collecting thread: not free
+            inside.append(not taken)
+            if taken:
+                lock.release()
+
+    watch = GcPauseWatch(metrics)
+    watch._pauses = dict.fromkeys((0, 1, 2), Locked())
+    watch.install()
+    try:
+        with lock:
+            gc.collect(2)
+    finally:
+        watch.remove()
+    watch.flush()
+    assert inside == [False]  # observed once, after the lock was let go
 
 
 def test_freezing_takes_what_is_alive_out_of_collections(metrics):

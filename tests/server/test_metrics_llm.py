@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ferry.llm.base import EngineStats
-from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.metrics import FerryMetrics, LLMMetricsObserver, ServedSeries
 
 
 def test_engine_series_are_the_engines_own_counts_at_scrape_time():
@@ -52,3 +52,28 @@ def test_generation_hooks_write_the_models_series():
     assert sample("ferry_llm_requests_finished_total", finish_reason="rejected") == 1
     assert sample("ferry_llm_structured_requests_total", kind="json_schema") == 1
     assert sample("ferry_llm_request_duration_seconds_count") == 2
+
+
+def test_a_forgotten_model_leaves_no_series_and_binds_anew():
+    """An unloaded adapter's name came from a request: forget_model removes its series
+    (prometheus_client's label removal) and the observer's binding for it."""
+    registry = CollectorRegistry()
+    metrics = FerryMetrics(registry)
+    observer = LLMMetricsObserver(metrics)
+    bound = observer.for_model("adapter")
+    bound.finished("stop", 7, 2, 0.3)
+    observer.for_model("base").finished("stop", 1, 1, 0.1)
+    metrics.requests.labels("adapter", "/v1/chat/completions", "200").inc()
+    metrics.forget_model("adapter")
+    text = generate_latest(registry).decode()
+    assert 'model="adapter"' not in text and 'model="base"' in text
+    assert observer.for_model("adapter") is not bound  # loaded again: fresh children
+
+
+def test_scrapes_show_only_served_models():
+    registry = CollectorRegistry()
+    metrics = FerryMetrics(registry)
+    for model in ("served", "gone", ""):
+        metrics.requests.labels(model, "/predict", "200").inc()
+    text = generate_latest(ServedSeries(registry, ["served"])).decode()
+    assert 'model="served"' in text and 'model=""' in text and 'model="gone"' not in text

@@ -156,3 +156,18 @@ def test_the_defaults_are_the_batchers_and_concurrency_is_the_backends(tmp_path)
     for bad in ("max_batch_tokens = 0", "latency_objective_s = 0.0", "max_queue_delay_s = -1.0"):
         with pytest.raises(ValidationError, match=bad.split(" =")[0]):
             load_settings(write(tmp_path, TOML.replace("max_batch_size = 16", bad)), environ={})
+
+
+def test_api_keys_name_tenants_and_priority_keys_must_name_one_of_them():
+    environ = {"FERRY_API_KEYS": "alice=k1,bob=k2", "FERRY_PRIORITY_KEYS": "bob"}
+    settings = load_settings(environ=environ, api_key="k0")
+    assert settings.tenant_keys == {"alice": "k1", "bob": "k2", "default": "k0"}
+    assert settings.priority_keys == ("bob",) and settings.priority_below_default == "refuse"
+    for bad, named in (
+        ({"FERRY_PRIORITY_KEYS": "carol"}, "priority_keys names no configured key"),
+        ({"FERRY_API_KEYS": "alice=k1,bob=k1"}, "two tenants share a key"),
+        ({"FERRY_API_KEYS": "alice="}, "every key must be non-empty"),
+        ({"FERRY_API_KEYS": "alice"}, "comma-separated name=key pairs"),
+    ):
+        with pytest.raises(ValueError, match=named):  # pydantic's ValidationError is one
+            load_settings(environ=bad)

@@ -185,3 +185,38 @@ def test_raw_contents_that_are_not_whole_values_are_refused(kserve):
         service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "not whole INT64 values" in info.value.details()
+
+
+def priority_request(set_value) -> service_pb2.ModelInferRequest:
+    """A valid request whose `priority` parameter `set_value` fills (or leaves without one)."""
+    request = typed_request("INT64", int64_contents=[101, 102])
+    set_value(request.parameters["priority"])
+    return request
+
+
+@pytest.mark.parametrize(
+    ("set_value", "code"),
+    [
+        (lambda p: None, grpc.StatusCode.INVALID_ARGUMENT),  # sent without a value: null
+        (lambda p: setattr(p, "int64_param", 2**31), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda p: setattr(p, "string_param", "1"), grpc.StatusCode.INVALID_ARGUMENT),
+        # Priority is a privilege (server/tenancy.py): none for a call without a key.
+        (lambda p: setattr(p, "int64_param", -10), grpc.StatusCode.PERMISSION_DENIED),
+    ],
+    ids=["null", "2**31", "string", "keyless -10"],
+)
+def test_a_priority_out_of_bounds_or_not_allowed_is_refused_naming_it(kserve, set_value, code):
+    with grpc.insecure_channel(kserve.grpc_url) as channel, pytest.raises(grpc.RpcError) as info:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+            priority_request(set_value), timeout=30
+        )
+    assert info.value.code() == code
+    assert info.value.details().startswith("priority:"), info.value.details()
+
+
+def test_a_priority_within_bounds_is_served(kserve):
+    with grpc.insecure_channel(kserve.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for value in (0, 2**31 - 1):
+            request = priority_request(lambda p, v=value: setattr(p, "int64_param", v))
+            assert stub.ModelInfer(request, timeout=30).outputs

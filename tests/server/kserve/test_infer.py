@@ -174,11 +174,12 @@ def test_length_prefixed_bytes_round_trip_and_truncation_is_named():
     assert err.value.field == "blob"
 
 
-def test_parameters_priority_is_an_integer_or_refused_naming_it():
-    assert request_priority(None) == 0
+def test_parameters_priority_is_a_32_bit_integer_or_refused_naming_it():
+    assert request_priority() == 0  # not sent
     assert request_priority(-10) == -10
-    assert request_priority(2**31) == 2**31
-    for bad in (True, "1", 1.5, 2**31 + 1, -(2**31) - 1):
+    assert request_priority(2**31 - 1) == 2**31 - 1
+    assert request_priority(-(2**31)) == -(2**31)
+    for bad in (None, True, "1", 1.5, 2**31, -(2**31) - 1):
         with pytest.raises(InvalidInput) as refused:
             request_priority(bad)
         assert refused.value.field == "priority"

@@ -137,6 +137,51 @@ def test_bad_loads_are_refused_naming_the_field(server, body, param):
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize(
+    "lora_path",
+    [
+        "shout/\0.onnx_adapter",  # NUL
+        "a/" * 2500,  # 5000 characters
+        f"shout/{'a' * 300}.onnx_adapter",  # a 300-character part
+        "shout/missing.onnx_adapter",
+        "shout/hf",  # there, but no adapter: the engine refuses it
+        "shout/hf/adapter_config.json",
+    ],
+    ids=["nul", "5000 chars", "300-char part", "missing", "a folder", "not an adapter"],
+)
+def test_every_lora_path_error_is_a_400_without_server_paths(server, adapter_dir, lora_path):
+    response = post(server, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": lora_path})
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["param"] == "lora_path"
+    for server_path in (str(adapter_dir), str(ADAPTERS_DIR), "/tmp/", "/work/"):
+        assert server_path not in error["message"], error["message"]
+
+
+def test_adapter_names_are_bounded_in_length(server):
+    body = {"lora_name": "n" * 65, "lora_path": "shout/shout.onnx_adapter"}
+    response = post(server, "/v1/load_lora_adapter", body)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "lora_name"
+    assert "max_adapter_name_chars" in response.json()["error"]["message"]
+
+
+def test_an_unloaded_adapters_series_leave_metrics(client, server):
+    """The README: label values never come from a request. An adapter's name did; once it is
+    unloaded, no series carries it."""
+    name = "client-chosen-name"
+    body = {"lora_name": name, "lora_path": "shout/shout.onnx_adapter"}
+    assert post(server, "/v1/load_lora_adapter", body).status_code == 200
+    chat(client, name)
+
+    def labelled() -> float:
+        text = httpx.get(f"{server.url}/metrics", timeout=30).text
+        return text.count(f'model="{name}"')
+
+    assert labelled() > 0
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": name}).status_code == 200
+    assert labelled() == 0
+
+
 def test_bad_unloads_are_refused(server):
     base = post(server, "/v1/unload_lora_adapter", {"lora_name": TINY_LLM})
     assert base.status_code == 400 and base.json()["error"]["param"] == "lora_name"

@@ -14,7 +14,6 @@ import pytest
 
 from ferry.bench.server_process import TINY_LLM, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from ferry.llm.ortgenai_prefix import common_prefix
 from tests.llm.llm_paths import HF_DIR
 from tests.llm.llm_paths import TINY_LLM as TINY_LLM_DIR
 from tests.server.conftest import API_SERVERS
@@ -252,3 +251,9 @@ def test_a_shared_system_prompt_is_reused_and_reported_as_cached(server, client)
 
 
 HITS = "ferry_llm_prefix_cache_hits_total"
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )

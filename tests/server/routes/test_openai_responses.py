@@ -173,6 +173,16 @@ def test_function_call_output_round_trip(smol_client):
     [
         ({"previous_response_id": "resp_123"}, "previous_response_id"),
         ({"store": True}, "store"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        # An item type Ferry does not take is named as the item, not as `input` being no string.
+        ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning"}]}, "input[1]"),
+        ({"input": [{"type": "function_call", "call_id": "c"}]}, "input[0]"),
+        ({"input": 5}, "input"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k" * 65: "v"}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
         (
             {
                 "text": {
@@ -216,3 +226,21 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(smol_client, extra, param):
     with pytest.raises(openai.BadRequestError) as info:
         smol_client.responses.create(**args(max_output_tokens=5), input="hi", extra_body=extra)
     assert info.value.body["param"] == param
+
+
+def test_the_default_values_of_unsupported_fields_are_served(smol_client):
+    defaults = {"truncation": "disabled", "service_tier": "auto", "text": {"verbosity": "medium"}}
+    metadata = {f"k{i}": "v" * 512 for i in range(16)}
+    response = smol_client.responses.create(
+        **args(max_output_tokens=1), input="hi", metadata=metadata, extra_body=defaults
+    )
+    assert response.status in ("completed", "incomplete")
+
+
+def test_oversized_instructions_are_named_as_instructions(smol_client, smol_server):
+    limit = 100_000  # max_chars_per_text's default
+    with pytest.raises(openai.BadRequestError) as info:
+        smol_client.responses.create(
+            **args(max_output_tokens=1), input="hi", instructions="x" * (limit + 1)
+        )
+    assert info.value.body["param"] == "instructions"
