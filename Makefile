@@ -24,6 +24,7 @@ test: setup model
 	# Docker engine, Compose v1 and debootstrap (Debian's packages) for the compose stack test.
 	bash tools/install_docker.sh
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) -m ferry.bench.triton_env
 	$(PY) -m pytest -q

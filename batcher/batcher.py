@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +63,7 @@ class MicroBatcher:
         self._default_timeout_s = default_timeout_s
         self._observer = observer or NullObserver()
         self._clock = clock  # None: the running loop's own time
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
         # Always learning (and exported); steering batches only under a latency objective.
         self.cost_model = BatchCostModel()
@@ -133,7 +135,9 @@ class MicroBatcher:
             raise BatcherClosed(f"model {self.name!r} is shutting down")
         # Validated once, by the server (encoder_validation.py): asserted, not checked again.
         limits = self.sequence_limits
-        assert limits is None or all(map(limits.admits, sequences)), "unvalidated sequences"
+        assert limits is None or all(
+            limits.admits(s) for s in sequences if isinstance(s, TokenSequence)
+        ), "unvalidated sequences"
         loop = asyncio.get_running_loop()
         clock = self._clock or loop
         now = clock.time()
@@ -154,7 +158,7 @@ class MicroBatcher:
             )
             if deadline is not None:
                 request.expiry = clock.call_at(deadline, self._expire, request)
-            request.future.add_done_callback(lambda fut, r=request: self._forget(r))
+            request.future.add_done_callback(partial(self._forget_done, request))
             self.queue.add(request)
             futures.append(request.future)
         self._observer.queue_depth(len(self.queue))
@@ -220,6 +224,9 @@ class MicroBatcher:
             self._observer.rejected("deadline")
             request.future.set_exception(DeadlineExceeded("the request's deadline passed"))
 
+    def _forget_done(self, request: QueuedRequest, _: asyncio.Future[Any]) -> None:
+        self._forget(request)
+
     def _forget(self, request: QueuedRequest) -> None:
         if request.expiry is not None:
             request.expiry.cancel()
@@ -228,7 +235,7 @@ class MicroBatcher:
         if request.future.cancelled():
             self._observer.rejected("cancelled")
 
-    def _log_crash(self, task: asyncio.Task) -> None:
+    def _log_crash(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             logger.critical("model %s: batcher loop died", self.name, exc_info=task.exception())
 

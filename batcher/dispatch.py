@@ -62,7 +62,7 @@ class Dispatch:
         # The start times of batches waiting inside the backend for a runner, in the order the
         # backend takes them: the one that frees a runner starts the first of them.
         self._waiting_starts: deque[list[float]] = deque()
-        self.running: set[asyncio.Task] = set()
+        self.running: set[asyncio.Task[None]] = set()
         self.recent_batch_s = 0.05
         # Seconds a batch really took per second admission priced its members at (recent
         # batches): what the shares leave out (padding to a neighbour's length, a cut short of
@@ -88,7 +88,7 @@ class Dispatch:
             task.cancel()
         await asyncio.gather(*self.running, return_exceptions=True)
 
-    def _batch_done(self, task: asyncio.Task) -> None:
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
         self._slots.release()
         if not task.cancelled() and task.exception() is not None:

@@ -8,9 +8,11 @@ RejectReason = Literal["queue_full", "predicted_late", "deadline", "invalid", "c
 
 
 class BatchObserver(Protocol):
-    def queue_depth(self, depth: int) -> None: ...
+    def queue_depth(self, depth: int) -> None:
+        return None
 
-    def rejected(self, reason: RejectReason) -> None: ...
+    def rejected(self, reason: RejectReason) -> None:
+        return None
 
     def batch_formed(
         self,
@@ -19,11 +21,14 @@ class BatchObserver(Protocol):
         padded_tokens: int,
         queue_waits_s: list[float],
         priority: int,
-    ) -> None: ...
+    ) -> None:
+        return None
 
-    def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None: ...
+    def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
+        return None
 
-    def cost_model(self, coefficients: dict[str, float]) -> None: ...
+    def cost_model(self, coefficients: dict[str, float]) -> None:
+        return None
 
 
 class NullObserver(BatchObserver):

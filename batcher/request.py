@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ class QueuedRequest:
     """The batcher's queue entry: inputs, the caller's future and the times that matter."""
 
     sequence: TokenSequence | TensorRows  # its rows: what the batcher's packing stacks
-    future: asyncio.Future
+    future: asyncio.Future[Any]
     enqueued_at: float
     deadline: float | None
     # The outputs this caller wants; None: all of the backend's.
@@ -71,7 +72,7 @@ class QueuedRequest:
         return self.sequence.length
 
     @property
-    def shape_key(self) -> tuple:
+    def shape_key(self) -> tuple[object, ...]:
         """Only requests of one key share a batch (tensors' unpadded axes; tokens: one key)."""
         return getattr(self.sequence, "shape_key", ())
 

@@ -126,7 +126,9 @@ def split_outputs(
             region = [slice(start, start + rows)]
             for position in range(1, value.ndim):
                 axis = layout.outputs.get(name, {}).get(position)
-                region.append(slice(0, sizes[axis]) if axis in sizes else slice(None))
+                region.append(
+                    slice(0, sizes[axis]) if axis is not None and axis in sizes else slice(None)
+                )
             answer[name] = value[tuple(region)]
         answers.append(answer)
         start += rows
