@@ -75,3 +75,7 @@ class InvalidAdapter(LLMError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class UnservableModel(LLMError):
+    """A model folder this engine would load but not serve right; refused when it is built."""
