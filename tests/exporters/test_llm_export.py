@@ -12,12 +12,19 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
+from ferry.bench.server_process import ferry_server
 from ferry.exporters import llm_export
 from ferry.exporters.cli import add_export_commands
 from ferry.exporters.llm_export import ExportError, UnsupportedArchitecture, export_llm
-from ferry.exporters.llm_parity import ParityReport, PromptParity, compare
+from ferry.exporters.llm_parity import (
+    ParityReport,
+    PromptParity,
+    compare,
+    transformers_greedy,
+)
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_kv import KVModel
 from tests.exporters.tiny_sliding import ARCHITECTURES, CONTEXT, WINDOW, build_tiny_sliding
@@ -187,6 +194,39 @@ def test_sliding_window_models_compute_what_transformers_does(sliding_export) ->
     error = np.abs(np.stack(got) - expected).max()
     assert error < 1e-3, error
     assert np.abs(unwindowed - expected).max() > 100 * error  # the window matters here
+
+
+def test_sliding_window_exports_serve_past_the_window(sliding_export) -> None:
+    """Served by a real server: greedy text on a prompt three windows long is transformers',
+    and a grammar-constrained chat (onnxruntime-genai's Generator lane) answers."""
+    _, hf, exported = sliding_export
+    ids = [(7 * i) % 4000 + 5 for i in range(3 * WINDOW)]
+    expected = ChatTokenizer(exported).decode(transformers_greedy(hf, [ids], 8)[0])
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    long_question = " ".join(["def"] * 3 * WINDOW)
+    with ferry_server(
+        models=[], llm_models=[{"name": "w", "engine": "ortgenai", "path": str(exported)}]
+    ) as server:
+        completion = {"model": "w", "prompt": ids, "max_tokens": 8, "temperature": 0}
+        done = httpx.post(f"{server.url}/v1/completions", json=completion, timeout=60)
+        assert done.status_code == 200, done.text
+        assert done.json()["choices"][0]["text"] == expected
+        chat = {
+            "model": "w",
+            "messages": [{"role": "user", "content": long_question}],
+            "max_tokens": 8,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": schema},
+            },
+        }
+        done = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+        assert done.status_code == 200, done.text
 
 
 def test_a_window_the_export_does_not_apply_is_refused(sliding_export, tmp_path: Path) -> None:
