@@ -137,7 +137,10 @@ def _sliding_windows(hf_dir: Path) -> tuple[int, list[int]] | None:
     shorter than the context."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(hf_dir))
+    try:
+        config = AutoConfig.from_pretrained(str(hf_dir))
+    except (OSError, ValueError) as exc:  # the builder reads it the same way
+        raise ExportError(f"transformers cannot read {hf_dir}/config.json: {exc}") from exc
     window = getattr(config, "sliding_window", None)
     context = getattr(config, "max_position_embeddings", None)
     if not window or window <= 0 or (context is not None and window >= context):
