@@ -201,16 +201,26 @@ def _export_llm(args: argparse.Namespace) -> int:
     from ferry.exporters.llm_export import ExportError, export_llm
 
     source = args.gguf or args.hf
+    hf_dir = args.hf or args.hf_out or args.out.with_name(args.out.name + "-hf")
+    reports: list[str] = []
     try:
-        with step(f"converting {source} to onnxruntime-genai {args.precision}"):
+        checks = " and checking greedy parity" if args.parity_tokens > 0 else ""
+        with step(f"converting {source} to onnxruntime-genai {args.precision}{checks}"):
             out = export_llm(
-                args.out, args.precision, gguf=args.gguf, hf=args.hf, hf_out=args.hf_out
+                args.out,
+                args.precision,
+                gguf=args.gguf,
+                hf=args.hf,
+                hf_out=args.hf_out,
+                verify=lambda built: reports.append(_llm_parity(hf_dir, built, args)),
             )
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    hf_dir = args.hf or args.hf_out or args.out.with_name(args.out.name + "-hf")
-    return _llm_parity(hf_dir, out, args)
+    print(f"wrote {out}")
+    for report in filter(None, reports):
+        print(report)
+    return 0
 
 
 def _export_default_llm(args: argparse.Namespace) -> int:
@@ -245,15 +255,19 @@ def _check_default_llm(out: Path, write: bool) -> int:
     return 0
 
 
-def _llm_parity(hf_dir: Path, out: Path, args: argparse.Namespace) -> int:
-    print(f"wrote {out}")
-    if args.parity_tokens > 0:
-        from ferry.exporters.llm_parity import compare
+def _llm_parity(hf_dir: Path, built: Path, args: argparse.Namespace) -> str:
+    """The parity report, run on the built folder before it is moved in: an export that fails
+    it (the engine cannot run the model) leaves no folder behind."""
+    if args.parity_tokens <= 0:
+        return ""
+    from ferry.exporters.llm_export import ExportError
+    from ferry.exporters.llm_parity import compare
 
-        with step("greedy parity against transformers"):
-            report = compare(hf_dir, out, args.precision, args.parity_tokens)
-        print(report.describe())
-    return 0
+    try:
+        report = compare(hf_dir, built, args.precision, args.parity_tokens)
+    except Exception as exc:
+        raise ExportError(f"greedy parity against transformers failed: {exc}") from exc
+    return report.describe()
 
 
 def _export_onnx(args: argparse.Namespace) -> int:

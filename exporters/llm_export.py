@@ -16,11 +16,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 Precision = Literal["int4", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("int4", "fp32")
+Verify = Callable[[Path], None]  # a check of the built folder; raises to fail the export
 # The builder says this of an architecture it has no converter for.
 _UNSUPPORTED_MARK = "is not currently supported"
 
@@ -71,29 +73,55 @@ def gguf_to_hf(gguf_file: Path, hf_out: Path) -> Path:
     return hf_out
 
 
-def build_genai(hf_dir: Path, out: Path, precision: Precision) -> Path:
+def build_genai(
+    hf_dir: Path, out: Path, precision: Precision, verify: Verify | None = None
+) -> Path:
     """onnxruntime-genai's builder on a Hugging Face folder (CPU), in a child process so that
-    its memory is freed after; an architecture it cannot convert is an UnsupportedArchitecture."""
+    its memory is freed after; an architecture it cannot convert is an UnsupportedArchitecture.
+    `verify` (the parity report) runs on the built folder before it becomes `out`."""
     if precision not in PRECISIONS:
         raise ExportError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     arch = architecture(hf_dir)
-    # Built beside `out` and moved in once checked: an interrupted export leaves no folder that
-    # looks complete (`make model` tests for genai_config.json).
+    # Built beside `out` and moved in once checked: a failed or interrupted export leaves no
+    # folder that looks complete (`make model` tests for genai_config.json).
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    with tempfile.TemporaryDirectory() as cache:
+    try:
+        _run_builder(hf_dir, partial, precision, arch)
+        check_output(partial)
+        check_attention_windows(partial, hf_dir, arch)
+        smoke_run(partial, arch)
+        if verify is not None:
+            verify(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)
+    partial.rename(out)
+    return out
+
+
+def _run_builder(hf_dir: Path, partial: Path, precision: Precision, arch: str) -> None:
+    options = [
+        # Full-length KV caches on every layer, the window applied by the attention kernel:
+        # what Ferry's batched lane holds (llm/sliding_window.py).
+        "windowed_kv_cache=false",
+        # k-quant picks each block's scales to minimise the error; the default round-to-nearest
+        # changed SmolLM2's answers ("boiling point ... 101.03"), at the same int4 speed.
+        *(("algo_config=k_quant",) if precision == "int4" else ()),
+    ]
+    with tempfile.TemporaryDirectory() as scratch:
+        source = _with_sliding_layers(hf_dir, Path(scratch) / "hf")
+        cache = Path(scratch) / "cache"
         cmd = [
             sys.executable,
             "-m",
             "onnxruntime_genai.models.builder",
-            *("-i", str(hf_dir), "-o", str(partial), "-p", precision, "-e", "cpu", "-c", cache),
-            # k-quant picks each block's scales to minimise the error; the default round-to-nearest
-            # changed SmolLM2's answers ("boiling point ... 101.03"), at the same int4 speed.
-            *(("--extra_options", "algo_config=k_quant") if precision == "int4" else ()),
+            *("-i", str(source), "-o", str(partial), "-p", precision, "-e", "cpu"),
+            *("-c", str(cache), "--extra_options", *options),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        shutil.rmtree(partial, ignore_errors=True)
         log = done.stderr + done.stdout
         if _UNSUPPORTED_MARK in log:
             raise UnsupportedArchitecture(
@@ -102,10 +130,87 @@ def build_genai(hf_dir: Path, out: Path, precision: Precision) -> Path:
                 'supports, or serve the Hugging Face folder with engine = "vllm" on a GPU host'
             )
         raise ExportError(f"onnxruntime-genai's builder failed on {hf_dir}:\n{log[-3000:]}")
-    check_output(partial)
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    return out
+
+
+def _sliding_windows(hf_dir: Path) -> tuple[int, list[int]] | None:
+    """(context, each layer's window or -1) as transformers applies them; None without a window
+    shorter than the context."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(hf_dir))
+    except (OSError, ValueError) as exc:  # the builder reads it the same way
+        raise ExportError(f"transformers cannot read {hf_dir}/config.json: {exc}") from exc
+    window = getattr(config, "sliding_window", None)
+    context = getattr(config, "max_position_embeddings", None)
+    if not window or window <= 0 or (context is not None and window >= context):
+        return None
+    layers = config.num_hidden_layers
+    # No layer_types (Mistral, Phi3, Mixtral...): transformers windows every layer.
+    kinds = getattr(config, "layer_types", None) or ["sliding_attention"] * layers
+    return context, [window if kind == "sliding_attention" else -1 for kind in kinds[:layers]]
+
+
+def _with_sliding_layers(hf_dir: Path, view: Path) -> Path:
+    """The folder the builder reads: `hf_dir`, or a view of it whose config names the sliding
+    layers, since the builder windows only layers that `layer_types` marks."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    windows = _sliding_windows(hf_dir)
+    if windows is None or config.get("layer_types"):
+        return hf_dir
+    view.mkdir(parents=True)
+    for item in hf_dir.iterdir():
+        if item.name != "config.json":
+            (view / item.name).symlink_to(item.resolve())
+    layer_types = ["sliding_attention" if w > 0 else "full_attention" for w in windows[1]]
+    (view / "config.json").write_text(json.dumps({**config, "layer_types": layer_types}))
+    return view
+
+
+def check_attention_windows(out: Path, hf_dir: Path, arch: str) -> None:
+    """Each layer's attention in the export has the sliding window transformers gives it."""
+    import onnx
+
+    from ferry.llm.errors import UnservableModel
+    from ferry.llm.sliding_window import check_sliding_window
+
+    try:
+        check_sliding_window(json.loads((out / "genai_config.json").read_text()))
+    except UnservableModel as exc:
+        raise UnsupportedArchitecture(str(exc)) from exc
+    windows = _sliding_windows(hf_dir)
+    if windows is None:
+        return
+    graph = onnx.load(str(out / "model.onnx"), load_external_data=False).graph
+    actual = [
+        next((a.i for a in node.attribute if a.name == "local_window_size"), -1)
+        for node in graph.node
+        if node.op_type == "GroupQueryAttention"
+    ]
+    context, expected = windows
+    if actual != expected:
+        raise UnsupportedArchitecture(
+            f"{arch}: transformers gives its layers sliding windows {expected} (shorter than its "
+            f"{context}-token context), but onnxruntime-genai's builder gave the export's "
+            f"attention {actual or 'no GroupQueryAttention'}: prompts longer than the window "
+            "would give wrong text"
+        )
+
+
+def smoke_run(out: Path, arch: str) -> None:
+    """A prompt and a decode step the way the server runs them: a model that cannot serve a
+    request fails its export, not every request after the server says it is ready."""
+    import numpy as np
+
+    from ferry.llm.ortgenai_kv import KVModel
+
+    try:
+        model = KVModel(out, intra_op_threads=1)
+        block = model.new_block(1, 4)
+        token = int(model.prefill(block, 0, 0, [0, 1, 2]).argmax())
+        model.decode(block, 1, np.array([3]), np.array([token]))
+    except Exception as exc:
+        raise ExportError(f"the {arch} export does not run as Ferry serves it: {exc}") from exc
 
 
 def check_output(out: Path) -> None:
@@ -129,6 +234,7 @@ def export_llm(
     gguf: Path | None = None,
     hf: Path | None = None,
     hf_out: Path | None = None,
+    verify: Verify | None = None,
 ) -> Path:
     """Export from exactly one of `gguf` or `hf`; a GGUF's float32 folder goes to `hf_out`
     (kept: the parity report and LoRA training read it), or next to `out` when not given."""
@@ -137,4 +243,4 @@ def export_llm(
     if gguf is not None:
         hf = gguf_to_hf(gguf, hf_out or out.with_name(out.name + "-hf"))
     assert hf is not None
-    return build_genai(hf, out, precision)
+    return build_genai(hf, out, precision, verify)

@@ -9,13 +9,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from ferry.llm.chat_template import compile_chat_template
 
-def _raise(message: str) -> None:
-    raise jinja2.TemplateError(message)
+# The special tokens transformers hands a template (its tokenizer's special_tokens_map).
+_SPECIAL_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 class ChatTokenizer:
@@ -32,16 +39,11 @@ class ChatTokenizer:
             template = jinja_path.read_text()
         if not isinstance(template, str):
             raise ValueError(f"{model_dir} has no chat template")
-        # Same environment settings as transformers' apply_chat_template, so prompts match.
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        self._template = env.from_string(template)
+        self._template = compile_chat_template(template)
         # A template that reads `tools` has its own tool format; others get the serving layer's.
         self.has_tool_format = "tools" in template
         self._special = {
-            key: config[key]
-            for key in ("bos_token", "eos_token")
-            if isinstance(config.get(key), str)
+            key: text for key in _SPECIAL_KEYS if (text := _token_text(config.get(key))) is not None
         }
         self.eos_token: str | None = self._special.get("eos_token")
         # Special tokens typed by a user are text, not control tokens (no role injection),
@@ -61,12 +63,13 @@ class ChatTokenizer:
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
     ) -> str:
-        extra = {} if tools is None else {"tools": tools}
+        # As apply_chat_template calls it: `tools` and `documents` are always defined.
         return self._template.render(
             messages=messages,
+            tools=tools,
+            documents=None,
             add_generation_prompt=add_generation_prompt,
             **self._special,
-            **extra,
         )
 
     def encode_chat(
@@ -122,3 +125,10 @@ class ChatTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size()
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None

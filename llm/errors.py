@@ -95,3 +95,7 @@ def adapter_refused(name: str, path: object, error: BaseException) -> InvalidAda
         f"cannot load adapter {shown_name(name)!r}: the file is not an adapter this model "
         "can load (the server log says why)",
     )
+
+
+class UnservableModel(LLMError):
+    """A model folder this engine would load but not serve right; refused when it is built."""

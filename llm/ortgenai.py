@@ -45,6 +45,7 @@ from ferry.llm.ortgenai_owner import (
     OwnerLoop,
 )
 from ferry.llm.ortgenai_prefix import PrefixCache
+from ferry.llm.sliding_window import check_sliding_window
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class OrtGenAIEngine:
             self._model_dir, escape_special_tokens=not special_tokens_in_content
         )
         genai_config = json.loads((self._model_dir / "genai_config.json").read_text())
+        check_sliding_window(genai_config)  # refused at start, not a 500 on every request
         self.max_context_tokens: int = int(genai_config["model"]["context_length"])
         self._options = EngineOptions(
             max_running=max_running or EngineOptions.max_running,

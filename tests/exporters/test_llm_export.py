@@ -1,7 +1,8 @@
 """`ferry export llm`: Hugging Face folder in, onnxruntime-genai folder out, greedy parity reported.
 
-Converts the committed tiny Llama (2 layers, seconds); the default chat model converted from its
-GGUF by `make model` is checked for what serving reads from it.
+Converts the committed tiny Llama (2 layers, seconds) and tiny random sliding-window models
+(Gemma2, Mistral-style); the default chat model converted from its GGUF by `make model` is
+checked for what serving reads from it.
 """
 
 from __future__ import annotations
@@ -11,13 +12,22 @@ import json
 import shutil
 from pathlib import Path
 
+import httpx
 import pytest
 
+from ferry.bench.server_process import ferry_server
 from ferry.exporters import llm_export
 from ferry.exporters.cli import add_export_commands
 from ferry.exporters.llm_export import ExportError, UnsupportedArchitecture, export_llm
-from ferry.exporters.llm_parity import ParityReport, PromptParity, compare
+from ferry.exporters.llm_parity import (
+    ParityReport,
+    PromptParity,
+    compare,
+    transformers_greedy,
+)
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.ortgenai_kv import KVModel
+from tests.exporters.tiny_sliding import ARCHITECTURES, CONTEXT, WINDOW, build_tiny_sliding
 from tests.llm.llm_paths import HF_DIR
 
 PARITY_TOKENS = 12
@@ -130,3 +140,123 @@ def run_cli(argv: list[str]) -> int:
     add_export_commands(parser.add_subparsers())
     args = parser.parse_args(["export", "llm", *argv])
     return args.handler(args)
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def sliding_export(request, tmp_path_factory) -> tuple[str, Path, Path]:
+    root = tmp_path_factory.mktemp(request.param)
+    hf = build_tiny_sliding(request.param, root / "hf")
+    return request.param, hf, export_llm(root / "onnx", "fp32", hf=hf)
+
+
+def attention_windows(model_dir: Path) -> list[int]:
+    import onnx
+
+    graph = onnx.load(str(model_dir / "model.onnx"), load_external_data=False).graph
+    return [
+        next(a.i for a in node.attribute if a.name == "local_window_size")
+        for node in graph.node
+        if node.op_type == "GroupQueryAttention"
+    ]
+
+
+def transformers_logits(hf: Path, ids: list[int], **config: int):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, **config).eval()
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def test_sliding_window_models_compute_what_transformers_does(sliding_export) -> None:
+    """Full KV caches with the window in the kernel, on the layers transformers windows; the
+    batched lane the server decodes with gives transformers' logits past the window."""
+    import numpy as np
+
+    arch, hf, exported = sliding_export
+    genai = json.loads((exported / "genai_config.json").read_text())["model"]
+    assert "sliding_window" not in genai["decoder"]  # no window-sized ring of keys and values
+    windowed = {"Gemma2ForCausalLM": [WINDOW, -1], "MistralForCausalLM": [WINDOW, WINDOW]}
+    assert attention_windows(exported) == windowed[arch]
+    ids = [(7 * i) % 4000 + 5 for i in range(3 * WINDOW)]
+    prompt = 2 * WINDOW
+    expected = transformers_logits(hf, ids)[prompt - 1 :]
+    unwindowed = transformers_logits(hf, ids, sliding_window=CONTEXT)[prompt - 1 :]
+    model = KVModel(exported, intra_op_threads=1)
+    block = model.new_block(2, 4 * WINDOW)
+    # Copies: a run's logits may live in memory the next run reuses.
+    got = [model.prefill(block, 0, 0, ids[:prompt]).copy()]
+    block.copy_row(block, 0, 1, prompt)  # two rows decode together, as in the server
+    for position in range(prompt, len(ids)):
+        lengths, tokens = np.array([position] * 2), np.array([ids[position]] * 2)
+        got.append(model.decode(block, 2, lengths, tokens)[0].copy())
+    error = np.abs(np.stack(got) - expected).max()
+    assert error < 1e-3, error
+    assert np.abs(unwindowed - expected).max() > 100 * error  # the window matters here
+
+
+def test_sliding_window_exports_serve_past_the_window(sliding_export) -> None:
+    """Served by a real server: greedy text on a prompt three windows long is transformers',
+    and a grammar-constrained chat (onnxruntime-genai's Generator lane) answers."""
+    _, hf, exported = sliding_export
+    ids = [(7 * i) % 4000 + 5 for i in range(3 * WINDOW)]
+    expected = ChatTokenizer(exported).decode(transformers_greedy(hf, [ids], 8)[0])
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    long_question = " ".join(["def"] * 3 * WINDOW)
+    with ferry_server(
+        models=[], llm_models=[{"name": "w", "engine": "ortgenai", "path": str(exported)}]
+    ) as server:
+        completion = {"model": "w", "prompt": ids, "max_tokens": 8, "temperature": 0}
+        done = httpx.post(f"{server.url}/v1/completions", json=completion, timeout=60)
+        assert done.status_code == 200, done.text
+        assert done.json()["choices"][0]["text"] == expected
+        chat = {
+            "model": "w",
+            "messages": [{"role": "user", "content": long_question}],
+            "max_tokens": 8,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": schema},
+            },
+        }
+        done = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
+        assert done.status_code == 200, done.text
+
+
+def test_a_window_the_export_does_not_apply_is_refused(sliding_export, tmp_path: Path) -> None:
+    arch, hf, exported = sliding_export
+    config = json.loads((hf / "config.json").read_text())
+    narrower = shutil.copytree(hf, tmp_path / "hf", ignore=lambda *_: ["model.safetensors"])
+    (narrower / "config.json").write_text(json.dumps({**config, "sliding_window": WINDOW // 2}))
+    with pytest.raises(UnsupportedArchitecture, match=f"{arch}: transformers gives its layers"):
+        llm_export.check_attention_windows(exported, narrower, arch)
+
+
+def test_a_failed_check_removes_the_partial_folder(tmp_path: Path) -> None:
+    # The builder converts a folder without a chat template; the check after it fails.
+    source = shutil.copytree(HF_DIR, tmp_path / "hf")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    (source / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="chat template did not carry over"):
+        export_llm(tmp_path / "out", "fp32", hf=source)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_failed_parity_check_removes_the_partial_folder(tmp_path: Path) -> None:
+    seen: list[Path] = []
+
+    def parity(built: Path) -> None:
+        seen.append(built)
+        assert (built / "genai_config.json").exists()  # runs on the built folder
+        raise ExportError("greedy parity against transformers failed: no")
+
+    with pytest.raises(ExportError, match="parity"):
+        export_llm(tmp_path / "out", "fp32", hf=HF_DIR, verify=parity)
+    assert seen and list(tmp_path.iterdir()) == []
