@@ -29,18 +29,22 @@ def ferry_imports(package: str) -> set[tuple[str, str]]:
     """(importing file, imported ferry package) for every import in one package's files."""
     found = set()
     for path in sorted((REPO / package).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
-            for module in modules:
-                parts = module.split(".")
-                if parts[0] == "ferry" and len(parts) > 1 and parts[1] != package:
-                    found.add((str(path.relative_to(REPO)), parts[1]))
+        for module in imported_modules(path):
+            parts = module.split(".")
+            if parts[0] == "ferry" and len(parts) > 1 and parts[1] != package:
+                found.add((str(path.relative_to(REPO)), parts[1]))
     return found
+
+
+def imported_modules(path: Path) -> list[str]:
+    """The absolute module names a file imports."""
+    modules = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.append(node.module)
+    return modules
 
 
 @pytest.mark.parametrize("package", LAYERS)
@@ -72,14 +76,10 @@ def python_files() -> list[Path]:
 
 
 def test_no_file_imports_a_package_by_its_bare_name():
-    bare = []
-    for path in python_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                modules = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
-            bare += [f"{path.relative_to(REPO)}: {m}" for m in modules if m.split(".")[0] in LAYERS]
+    bare = [
+        f"{path.relative_to(REPO)}: {module}"
+        for path in python_files()
+        for module in imported_modules(path)
+        if module.split(".")[0] in LAYERS
+    ]
     assert not bare, bare

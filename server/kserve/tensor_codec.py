@@ -34,10 +34,7 @@ def decode_tensors(
     the graph's datatype in the request's shape."""
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        try:
-            name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
-        except (KeyError, TypeError, ValueError):
-            raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
+        name, shape, datatype = input_spec(spec)
         if name not in signature.input_names:
             inputs = list(signature.input_names)
             raise InvalidInput(str(name), f"not an input of this model; inputs are {inputs}")
@@ -160,3 +157,11 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
             raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
         tensors[name] = array.reshape(shape)
     return tensors
+
+
+def input_spec(spec: dict) -> tuple[str, list[int], str]:
+    """An input's name, shape and datatype from the request header's entry for it."""
+    try:
+        return spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
+    except (KeyError, TypeError, ValueError):
+        raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None

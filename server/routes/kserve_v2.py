@@ -34,7 +34,13 @@ from ferry.server.kserve.infer import (
 )
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
-from ferry.server.kserve.tensor_codec import decode_tensors, parameters, tensor_blob, tensor_json
+from ferry.server.kserve.tensor_codec import (
+    decode_tensors,
+    input_spec,
+    parameters,
+    tensor_blob,
+    tensor_json,
+)
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.tenancy import call_priority
@@ -207,10 +213,7 @@ def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[s
     header, offset = read_header(body, header_length)
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        try:
-            name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
-        except (KeyError, TypeError, ValueError):
-            raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
+        name, shape, datatype = input_spec(spec)
         if datatype not in (*INT_TYPES, "BYTES"):
             message = f"datatype must be INT64 (token ids) or BYTES (text), got {datatype}"
             raise InvalidInput(name, message)
