@@ -100,7 +100,7 @@ lock: setup
 LATEST_VENV ?= build/venv-latest
 test-latest: setup
 	rm -rf $(LATEST_VENV) && $(PYTHON) -m venv $(LATEST_VENV)
-	$(LOCK_311) --upgrade --no-header --no-annotate --no-strip-extras locks/dev.in -o build/latest.txt
+	$(LOCK_311) --upgrade --no-header --no-annotate locks/dev.in -o build/latest.txt
 	$(UV_SYNC) --python $(LATEST_VENV)/bin/python build/latest.txt locks/nodeps.txt
 	touch $(LATEST_VENV)/.installed
 	$(PY) tools/lock_diff.py locks/dev.txt build/latest.txt

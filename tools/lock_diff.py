@@ -9,7 +9,7 @@ import re
 import sys
 from pathlib import Path
 
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
 
 
 def pins(path: Path) -> dict[str, str]:

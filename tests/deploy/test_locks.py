@@ -106,3 +106,18 @@ def test_the_project_venv_holds_exactly_the_lock():
         if expected.get(name) != installed.get(name)
     }
     assert not moved, f"(lock, .venv) differ; run `make setup`: {moved}"
+
+
+def test_lock_diff_names_what_moved(tmp_path):
+    # `make test-latest` prints this: versions changed, packages added and removed, by name.
+    sys.path.insert(0, str(ROOT / "tools"))
+    import lock_diff
+
+    old, new = tmp_path / "old.txt", tmp_path / "new.txt"
+    old.write_text("numpy==2.4.6 \\\n    --hash=sha256:aa\nsix==1.16.0\nlm-eval==0.4.13\n")
+    new.write_text("numpy==2.5.0\nlm-eval[api]==0.4.13\nidna==3.10\n")
+    assert lock_diff.moved(lock_diff.pins(old), lock_diff.pins(new)) == [
+        "idna: (none) -> 3.10",
+        "numpy: 2.4.6 -> 2.5.0",
+        "six: 1.16.0 -> (none)",
+    ]
