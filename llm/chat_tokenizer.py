@@ -31,6 +31,10 @@ class ChatTokenizer:
     def __init__(self, model_dir: str | Path, escape_special_tokens: bool = True) -> None:
         model_dir = Path(model_dir)
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        # No token covers more characters than its vocabulary entry has (byte-level entries
+        # count bytes, at least the characters): a text longer than this times the context
+        # cannot fit, and is refused before it is rendered and tokenized.
+        self.longest_token_chars = max(map(len, self._tokenizer.get_vocab()), default=1)
         config_path = model_dir / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.exists() else {}
         template = config.get("chat_template")

@@ -4,7 +4,9 @@ tokenized, sampling validated and max_tokens fitted to each prompt's room."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ferry.llm.base import LLMEngine, SamplingSettings
 from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
@@ -73,9 +75,8 @@ async def plan_chat(
     tokenizer = served.engine.tokenizer
     native = getattr(tokenizer, "has_tool_format", False)
     messages = render_messages(request.chat_messages(), tools, native)
-    prompt_ids = tokenizer.encode_chat(
-        messages, *([tools.tools] if native and tools is not None else [])
-    )
+    template_tools = [tools.tools] if native and tools is not None else []
+    prompt_ids = await _encode_chat(tokenizer, served, messages, template_tools)
     sampling = request.to_sampling(served.engine.max_context_tokens)
     if guidance is not None:
         sampling = replace(sampling, guidance=guidance)
@@ -155,6 +156,41 @@ def _seeded(sampling: SamplingSettings, choice: int) -> SamplingSettings:
         return sampling
     seed = (sampling.seed + choice + 2**63) % 2**64 - 2**63
     return replace(sampling, seed=seed)
+
+
+async def _encode_chat(
+    tokenizer: Any, served: ServedModel, messages: list[dict[str, Any]], tools: list[Any]
+) -> list[int]:
+    """The chat prompt's ids. A prompt that cannot fit the context is refused before any
+    rendering (its characters counted: tool arguments and descriptions, instructions, every
+    part); a large one is rendered and tokenized off the event loop."""
+    chars = _text_chars([messages, tools])
+    longest = getattr(tokenizer, "longest_token_chars", None)
+    context = served.engine.max_context_tokens
+    if longest is not None and chars > context * longest:
+        message = (
+            f"messages: {chars} characters cannot fit this model's {context} tokens "
+            f"(no token is longer than {longest} characters)"
+        )
+        raise InvalidPrompt("messages", message)
+    if chars <= _INLINE_PROMPT_CHARS:
+        return list(tokenizer.encode_chat(messages, *tools))
+    return list(await asyncio.to_thread(tokenizer.encode_chat, messages, *tools))
+
+
+# Rendered and tokenized on the event loop up to this size (well under a millisecond).
+_INLINE_PROMPT_CHARS = 16_384
+
+
+def _text_chars(value: Any) -> int:
+    """The characters of every string inside `value` (dicts' keys too)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(str(k)) + _text_chars(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return sum(_text_chars(v) for v in value)
+    return 0
 
 
 def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:

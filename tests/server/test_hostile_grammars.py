@@ -108,3 +108,31 @@ def test_a_grammar_the_engine_stops_mid_way_is_a_400_not_a_500(client):
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == "guided_json" and "2000" in error["message"]
+
+
+def long_messages(count: int, chars: int) -> list[dict]:
+    return [{"role": "user", "content": "word " * (chars // 5)} for _ in range(count)]
+
+
+def long_tool_call(chars: int) -> list[dict]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "x" * chars}}
+    return [*USER, {"role": "assistant", "content": None, "tool_calls": [call]}]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        pytest.param(long_messages(30, 100_000), id="3M characters of messages"),
+        pytest.param(long_tool_call(3_000_000), id="3M characters of tool-call arguments"),
+        # Within the character bound (2048 tokens x 64 characters), so rendered and tokenized,
+        # off the event loop: refused by its token count.
+        pytest.param(long_messages(4, 30_000), id="120k characters over the context"),
+    ],
+)
+def test_a_prompt_too_long_is_refused_without_freezing_the_server(server, client, messages):
+    """Issue 35's sixth row: inside every documented limit, once a 5.9 s freeze and a 400."""
+    with LivenessProbe(server.url) as probe:
+        answer = post(client, chat(messages=messages))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "messages"
+    probe.assert_lively()
