@@ -158,9 +158,8 @@ def measure(url: str, payloads: list[dict], clients: int, duration_s: float) -> 
 def line(name: str, result: LoadResult) -> str:
     p50, p99 = result.percentile_ms(50), result.percentile_ms(99)
     failed = {status: n for status, n in result.statuses.items() if status != 200}
-    return (
-        f"{name:>10}: {result.throughput:8.1f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms"
-        + (f"  not 200: {failed}" if failed else "")
+    return f"{name:>10}: {result.throughput:8.1f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms" + (
+        f"  not 200: {failed}" if failed else ""
     )
 
 

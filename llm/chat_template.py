@@ -44,10 +44,10 @@ def _strftime_now(format: str) -> str:
 class _TemplateDict:
     """`dict(...)` and `dict.fromkeys(...)` without handing the type itself to the template."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -85,7 +85,7 @@ class _Generation(jinja2.ext.Extension):
         return jinja2.nodes.CallBlock(call, [], [], body).set_lineno(lineno)
 
     def _render(self, caller: Any) -> str:
-        return caller()
+        return str(caller())
 
 
 def compile_chat_template(source: str) -> jinja2.Template:

@@ -20,6 +20,7 @@ import sys
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ferry.llm.grammar_bounds import GrammarLimits, GrammarRefused
 from ferry.llm.grammar_worker import READY
@@ -81,7 +82,7 @@ class GrammarPool:
         self._all: set[_Worker] = set()
         self._cache: OrderedDict[bytes, _Answer] = OrderedDict()
         self._cache_entries = cache_entries
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()  # checks and respawns kept until done
         self._closed = False
 
     async def start(self) -> None:

@@ -11,7 +11,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise natural-log softmax in float64 (the model's distribution, before sampling)."""
     values = logits.astype(np.float64)
     shifted = values - values.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    result: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return result
 
 
 def token_logprob(logprobs: np.ndarray, token_id: int, top: int) -> TokenLogprob:

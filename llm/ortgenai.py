@@ -218,9 +218,13 @@ class OrtGenAIEngine:
         future: asyncio.Future[None] = self._loop.create_future()
         self._calls.add(future)
 
+        loop = self._loop
+
         def done(error: BaseException | None) -> None:  # owner thread
-            settle = _set_result if error is None else _set_exception
-            self._loop.call_soon_threadsafe(settle, future, error)  # type: ignore[union-attr]
+            if error is None:
+                loop.call_soon_threadsafe(_set_result, future, None)
+            else:
+                loop.call_soon_threadsafe(_set_exception, future, error)
 
         self._commands.put(OwnerCall(action, done))
         try:

@@ -39,11 +39,11 @@ class KVBlock:
 
     @property
     def rows(self) -> int:
-        return self.keys.shape[1]
+        return int(self.keys.shape[1])
 
     @property
     def length(self) -> int:
-        return self.keys.shape[3]
+        return int(self.keys.shape[3])
 
     def copy_row(self, source: KVBlock, src_row: int, dst_row: int, tokens: int) -> None:
         """Copy the first `tokens` positions of `source`'s row into one of ours."""
@@ -107,7 +107,8 @@ class KVModel:
         mask = np.ones((1, total), self._mask_dtype)
         tokens = np.asarray([ids], self._ids_dtype)
         binding = self._bind(block, slice(row, row + 1))
-        return self._run(binding, tokens, mask)[0, -1]
+        row_logits: np.ndarray = self._run(binding, tokens, mask)[0, -1]
+        return row_logits
 
     def decode(
         self, block: KVBlock, rows: int, lengths: np.ndarray, tokens: np.ndarray
@@ -145,4 +146,5 @@ class KVModel:
         binding.bind_cpu_input(self._ids_name, ids)
         binding.bind_cpu_input(self._mask_name, mask)
         self._session.run_with_iobinding(binding)
-        return binding.get_outputs()[0].numpy()
+        logits: np.ndarray = binding.get_outputs()[0].numpy()
+        return logits
