@@ -41,7 +41,7 @@ class BatchLimits:
     # A request is passed over only by requests that arrived less than this fraction of what
     # batching saves after it (by the cost model: a batch of the best size at the oldest's
     # length against its members one by one; the recent batch time before the model is ready).
-    # None: off, batches grouped from the whole queue. 0.5: bench/replay.py, README (Batching).
+    # None: off, batches grouped from the whole queue. 0.5: bench/replay.py, docs/batching.md.
     fairness_window: float | None = 0.5
 
     def __post_init__(self) -> None:

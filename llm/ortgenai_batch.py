@@ -18,7 +18,7 @@ for a single row (M = 1), whose rounding differs. A request that decodes alone f
 life (one stream, or the tail of a burst) may so get another greedy text: on bench.llm_peer's 8
 prompts, 64 tokens, the text was the same at 1, 4 and 8 streams for 2 of 8 by default, 8 of 8
 with `deterministic`, which never steps fewer than two rows (a lone request is paired with an
-idle scratch row) at the price of the one-stream decode (up to half as fast, README). Prompt
+idle scratch row) at the price of the one-stream decode (up to half as fast, docs/apis.md). Prompt
 chunks are never one token for the same reason.
 """
 
