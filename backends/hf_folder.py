@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ferry.backends.manifest import MANIFEST_NAME, ModelManifest, Task
 
 CLASSIFICATION_SUFFIX = "ForSequenceClassification"
 
 
-def folder_task(config: dict) -> Task:
+def folder_task(config: dict[str, Any]) -> Task:
     architectures = config.get("architectures") or []
     if any(a.endswith(CLASSIFICATION_SUFFIX) for a in architectures):
         return "classification"
@@ -44,7 +45,7 @@ def folder_manifest(folder: Path) -> ModelManifest:
     )
 
 
-def _max_length(folder: Path, config: dict) -> int:
+def _max_length(folder: Path, config: dict[str, Any]) -> int:
     """sentence-transformers' max_seq_length (what the model was trained on), else positions."""
     positions = int(config.get("max_position_embeddings", 512))
     st_config = folder / "sentence_bert_config.json"

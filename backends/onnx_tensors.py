@@ -14,7 +14,7 @@ import logging
 import queue
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class OnnxTensorBackend:
         self._options = options
         self.max_concurrency = options.sessions or DEFAULT_SESSIONS
         self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="ort-tensor")
-        self._sessions: queue.SimpleQueue = queue.SimpleQueue()
+        self._sessions: queue.SimpleQueue[Any] = queue.SimpleQueue()  # ort sessions (untyped)
         self.signature = Signature((), ())
         self.providers: list[str] = []
         self.class_keys: dict[str, list[Any]] = {}
@@ -91,7 +91,8 @@ class OnnxTensorBackend:
         if any(feed is None for feed in feeds.values()):
             return
         try:
-            await self.run(feeds, self.output_names)
+            # The check above ruled out None feeds.
+            await self.run(cast(dict[str, np.ndarray], feeds), self.output_names)
         except Exception as exc:  # any failure here only skips the warm-up
             logger.warning("onnxruntime: %s: warm-up on zeros failed: %s", self.model_path, exc)
 
@@ -115,7 +116,7 @@ class OnnxTensorBackend:
             for name, value in zip(names, values, strict=True)
         }
 
-    def _class_matrix(self, name: str, maps: list[dict]) -> np.ndarray:
+    def _class_matrix(self, name: str, maps: list[dict[Any, float]]) -> np.ndarray:
         """ZipMap's list of {class: probability}, one per row, as rows of an [N, C] array."""
         keys = self.class_keys.setdefault(name, list(maps[0]) if maps else [])
         matrix = np.array([[row[k] for k in keys] for row in maps], dtype=np.float32)

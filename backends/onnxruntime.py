@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -72,12 +73,12 @@ class OnnxRuntimeBackend:
         )
         # One worker thread per serving session, each bound to its own (see _bind_session).
         self._runners: ThreadPoolExecutor | None = None
-        self._unbound: queue.SimpleQueue = queue.SimpleQueue()
+        self._unbound: queue.SimpleQueue[Any] = queue.SimpleQueue()  # ort sessions (untyped)
         self._bound = threading.local()
         # A batch that runs alone gets a session with every core: the latency of a single call at
         # low load, while the few-thread sessions keep the throughput of many batches at once.
         self._want_solo = solo_session and (os.cpu_count() or 1) > intra_op_threads
-        self._solo = None
+        self._solo: Any = None  # an ort session (untyped)
         self._solo_busy = False
         self._in_flight = 0
         self._ready = False
@@ -156,14 +157,14 @@ class OnnxRuntimeBackend:
         self._ready = True
         logger.info("onnxruntime: %s ready on %s", self.model_path, self.providers)
 
-    async def _best_concurrency(self, sessions: list) -> int:
+    async def _best_concurrency(self, sessions: list[Any]) -> int:
         """How many sessions running at once give the most sequences per second here."""
         loop = asyncio.get_running_loop()
         n, length = PROBE_SHAPE
         assert self.feed is not None
         feeds = self.feed.ones(n, length)
 
-        def rounds(session) -> None:
+        def rounds(session: Any) -> None:
             for _ in range(PROBE_ROUNDS):
                 session.run(None, feeds)
 
@@ -180,7 +181,7 @@ class OnnxRuntimeBackend:
                 best, best_rate = count, rate
         return best
 
-    def _new_session(self, threads: int | None = None, spin: bool | None = None):
+    def _new_session(self, threads: int | None = None, spin: bool | None = None) -> Any:
         import onnxruntime as ort
 
         # Spinning threads burn the cores that the other sessions need when several batches run
@@ -230,12 +231,17 @@ class OnnxRuntimeBackend:
         return self._run(self._bound.session, names, feeds)
 
     def _run(
-        self, session, names: list[str], feeds: dict[str, np.ndarray]
+        self, session: Any, names: list[str], feeds: dict[str, np.ndarray]
     ) -> dict[str, np.ndarray]:
         """One run, in a worker thread: the outputs in `names`."""
         if self._on_cuda:  # outputs not asked for stay on the device (unmeasured)
             bound = run_bound(session, feeds, self.output_names, names)
-            return {n: v for n, v in zip(self.output_names, bound, strict=True) if n in names}
+            # run_bound gives None only for the outputs left out of `names`.
+            return {
+                n: cast(np.ndarray, v)
+                for n, v in zip(self.output_names, bound, strict=True)
+                if n in names
+            }
         return dict(zip(names, session.run(names, feeds), strict=True))
 
     async def health(self) -> bool:

@@ -6,7 +6,7 @@ settings only name them as one field, so configuration reads downwards into the 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -59,8 +59,8 @@ class TritonOptions(_Options):
 def _backend_kind(options: Any) -> str | None:
     # A [models.backend] table without `kind` is the default backend's.
     if isinstance(options, dict):
-        return options.get("kind", "onnxruntime")
-    return getattr(options, "kind", None)
+        return cast(str | None, options.get("kind", "onnxruntime"))
+    return cast(str | None, getattr(options, "kind", None))
 
 
 BackendOptions = Annotated[

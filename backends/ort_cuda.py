@@ -9,12 +9,16 @@ once per run, as `run` does. Unmeasured: written for the GPU path, no GPU has ru
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 
 def run_bound(
-    session, feeds: dict[str, np.ndarray], output_names: Sequence[str], wanted: Iterable[str] = ()
+    session: Any,
+    feeds: dict[str, np.ndarray],
+    output_names: Sequence[str],
+    wanted: Iterable[str] = (),
 ) -> list[np.ndarray | None]:
     """Run once; host arrays for the outputs in `wanted` (all when empty), None for the rest."""
     keep = set(wanted) or set(output_names)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -108,7 +108,11 @@ def _spec(node: Any, output: bool) -> TensorSpec:
         message = f"{side} {node.name!r} has type {node.type}, which Ferry cannot serve"
         raise UnsupportedGraph(message)
     dims = _dims(node.name, node.shape)
-    unnamed = frozenset(d for d, given in zip(dims, node.shape, strict=True) if d != given)
+    # Only generated names differ from the graph's dims, and those are strings.
+    unnamed = cast(
+        frozenset[str],
+        frozenset(d for d, given in zip(dims, node.shape, strict=True) if d != given),
+    )
     return TensorSpec(node.name, DATATYPES[node.type][0], dims, unnamed=unnamed)
 
 

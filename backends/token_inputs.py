@@ -103,7 +103,7 @@ class TokenFeed:
             "attention_mask": batch.attention_mask,
             "token_type_ids": batch.token_type_ids,
         }
-        feeds = {}
+        feeds: dict[str, np.ndarray] = {}
         for node in self.inputs:
             value = arrays[node.role]
             if value is None:  # segment ids nobody sent: all sentence A

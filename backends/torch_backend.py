@@ -65,7 +65,7 @@ class TorchBackend:
         self.device = "cpu"
         self.dtype_name = "float32"
         self._model: Any = None
-        self._streams: asyncio.Queue = asyncio.Queue()
+        self._streams: asyncio.Queue[Any] = asyncio.Queue()  # torch.cuda.Stream | None
         self._executor: ThreadPoolExecutor | None = None
         self._ready = False
 
@@ -103,7 +103,7 @@ class TorchBackend:
         self._model = await loop.run_in_executor(self._executor, self._load)
         for _ in range(self.max_concurrency):
             # One CUDA stream per concurrent batch, so that two batches really overlap.
-            self._streams.put_nowait(torch.cuda.Stream() if on_cuda else None)
+            self._streams.put_nowait(torch.cuda.Stream() if on_cuda else None)  # type: ignore[no-untyped-call]  # unannotated in torch
         for batch, length in WARMUP_SHAPES:  # and, with compile, the first compilations
             ids = np.ones((batch, length), dtype=np.int64)
             await self.infer(PaddedBatch(ids, ids, (length,) * batch))
@@ -123,7 +123,7 @@ class TorchBackend:
             from transformers import AutoModel, AutoModelForSequenceClassification
             from transformers.utils import logging as hf_logging
 
-        hf_logging.disable_progress_bar()  # a progress bar per load in the server's log
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated in transformers; a progress bar per load in the server's log
         loader = AutoModel if self.task == "embedding" else AutoModelForSequenceClassification
         model = loader.from_pretrained(
             str(self.model_dir), attn_implementation="sdpa", dtype=getattr(torch, self.dtype_name)
@@ -134,7 +134,7 @@ class TorchBackend:
             model = torch.compile(model, dynamic=True)
         return model
 
-    def _forward(self, batch: PaddedBatch, stream: Any) -> list:
+    def _forward(self, batch: PaddedBatch, stream: Any) -> list[np.ndarray]:
         import torch
 
         with torch.inference_mode(), torch.cuda.stream(stream) if stream else nullcontext():

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import aiohttp
 import numpy as np
@@ -28,6 +28,8 @@ from tritonclient.utils import InferenceServerException
 from ferry.backends.errors import BackendRejected, BackendTimeout, BackendUnavailable
 from ferry.backends.options import TritonMode, TritonOptions, TritonProtocol
 from ferry.batcher.padding import PaddedBatch, stack_rows
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ def map_error(exc: BaseException, target: TritonTarget) -> BaseException:
             return BackendRejected(f"{where} rejected the batch: {message}")
         if status in TIMED_OUT:
             return BackendTimeout(f"{where} timed out: {message}")
-        return exc
+        return cast(BaseException, exc)  # narrowed to tritonclient's untyped class
     if isinstance(exc, TimeoutError):
         return BackendTimeout(f"{where} did not answer in time")
     if isinstance(exc, aiohttp.ClientError | OSError):
@@ -174,7 +176,7 @@ class TritonBackend:
         self._module = module
         return module.InferenceServerClient(self.target.url, conn_timeout=self.timeout_s)
 
-    async def _read_metadata(self) -> tuple[dict, int]:
+    async def _read_metadata(self) -> tuple[dict[str, Any], int]:
         t = self.target
         if self.target.protocol == "grpc":
             metadata = await self._client.get_model_metadata(t.model, t.version, as_json=True)
@@ -255,7 +257,7 @@ class TritonBackend:
         )
         return {name: result.as_numpy(name) for name in names}
 
-    async def _call(self, coroutine):
+    async def _call(self, coroutine: Awaitable[T]) -> T:
         """Await one Triton call under the request timeout, its failures mapped to Ferry's."""
         try:
             async with asyncio.timeout(self.timeout_s):

@@ -135,7 +135,7 @@ def encode_outputs(
     return response
 
 
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated, untyped base
     def __init__(self, state: Any) -> None:
         self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
         settings = state.settings
@@ -191,26 +191,26 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         return check()
 
-    async def ServerLive(self, request, context):
+    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._call(
             "ServerLive", context, lambda: _value(service_pb2.ServerLiveResponse(live=True))
         )
 
-    async def ServerReady(self, request, context):
-        async def run():
+    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
             return service_pb2.ServerReadyResponse(ready=await self._ready())
 
         return await self._call("ServerReady", context, run)
 
-    async def ModelReady(self, request, context):
-        async def run():
+    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
             model = self.state.registry.find(request.name)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
         return await self._call("ModelReady", context, run, request.name)
 
-    async def ServerMetadata(self, request, context):
+    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         response = service_pb2.ServerMetadataResponse(
             name="ferry",
             version=__version__,
@@ -218,8 +218,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         )
         return await self._call("ServerMetadata", context, lambda: _value(response))
 
-    async def ModelMetadata(self, request, context):
-        async def run():
+    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
             metadata = model_metadata(self.state.registry.find(request.name))
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
@@ -227,16 +227,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         return await self._call("ModelMetadata", context, run, request.name)
 
-    async def ModelConfig(self, request, context):
-        async def run():
+    async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
             config = model_config(self.state.registry.find(request.name))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 
         return await self._call("ModelConfig", context, run, request.name)
 
-    async def ModelStatistics(self, request, context):
-        async def run():
+    async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
             registry = self.state.registry
             every = [*registry.models, *registry.tensors]
             names = [registry.find(request.name).name] if request.name else every
@@ -245,8 +245,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
         return await self._call("ModelStatistics", context, run, request.name)
 
-    async def ModelInfer(self, request, context):
-        async def run():
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run() -> Any:
             drain = self.state.drain
             if drain.draining:
                 raise NotReady("the server is shutting down")
@@ -309,7 +309,9 @@ async def _value(value: Any) -> Any:
     return value
 
 
-async def start_grpc_server(state: Any, host: str, port: int, max_message_bytes: int):
+async def start_grpc_server(
+    state: Any, host: str, port: int, max_message_bytes: int
+) -> grpc.aio.Server:
     """Bind and start; the caller stops it (`await server.stop(grace)`) at shutdown."""
     server = grpc.aio.server(
         options=[

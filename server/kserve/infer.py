@@ -41,7 +41,7 @@ def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
     return np.array(items, dtype=object)
 
 
-INT_TYPES = {"INT64": np.int64, "INT32": np.int32}
+INT_TYPES: dict[str, type[np.signedinteger[Any]]] = {"INT64": np.int64, "INT32": np.int32}
 
 
 def int_data(name: str, datatype: str, data: Any) -> np.ndarray:
@@ -72,8 +72,8 @@ def int_data(name: str, datatype: str, data: Any) -> np.ndarray:
     return np.array(flat, dtype=dtype)
 
 
-def _flattened(data: list) -> list:
-    flat: list = []
+def _flattened(data: list[Any]) -> list[Any]:
+    flat: list[Any] = []
     for item in data:
         flat.extend(_flattened(item) if isinstance(item, list) else (item,))
     return flat
@@ -162,7 +162,7 @@ async def infer_tensors(
     encoder: EncoderServing,
     tensors: dict[str, np.ndarray],
     wanted: Sequence[str],
-    disconnected: asyncio.Future | None = None,
+    disconnected: asyncio.Future[None] | None = None,
     priority: int = 0,
 ) -> dict[str, np.ndarray]:
     """Inputs -> the wanted outputs, through the one encoder path and the model's batcher."""

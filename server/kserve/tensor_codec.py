@@ -20,7 +20,7 @@ from ferry.server.kserve.infer import deserialize_bytes
 from ferry.server.tensor_inputs import nested, typed_array
 
 
-def parameters(entry: dict) -> dict:
+def parameters(entry: dict[str, Any]) -> dict[str, Any]:
     value = entry.get("parameters") or {}
     if not isinstance(value, dict):
         raise MalformedRequest("'parameters' must be an object")
@@ -28,7 +28,7 @@ def parameters(entry: dict) -> dict:
 
 
 def decode_tensors(
-    header: dict, body: bytes, offset: int, signature: Signature
+    header: dict[str, Any], body: bytes, offset: int, signature: Signature
 ) -> dict[str, np.ndarray]:
     """The header's inputs (binary ones read from `body` from `offset` on), each as an array of
     the graph's datatype in the request's shape."""
@@ -159,7 +159,7 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
     return tensors
 
 
-def input_spec(spec: dict) -> tuple[str, list[int], str]:
+def input_spec(spec: dict[str, Any]) -> tuple[str, list[int], str]:
     """An input's name, shape and datatype from the request header's entry for it."""
     try:
         return spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]

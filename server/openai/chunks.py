@@ -14,13 +14,14 @@ from ferry.server.openai.protocol import (
     CompletionChunk,
     CompletionStreamChoice,
     DeltaMessage,
+    FinishReasonField,
     UsageInfo,
     dump_chunk,
 )
 from ferry.server.openai.sse import TextTemplate, sse_data
 
 # (index, text, finish_reason, logprobs) -> the endpoint's stream choice model
-ChoiceFactory = Callable[[int, str, str | None, Any], Any]
+ChoiceFactory = Callable[[int, str, FinishReasonField, Any], Any]
 # A delta's log probabilities in the endpoint's shape (None: the request asked for none)
 LogprobsRenderer = Callable[[GenerationDelta], Any]
 
@@ -41,7 +42,11 @@ class StreamChunks:
         self._chunk_cls = chunk_cls
         self._choice = choice
         self._logprobs = logprobs
-        self._base = {"id": response_id, "created": int(time.time()), "model": model}
+        self._base: dict[str, Any] = {
+            "id": response_id,
+            "created": int(time.time()),
+            "model": model,
+        }
         self._templates: dict[int, TextTemplate] = {}
         self.opening = "".join(self._event([c]) for c in opening)  # one event per choice
 
@@ -79,7 +84,9 @@ class StreamChunks:
 def chat_chunks(
     response_id: str, model: str, n: int, logprobs: LogprobsRenderer | None = None
 ) -> StreamChunks:
-    def choice(index: int, text: str, finish: str | None, lp: Any) -> ChatCompletionStreamChoice:
+    def choice(
+        index: int, text: str, finish: FinishReasonField, lp: Any
+    ) -> ChatCompletionStreamChoice:
         return ChatCompletionStreamChoice(
             index=index, delta=DeltaMessage(content=text or None), logprobs=lp, finish_reason=finish
         )
@@ -100,7 +107,9 @@ def chat_chunks(
 
 
 def completion_chunks(response_id: str, model: str) -> StreamChunks:
-    def choice(index: int, text: str, finish: str | None, _lp: Any) -> CompletionStreamChoice:
+    def choice(
+        index: int, text: str, finish: FinishReasonField, _lp: Any
+    ) -> CompletionStreamChoice:
         return CompletionStreamChoice(index=index, text=text, finish_reason=finish)
 
     return StreamChunks(CompletionChunk, choice, response_id=response_id, model=model)

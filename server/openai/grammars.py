@@ -72,7 +72,7 @@ class Grammars:
             message = f"{param} cannot be used for constrained decoding: {exc}"
             raise InvalidSampling(param, message) from None
         kind = spec.kind if spec.kind in ("json_schema", "regex") else "lark_grammar"
-        return Guidance(kind, grammar, spec.param)  # type: ignore[arg-type]
+        return Guidance(kind, grammar, spec.param)
 
     def check_alternatives(self, count: int, param: str, what: str) -> None:
         """A union the engine would meet as one row of `count` alternatives (tools, choices)."""

@@ -130,7 +130,7 @@ class _SamplingFields(OpenAIRequestModel):
     # Strict types: the schema says number/integer/boolean, and lax mode would take `false` as
     # 0 and "1" as 1, running a request that is not what the client wrote.
     n: StrictInt = Field(default=1, ge=1, le=MAX_N)
-    seed: StrictInt | None = Field(default=None, **SEED_RANGE)
+    seed: StrictInt | None = Field(default=None, **SEED_RANGE)  # type: ignore[misc, call-overload]  # mypy cannot match ** to Field's keywords
     # Bounds checked by `_bounded_stop`, whose messages say which (a union's would not).
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
@@ -265,8 +265,8 @@ class CompletionRequest(_SamplingFields):
         """One entry per prompt: its text, or its token ids."""
         prompt = self.prompt
         if isinstance(prompt, str) or isinstance(prompt[0], int):
-            return [prompt]  # type: ignore[list-item]
-        return list(prompt)  # type: ignore[arg-type]
+            return [prompt]
+        return list(prompt)
 
     def _streams_no_logprobs(self) -> bool:
         # Chat streams carry logprobs per chunk; streamed completions do not (yet).

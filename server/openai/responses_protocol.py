@@ -9,7 +9,7 @@ chat messages: messages (text parts), `function_call` items to an assistant's to
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     Discriminator,
@@ -27,9 +27,9 @@ from ferry.server.openai.json_depth import check_json_depth
 from ferry.server.openai.protocol import (
     CacheSalt,
     ChatCompletionRequest,
-    OpenAIRequestModel,
     _neutral,
 )
+from ferry.server.openai.request_base import OpenAIRequestModel
 from ferry.server.openai.tool_models import FunctionDefinition, NamedFunction
 
 # Fields Ferry cannot honour, with the values that ask for nothing.
@@ -118,8 +118,8 @@ def _item_type(item: Any) -> str | None:
     """An input item's `type` (a message may leave it out), so that only the model of that
     type validates it and an error names what is wrong with it, not with every other type."""
     if isinstance(item, dict):
-        return item.get("type", "message")
-    return getattr(item, "type", None)
+        return cast(str | None, item.get("type", "message"))
+    return cast(str | None, getattr(item, "type", None))
 
 
 ITEM_TYPES = ("message", "function_call", "function_call_output")

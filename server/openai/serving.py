@@ -13,11 +13,12 @@ in-stream as a `data:` error event (same error table as HTTP answers) followed b
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from typing import cast
 
-from ferry.llm.base import TokenLogprob
+from ferry.llm.base import FinishReason, GenerationDelta, TokenLogprob
 from ferry.llm.errors import EngineOverloaded
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.grammars import Grammars
@@ -32,6 +33,7 @@ from ferry.server.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    FinishReasonField,
     UsageInfo,
 )
 from ferry.server.openai.streams import Deltas, merge, sse_events
@@ -44,7 +46,7 @@ from ferry.server.tenancy import RunAs
 @dataclass
 class _Result:
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
@@ -113,7 +115,7 @@ class OpenAIServing:
         logprobs = (lambda d: chat_logprobs(d.logprobs, decode)) if request.logprobs else None
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
         if plan.tools is not None:
-            chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]
+            chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]  # duck-types StreamChunks
         return await self._stream(plan, chunks, request.include_usage)
 
     async def completion(
@@ -195,13 +197,17 @@ class OpenAIServing:
         completion_tokens, reason = 0, "abort"
         request_id = f"{plan.response_id}-{choice.index}"
         try:
-            generation = served.engine.generate(
-                request_id,
-                choice.prompt_ids,
-                choice.sampling,
-                adapter=served.adapter,
-                priority=plan.priority,
-                cache_salt=plan.cache_salt,
+            # Engines' generate is an async generator (closable), typed as an iterator.
+            generation = cast(
+                AsyncGenerator[GenerationDelta, None],
+                served.engine.generate(
+                    request_id,
+                    choice.prompt_ids,
+                    choice.sampling,
+                    adapter=served.adapter,
+                    priority=plan.priority,
+                    cache_salt=plan.cache_salt,
+                ),
             )
             async with aclosing(generation) as deltas:
                 async for delta in deltas:
@@ -284,7 +290,7 @@ def _completion_choice(
     )
 
 
-def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, str | None]:
+def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, FinishReasonField]:
     """The answer as text, or as the tool calls it holds (finish_reason `tool_calls`, or
     `length` for a call cut short: read as its stream reads it, tool_stream.py)."""
     if plan.tools is None:
@@ -293,7 +299,9 @@ def _chat_message(plan: Plan, result: _Result) -> tuple[ChatMessage, str | None]
     if not calls:  # text, or a call cut inside its name: no markup as content
         return ChatMessage(content=content or None), result.finish_reason
     tool_calls = [ToolCall(function=FunctionCall(name=n, arguments=a)) for n, a in calls]
-    reason = "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+    reason: FinishReasonField = (
+        "tool_calls" if result.finish_reason == "stop" else result.finish_reason
+    )
     return ChatMessage(content=None, tool_calls=tool_calls), reason
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 
 from ferry.llm.base import GenerationDelta
@@ -12,7 +12,8 @@ from ferry.server.errors import failure
 from ferry.server.openai.chunks import StreamChunks
 from ferry.server.openai.sse import DONE
 
-Deltas = AsyncIterator[tuple[int, GenerationDelta]]  # (choice index, delta)
+# (choice index, delta); a generator, so that it can be closed early
+Deltas = AsyncGenerator[tuple[int, GenerationDelta], None]
 
 
 async def sse_events(
@@ -53,7 +54,7 @@ async def merge(streams: list[Deltas]) -> Deltas:
 
     async def pump(stream: Deltas) -> None:
         try:
-            async with aclosing(stream) as items:  # type: ignore[type-var]
+            async with aclosing(stream) as items:
                 async for item in items:
                     queue.put_nowait(item)
             queue.put_nowait(None)

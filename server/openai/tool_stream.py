@@ -18,7 +18,11 @@ from typing import Any
 
 from ferry.llm.base import GenerationDelta
 from ferry.server.openai.chunks import StreamChunks
-from ferry.server.openai.protocol import ChatCompletionStreamChoice, DeltaMessage
+from ferry.server.openai.protocol import (
+    ChatCompletionStreamChoice,
+    DeltaMessage,
+    FinishReasonField,
+)
 from ferry.server.openai.tool_models import DeltaFunctionCall, DeltaToolCall
 from ferry.server.openai.tools import CLOSE, OPEN
 
@@ -143,10 +147,10 @@ class ToolChunks:
             else:
                 events.append(self._call_event(index, piece))
         if delta.finish_reason is not None:
-            reason = delta.finish_reason
+            reason: FinishReasonField = delta.finish_reason
             if stream.calls and reason == "stop":
                 reason = "tool_calls"
-            events.append(self._chunks.delta(index, GenerationDelta("", 0, reason)))  # type: ignore[arg-type]
+            events.append(self._chunks.delta(index, GenerationDelta("", 0, reason)))  # type: ignore[arg-type]  # chat's own tool_calls rides on the delta
         return "".join(events)
 
     def _call_event(self, index: int, piece: tuple[Any, ...]) -> str:

@@ -57,10 +57,10 @@ def _inputs(body: EmbeddingRequest) -> EncoderInputs:
     if isinstance(items, str):
         return Texts([items], "input")
     if not items or isinstance(items[0], str):
-        return Texts(items, "input")  # type: ignore[arg-type]
+        return Texts(items, "input")  # type: ignore[arg-type]  # items[0] does not narrow the list
     if isinstance(items[0], int):
-        return TokenLists([items], None, "input")  # type: ignore[list-item]
-    return TokenLists(items, None, "input")  # type: ignore[arg-type]
+        return TokenLists([items], None, "input")
+    return TokenLists(items, None, "input")
 
 
 def _encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:

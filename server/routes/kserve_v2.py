@@ -76,7 +76,8 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _model(request: Request, name: str) -> ModelRuntime | TensorModel:
-    return request.app.state.registry.find(name)
+    model: ModelRuntime | TensorModel = request.app.state.registry.find(name)
+    return model
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -194,7 +195,7 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         )
 
 
-def read_header(body: bytes, header_length: str | None) -> tuple[dict, int]:
+def read_header(body: bytes, header_length: str | None) -> tuple[dict[str, Any], int]:
     """The JSON header, checked to be an object with an inputs list, and where it ends."""
     size = len(body) if header_length is None else _header_length(header_length, len(body))
     try:
@@ -208,7 +209,9 @@ def read_header(body: bytes, header_length: str | None) -> tuple[dict, int]:
     return header, size
 
 
-def decode_request(body: bytes, header_length: str | None) -> tuple[dict, dict[str, np.ndarray]]:
+def decode_request(
+    body: bytes, header_length: str | None
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
     header, offset = read_header(body, header_length)
     tensors: dict[str, np.ndarray] = {}
@@ -248,7 +251,7 @@ def _header_length(value: str, body_size: int) -> int:
     return int(value)
 
 
-def bytes_input(spec: dict, binary: bytes, shape: list[int]) -> np.ndarray:
+def bytes_input(spec: dict[str, Any], binary: bytes, shape: list[int]) -> np.ndarray:
     """BYTES as JSON strings or Triton's length-prefixed binary, in the request's shape."""
     name = spec["name"]
     if "data" in spec:
@@ -265,23 +268,24 @@ def bytes_input(spec: dict, binary: bytes, shape: list[int]) -> np.ndarray:
 
 
 def requested_outputs(
-    header: dict, model: ModelRuntime | TensorModel
-) -> tuple[list[str], set[str]]:
+    header: dict[str, Any], model: ModelRuntime | TensorModel
+) -> tuple[tuple[str, ...], set[str]]:
     """Output names (all of the backend's when none are asked for) and those to send binary."""
     all_binary = bool(parameters(header).get("binary_data_output", False))
     specs = header.get("outputs") or []
     if not isinstance(specs, list):
         raise MalformedRequest("'outputs' must be a list of {name} objects")
-    names, binary = [], set()
+    names: list[Any] = []  # raw JSON names: output_names checks them
+    binary: set[str] = set()
     for spec in specs:
         if not isinstance(spec, dict):  # e.g. [null]: refused, not read as a dict
             raise MalformedRequest("'outputs' must be a list of {name} objects", "outputs")
-        name = spec.get("name")
+        name: Any = spec.get("name")  # raw JSON: output_names checks it
         names.append(name)
         if all_binary or parameters(spec).get("binary_data", False):
             binary.add(name)
-    names = output_names(model, names)  # type: ignore[arg-type]
-    return names, binary if specs else (set(names) if all_binary else set())
+    checked = output_names(model, names)  # type: ignore[arg-type]  # a TensorModel selects alike
+    return checked, binary if specs else (set(checked) if all_binary else set())
 
 
 def encode_response(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -22,7 +23,9 @@ from ferry.server.schemas import error_responses
 from ferry.server.tenancy import run_as
 
 ERRORS = error_responses(400, 401, 403, 404, 413, 415, 429, 500, 503)
-STREAM_DOC = {200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks"}}
+STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE chunks"}
+}
 
 
 async def respond(
@@ -44,7 +47,7 @@ def resolve_and_bound(
 ) -> ServedModel:
     """The request's model, looked up once (UnknownModel) and kept as the metrics label (a
     configured name only); bounds checked before tokenizing, errors naming `field[i]`."""
-    served = call.app_state.openai.resolve(model)
+    served: ServedModel = call.app_state.openai.resolve(model)
     call.state["model_name"] = served.name
     settings = call.app_state.settings
     if items > settings.max_items_per_request:

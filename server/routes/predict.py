@@ -9,7 +9,7 @@ import orjson
 from fastapi import APIRouter
 
 from ferry.server.dialects import FERRY
-from ferry.server.encoder_request import Texts, TokenLists
+from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
@@ -29,6 +29,7 @@ async def predict(call: HotCall) -> Reply:
         model = None if raw is None else registry.find(raw.get("model"))
         if isinstance(model, TensorModel):
             call.state["model_name"] = model.name
+            assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
             return json_reply(await predict_tensors(model, raw, call.disconnected(), decide))
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
@@ -40,7 +41,7 @@ async def predict(call: HotCall) -> Reply:
         texts, seconds = body.texts()
         if seconds is not None:
             check_firsts("inputs", texts, call.app_state.settings.max_chars_per_text)
-        inputs = Texts(texts, "inputs", body.truncate, pairs=seconds)
+        inputs: EncoderInputs = Texts(texts, "inputs", body.truncate, pairs=seconds)
     else:
         ids, mask, types = body.token_lists()
         inputs = TokenLists(ids, mask, "input_ids", types)

@@ -109,7 +109,7 @@ class ScoreResponse(BaseModel):
 
 
 def _model(call: HotCall, name: str | None) -> ModelRuntime:
-    model = call.app_state.registry.get(name)
+    model: ModelRuntime = call.app_state.registry.get(name)
     call.state["model_name"] = model.name
     check_cross_encoder(model)
     return model
@@ -129,7 +129,8 @@ def _usage(tokens: int) -> dict[str, int]:
 
 
 def _max_chars(call: HotCall) -> int:
-    return call.app_state.settings.max_chars_per_text
+    limit: int = call.app_state.settings.max_chars_per_text
+    return limit
 
 
 async def tei_rerank(call: HotCall) -> Reply:

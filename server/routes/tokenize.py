@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -76,7 +78,11 @@ async def tokenize(call: HotCall) -> Reply:
             raise InvalidInput("prompt", f"{len(body.prompt)} characters; at most {limit}")
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         ids = tokenizer.encode(body.prompt, add_special)
-    answer: dict = {"count": len(ids), "max_model_len": tokenizer.max_model_len, "tokens": ids}
+    answer: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": tokenizer.max_model_len,
+        "tokens": ids,
+    }
     if body.return_token_strs:
         answer["token_strs"] = tokenizer.token_strs(ids)
     return json_reply(answer)
