@@ -40,10 +40,10 @@ class HotCall:
     scope: Scope
     receive: Receive
     # The request's state (the framework's `request.state`): the route sets `model_name`.
-    state: dict
+    state: dict[str, Any]
     params: Mapping[str, str]  # the route template's `{name}`s, from its match
-    _gone: asyncio.Future | None = field(default=None, repr=False)
-    _watcher: asyncio.Task | None = field(default=None, repr=False)
+    _gone: asyncio.Future[None] | None = field(default=None, repr=False)
+    _watcher: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.scope["headers"]:
@@ -51,7 +51,7 @@ class HotCall:
                 return value
         return None
 
-    def disconnected(self) -> asyncio.Future:
+    def disconnected(self) -> asyncio.Future[None]:
         """The request's one disconnect future (see `disconnect.py`)."""
         if self._gone is None:
             self._gone, self._watcher = disconnect_future(self.scope, self.receive)
