@@ -63,7 +63,9 @@ class LoopSocket:
         outbox, self._outbox = self._outbox, {}
         for peer, (headers, frames) in outbox.items():
             message = [self._encoder.encode(headers), *frames]
-            self._socket.send_multipart([cast(bytes, peer), *message] if self._routed else message, zmq.NOBLOCK)
+            self._socket.send_multipart(
+                [cast(bytes, peer), *message] if self._routed else message, zmq.NOBLOCK
+            )
         if not self._read_scheduled and cast(int, self._socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._read_scheduled = True
             self._loop.call_soon(self._read)
