@@ -46,7 +46,8 @@ class HotCall:
     _watcher: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.scope["headers"]:
+        headers: list[tuple[bytes, bytes]] = self.scope["headers"]
+        for key, value in headers:
             if key == name:
                 return value
         return None
@@ -143,7 +144,7 @@ def _documentation(body_model: type[Any] | None, params: list[str]) -> Callable[
     parameters = [inspect.Parameter(name, keyword, annotation=str) for name in params]
     if body_model is not None:
         parameters.append(inspect.Parameter("body", keyword, annotation=body_model))
-    served_by_gateway.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    served_by_gateway.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]  # read by FastAPI
     return served_by_gateway
 
 
