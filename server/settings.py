@@ -249,8 +249,7 @@ def load_settings(
     models += [dict(m) for m in extra_models]
     _apply_env(server, models + llm_models, environ)
     server.update({k: v for k, v in overrides.items() if v is not None})
-    # pydantic validates the dicts into ModelSettings and LLMSettings.
-    return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]
+    return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]  # pydantic validates the dicts
 
 
 def _read_file(path: Path) -> dict[str, Any]:
