@@ -6,10 +6,11 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from ferry import __version__
@@ -52,7 +53,7 @@ ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
 HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
 
 
-async def start_grpc(app: FastAPI):
+async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gRPC is off
     settings = app.state.settings
     if settings.grpc_port is None:
         return None
@@ -123,7 +124,7 @@ class FerryAPI(FastAPI):
     def __init__(self, hot: HotRoutes, dialects: PathDialects, **kwargs: object) -> None:
         self.hot = hot
         self.dialects = dialects
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+        super().__init__(**kwargs)  # type: ignore[arg-type]  # FastAPI's own keywords, passed on
 
     def build_middleware_stack(self) -> ASGIApp:
         # Built at the first request, once every route is registered.
@@ -132,7 +133,7 @@ class FerryAPI(FastAPI):
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
             document_invalid_statuses(super().openapi(), self._dialect_of)
-        return self.openapi_schema  # type: ignore[return-value]
+        return self.openapi_schema  # type: ignore[return-value]  # set by super().openapi() above
 
     def _dialect_of(self, method: str, path: str) -> ErrorDialect:
         # A template such as /v2/models/{name}/infer matches its own route's pattern.
@@ -152,7 +153,7 @@ def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
         dialects=app.dialects,
         state=app.state,
         post_paths=frozenset(
-            route.path
+            cast(Route, route).path  # every route of these routers has one
             for router in ROUTERS
             for route in router.routes
             if "POST" in getattr(route, "methods", ())

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 
-def add_serve_command(commands: argparse._SubParsersAction) -> None:
+def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = commands.add_parser(
         "serve",
         help="Serve the configured models over HTTP.",

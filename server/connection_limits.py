@@ -26,7 +26,7 @@ import struct
 import termios
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -62,9 +62,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     limits: ConnectionLimits
     on_refused: Callable[[RefusalReason], None]
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's: asyncio's takes a BaseTransport
         writes = CoalescedWrites(transport, asyncio.get_running_loop())
-        super().connection_made(writes)  # type: ignore[arg-type]
+        super().connection_made(writes)  # type: ignore[arg-type]  # a wrapper that forwards to the transport
         self._phase: Phase = "idle"
         self._head_bytes = 0
         self._header_count = 0
@@ -79,7 +79,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         if self.cycle is not None and not self.cycle.response_complete:
-            gone = self.cycle.scope.get("extensions", {}).get(DISCONNECTED)
+            gone = cast(
+                "asyncio.Future[None] | None",
+                self.cycle.scope.get("extensions", {}).get(DISCONNECTED),
+            )
             if gone is not None and not gone.done():
                 gone.set_result(None)
         super().connection_lost(exc)
@@ -124,7 +127,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = "body"
         self._head_bytes = 0
         self._arm(self.limits.body_timeout_s)
-        self.scope["extensions"] = {DISCONNECTED: self.loop.create_future()}
+        extensions: dict[str, Any] = {DISCONNECTED: self.loop.create_future()}
+        self.scope["extensions"] = extensions
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
@@ -150,7 +154,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _disarm(self) -> None:
         if getattr(self, "_timer", None) is not None:
-            self._timer.cancel()  # type: ignore[union-attr]
+            self._timer.cancel()  # type: ignore[union-attr]  # checked just above
             self._timer = None
 
     def _timed_out(self) -> None:
@@ -191,7 +195,8 @@ def _unread_bytes(transport: asyncio.Transport) -> int:
         raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
     except OSError:  # closed meanwhile
         return 0
-    return struct.unpack("i", raw)[0]
+    unread: int = struct.unpack("i", raw)[0]
+    return unread
 
 
 def protocol_class(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -38,7 +38,9 @@ class ErrorDialect(Protocol):
     def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply: ...
 
 
-def http_headers(failure: Failure, extra: dict[str, str] | None = None) -> tuple:
+def http_headers(
+    failure: Failure, extra: dict[str, str] | None = None
+) -> tuple[tuple[bytes, bytes], ...]:
     headers = [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
     if failure.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
@@ -58,7 +60,13 @@ def _encoded(shape: Callable[[Failure], dict[str, Any]], failure: Failure) -> by
             return text if text is None else text.encode("utf-8", "backslashreplace").decode()
 
         return dumps(
-            shape(replace(failure, message=safe(failure.message), param=safe(failure.param)))
+            shape(
+                replace(
+                    failure,
+                    message=cast(str, safe(failure.message)),  # str in, str out
+                    param=safe(failure.param),
+                )
+            )
         )
 
 
@@ -135,7 +143,9 @@ class PathDialects:
 def install_error_handlers(app: FastAPI, dialects: PathDialects) -> None:
     """The framework's routes answer errors in the dialect of their prefix."""
 
-    def respond(request: Request, failure: Failure, headers: dict[str, str] | None = None):
+    def respond(
+        request: Request, failure: Failure, headers: dict[str, str] | None = None
+    ) -> Response:
         reply = dialects(request.url.path).reply(failure, headers)
         extra = {k.decode(): v.decode() for k, v in reply.headers}
         return Response(reply.body, reply.status, extra, media_type=reply.content_type.decode())
@@ -154,11 +164,11 @@ def install_error_handlers(app: FastAPI, dialects: PathDialects) -> None:
             param, message = body_parse_error(getattr(request.state, "raw_body", b""))
             return respond(request, Failure(400, "invalid_request_error", message, param))
         bare = Failure(exc.status_code, "invalid_request_error", str(exc.detail))
-        return respond(request, bare, exc.headers)
+        return respond(request, bare, cast("dict[str, str] | None", exc.headers))  # a dict, or None
 
     for cls, _kind in ERROR_TABLE:
         app.add_exception_handler(cls, on_domain_error)
     # Anything else: a 500 whose traceback is logged (Starlette re-raises it after).
     app.add_exception_handler(Exception, on_domain_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]  # called only with its class
+    app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]  # as above

@@ -4,6 +4,7 @@ with it: cancel the request's handler, which drops its queued work or aborts its
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from starlette.types import Receive, Scope
 
@@ -15,12 +16,14 @@ class ClientDisconnected(Exception):
     """The client went away before its answer was ready; its queued work was dropped."""
 
 
-def disconnect_future(scope: Scope, receive: Receive) -> tuple[asyncio.Future, asyncio.Task | None]:
+def disconnect_future(
+    scope: Scope, receive: Receive
+) -> tuple[asyncio.Future[None], asyncio.Task[None] | None]:
     """The request's disconnect future. Ferry's protocol hands one over for free; under any
     other server (tests over httpx's ASGI transport) a task listening on `receive` stands in,
     returned so that the caller can cancel it. Only call once the body is read: after that a
     disconnect is the only message that can arrive."""
-    given = scope.get("extensions", {}).get(DISCONNECTED)
+    given: asyncio.Future[None] | None = scope.get("extensions", {}).get(DISCONNECTED)
     if given is not None:
         return given, None
     watcher = asyncio.ensure_future(_until_disconnect(receive))
@@ -38,10 +41,10 @@ class CancelOnDisconnect:
 
     __slots__ = ("_task", "armed")
 
-    def __init__(self, task: asyncio.Task) -> None:
+    def __init__(self, task: asyncio.Task[Any]) -> None:
         self._task = task
         self.armed = True
 
-    def __call__(self, _: asyncio.Future) -> None:
+    def __call__(self, _: asyncio.Future[None]) -> None:
         if self.armed:
             self._task.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 
 class DrainState:
@@ -13,14 +14,14 @@ class DrainState:
         # ended with an error event), never left to the server's bare 500.
         self.expired = False
         self.in_flight = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
     def begin(self) -> None:
         self.draining = True
 
-    def enter(self, task: asyncio.Task | None = None) -> None:
+    def enter(self, task: asyncio.Task[Any] | None = None) -> None:
         """Count the calling task (or `task`, where the caller has it at hand) in flight."""
         self.in_flight += 1
         self._idle.clear()
@@ -28,9 +29,9 @@ class DrainState:
         if task is not None:
             self._tasks.add(task)
 
-    def leave(self, task: asyncio.Task | None = None) -> None:
+    def leave(self, task: asyncio.Task[Any] | None = None) -> None:
         self.in_flight -= 1
-        self._tasks.discard(task or asyncio.current_task())  # type: ignore[arg-type]
+        self._tasks.discard(task or asyncio.current_task())
         if self.in_flight == 0:
             self._idle.set()
 

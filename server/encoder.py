@@ -36,7 +36,7 @@ class EncoderServing:
         self,
         model: ModelRuntime,
         valid: ValidSequences,
-        disconnected: asyncio.Future | None = None,
+        disconnected: asyncio.Future[None] | None = None,
     ) -> EncoderResult:
         """Rows of raw outputs (at least `valid.outputs`), one per item, in order.
 
@@ -47,11 +47,11 @@ class EncoderServing:
 
 
 async def gather_results(
-    futures: list[asyncio.Future], disconnected: asyncio.Future | None
+    futures: list[asyncio.Future[dict[str, np.ndarray]]], disconnected: asyncio.Future[None] | None
 ) -> list[dict[str, np.ndarray]]:
     """Every future's result; a client that leaves first has its queued items dropped."""
 
-    def drop(_: asyncio.Future) -> None:
+    def drop(_: object) -> None:
         for future in futures:
             future.cancel()
 
@@ -74,4 +74,4 @@ async def gather_results(
         if disconnected is not None:
             disconnected.remove_done_callback(drop)
         # After one failed, the rest are not worth running: cancelling drops them from the queue.
-        drop(disconnected)  # type: ignore[arg-type]
+        drop(disconnected)

@@ -8,6 +8,7 @@ route's clients know it. Routes only parse their protocol; the batcher asserts, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -164,10 +165,12 @@ def _lengths_of(mask: np.ndarray) -> tuple[int, ...]:
     """Each padded row's length: up to its mask's last 1 (a hole in the mask is not the end).
     An all-zero row keeps its whole width, so that the value check names the problem."""
     if mask.shape[1] == 0:
-        return (0,) * mask.shape[0]
+        return (0,) * cast(int, mask.shape[0])
     attended = mask != 0
     last = mask.shape[1] - np.argmax(attended[:, ::-1], axis=1)
-    return tuple(np.where(attended.any(axis=1), last, mask.shape[1]).tolist())
+    return cast(
+        "tuple[int, ...]", tuple(np.where(attended.any(axis=1), last, mask.shape[1]).tolist())
+    )
 
 
 def _check_lengths(

@@ -117,7 +117,7 @@ class ErrorKind:
 
 
 # The one table: exception class -> status and error type. First match wins (subclasses first).
-ERROR_TABLE: tuple[tuple[type[BaseException], ErrorKind], ...] = (
+ERROR_TABLE: tuple[tuple[type[Exception], ErrorKind], ...] = (
     (InvalidInput, ErrorKind(422, "invalid_request_error")),
     (MalformedRequest, ErrorKind(400, "invalid_request_error")),
     # nginx's status for a client that closed the connection first; nobody reads the body.
@@ -213,7 +213,7 @@ def body_parse_error(body: bytes) -> tuple[str | None, str]:
     return field_at(body), "Invalid JSON: nested too deeply"
 
 
-def _param_from_loc(loc: tuple) -> str | None:
+def _param_from_loc(loc: Sequence[str | int]) -> str | None:
     """('body', 'input_ids', 'list[int]', 3) -> 'input_ids[3]': pydantic's union tags dropped."""
     parts = [p for p in loc if p != "body"]
     if not parts:

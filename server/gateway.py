@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -103,7 +104,7 @@ class Gateway:
             )
 
     async def _handle(
-        self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict
+        self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict[str, Any]
     ) -> str:
         """Answer the request; returns the endpoint label."""
         matched = self._hot.match(scope["method"], path)
@@ -167,7 +168,7 @@ class Gateway:
             raise BodyTooLarge(self._max_body)
 
     async def _dispatch(
-        self, route: HotRoute, call: HotCall, send: _ResponseWatch, task: asyncio.Task
+        self, route: HotRoute, call: HotCall, send: _ResponseWatch, task: asyncio.Task[Any]
     ) -> None:
         """Run the handler and send what it returns, cancelling it if the client goes away
         (which drops its queued work or aborts its generation): one mechanism for every route."""
@@ -226,7 +227,7 @@ class _ResponseWatch:
 
     __slots__ = ("_send", "_state", "finished", "started", "status", "streaming")
 
-    def __init__(self, send: Send, state: dict) -> None:
+    def __init__(self, send: Send, state: dict[str, Any]) -> None:
         self._send = send
         self._state = state  # the request's: a clamped priority is said in a header
         self.status = 500
@@ -283,7 +284,8 @@ def _media_type_refusal(scope: Scope, path: str) -> UnsupportedMediaType | None:
 
 
 def _header(scope: Scope, name: bytes) -> bytes:
-    for key, value in scope["headers"]:
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    for key, value in headers:
         if key == name:
             return value
     return b""

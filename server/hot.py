@@ -40,18 +40,19 @@ class HotCall:
     scope: Scope
     receive: Receive
     # The request's state (the framework's `request.state`): the route sets `model_name`.
-    state: dict
+    state: dict[str, Any]
     params: Mapping[str, str]  # the route template's `{name}`s, from its match
-    _gone: asyncio.Future | None = field(default=None, repr=False)
-    _watcher: asyncio.Task | None = field(default=None, repr=False)
+    _gone: asyncio.Future[None] | None = field(default=None, repr=False)
+    _watcher: asyncio.Task[None] | None = field(default=None, repr=False)
 
     def header(self, name: bytes) -> bytes | None:
-        for key, value in self.scope["headers"]:
+        headers: list[tuple[bytes, bytes]] = self.scope["headers"]
+        for key, value in headers:
             if key == name:
                 return value
         return None
 
-    def disconnected(self) -> asyncio.Future:
+    def disconnected(self) -> asyncio.Future[None]:
         """The request's one disconnect future (see `disconnect.py`)."""
         if self._gone is None:
             self._gone, self._watcher = disconnect_future(self.scope, self.receive)
@@ -143,7 +144,7 @@ def _documentation(body_model: type[Any] | None, params: list[str]) -> Callable[
     parameters = [inspect.Parameter(name, keyword, annotation=str) for name in params]
     if body_model is not None:
         parameters.append(inspect.Parameter("body", keyword, annotation=body_model))
-    served_by_gateway.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    served_by_gateway.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]  # read by FastAPI
     return served_by_gateway
 
 

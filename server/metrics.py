@@ -56,10 +56,10 @@ class FerryMetrics:
     ) -> None:
         self.priority_levels = priority_levels
         # `_created` series double the series count and no dashboard uses them.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
         self.registry = registry or CollectorRegistry()
         # Per-model children bound by observers (model -> children): forget_model drops them.
-        self.bound_by_model: list[dict[str, object]] = []
+        self.bound_by_model: list[dict[str, Any]] = []
         r = self.registry
         self.requests = Counter(
             "ferry_requests_total",
@@ -266,7 +266,7 @@ class FerryMetrics:
             "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
             lambda stats: stats.prefix_cache_hits,
         )
-        self._engine_families = (self.llm_running, self.llm_waiting)
+        self._engine_families: tuple[EngineStatsFamily, ...] = (self.llm_running, self.llm_waiting)
         self._engine_families += (self.llm_prefix_cache_queries, self.llm_prefix_cache_hits)
         for family in self._engine_families:
             r.register(family)
@@ -418,7 +418,7 @@ class LLMMetricsObserver:
     def __init__(self, metrics: FerryMetrics) -> None:
         self._m = metrics
         self._models: dict[str, ModelLLMObserver] = {}
-        metrics.bound_by_model.append(self._models)  # type: ignore[arg-type]
+        metrics.bound_by_model.append(self._models)
 
     def for_model(self, model: str) -> ModelLLMObserver:
         """The model's label values bound once (a dict lookup per request, none per token)."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -15,6 +15,7 @@ from ferry.backends.base import Backend
 from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.manifest import ModelManifest
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
+from ferry.batcher.types import InferFn, Result
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.errors import InvalidInput
 from ferry.server.metrics import FerryMetrics
@@ -55,7 +56,8 @@ def build_backend(settings: ModelSettings) -> Backend:
     model_file = settings.path / "model.onnx"
     if not model_file.is_file():
         raise FileNotFoundError(f"model {settings.name!r}: model file not found: {model_file}")
-    return OnnxRuntimeBackend.from_options(model_file, options)
+    # Its takes_token_types is a read-only property; the protocol's reader is all Ferry uses.
+    return cast(Backend, OnnxRuntimeBackend.from_options(model_file, options))
 
 
 class ModelRuntime:
@@ -88,7 +90,7 @@ class ModelRuntime:
             )
         self.batcher = MicroBatcher(
             self.name,
-            self.backend.infer,
+            cast(InferFn, self.backend.infer),  # a token model's batches are all PaddedBatches
             # The backend knows how many batches may run at once (measured when auto).
             replace(
                 self.settings.batching,
@@ -153,7 +155,7 @@ class ModelRuntime:
         self._metrics.model_ready.labels(self.name).set(1 if ok else 0)
         return ok
 
-    def submit(self, valid: ValidSequences) -> list[asyncio.Future]:
+    def submit(self, valid: ValidSequences) -> list[asyncio.Future[Result]]:
         """Queue a validated request's rows (nothing is checked again), one future each."""
         return self.submit_rows(
             valid.sequences(), valid.timeout_s, self.backend_outputs(valid.outputs), valid.priority
@@ -165,7 +167,7 @@ class ModelRuntime:
         timeout_s: float | None,
         outputs: frozenset[str] | None,
         priority: int,
-    ) -> list[asyncio.Future]:
+    ) -> list[asyncio.Future[Result]]:
         """The rows of a validated request (here, or from an API process), one future each."""
         assert self.batcher is not None, "submit before start"
         return self.batcher.submit(sequences, timeout_s, outputs, priority)
@@ -174,7 +176,7 @@ class ModelRuntime:
         """A deadline shorter than the model's time for the longest row alone, on an idle
         server, can never be met: a 422 naming timeout_ms before queueing, not a 504 after.
         Only under half that time, since the cost model is fitted on a shared machine."""
-        cost_model = self.batcher.cost_model  # type: ignore[union-attr]
+        cost_model = self.batcher.cost_model  # type: ignore[union-attr]  # started before any request
         if not cost_model.ready:
             return
         floor_s = cost_model.predict(1, longest) * DEADLINE_FLOOR_SHARE
@@ -203,14 +205,14 @@ class ModelRuntime:
                     "outputs", f"unknown output {name!r}; choose from {list(choices)}"
                 )
         if requested:
-            return tuple(requested)  # type: ignore[arg-type]
+            return tuple(requested)  # type: ignore[arg-type]  # each name checked above: no None
         return tuple(choices) if tensors else self.default_outputs
 
     def backend_outputs(self, names: Sequence[str]) -> frozenset[str]:
         """What the backend must fetch for `names`: derived outputs come from the logits."""
         return frozenset("logits" if name in DERIVED_OUTPUTS else name for name in names)
 
-    def render(self, row: dict[str, np.ndarray], outputs: Sequence[str]) -> dict[str, Any]:
+    def render(self, row: Mapping[str, Any], outputs: Sequence[str]) -> dict[str, Any]:
         """One request's raw outputs -> the JSON-ready values it asked for."""
         rendered: dict[str, Any] = {}
         if self.scores and "logits" in row:

@@ -54,7 +54,7 @@ async def score_pairs(
     model: ModelRuntime,
     firsts: Sequence[str],
     seconds: Texts,
-    disconnected: asyncio.Future | None = None,
+    disconnected: asyncio.Future[None] | None = None,
     priority: int = 0,
 ) -> PairScores:
     """`firsts[i]` with `seconds.texts[i]`, scored; `seconds` names the items in errors."""

@@ -146,7 +146,7 @@ class ModelRegistry:
 
     async def ready(self) -> bool:
         """Every encoder loaded and its backend healthy (KServe's server readiness)."""
-        models = [*self.models.values(), *self.tensors.values()]
+        models: list[ModelRuntime | TensorModel] = [*self.models.values(), *self.tensors.values()]
         states = await asyncio.gather(*(model.healthy() for model in models))
         return all(states)
 

@@ -65,5 +65,5 @@ async def send_stream(send: Callable[[Message], Awaitable[None]], stream: Stream
         async for event in events:
             await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()  # type: ignore[attr-defined]  # routes hand it an async generator
     await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -85,7 +85,7 @@ class PredictRequest(BaseModel):
         assert self.input_ids is not None
         batched = bool(self.input_ids) and isinstance(self.input_ids[0], list)
         ids = self.input_ids if batched else [self.input_ids]
-        return ids, _items(self.attention_mask), _items(self.token_type_ids)  # type: ignore[return-value]
+        return ids, _items(self.attention_mask), _items(self.token_type_ids)  # type: ignore[return-value]  # `batched` told which list it is
 
     def texts(self) -> tuple[list[str], list[str] | None]:
         """The texts, and the second text of each pair when pairs were sent."""
@@ -93,12 +93,12 @@ class PredictRequest(BaseModel):
         if isinstance(self.inputs, str):
             return [self.inputs], None
         if self.inputs and isinstance(self.inputs[0], list):
-            pairs: list[list[str]] = self.inputs  # type: ignore[assignment]
+            pairs: list[list[str]] = self.inputs
             return [first for first, _ in pairs], [second for _, second in pairs]
-        return list(self.inputs), None  # type: ignore[arg-type]
+        return list(self.inputs), None  # type: ignore[arg-type]  # pairs returned above: strings
 
 
-def _items(values: TokenIds | None) -> list | None:
+def _items(values: TokenIds | None) -> list[Any] | None:
     if values is not None and values and not isinstance(values[0], list):
         return [values]
     return values

@@ -29,7 +29,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self._app = app
         self._drain_timeout_s = drain_timeout_s
-        self._drain_task: asyncio.Future | None = None
+        self._drain_task: asyncio.Future[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the lifespan first: models started and warm

@@ -249,7 +249,7 @@ def load_settings(
     models += [dict(m) for m in extra_models]
     _apply_env(server, models + llm_models, environ)
     server.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))
+    return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]  # pydantic validates the dicts
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from ferry.server.errors import InvalidInput
 FLOATS = {"FP16", "FP32", "FP64"}
 
 
-def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.ndarray:
+def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
     """Flat JSON items -> a 1-D array of `dtype`, every item of the datatype's kind."""
     kinds = set(map(type, flat))  # checked at C speed: the common case needs no loop
     if datatype == "BOOL":
@@ -54,7 +54,7 @@ def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.nda
     return _integers(name, datatype, dtype, flat)
 
 
-def _integers(name: str, datatype: str, dtype: np.dtype, flat: list) -> np.ndarray:
+def _integers(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
     limits = np.iinfo(dtype)
     for index, item in enumerate(flat):
         if not limits.min <= item <= limits.max:
@@ -79,7 +79,7 @@ def _shown(item: Any) -> str:
     return f"{shown} ({json.dumps(item)[:40]})" if item is not None else "null"
 
 
-def nested(name: str, data: Any) -> tuple[list[int], list]:
+def nested(name: str, data: Any) -> tuple[list[int], list[Any]]:
     """A nested JSON list's shape and its items in order; ragged nesting is refused."""
     if not isinstance(data, list):
         return [], [data]
@@ -103,9 +103,9 @@ def json_tensor(spec: TensorSpec, data: Any) -> np.ndarray:
     return typed_array(spec.name, spec.datatype, spec.dtype, flat).reshape(shape)
 
 
-def records_tensors(signature: Signature, records: list) -> dict[str, np.ndarray]:
+def records_tensors(signature: Signature, records: list[Any]) -> dict[str, np.ndarray]:
     """Tabular records (objects keyed by input name, one a row) -> a tensor per input."""
-    columns: dict[str, list] = {name: [] for name in signature.input_names}
+    columns: dict[str, list[Any]] = {name: [] for name in signature.input_names}
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise InvalidInput(f"inputs[{index}]", "a record must be an object of input: value")

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking, TensorRows
+from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
 from ferry.server.metrics import FerryMetrics
@@ -91,7 +92,7 @@ class TensorModel:
         self.batchable = signature.batchable
         self.batcher = MicroBatcher(
             self.name,
-            self.backend.infer,
+            cast(InferFn, self.backend.infer),  # a graph's batches are all TensorBatches
             self._limits(),
             None,
             packing=TensorPacking(self._layout()),
@@ -155,7 +156,7 @@ class TensorModel:
                     "outputs", f"unknown output {name!r}; choose from {list(choices)}"
                 )
         if requested:
-            return tuple(requested)  # type: ignore[arg-type]
+            return tuple(requested)  # type: ignore[arg-type]  # each name checked above: no None
         return choices if tensors else self._default_outputs
 
     async def infer(
@@ -164,7 +165,7 @@ class TensorModel:
         outputs: Sequence[str],
         timeout_s: float | None = None,
         priority: int = 0,
-        disconnected: asyncio.Future | None = None,
+        disconnected: asyncio.Future[None] | None = None,
     ) -> dict[str, np.ndarray]:
         """A validated request's outputs, its rows on the first axis, through the batcher."""
         assert self.batcher is not None, "infer before start"

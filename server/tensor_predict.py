@@ -52,7 +52,7 @@ def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> d
 async def predict_tensors(
     model: TensorModel,
     raw: dict[str, Any],
-    disconnected: asyncio.Future | None,
+    disconnected: asyncio.Future[None] | None,
     decide_priority: Callable[[int], int],
 ) -> dict[str, Any]:
     """`decide_priority`: the caller's priority policy (server/tenancy.py) applied to the ask."""

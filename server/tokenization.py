@@ -12,12 +12,13 @@ lengths against the model is `encoder_validation.py`'s job, not this module's.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Encoding, Tokenizer
 
 
 class TextRejected(Exception):
@@ -48,7 +49,7 @@ class _Job:
     pairs: list[str] | None = None
 
     @property
-    def inputs(self) -> list:
+    def inputs(self) -> list[str] | list[tuple[str, str]]:
         return self.texts if self.pairs is None else list(zip(self.texts, self.pairs, strict=True))
 
 
@@ -74,14 +75,14 @@ class TextTokenizer:
         self._executor: ThreadPoolExecutor | None = None
         self._waiting: list[_Job] = []
         self._draining = False
-        self._drainer: asyncio.Task | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     def encode(
         self, texts: list[str], truncate: bool = False, pairs: list[str] | None = None
     ) -> Tokenized:
         """Tokenize in the calling thread; TextRejected says which text is at fault. With
         `pairs`, texts[i] and pairs[i] are one input (a cross-encoder's query and document)."""
-        outcome = self._encode_one(_Job(texts, truncate, None, pairs))  # type: ignore[arg-type]
+        outcome = self._encode_one(_Job(texts, truncate, None, pairs))  # type: ignore[arg-type]  # no future: encoded here
         if outcome.error is not None:
             raise outcome.error
         assert outcome.tokenized is not None
@@ -107,7 +108,9 @@ class TextTokenizer:
             while self._waiting:
                 jobs, self._waiting = self._waiting, []
                 try:
-                    outcomes = await loop.run_in_executor(self._executor, self._encode_jobs, jobs)
+                    outcomes: Sequence[_Outcome | Exception] = await loop.run_in_executor(
+                        self._executor, self._encode_jobs, jobs
+                    )
                 except Exception as exc:  # a tokenizer bug must not hang its callers
                     outcomes = [exc] * len(jobs)
                 for job, outcome in zip(jobs, outcomes, strict=True):
@@ -118,6 +121,7 @@ class TextTokenizer:
                     elif outcome.error is not None:
                         job.future.set_exception(outcome.error)
                     else:
+                        assert outcome.tokenized is not None
                         job.future.set_result(outcome.tokenized)
         finally:
             self._draining = False
@@ -187,7 +191,7 @@ class TextTokenizer:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _padded(encodings: list, paired: bool = False) -> _Outcome:
+def _padded(encodings: list[Encoding], paired: bool = False) -> _Outcome:
     lengths = tuple(len(encoding.ids) for encoding in encodings)
     input_ids = np.zeros((len(encodings), max(lengths, default=0)), dtype=np.int64)
     attention_mask = np.zeros_like(input_ids)

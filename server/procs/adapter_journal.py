@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class AdapterJournal:
     def read(self) -> AdapterSets:
         """What the last engine process served; empty before any engine wrote it."""
         try:
-            return json.loads(self.path.read_text())
+            return cast(AdapterSets, json.loads(self.path.read_text()))
         except FileNotFoundError:
             return {}
 

@@ -17,7 +17,9 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
+import numpy as np
 import zmq
 
 from ferry.batcher import TokenSequence
@@ -30,6 +32,8 @@ from ferry.server.procs.loop_socket import LoopSocket
 logger = logging.getLogger(__name__)
 HELLO_EVERY_S = 0.25
 ENGINE_GONE = "the engine process stopped; it is being restarted"
+Row = dict[str, np.ndarray]
+CallResult = bool | tuple[str, ...] | None
 
 
 class EngineClient:
@@ -40,15 +44,15 @@ class EngineClient:
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
         self._ids = itertools.count(1)
-        self._rows: dict[int, list[asyncio.Future]] = {}
-        self._streams: dict[int, asyncio.Queue] = {}
-        self._replies: dict[int, asyncio.Future] = {}
+        self._rows: dict[int, list[asyncio.Future[Row]]] = {}
+        self._streams: dict[int, asyncio.Queue[GenerationDelta | BaseException]] = {}
+        self._replies: dict[int, asyncio.Future[CallResult]] = {}
         self.info: wire.Info | None = None
         self.adapters: dict[str, tuple[str, ...]] = {}  # per LLM, as the engine last said
         self.stats: wire.Stats | None = None
         self._connected = asyncio.Event()
         self._pidfd: int | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def alive(self) -> bool:
@@ -89,7 +93,7 @@ class EngineClient:
         outputs: frozenset[str] | None,
         priority: int,
         deadline_s: float | None = None,
-    ) -> list[asyncio.Future]:
+    ) -> list[asyncio.Future[Row]]:
         """`timeout_s` is the request's own (None: the model's default, applied by the engine);
         `deadline_s` is the one both apply, kept here too."""
         loop = asyncio.get_running_loop()
@@ -105,7 +109,7 @@ class EngineClient:
         header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
         self._send(header, frames)
 
-        def cancelled(future: asyncio.Future) -> None:
+        def cancelled(future: asyncio.Future[Row]) -> None:
             # The caller dropped its futures (client gone, or another item failed): the engine
             # drops the rest from its queue.
             if future.cancelled() and self._rows.pop(rid, None) is not None:
@@ -117,7 +121,7 @@ class EngineClient:
             self._expire_at(rid, futures, deadline_s)
         return futures
 
-    def _expire_at(self, rid: int, futures: list[asyncio.Future], timeout_s: float) -> None:
+    def _expire_at(self, rid: int, futures: list[asyncio.Future[Row]], timeout_s: float) -> None:
         """The deadline holds here even if the engine never answers (stopped, its loop stuck).
         No Cancel: the engine keeps the same deadline and drops the work itself (counted there
         as `deadline`, not `cancelled`); its late rows find no request and are dropped."""
@@ -131,7 +135,7 @@ class EngineClient:
 
         timer = asyncio.get_running_loop().call_later(timeout_s, expire)
 
-        def settled(_: asyncio.Future) -> None:
+        def settled(_: asyncio.Future[Row]) -> None:
             if all(f.done() for f in futures):
                 timer.cancel()
 
@@ -153,7 +157,7 @@ class EngineClient:
         if not self.alive:
             raise EngineDead(ENGINE_GONE)
         rid = next(self._ids)
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
         self._streams[rid] = queue
         message = wire.Generate(
             rid, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
@@ -175,11 +179,11 @@ class EngineClient:
             if not finished and self.alive:
                 self._send(wire.Cancel(rid))
 
-    async def call(self, model: str, method: str, *args: str) -> bool | tuple[str, ...] | None:
+    async def call(self, model: str, method: str, *args: str) -> CallResult:
         if not self.alive:
             raise EngineDead(ENGINE_GONE)
         rid = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         self._replies[rid] = future
         self._send(wire.Call(rid, model, method, args))
         try:
@@ -198,9 +202,10 @@ class EngineClient:
 
     def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
         self._heard = time.monotonic()
-        self._handle(header, frames)  # type: ignore[arg-type]
+        self._handle(header, frames)  # type: ignore[arg-type]  # the decoder yields only ToApi
 
     def _handle(self, message: wire.ToApi, frames: list[bytes]) -> None:
+        future: asyncio.Future[Any] | None  # a row's or a call's
         if isinstance(message, wire.Row):
             futures = self._rows.get(message.rid)
             if futures is not None:
@@ -291,6 +296,7 @@ class EngineClient:
         self._unwatch()
         self.stats = None
         rows, self._rows = self._rows, {}
+        future: asyncio.Future[Any]  # a row's, then a call's
         for futures in rows.values():
             for future in futures:
                 if not future.done():

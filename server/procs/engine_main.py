@@ -12,12 +12,15 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from functools import partial
 from pathlib import Path
+from typing import cast
 
+import numpy as np
 import zmq
 
+from ferry.llm.base import GenerationDelta
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
@@ -48,11 +51,11 @@ class EngineServer:
         }
         self._peers: set[bytes] = set()
         self._pidfds: dict[bytes, int] = {}  # per API process, a pidfd on it (its exit)
-        self._calls: set[asyncio.Task] = set()
+        self._calls: set[asyncio.Task[None]] = set()
         self._seq = itertools.count(1)
         self._acks: dict[int, tuple[set[bytes], asyncio.Event]] = {}
-        self._rows: dict[tuple[bytes, int], list[asyncio.Future]] = {}
-        self._streams: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._rows: dict[tuple[bytes, int], list[asyncio.Future[dict[str, np.ndarray]]]] = {}
+        self._streams: dict[tuple[bytes, int], asyncio.Task[None]] = {}
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
 
@@ -77,13 +80,15 @@ class EngineServer:
         self._socket.close()
         self._context.term()
 
-    def _send(self, peer: bytes, header: wire.ToApi, frames: list | None = None) -> None:
+    def _send(
+        self, peer: bytes, header: wire.ToApi, frames: list[memoryview] | None = None
+    ) -> None:
         assert self._socket is not None
         self._socket.send(header, frames or (), peer)
 
     def _receive(self, peer: bytes | None, header: object, frames: list[bytes]) -> None:
         assert peer is not None
-        self._handle(peer, header, frames)  # type: ignore[arg-type]
+        self._handle(peer, header, frames)  # type: ignore[arg-type]  # the decoder yields only ToEngine
 
     def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[bytes]) -> None:
         if peer not in self._peers and not isinstance(message, wire.Hello):
@@ -169,7 +174,9 @@ class EngineServer:
         for index, future in enumerate(futures):
             future.add_done_callback(partial(self._row_done, key, index))
 
-    def _row_done(self, key: tuple[bytes, int], index: int, future: asyncio.Future) -> None:
+    def _row_done(
+        self, key: tuple[bytes, int], index: int, future: asyncio.Future[dict[str, np.ndarray]]
+    ) -> None:
         futures = self._rows.get(key)
         if futures is not None and all(f.done() for f in futures):
             del self._rows[key]
@@ -195,13 +202,17 @@ class EngineServer:
     async def _generate(self, peer: bytes, message: wire.Generate) -> None:
         try:
             engine = self.engines[message.model]
-            stream = engine.generate(
-                message.request_id,
-                message.prompt_ids,
-                message.sampling,
-                message.adapter,
-                message.priority,
-                message.cache_salt,
+            # Every engine's generate is an async generator, which has aclose.
+            stream = cast(
+                AsyncGenerator[GenerationDelta, None],
+                engine.generate(
+                    message.request_id,
+                    message.prompt_ids,
+                    message.sampling,
+                    message.adapter,
+                    message.priority,
+                    message.cache_salt,
+                ),
             )
             try:
                 async for delta in stream:
@@ -342,7 +353,7 @@ def engine_main(
         runner.run(main())
 
 
-def _loop_factory():
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency off Windows

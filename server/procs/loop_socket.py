@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -28,8 +29,8 @@ Handler = Callable[[bytes | None, object, list[bytes]], None]
 class LoopSocket:
     def __init__(
         self,
-        socket: zmq.Socket,
-        decoder: msgspec.msgpack.Decoder,
+        socket: zmq.Socket[bytes],
+        decoder: msgspec.msgpack.Decoder[Any],  # either direction's list of headers
         frame_count: Callable[[object], int],
         on_message: Handler,
         routed: bool = False,
@@ -44,13 +45,13 @@ class LoopSocket:
         self._routed = routed  # a ROUTER: the first frame names the peer
         self._encoder = msgspec.msgpack.Encoder()
         self._loop = asyncio.get_running_loop()
-        self._fd = socket.getsockopt(zmq.FD)
-        self._outbox: dict[bytes | None, tuple[list, list]] = {}
+        self._fd = cast(int, socket.getsockopt(zmq.FD))
+        self._outbox: dict[bytes | None, tuple[list[object], list[Any]]] = {}
         self._read_scheduled = False
         self._loop.add_reader(self._fd, self._read)
         self._loop.call_soon(self._read)  # whatever came before the reader was added
 
-    def send(self, header: object, frames: Sequence = (), peer: bytes | None = None) -> None:
+    def send(self, header: object, frames: Sequence[Any] = (), peer: bytes | None = None) -> None:
         """Queued until the end of this loop turn, then sent with the turn's others."""
         if not self._outbox:
             self._loop.call_soon(self._flush)
@@ -62,15 +63,17 @@ class LoopSocket:
         outbox, self._outbox = self._outbox, {}
         for peer, (headers, frames) in outbox.items():
             message = [self._encoder.encode(headers), *frames]
-            self._socket.send_multipart([peer, *message] if self._routed else message, zmq.NOBLOCK)
-        if not self._read_scheduled and self._socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._socket.send_multipart(
+                [cast(bytes, peer), *message] if self._routed else message, zmq.NOBLOCK
+            )
+        if not self._read_scheduled and cast(int, self._socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             self._read_scheduled = True
             self._loop.call_soon(self._read)
 
     def _read(self) -> None:
         self._read_scheduled = False
         socket = self._socket
-        while socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        while cast(int, socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             frames = socket.recv_multipart(zmq.NOBLOCK)
             peer = frames.pop(0) if self._routed else None
             try:

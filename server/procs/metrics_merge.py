@@ -34,12 +34,12 @@ class MergedRegistry(CollectorRegistry):
     def __init__(self, path: str) -> None:
         super().__init__()
         self._path = path
-        self._files = MultiProcessCollector(None, path)
+        self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             collectors = list(self._collector_to_names)
-        for metric in self._files.collect():
+        for metric in self._files.collect():  # type: ignore[no-untyped-call]  # as above
             yield _without_pid(metric) if metric.type == "gauge" else metric
         for collector in collectors:
             if not isinstance(collector, MetricWrapperBase):

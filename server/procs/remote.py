@@ -12,7 +12,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
 
 from ferry.llm.base import EngineStats, GenerationDelta
 from ferry.llm.chat_tokenizer import ChatTokenizer
@@ -43,11 +45,11 @@ class RemoteModelRuntime(ModelRuntime):
         self._client = client
         super().__init__(settings, metrics)
 
-    def _build_backend(self, settings: ModelSettings) -> BackendView:  # type: ignore[override]
+    def _build_backend(self, settings: ModelSettings) -> BackendView:  # type: ignore[override]  # a view of the engine's backend, never run here
         return BackendView(settings.backend.kind, (), frozenset(), 1)  # until `learn`
 
     def learn(self, info: ModelInfo) -> None:
-        self.backend = BackendView(  # type: ignore[assignment]
+        self.backend = BackendView(  # type: ignore[assignment]  # a view, as _build_backend
             info.backend,
             info.output_names,
             frozenset(info.sequence_outputs),
@@ -57,7 +59,7 @@ class RemoteModelRuntime(ModelRuntime):
         self._widths = dict(info.widths)
 
     @property
-    def ready(self) -> bool:  # type: ignore[override]
+    def ready(self) -> bool:
         stats = self._client.stats
         return (
             self._client.responsive
@@ -75,7 +77,7 @@ class RemoteModelRuntime(ModelRuntime):
     async def healthy(self) -> bool:
         return self.ready
 
-    def submit(self, valid: ValidSequences) -> list[asyncio.Future]:
+    def submit(self, valid: ValidSequences) -> list[asyncio.Future[dict[str, np.ndarray]]]:
         # Admission is the engine's: its batcher has the cost model and the queue. The deadline
         # is kept on both sides: here it holds even when the engine is stuck.
         timeout_s = self.settings.timeout_s if valid.timeout_s is None else valid.timeout_s
@@ -109,7 +111,7 @@ class RemoteRegistry(ModelRegistry):
         info = self._client.info
         assert info is not None, "start the client first"
         for model in info.models:
-            self.models[model.name].learn(model)  # type: ignore[attr-defined]
+            cast(RemoteModelRuntime, self.models[model.name]).learn(model)
         await super().start()
 
     async def close(self, drain_timeout_s: float) -> None:

@@ -208,7 +208,7 @@ def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> tuple[Row, lis
         tuple(a.dtype.str for a in arrays),
         tuple(a.shape for a in arrays),
     )
-    return header, [memoryview(a).cast("B") for a in arrays]
+    return header, [memoryview(a).cast("B") for a in arrays]  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy declares it for 3.12+ only
 
 
 def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:
@@ -222,7 +222,7 @@ def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:
 
 # The exceptions that cross: the batcher's, the LLM engines' and the server's own (a refusal
 # the engine decides, such as the deadline floor), rebuilt by class name.
-_ERRORS: dict[str, type[BaseException]] = {
+_ERRORS: dict[str, type[Exception]] = {
     name: value
     for module in (batcher_errors, llm_errors, server_errors)
     for name, value in vars(module).items()
