@@ -170,9 +170,8 @@ class BatchLane:
         while new_length < length:
             new_length *= 2
         grown = self._model.new_block(new_rows, new_length)
-        # Rows exist only once a block does: `block` is not None inside this loop.
-        for row in range(len(self._rows)):
-            grown.copy_row(block, row, row, int(self._lengths[row]))  # type: ignore[arg-type]
+        for row in range(len(self._rows)):  # rows exist only once a block does
+            grown.copy_row(block, row, row, int(self._lengths[row]))  # type: ignore[arg-type]  # not None here
         lengths, tokens = np.zeros(new_rows, np.int64), np.zeros(new_rows, np.int64)
         lengths[: self._lengths.size] = self._lengths
         tokens[: self._tokens.size] = self._tokens

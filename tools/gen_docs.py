@@ -40,7 +40,7 @@ def _field_comments(model: type[BaseModel]) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent("".join(lines)))
     source = textwrap.dedent("".join(lines)).splitlines()
     comments = {}
-    for node in tree.body[0].body:  # type: ignore[attr-defined]
+    for node in tree.body[0].body:  # type: ignore[attr-defined]  # the source is one class
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
             continue
         above = []
@@ -78,7 +78,8 @@ def _fields(model: type) -> list[tuple[str, object, str]]:
     if dataclasses.is_dataclass(model):
         hints = typing.get_type_hints(model)
         return [(f.name, hints[f.name], _default(f)) for f in dataclasses.fields(model)]
-    return [(n, f.annotation, _default(f)) for n, f in model.model_fields.items()]  # type: ignore[attr-defined]
+    fields = model.model_fields  # type: ignore[attr-defined]  # a pydantic model, not a dataclass
+    return [(n, f.annotation, _default(f)) for n, f in fields.items()]
 
 
 def _settings_table(model: type, env_prefix: str | None) -> list[str]:
