@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ferry.backends.tensor_signature import Signature
+from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.kserve.infer import deserialize_bytes
 from ferry.server.tensor_inputs import nested, typed_array
@@ -35,16 +35,7 @@ def decode_tensors(
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
         name, shape, datatype = input_spec(spec)
-        if name not in signature.input_names:
-            inputs = list(signature.input_names)
-            raise InvalidInput(str(name), f"not an input of this model; inputs are {inputs}")
-        if name in tensors:
-            raise InvalidInput(name, "given more than once")
-        want = signature.input(name)
-        if datatype != want.datatype:
-            raise InvalidInput(
-                name, f"datatype {datatype} does not match the model's {want.datatype}"
-            )
+        want = _known_input(signature, tensors, name, datatype)
         if any(d < 0 for d in shape):
             raise InvalidInput(name, f"shape {shape} has a negative dimension")
         count = math.prod(shape)
@@ -128,16 +119,7 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
     tensors: dict[str, np.ndarray] = {}
     for index, tensor in enumerate(request.inputs):
         name, shape, datatype = tensor.name, list(tensor.shape), tensor.datatype
-        if name not in signature.input_names:
-            inputs = list(signature.input_names)
-            raise InvalidInput(name, f"not an input of this model; inputs are {inputs}")
-        if name in tensors:
-            raise InvalidInput(name, "given more than once")
-        want = signature.input(name)
-        if datatype != want.datatype:
-            raise InvalidInput(
-                name, f"datatype {datatype} does not match the model's {want.datatype}"
-            )
+        want = _known_input(signature, tensors, name, datatype)
         count = math.prod(shape)
         used = [field.name for field, _ in tensor.contents.ListFields()]
         if raw:
@@ -165,3 +147,18 @@ def input_spec(spec: dict[str, Any]) -> tuple[str, list[int], str]:
         return spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
     except (KeyError, TypeError, ValueError):
         raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
+
+
+def _known_input(
+    signature: Signature, tensors: dict[str, np.ndarray], name: str, datatype: str
+) -> TensorSpec:
+    """The graph's spec of input `name`, once given and in its own datatype (JSON or gRPC)."""
+    if name not in signature.input_names:
+        inputs = list(signature.input_names)
+        raise InvalidInput(str(name), f"not an input of this model; inputs are {inputs}")
+    if name in tensors:
+        raise InvalidInput(name, "given more than once")
+    want = signature.input(name)
+    if datatype != want.datatype:
+        raise InvalidInput(name, f"datatype {datatype} does not match the model's {want.datatype}")
+    return want
