@@ -3,6 +3,7 @@ parsed with PyYAML and cross-checked (no cluster needed)."""
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT, ferry_series_names
 
@@ -188,3 +190,30 @@ def test_hpa_scales_on_a_ferry_metric_through_the_adapter(manifests):
     assert "<<.Series>>" in rule["metricsQuery"]
     spec = manifests["HorizontalPodAutoscaler"]["spec"]
     assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+
+
+# The fields of an `engineConfigs` entry, as llm-d's endpoint picker reads them
+# (pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go, engineConfigParams).
+EPP_ENGINE_FIELDS = {
+    "name", "queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec", "loraSpec",
+    "cacheInfoSpec", "cacheBlockSizeLabelName", "cacheNumBlocksLabelName",
+    "cacheBlockSizeSpec", "cacheNumBlocksSpec",
+}  # fmt: skip
+EPP_SPEC = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[^{}]+)\})?$")
+
+
+def test_the_endpoint_pickers_engine_entry_names_ferrys_gauges(manifests):
+    config = yaml.safe_load(manifests["ferry-endpoint-picker"]["data"]["ferry-plugins.yaml"])
+    assert config["kind"] == "EndpointPickerConfig"
+    (extractor,) = [p for p in config["plugins"] if p["type"] == "core-metrics-extractor"]
+    (engine,) = extractor["parameters"]["engineConfigs"]
+    pod_labels = manifests["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["llm-d.ai/engine-type"] == engine["name"]
+    assert set(engine) <= EPP_ENGINE_FIELDS
+    gauges = {f.name: f for f in FerryMetrics().registry.collect() if f.type == "gauge"}
+    for field, meaning in (("queuedRequestsSpec", "waiting"), ("runningRequestsSpec", "running")):
+        match = EPP_SPEC.match(engine[field])
+        assert match, f"{field}: {engine[field]!r} is not a metric spec the EPP parses"
+        gauge = gauges.get(match["name"])
+        assert gauge is not None, f"{field}: {match['name']} is not a gauge Ferry exports"
+        assert meaning in gauge.documentation.lower()
