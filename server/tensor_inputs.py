@@ -56,13 +56,21 @@ def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> n
 
 def _integers(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
     limits = np.iinfo(dtype)
-    for index, item in enumerate(flat):
+    try:  # at C speed: numpy raises for an item outside 64 bits, the bounds check the rest
+        wide = np.array(flat, dtype=np.uint64 if limits.min == 0 else np.int64)
+    except OverflowError:
+        wide = None
+    if wide is not None and (
+        not wide.size or (limits.min <= wide.min() and wide.max() <= limits.max)
+    ):
+        return wide.astype(dtype, copy=False)
+    for index, item in enumerate(flat):  # name the first item out of range
         if not limits.min <= item <= limits.max:
             raise InvalidInput(
                 f"{name}[{index}]",
                 f"{repr(item)[:40]} is outside {datatype}'s range ({limits.min}..{limits.max})",
             )
-    return np.array(flat, dtype=dtype)
+    raise AssertionError("an item is out of range")  # pragma: no cover
 
 
 def _kind(datatype: str) -> str:

@@ -47,6 +47,8 @@ def test_a_bad_record_is_refused_naming_it(records, field):
         ("BOOL", [True, 1], "x[1]"),
         ("UINT8", [255, 256], "x[1]"),
         ("UINT64", [2**64 - 1, -1], "x[1]"),
+        ("INT64", [0, -(2**63), 2**63], "x[2]"),
+        ("INT8", [-128, 127, -129], "x[2]"),
         ("INT32", [1, True], "x[1]"),
         ("FP32", [1.0, "2"], "x[1]"),
         ("FP16", [1.0, 1e6], "x[1]"),
@@ -59,9 +61,13 @@ def test_json_items_of_another_kind_or_out_of_range_are_refused(datatype, items,
     assert error.value.field == field
 
 
-def test_the_ends_of_each_integer_range_are_taken_exactly():
-    spec = TensorSpec("x", "UINT64", ("N",))
-    assert typed_array("x", "UINT64", spec.dtype, [0, 2**64 - 1]).tolist() == [0, 2**64 - 1]
+@pytest.mark.parametrize("datatype", ["UINT64", "INT64", "INT8", "UINT8"])
+def test_the_ends_of_each_integer_range_are_taken_exactly(datatype):
+    spec = TensorSpec("x", datatype, ("N",))
+    limits = np.iinfo(spec.dtype)
+    ends = [int(limits.min), int(limits.max)]
+    array = typed_array("x", datatype, spec.dtype, ends)
+    assert array.dtype == spec.dtype and array.tolist() == ends
 
 
 def test_named_axes_must_agree_between_inputs():
