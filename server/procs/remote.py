@@ -1,9 +1,10 @@
 """Stand-ins, in an API process, for the model runtimes and LLM engines the engine process owns.
 
-They implement what the server calls on the real ones (the narrow seam): a model's metadata,
-tokenizer, output checks and rendering stay here, `submit` forwards validated sequences and
-resolves with the engine's raw rows; an LLM's chat tokenizer stays here, `generate` streams the
-engine's deltas. Everything above (routes, encoder path, OpenAI serving) is unchanged.
+They implement the interfaces the server calls (`EncoderModel`, `LLMEngine`), rather than
+subclass the real ones: a model's metadata, tokenizer, output checks and rendering stay here,
+`submit` forwards validated sequences and resolves with the engine's raw rows; an LLM's chat
+tokenizer stays here, `generate` streams the engine's deltas. Everything above (routes, encoder
+path, OpenAI serving) is unchanged.
 """
 
 from __future__ import annotations
