@@ -29,7 +29,7 @@ from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
-from ferry.server.procs.runtimes import build_runtimes, metrics_registry
+from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
 from ferry.server.routes import (
     embeddings,
     health,
@@ -65,12 +65,14 @@ async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gR
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
-    metrics = FerryMetrics(metrics_registry(), priority_levels=settings.priority_levels)
+def create_app(settings: Settings, engine: EngineConnection | None = None) -> FastAPI:
+    """`engine`: an API process's (`api_servers > 1`), whose models run in the engine process;
+    None serves them here."""
+    metrics = FerryMetrics(metrics_registry(engine), priority_levels=settings.priority_levels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        registry = await build_runtimes(settings, metrics)
+        registry = await build_runtimes(settings, metrics, engine)
         app.state.registry = registry
         grammars, grammar_pool = await start_grammars(settings)
         observer = LLMMetricsObserver(metrics)

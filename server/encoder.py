@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ferry.server.disconnect import ClientDisconnected
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.encoder_validation import EncoderValidation
-from ferry.server.model_runtime import ModelRuntime
 from ferry.server.settings import Settings
 
 
@@ -34,7 +34,7 @@ class EncoderServing:
 
     async def run(
         self,
-        model: ModelRuntime,
+        model: EncoderModel,
         valid: ValidSequences,
         disconnected: asyncio.Future[None] | None = None,
     ) -> EncoderResult:

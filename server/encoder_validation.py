@@ -12,6 +12,7 @@ from typing import cast
 
 import numpy as np
 
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import (
     MASK_FIELD,
     TYPES_FIELD,
@@ -23,7 +24,6 @@ from ferry.server.encoder_request import (
     item_field,
 )
 from ferry.server.errors import InvalidInput
-from ferry.server.model_runtime import ModelRuntime
 from ferry.server.settings import Settings
 from ferry.server.tokenization import TextRejected
 
@@ -37,14 +37,14 @@ class EncoderValidation:
 
     async def validate(
         self,
-        model: ModelRuntime,
+        model: EncoderModel,
         inputs: EncoderInputs,
         outputs: tuple[str, ...],
         timeout_s: float | None = None,
         priority: int = 0,
     ) -> ValidSequences:
         """`inputs` checked against the request limits and `model`; `outputs` were checked by
-        `model.select_outputs`. Raises InvalidInput naming the field (`name[i]` for an item)."""
+        `model.outputs.select`. Raises InvalidInput naming the field (`name[i]` for an item)."""
         try:
             return await self._validate(model, inputs, outputs, timeout_s, priority)
         except InvalidInput:
@@ -53,7 +53,7 @@ class EncoderValidation:
 
     async def _validate(
         self,
-        model: ModelRuntime,
+        model: EncoderModel,
         inputs: EncoderInputs,
         outputs: tuple[str, ...],
         timeout_s: float | None,
@@ -82,7 +82,7 @@ class EncoderValidation:
         else:
             # The tokenizer's ids, mask and segment ids need no checks: only their lengths.
             ids, mask, types, lengths = await self._tokenized(model, inputs)
-            if not model.takes_token_types:
+            if not model.backend.takes_token_types:
                 types = None  # a pair is still told apart by its separator tokens
         tokens = sum(lengths)
         if tokens > self._limits.max_tokens_per_request:
@@ -97,7 +97,7 @@ class EncoderValidation:
         )
 
     async def _tokenized(
-        self, model: ModelRuntime, inputs: Texts
+        self, model: EncoderModel, inputs: Texts
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, tuple[int, ...]]:
         field, count = inputs.field, len(inputs.texts)
         # A pair's first text is the route's own field (a query); the item named is the second.
@@ -138,11 +138,11 @@ class EncoderValidation:
             )
 
     def _check_response_size(
-        self, model: ModelRuntime, outputs: Sequence[str], count: int, tokens: int
+        self, model: EncoderModel, outputs: Sequence[str], count: int, tokens: int
     ) -> None:
         """Refuse before running what would answer with more bytes than the bound allows."""
         floats = sum(
-            model.output_width(name) * (tokens if model.is_sequence_output(name) else count)
+            model.outputs.width(name) * (tokens if model.outputs.is_sequence(name) else count)
             for name in outputs
         )
         estimate = floats * JSON_BYTES_PER_FLOAT
@@ -256,7 +256,7 @@ def _padded_types(inputs: TokenLists, lengths: tuple[int, ...]) -> np.ndarray:
 
 
 def _checked_types(
-    model: ModelRuntime, types: np.ndarray, lengths: Sequence[int]
+    model: EncoderModel, types: np.ndarray, lengths: Sequence[int]
 ) -> np.ndarray | None:
     """A client's segment ids: 0 (first text) or 1 (second), shaped like input_ids; refused
     when the model reads none, unless all are 0 (what such a model assumes anyway)."""
@@ -270,7 +270,7 @@ def _checked_types(
         )
     if not real.any():
         return None
-    if not model.takes_token_types:
+    if not model.backend.takes_token_types:
         raise InvalidInput(
             TYPES_FIELD,
             f"model {model.name!r} takes no token_type_ids (its graph has no such input)",

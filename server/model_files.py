@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ferry.backends.manifest import MANIFEST_NAME
+from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.manifest import MANIFEST_NAME, ModelManifest
 from ferry.server.settings import ModelSettings, Settings
+from ferry.server.tokenization import TextTokenizer
 
 GRAPH_NAME = "model.onnx"
 # What transformers and optimum write beside a token model's graph.
@@ -39,6 +41,14 @@ def plain_graph(settings: ModelSettings) -> Path | None:
             f"model {settings.name!r}: {path} has no {MANIFEST_NAME} and {found}"
         )
     return graphs[0]
+
+
+def token_model_files(settings: ModelSettings) -> tuple[ModelManifest, TextTokenizer]:
+    """A token encoder's manifest and tokenizer, read alike where the model runs and in an API
+    process. The manifest: ferry_model.json, else what a Hugging Face config.json beside the
+    model says (a folder served by `torch`, or an optimum export); the error names the files."""
+    manifest = folder_manifest(settings.path)
+    return manifest, TextTokenizer(settings.path / "tokenizer.json", manifest.max_length)
 
 
 def refuse_plain_graphs_across_processes(settings: Settings) -> None:

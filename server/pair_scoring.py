@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ferry.server.encoder import EncoderServing
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import Texts, item_field
 from ferry.server.errors import InvalidInput
-from ferry.server.model_runtime import ModelRuntime, sigmoid
+from ferry.server.model_outputs import sigmoid
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,9 @@ class PairScores:
         return list(self.logits) if raw else [sigmoid(logit) for logit in self.logits]
 
 
-def check_cross_encoder(model: ModelRuntime) -> None:
+def check_cross_encoder(model: EncoderModel) -> None:
     """Only a one-logit head scores a pair; anything else is refused naming `model`."""
-    if not model.scores:
+    if not model.outputs.scores:
         raise InvalidInput(
             "model",
             f"model {model.name!r} is not a cross-encoder (a head with one logit, exported "
@@ -51,7 +52,7 @@ def check_firsts(field: str, texts: Sequence[str], max_chars: int) -> None:
 
 async def score_pairs(
     encoder: EncoderServing,
-    model: ModelRuntime,
+    model: EncoderModel,
     firsts: Sequence[str],
     seconds: Texts,
     disconnected: asyncio.Future[None] | None = None,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ferry.llm.base import EngineStats, LLMEngine
 from ferry.llm.errors import InvalidAdapter
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import UnknownModel
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import plain_graph
@@ -44,7 +45,7 @@ class ModelEntry:
 class ModelRegistry:
     def __init__(
         self,
-        encoders: Mapping[str, ModelRuntime] | None = None,
+        encoders: Mapping[str, EncoderModel] | None = None,
         llms: Mapping[str, LLMEngine] | None = None,
         default_name: str | None = None,
         tensors: Mapping[str, TensorModel] | None = None,
@@ -59,18 +60,12 @@ class ModelRegistry:
     def from_settings(
         cls, settings: Settings, metrics: FerryMetrics, llms: Mapping[str, LLMEngine]
     ) -> ModelRegistry:
-        encoders, tensors = {}, {}
-        for model in settings.models:
-            graph = plain_graph(model)
-            if graph is None:
-                encoders[model.name] = ModelRuntime(model, metrics)
-            else:
-                tensors[model.name] = TensorModel(model, graph, metrics)
+        encoders, tensors = local_models(settings, metrics)
         return cls(encoders, llms, settings.default_model_name, tensors)
 
     # -- lookups ----------------------------------------------------------------------------------
 
-    def get(self, name: str | None) -> ModelRuntime:
+    def get(self, name: str | None) -> EncoderModel:
         """The encoder `name` (the default one for None)."""
         key = name or self.default_name
         model = self.models.get(key) if key is not None else None
@@ -78,7 +73,7 @@ class ModelRegistry:
             raise UnknownModel(key or "", self.names())
         return model
 
-    def find(self, name: str | None) -> ModelRuntime | TensorModel:
+    def find(self, name: str | None) -> EncoderModel | TensorModel:
         """The encoder or plain graph `name` (the default one for None)."""
         key = name or self.default_name
         tensor = self.tensors.get(key) if key is not None else None
@@ -146,7 +141,7 @@ class ModelRegistry:
 
     async def ready(self) -> bool:
         """Every encoder loaded and its backend healthy (KServe's server readiness)."""
-        models: list[ModelRuntime | TensorModel] = [*self.models.values(), *self.tensors.values()]
+        models: list[EncoderModel | TensorModel] = [*self.models.values(), *self.tensors.values()]
         states = await asyncio.gather(*(model.healthy() for model in models))
         return all(states)
 
@@ -165,3 +160,17 @@ class ModelRegistry:
             return_exceptions=True,
         )
         await asyncio.gather(*(e.close() for e in self.llms.values()), return_exceptions=True)
+
+
+def local_models(
+    settings: Settings, metrics: FerryMetrics
+) -> tuple[dict[str, ModelRuntime], dict[str, TensorModel]]:
+    """The configured encoders and plain graphs, run in this process (not yet started)."""
+    encoders, tensors = {}, {}
+    for model in settings.models:
+        graph = plain_graph(model)
+        if graph is None:
+            encoders[model.name] = ModelRuntime(model, metrics)
+        else:
+            tensors[model.name] = TensorModel(model, graph, metrics)
+    return encoders, tensors

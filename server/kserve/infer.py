@@ -19,11 +19,12 @@ import numpy as np
 
 from ferry.batcher import stack_rows
 from ferry.server.encoder import EncoderServing
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
 from ferry.server.errors import InvalidInput
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
-from ferry.server.model_runtime import ModelRuntime
 from ferry.server.schemas import PRIORITY_MAX, PRIORITY_MIN
+from ferry.server.tensor_model import TensorModel
 
 
 def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
@@ -152,13 +153,15 @@ def request_priority(value: object = ABSENT) -> int:
     return value
 
 
-def output_names(model: ModelRuntime, names: Sequence[str | None]) -> tuple[str, ...]:
-    """The requested outputs, checked; all of the backend's when none are asked for."""
-    return model.select_outputs(names, tensors=True)
+def output_names(model: EncoderModel | TensorModel, names: Sequence[str | None]) -> tuple[str, ...]:
+    """The requested outputs, checked; all of the model's tensors when none are asked for."""
+    if isinstance(model, TensorModel):
+        return model.select_outputs(names, tensors=True)
+    return model.outputs.select(names, tensors=True)
 
 
 async def infer_tensors(
-    model: ModelRuntime,
+    model: EncoderModel,
     encoder: EncoderServing,
     tensors: dict[str, np.ndarray],
     wanted: Sequence[str],

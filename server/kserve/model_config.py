@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
-from ferry.server.model_runtime import ModelRuntime
 from ferry.server.tensor_model import TensorModel
 
 VERSION = "1"
@@ -22,11 +22,11 @@ TOKEN_INPUTS = ("input_ids", "attention_mask")
 TYPES_INPUT = "token_type_ids"
 
 
-def token_inputs(model: ModelRuntime) -> tuple[str, ...]:
-    return (*TOKEN_INPUTS, TYPES_INPUT) if model.takes_token_types else TOKEN_INPUTS
+def token_inputs(model: EncoderModel) -> tuple[str, ...]:
+    return (*TOKEN_INPUTS, TYPES_INPUT) if model.backend.takes_token_types else TOKEN_INPUTS
 
 
-def model_metadata(model: ModelRuntime | TensorModel) -> dict[str, Any]:
+def model_metadata(model: EncoderModel | TensorModel) -> dict[str, Any]:
     if isinstance(model, TensorModel):
         return tensor_metadata(model)
     backend = model.backend
@@ -48,7 +48,7 @@ def model_metadata(model: ModelRuntime | TensorModel) -> dict[str, Any]:
     }
 
 
-def model_config(model: ModelRuntime | TensorModel) -> dict[str, Any]:
+def model_config(model: EncoderModel | TensorModel) -> dict[str, Any]:
     """Triton's model configuration JSON (int64 fields as numbers, as Triton prints them)."""
     if isinstance(model, TensorModel):
         return tensor_config(model)

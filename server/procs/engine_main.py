@@ -28,7 +28,7 @@ from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
-from ferry.server.registry import ModelRegistry
+from ferry.server.registry import ModelRegistry, local_models
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,11 @@ class EngineServer:
         self._journal = journal
         self._metrics = metrics = FerryMetrics(priority_levels=settings.priority_levels)
         self.engines = build_llm_engines(settings)
-        self.registry = ModelRegistry.from_settings(settings, metrics, self.engines)
+        # The encoders typed as what they are here: the rows of API processes go to them.
+        self.encoders, tensors = local_models(settings, metrics)
+        self.registry = ModelRegistry(
+            self.encoders, self.engines, settings.default_model_name, tensors
+        )
         # Per LLM, the adapters it serves and where each came from (the journal's content).
         self._adapters = {
             m.name: {name: str(path) for name, path in m.adapters.items()}
@@ -161,7 +165,7 @@ class EngineServer:
         sequences = wire.unpack_sequences(message.lengths, *frames)
         outputs = None if message.outputs is None else frozenset(message.outputs)
         try:
-            model = self.registry.get(message.model)
+            model = self.encoders[self.registry.get(message.model).name]  # the registry's 404
             if message.timeout_s is not None:  # the floor needs the cost model, which lives here
                 model.check_deadline(max(message.lengths), message.timeout_s)
             futures = model.submit_rows(sequences, message.timeout_s, outputs, message.priority)
@@ -293,10 +297,10 @@ class EngineServer:
                 tuple(model.backend.output_names),
                 tuple(sorted(model.backend.sequence_outputs)),
                 model.backend.max_concurrency,
-                dict(model._widths),
+                dict(model.outputs.widths),
                 model.backend.takes_token_types,
             )
-            for name, model in self.registry.models.items()
+            for name, model in self.encoders.items()
         )
         llms = tuple(
             wire.LLMInfo(
@@ -313,7 +317,7 @@ class EngineServer:
     def _stats_now(self) -> wire.Stats:
         return wire.Stats(
             {name: engine.stats() for name, engine in self.engines.items()},
-            {name: model.ready for name, model in self.registry.models.items()},
+            {name: model.ready for name, model in self.encoders.items()},
             {name: engine.is_ready() for name, engine in self.engines.items()},
         )
 

@@ -1,9 +1,10 @@
 """Stand-ins, in an API process, for the model runtimes and LLM engines the engine process owns.
 
-They implement what the server calls on the real ones (the narrow seam): a model's metadata,
-tokenizer, output checks and rendering stay here, `submit` forwards validated sequences and
-resolves with the engine's raw rows; an LLM's chat tokenizer stays here, `generate` streams the
-engine's deltas. Everything above (routes, encoder path, OpenAI serving) is unchanged.
+They implement the interfaces the server calls (`EncoderModel`, `LLMEngine`), rather than
+subclass the real ones: a model's metadata, tokenizer, output checks and rendering stay here,
+`submit` forwards validated sequences and resolves with the engine's raw rows; an LLM's chat
+tokenizer stays here, `generate` streams the engine's deltas. Everything above (routes, encoder
+path, OpenAI serving) is unchanged.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -20,16 +21,17 @@ from ferry.llm.base import EngineStats, GenerationDelta
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.metrics import FerryMetrics
-from ferry.server.model_runtime import ModelRuntime
+from ferry.server.model_files import token_model_files
+from ferry.server.model_outputs import ModelOutputs
 from ferry.server.procs.client import EngineClient
-from ferry.server.procs.wire import LLMInfo, ModelInfo
+from ferry.server.procs.wire import LLMInfo
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import LLMSettings, ModelSettings, Settings
 
 
 @dataclass(frozen=True)
 class BackendView:
-    """What the API side reads of a backend (KServe metadata, output names)."""
+    """What the API side reads of the engine process's backend (a `BackendInfo`)."""
 
     name: str
     output_names: tuple[str, ...]
@@ -38,25 +40,20 @@ class BackendView:
     takes_token_types: bool = False
 
 
-class RemoteModelRuntime(ModelRuntime):
+class RemoteModelRuntime:
+    """An `EncoderModel` whose rows run in the engine process: tokenizing, validating and
+    rendering happen here, with the output rules of the engine's model (learned at start)."""
+
     def __init__(
         self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
     ) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.manifest, self.tokenizer = token_model_files(settings)
+        self.backend = BackendView(settings.backend.kind, (), frozenset(), 1)  # until `start`
+        self.outputs = ModelOutputs(settings, self.manifest, self.backend, {})
         self._client = client
-        super().__init__(settings, metrics)
-
-    def _build_backend(self, settings: ModelSettings) -> BackendView:  # type: ignore[override]  # a view of the engine's backend, never run here
-        return BackendView(settings.backend.kind, (), frozenset(), 1)  # until `learn`
-
-    def learn(self, info: ModelInfo) -> None:
-        self.backend = BackendView(  # type: ignore[assignment]  # a view, as _build_backend
-            info.backend,
-            info.output_names,
-            frozenset(info.sequence_outputs),
-            info.max_concurrency,
-            info.takes_token_types,
-        )
-        self._widths = dict(info.widths)
+        self._metrics = metrics
 
     @property
     def ready(self) -> bool:
@@ -67,12 +64,19 @@ class RemoteModelRuntime(ModelRuntime):
             and stats.models_ready.get(self.name, False)
         )
 
-    @ready.setter
-    def ready(self, _: bool) -> None:  # ModelRuntime's own flag; here the engine's state decides
-        pass
-
-    async def start(self) -> None:  # the engine process starts the real one
-        pass
+    async def start(self) -> None:
+        """Learns the engine's model (the engine process started the real one)."""
+        info = self._client.info
+        assert info is not None, "start the client first"
+        model = next(model for model in info.models if model.name == self.name)
+        self.backend = BackendView(
+            model.backend,
+            model.output_names,
+            frozenset(model.sequence_outputs),
+            model.max_concurrency,
+            model.takes_token_types,
+        )
+        self.outputs = ModelOutputs(self.settings, self.manifest, self.backend, model.widths)
 
     async def healthy(self) -> bool:
         return self.ready
@@ -85,7 +89,7 @@ class RemoteModelRuntime(ModelRuntime):
             self.name,
             valid.sequences(),
             valid.timeout_s,
-            self.backend_outputs(valid.outputs),
+            self.outputs.for_backend(valid.outputs),
             valid.priority,
             deadline_s=timeout_s,
         )
@@ -93,6 +97,9 @@ class RemoteModelRuntime(ModelRuntime):
     def check_deadline(self, longest: int, timeout_s: float) -> None:
         # The cost model lives in the engine process, which checks the same floor on Submit.
         pass
+
+    def count_invalid(self) -> None:
+        self._metrics.rejections.labels(self.name, "invalid").inc()
 
     async def close(self, drain_timeout_s: float) -> None:
         self.tokenizer.close()
@@ -106,13 +113,6 @@ class RemoteRegistry(ModelRegistry):
             settings.default_model_name,
         )
         self._client = client
-
-    async def start(self) -> None:
-        info = self._client.info
-        assert info is not None, "start the client first"
-        for model in info.models:
-            cast(RemoteModelRuntime, self.models[model.name]).learn(model)
-        await super().start()
 
     async def close(self, drain_timeout_s: float) -> None:
         await super().close(drain_timeout_s)

@@ -1,7 +1,7 @@
 """The seam: what serves a request's model, in this process or across the boundary.
 
 With `api_servers = 1` (or in the engine process) the registry and LLM engines are the real
-ones, as always. In an API process (`ENGINE_ADDRESS` set by its entry point) they are the
+ones, as always. In an API process (given an `EngineConnection` by its entry point) they are the
 stand-ins of `remote`, connected to the engine process, and metrics merge across processes.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
@@ -18,27 +19,34 @@ from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import Settings
 
-# Set by `api_main` before the app is created; None: everything runs in this process.
-ENGINE_ADDRESS: str | None = None
-SUPERVISOR_PID: int | None = None
+
+@dataclass(frozen=True)
+class EngineConnection:
+    """An API process's role (`api_servers > 1`): the engine process it serves through, and the
+    supervisor that started both. None in its place: everything runs in this process."""
+
+    address: str  # the engine's ZMQ address
+    supervisor_pid: int
 
 
-def metrics_registry() -> CollectorRegistry | None:
+def metrics_registry(engine: EngineConnection | None) -> CollectorRegistry | None:
     path = os.environ.get(MULTIPROC_ENV)
-    return MergedRegistry(path) if ENGINE_ADDRESS is not None and path else None
+    return MergedRegistry(path) if engine is not None and path else None
 
 
-async def build_runtimes(settings: Settings, metrics: FerryMetrics) -> ModelRegistry:
+async def build_runtimes(
+    settings: Settings, metrics: FerryMetrics, engine: EngineConnection | None
+) -> ModelRegistry:
     """The model registry (encoders and LLM engines), not yet started."""
-    if ENGINE_ADDRESS is None:
+    if engine is None:
         engines = build_llm_engines(settings)
         return ModelRegistry.from_settings(settings, metrics, engines)
     from ferry.server.procs.client import EngineClient
     from ferry.server.procs.parent import on_parent_exit
     from ferry.server.procs.remote import connect
 
-    if SUPERVISOR_PID is not None:  # killed supervisor: drain and stop, as on SIGTERM
-        on_parent_exit(SUPERVISOR_PID, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    # A killed supervisor: drain and stop, as on SIGTERM.
+    on_parent_exit(engine.supervisor_pid, lambda: os.kill(os.getpid(), signal.SIGTERM))
     return await connect(
-        settings, EngineClient(ENGINE_ADDRESS, settings.engine_heartbeat_timeout_s), metrics
+        settings, EngineClient(engine.address, settings.engine_heartbeat_timeout_s), metrics
     )

@@ -40,17 +40,14 @@ def api_main(settings: Settings, sock: socket.socket, address: str, parent: int)
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains
     # the API processes before it stops the engine.
     os.setpgrp()
-    from ferry.server.procs import runtimes
-
-    runtimes.ENGINE_ADDRESS = address
-    runtimes.SUPERVISOR_PID = parent
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from ferry.server.app import create_app
+    from ferry.server.procs.runtimes import EngineConnection
     from ferry.server.serve import serve
 
-    serve(create_app(settings), settings, sockets=[sock])
+    serve(create_app(settings, EngineConnection(address, parent)), settings, sockets=[sock])
 
 
 def engine_entry(

@@ -75,12 +75,12 @@ async def create_embeddings(call: HotCall) -> Reply:
     registry = call.app_state.registry
     model = registry.get(body.model)
     call.state["model_name"] = model.name
-    if "sentence_embedding" not in model.servable_outputs:
+    if "sentence_embedding" not in model.outputs.servable:
         raise InvalidInput("model", f"model {model.name!r} does not produce embeddings")
-    if body.dimensions is not None and body.dimensions != model.output_width("sentence_embedding"):
+    if body.dimensions is not None and body.dimensions != model.outputs.width("sentence_embedding"):
         raise InvalidInput(
             "dimensions",
-            f"model {model.name!r} has {model.output_width('sentence_embedding')} dimensions",
+            f"model {model.name!r} has {model.outputs.width('sentence_embedding')} dimensions",
         )
     encoder = call.app_state.encoder
     valid = await encoder.validate(

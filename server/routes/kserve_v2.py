@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from ferry import __version__
 from ferry.server.dialects import KSERVE
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
@@ -41,7 +42,6 @@ from ferry.server.kserve.tensor_codec import (
     tensor_blob,
     tensor_json,
 )
-from ferry.server.model_runtime import ModelRuntime
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.tenancy import call_priority
 from ferry.server.tensor_model import TensorModel
@@ -75,8 +75,8 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
 
 
-def _model(request: Request, name: str) -> ModelRuntime | TensorModel:
-    model: ModelRuntime | TensorModel = request.app.state.registry.find(name)
+def _model(request: Request, name: str) -> EncoderModel | TensorModel:
+    model: EncoderModel | TensorModel = request.app.state.registry.find(name)
     return model
 
 
@@ -268,7 +268,7 @@ def bytes_input(spec: dict[str, Any], binary: bytes, shape: list[int]) -> np.nda
 
 
 def requested_outputs(
-    header: dict[str, Any], model: ModelRuntime | TensorModel
+    header: dict[str, Any], model: EncoderModel | TensorModel
 ) -> tuple[tuple[str, ...], set[str]]:
     """Output names (all of the backend's when none are asked for) and those to send binary."""
     all_binary = bool(parameters(header).get("binary_data_output", False))
@@ -284,7 +284,7 @@ def requested_outputs(
         names.append(name)
         if all_binary or parameters(spec).get("binary_data", False):
             binary.add(name)
-    checked = output_names(model, names)  # type: ignore[arg-type]  # a TensorModel selects alike
+    checked = output_names(model, names)
     return checked, binary if specs else (set(checked) if all_binary else set())
 
 

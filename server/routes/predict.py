@@ -36,7 +36,7 @@ async def predict(call: HotCall) -> Reply:
     body = PredictRequest.model_validate_json(call.body)
     model = call.app_state.registry.get(body.model)
     call.state["model_name"] = model.name
-    outputs = model.select_outputs(body.outputs)
+    outputs = model.outputs.select(body.outputs)
     if body.inputs is not None:
         texts, seconds = body.texts()
         if seconds is not None:
@@ -53,7 +53,7 @@ async def predict(call: HotCall) -> Reply:
     return json_reply(
         {
             "model": model.name,
-            "outputs": [model.render(row, outputs) for row in result.rows],
+            "outputs": [model.outputs.render(row, outputs) for row in result.rows],
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
     )

@@ -12,10 +12,10 @@ from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ferry.server.dialects import FERRY, OPENAI
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import Texts
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
-from ferry.server.model_runtime import ModelRuntime
 from ferry.server.pair_scoring import (
     PairScores,
     check_cross_encoder,
@@ -108,15 +108,15 @@ class ScoreResponse(BaseModel):
     usage: Usage
 
 
-def _model(call: HotCall, name: str | None) -> ModelRuntime:
-    model: ModelRuntime = call.app_state.registry.get(name)
+def _model(call: HotCall, name: str | None) -> EncoderModel:
+    model: EncoderModel = call.app_state.registry.get(name)
     call.state["model_name"] = model.name
     check_cross_encoder(model)
     return model
 
 
 async def _scores(
-    call: HotCall, model: ModelRuntime, firsts: list[str], seconds: Texts, priority: int
+    call: HotCall, model: EncoderModel, firsts: list[str], seconds: Texts, priority: int
 ) -> PairScores:
     """Every pair scored through the model's batcher."""
     return await score_pairs(

@@ -23,18 +23,18 @@ HIDDEN, EMBEDDING = "last_hidden_state", "sentence_embedding"
 
 
 async def test_outputs_are_the_named_ones_else_the_configured_ones(runtime):
-    assert runtime.select_outputs(None) == (EMBEDDING,)  # the configured default
-    assert runtime.select_outputs([HIDDEN, EMBEDDING]) == (HIDDEN, EMBEDDING)
+    assert runtime.outputs.select(None) == (EMBEDDING,)  # the configured default
+    assert runtime.outputs.select([HIDDEN, EMBEDDING]) == (HIDDEN, EMBEDDING)
     # KServe: every tensor the backend has, by default.
-    assert runtime.select_outputs([], tensors=True) == (HIDDEN, EMBEDDING)
+    assert runtime.outputs.select([], tensors=True) == (HIDDEN, EMBEDDING)
     for requested, tensors in (["nope"], False), ([None], True), (["label"], True):
         with pytest.raises(InvalidInput) as info:
-            runtime.select_outputs(requested, tensors=tensors)
+            runtime.outputs.select(requested, tensors=tensors)
         assert info.value.field == "outputs" and "choose from" in info.value.message
 
 
 async def test_derived_outputs_are_fetched_as_logits(runtime):
-    assert runtime.backend_outputs(["label", "probabilities", HIDDEN]) == {"logits", HIDDEN}
+    assert runtime.outputs.for_backend(["label", "probabilities", HIDDEN]) == {"logits", HIDDEN}
 
 
 async def test_widths_and_sequence_outputs_are_learned_at_start(runtime):
@@ -43,8 +43,8 @@ async def test_widths_and_sequence_outputs_are_learned_at_start(runtime):
     limits = runtime.batcher.limits
     assert limits.max_concurrent_batches == runtime.backend.max_concurrency
     assert limits.prepared_batches == 1
-    assert runtime.output_width(EMBEDDING) == runtime.output_width(HIDDEN) == 384
-    assert runtime.is_sequence_output(HIDDEN) and not runtime.is_sequence_output(EMBEDDING)
+    assert runtime.outputs.width(EMBEDDING) == runtime.outputs.width(HIDDEN) == 384
+    assert runtime.outputs.is_sequence(HIDDEN) and not runtime.outputs.is_sequence(EMBEDDING)
 
 
 async def test_a_deadline_under_half_the_idle_time_of_the_longest_row_is_refused(runtime):
@@ -65,7 +65,7 @@ async def test_submit_queues_each_row_and_resolves_with_the_wanted_outputs(runti
         assert set(row) == {EMBEDDING}  # only what was asked for is copied out
         want = embed_alone(ids[index, :length].tolist())  # the padding never reached the model
         assert np.max(np.abs(row[EMBEDDING] - want)) <= 1e-5
-    rendered = runtime.render(rows[0], (EMBEDDING,))
+    rendered = runtime.outputs.render(rows[0], (EMBEDDING,))
     assert list(rendered) == [EMBEDDING]
     assert np.array_equal(rendered[EMBEDDING], rows[0][EMBEDDING])
 
