@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from ferry.batcher.observer import RejectReason
+from ferry.batcher.observer import FormedBatch, RejectReason
 from ferry.llm.base import EngineStats
 from ferry.server.connection_limits import REFUSAL_REASONS, RefusalReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
@@ -342,19 +342,12 @@ class ModelBatchObserver:
     def rejected(self, reason: RejectReason) -> None:
         self._rejections(reason).inc()
 
-    def batch_formed(
-        self,
-        size: int,
-        real_tokens: int,
-        padded_tokens: int,
-        queue_waits_s: list[float],
-        priority: int,
-    ) -> None:
-        self._size.observe(size)
-        self._tokens.observe(padded_tokens)
-        self._padding.observe(1 - real_tokens / padded_tokens)
-        histogram = self._waits.get(priority, self._other_wait)
-        for wait in queue_waits_s:
+    def batch_formed(self, batch: FormedBatch) -> None:
+        self._size.observe(batch.size)
+        self._tokens.observe(batch.padded_tokens)
+        self._padding.observe(1 - batch.real_tokens / batch.padded_tokens)
+        histogram = self._waits.get(batch.priority, self._other_wait)
+        for wait in batch.queue_waits_s:
             histogram.observe(wait)
 
     def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
