@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import aiohttp
@@ -83,30 +83,25 @@ def map_error(exc: BaseException, target: TritonTarget) -> BaseException:
     return exc
 
 
+@dataclass(eq=False)  # a backend is one connection: compared and hashed by identity
 class TritonBackend:
+    # Not annotated: class attributes, not fields.
     name = "triton"
     queues_batches = False  # not measured: each batch waits for a free runner in the loop
 
-    def __init__(
-        self,
-        target: TritonTarget,
-        mode: TritonMode = "batch",
-        timeout_s: float = 30.0,
-        max_concurrency: int = 2,
-        start_timeout_s: float = 120.0,
-        max_batch_size: int | None = None,
-    ) -> None:
-        self.target = target
-        self.mode = mode
-        self.timeout_s = timeout_s
-        self.max_concurrency = max_concurrency
-        self.start_timeout_s = start_timeout_s
-        self._ferry_max_batch_size = max_batch_size
-        self.output_names: tuple[str, ...] = ()
-        self.takes_token_types = False  # Ferry's Triton exports take ids and a mask
-        self.sequence_outputs: frozenset[str] = frozenset()
-        self._client: Any = None
-        self._module: Any = None
+    target: TritonTarget
+    mode: TritonMode = "batch"
+    timeout_s: float = 30.0
+    max_concurrency: int = 2
+    start_timeout_s: float = 120.0
+    # Ferry's max_batch_size for the model: start() refuses a Triton model that takes fewer.
+    max_batch_size: int | None = None
+    # Read from the model's metadata by start().
+    output_names: tuple[str, ...] = field(default=(), init=False)
+    sequence_outputs: frozenset[str] = field(default=frozenset(), init=False)
+    takes_token_types: bool = field(default=False, init=False)  # Ferry's exports: ids and a mask
+    _client: Any = field(default=None, init=False, repr=False)
+    _module: Any = field(default=None, init=False, repr=False)
 
     @classmethod
     def from_options(
@@ -147,9 +142,9 @@ class TritonBackend:
             raise ValueError(
                 f"{self.target.describe()} has max_batch_size 0; Ferry needs a batch axis"
             )
-        if self.mode == "batch" and (self._ferry_max_batch_size or 0) > triton_max_batch:
+        if self.mode == "batch" and (self.max_batch_size or 0) > triton_max_batch:
             raise ValueError(
-                f"max_batch_size {self._ferry_max_batch_size} is larger than the "
+                f"max_batch_size {self.max_batch_size} is larger than the "
                 f"{triton_max_batch} {self.target.describe()} accepts"
             )
         outputs = metadata["outputs"]

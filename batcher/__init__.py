@@ -16,7 +16,7 @@ from ferry.batcher.errors import (
     InferenceTimedOut,
     QueueFull,
 )
-from ferry.batcher.observer import BatchObserver
+from ferry.batcher.observer import BatchObserver, FormedBatch
 from ferry.batcher.packing import TensorPacking, TokenPacking
 from ferry.batcher.padding import PaddedBatch, pad_batch, stack_rows, unpad_outputs
 from ferry.batcher.policy import BatchLimits
@@ -31,6 +31,7 @@ __all__ = [
     "BatcherClosed",
     "BatcherError",
     "DeadlineExceeded",
+    "FormedBatch",
     "InferenceFailed",
     "InferenceTimedOut",
     "MicroBatcher",

@@ -21,7 +21,7 @@ from ferry.batcher.errors import (
     InferenceFailed,
     InferenceTimedOut,
 )
-from ferry.batcher.observer import BatchObserver
+from ferry.batcher.observer import BatchObserver, FormedBatch
 from ferry.batcher.packing import Packing
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
@@ -115,11 +115,13 @@ class Dispatch:
             padded = replace(padded, runs_alone=True)
         now = clock_or_loop(self._clock).time()
         self._observer.batch_formed(
-            padded.size,
-            padded.real_tokens,
-            padded.padded_tokens,
-            [now - r.enqueued_at for r in batch],
-            batch[0].priority,  # a batch holds one priority (collection.py)
+            FormedBatch(
+                padded.size,
+                padded.real_tokens,
+                padded.padded_tokens,
+                [now - r.enqueued_at for r in batch],
+                batch[0].priority,  # a batch holds one priority (collection.py)
+            )
         )
         try:
             rows = await self._infer_rows(padded, sum(r.cost_s for r in batch))

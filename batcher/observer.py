@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 RejectReason = Literal["queue_full", "predicted_late", "deadline", "invalid", "cancelled", "closed"]
+
+
+@dataclass(frozen=True)
+class FormedBatch:
+    """A batch as the dispatcher formed it, before it runs (`BatchObserver.batch_formed`)."""
+
+    size: int  # requests
+    real_tokens: int  # tokens (tensor elements) its members sent
+    padded_tokens: int  # what it holds, padding included
+    queue_waits_s: list[float]  # each member's time in the queue
+    priority: int  # its members' one priority level (collection.py)
 
 
 class BatchObserver(Protocol):
@@ -14,14 +26,7 @@ class BatchObserver(Protocol):
     def rejected(self, reason: RejectReason) -> None:
         return None
 
-    def batch_formed(
-        self,
-        size: int,
-        real_tokens: int,
-        padded_tokens: int,
-        queue_waits_s: list[float],
-        priority: int,
-    ) -> None:
+    def batch_formed(self, batch: FormedBatch) -> None:
         return None
 
     def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypedDict, Unpack
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, EngineOverloaded
@@ -134,6 +134,25 @@ class EngineStats:
     prefix_cache_hits: int = 0
 
 
+class GenerateOptions(TypedDict, total=False):
+    """generate()'s optional keywords, declared once for the protocol and every engine
+    (`generate_options` gives each with its default).
+
+    `adapter` names a loaded LoRA adapter (AdapterNotLoaded if it is not); None: the base.
+    `priority` (vLLM's meaning, default 0): waiting requests with a lower number are admitted
+    first. `cache_salt` (vLLM's meaning): the prompt reuses cached prefixes only of requests with
+    the same salt, and `cached_tokens` counts only those (server/tenancy.py builds it)."""
+
+    adapter: str | None
+    priority: int
+    cache_salt: str | None
+
+
+def generate_options(options: GenerateOptions) -> tuple[str | None, int, str | None]:
+    """(adapter, priority, cache_salt) of a generate() call, defaults where it gave none."""
+    return options.get("adapter"), options.get("priority", 0), options.get("cache_salt")
+
+
 class LLMEngine(Protocol):
     """Runs already-checked generations: the serving layer tokenizes the prompt, validates the
     settings and clamps max_tokens to the context once; engines trust what they are given."""
@@ -157,15 +176,9 @@ class LLMEngine(Protocol):
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingSettings,
-        adapter: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> AsyncIterator[GenerationDelta]:
-        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts.
-        `adapter` names a loaded LoRA adapter (AdapterNotLoaded if it is not); None: the base.
-        `priority` (vLLM's meaning): waiting requests with a lower number are admitted first.
-        `cache_salt` (vLLM's meaning): the prompt reuses cached prefixes only of requests with
-        the same salt, and `cached_tokens` counts only those (server/tenancy.py builds it)."""
+        """Stream deltas; the last one has a finish_reason. Closing the iterator early aborts."""
         ...
 
     def adapter_names(self) -> list[str]: ...

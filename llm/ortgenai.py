@@ -22,14 +22,16 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
     EngineStats,
+    GenerateOptions,
     GenerationDelta,
     SamplingSettings,
     check_admission,
+    generate_options,
     merge_deltas,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
@@ -147,12 +149,11 @@ class OrtGenAIEngine:
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingSettings,
-        adapter: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> AsyncIterator[GenerationDelta]:
         """`priority`: waiting requests start lowest first (vLLM's priority scheduling);
         `cache_salt`: prefix reuse only with requests of the same salt (ortgenai_prefix.py)."""
+        adapter, priority, cache_salt = generate_options(options)
         held, ready = len(self._streams), self.is_ready()
         check_admission(self.name, ready, held, self._capacity, self._failure)
         if request_id in self._streams:

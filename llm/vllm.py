@@ -14,17 +14,19 @@ import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from ferry.llm.adapters import AdapterTable
 from ferry.llm.base import (
     SAMPLING_OPTIONS,
     EngineStats,
     FinishReason,
+    GenerateOptions,
     GenerationDelta,
     SamplingSettings,
     TokenLogprob,
     check_admission,
+    generate_options,
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import InvalidAdapter, InvalidSampling, adapter_refused
@@ -221,10 +223,9 @@ class VLLMEngine:
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingSettings,
-        adapter: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
+        **options: Unpack[GenerateOptions],
     ) -> AsyncIterator[GenerationDelta]:
+        adapter, priority, cache_salt = generate_options(options)
         check_admission(self.name, self.is_ready(), len(self._active), self._max_concurrency)
         params = to_sampling_params(sampling, self._params_cls, self._structured)
         adapter_id = self._adapters.acquire(adapter) if adapter is not None else None

@@ -195,10 +195,8 @@ def _check_lengths(
 def _padded_lists(inputs: TokenLists, lengths: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """JSON lists into right-padded int64 arrays; a value no int64 holds is invalid input."""
     field, masks, count = inputs.field, inputs.attention_mask, len(lengths)
-    if masks is not None and len(masks) != count:
-        raise InvalidInput(
-            MASK_FIELD, f"attention_mask has {len(masks)} items but input_ids has {count}"
-        )
+    if masks is not None:
+        _check_count(MASK_FIELD, masks, count)
     if masks is None and min(lengths) == max(lengths) > 0:
         try:  # one conversion for equal lengths (a lone item always): no padding to place
             ids = np.asarray(inputs.input_ids, dtype=np.int64)
@@ -216,18 +214,8 @@ def _padded_lists(inputs: TokenLists, lengths: tuple[int, ...]) -> tuple[np.ndar
             ) from None
         if masks is None:
             mask[index, :length] = 1
-            continue
-        if len(masks[index]) != length:
-            raise InvalidInput(
-                item_field(MASK_FIELD, index, count),
-                f"attention_mask has {len(masks[index])} values but input_ids has {length}",
-            )
-        try:
-            mask[index, :length] = masks[index]
-        except (OverflowError, ValueError, TypeError):
-            raise InvalidInput(
-                item_field(MASK_FIELD, index, count), "attention_mask values must be 0 or 1"
-            ) from None
+        else:
+            _place_row(mask, MASK_FIELD, index, length, masks[index])
     return ids, mask
 
 
@@ -235,24 +223,34 @@ def _padded_types(inputs: TokenLists, lengths: tuple[int, ...]) -> np.ndarray:
     """token_type_ids from JSON, shaped like input_ids, right-padded with 0."""
     types, count = inputs.token_type_ids, len(lengths)
     assert types is not None
-    if len(types) != count:
-        raise InvalidInput(
-            TYPES_FIELD, f"token_type_ids has {len(types)} items but input_ids has {count}"
-        )
+    _check_count(TYPES_FIELD, types, count)
     padded = np.zeros((count, max(lengths)), dtype=np.int64)
     for index, length in enumerate(lengths):
-        if len(types[index]) != length:
-            raise InvalidInput(
-                item_field(TYPES_FIELD, index, count),
-                f"token_type_ids has {len(types[index])} values but input_ids has {length}",
-            )
-        try:
-            padded[index, :length] = types[index]
-        except (OverflowError, ValueError, TypeError):
-            raise InvalidInput(
-                item_field(TYPES_FIELD, index, count), "token_type_ids values must be 0 or 1"
-            ) from None
+        _place_row(padded, TYPES_FIELD, index, length, types[index])
     return padded
+
+
+def _check_count(field: str, rows: Sequence[object], count: int) -> None:
+    """attention_mask or token_type_ids from JSON: a list for each item of input_ids."""
+    if len(rows) != count:
+        raise InvalidInput(field, f"{field} has {len(rows)} items but input_ids has {count}")
+
+
+def _place_row(padded: np.ndarray, field: str, index: int, length: int, row: Sequence[int]) -> None:
+    """One item's attention_mask or token_type_ids (0s and 1s, as many as its input_ids) into
+    its row of `padded`, whose padding stays 0."""
+    count = len(padded)
+    if len(row) != length:
+        raise InvalidInput(
+            item_field(field, index, count),
+            f"{field} has {len(row)} values but input_ids has {length}",
+        )
+    try:
+        padded[index, :length] = row
+    except (OverflowError, ValueError, TypeError):
+        raise InvalidInput(
+            item_field(field, index, count), f"{field} values must be 0 or 1"
+        ) from None
 
 
 def _checked_types(

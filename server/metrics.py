@@ -7,8 +7,9 @@ series count is bounded by configuration, not by traffic.
 from __future__ import annotations
 
 import functools
+import operator
 import os
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
@@ -16,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from ferry.batcher.observer import RejectReason
+from ferry.batcher.observer import FormedBatch, RejectReason
 from ferry.llm.base import EngineStats
 from ferry.server.connection_limits import REFUSAL_REASONS, RefusalReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
@@ -46,6 +47,52 @@ GC_PAUSE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
+PER_MODEL = ("model",)  # the label set of most series
+
+
+class _Declare:
+    """FerryMetrics' series, declared on its registry. Most are per model and most histograms
+    time something, so those are the defaults: each declaration states only what is its own."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+        self.engine_families: list[EngineStatsFamily] = []
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = PER_MODEL) -> Counter:
+        return Counter(name, documentation, labels, registry=self._registry)
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = PER_MODEL) -> Gauge:
+        return Gauge(name, documentation, labels, registry=self._registry)
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = PER_MODEL,
+        buckets: Sequence[float] = LATENCY_BUCKETS_S,
+    ) -> Histogram:
+        return Histogram(name, documentation, labels, buckets=buckets, registry=self._registry)
+
+    def engine_gauge(self, name: str, documentation: str, field: str) -> EngineStatsFamily:
+        return self._engine_series(GaugeMetricFamily, name, documentation, field)
+
+    def engine_counter(self, name: str, documentation: str, field: str) -> EngineStatsFamily:
+        return self._engine_series(CounterMetricFamily, name, documentation, field)
+
+    def _engine_series(
+        self,
+        family: Callable[..., GaugeMetricFamily | CounterMetricFamily],
+        name: str,
+        documentation: str,
+        field: str,
+    ) -> EngineStatsFamily:
+        """One per model, the `EngineStats` field `field` of its engine."""
+        series = EngineStatsFamily(family, name, documentation, operator.attrgetter(field))
+        self._registry.register(series)
+        self.engine_families.append(series)
+        return series
+
+
 class FerryMetrics:
     """One instance per app, on its own registry (tests build many apps in one process)."""
 
@@ -60,216 +107,157 @@ class FerryMetrics:
         self.registry = registry or CollectorRegistry()
         # Per-model children bound by observers (model -> children): forget_model drops them.
         self.bound_by_model: list[dict[str, Any]] = []
-        r = self.registry
-        self.requests = Counter(
+        new = _Declare(self.registry)
+        self.requests = new.counter(
             "ferry_requests_total",
             "HTTP requests answered, by model, endpoint and status code.",
-            ["model", "endpoint", "status"],
-            registry=r,
+            ("model", "endpoint", "status"),
         )
-        self.request_duration = Histogram(
+        self.request_duration = new.histogram(
             "ferry_request_duration_seconds",
             "Time from request received to response sent.",
-            ["model", "endpoint"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("model", "endpoint"),
         )
-        self.connections_refused = Counter(
+        self.connections_refused = new.counter(
             "ferry_connections_refused",
             "Connections answered and closed before reaching the app: a head or body too slow "
             "(408), a head too large (431), or over max_connections (503).",
-            ["reason"],
-            registry=r,
+            ("reason",),
         )
         for reason in REFUSAL_REASONS:  # every series from the start: rate() and alerts see 0
             self.connections_refused.labels(reason)
-        self.in_flight = Gauge(
-            "ferry_in_flight_requests",
-            "HTTP requests being handled now.",
-            ["endpoint"],
-            registry=r,
+        self.in_flight = new.gauge(
+            "ferry_in_flight_requests", "HTTP requests being handled now.", ("endpoint",)
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = new.histogram(
             "ferry_queue_wait_seconds",
             "Time a request waited in the batcher's queue, by priority level.",
-            ["model", "priority"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("model", "priority"),
         )
-        self.queue_depth = Gauge(
-            "ferry_queue_depth", "Requests waiting in the batcher's queue.", ["model"], registry=r
+        self.queue_depth = new.gauge(
+            "ferry_queue_depth", "Requests waiting in the batcher's queue."
         )
-        self.queue_capacity = Gauge(
-            "ferry_queue_capacity",
-            "Bound of the batcher's queue (requests).",
-            ["model"],
-            registry=r,
+        self.queue_capacity = new.gauge(
+            "ferry_queue_capacity", "Bound of the batcher's queue (requests)."
         )
-        self.batch_size = Histogram(
+        self.batch_size = new.histogram(
             "ferry_batch_size_requests",
             "Requests per dispatched batch.",
-            ["model"],
             buckets=BATCH_SIZE_BUCKETS,
-            registry=r,
         )
-        self.batch_tokens = Histogram(
+        self.batch_tokens = new.histogram(
             "ferry_batch_padded_tokens",
             "Padded tokens per batch (batch size x longest).",
-            ["model"],
             buckets=BATCH_TOKEN_BUCKETS,
-            registry=r,
         )
-        self.padding_ratio = Histogram(
+        self.padding_ratio = new.histogram(
             "ferry_batch_padding_ratio",
             "Share of a batch's padded tokens that are padding.",
-            ["model"],
             buckets=RATIO_BUCKETS,
-            registry=r,
         )
-        self.backend_duration = Histogram(
+        self.backend_duration = new.histogram(
             "ferry_backend_inference_seconds",
             "Time the backend took to run one batch.",
-            ["model", "backend"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+            ("model", "backend"),
         )
-        self.backend_failures = Counter(
+        self.backend_failures = new.counter(
             "ferry_backend_failures_total",
             "Batches whose backend call failed.",
-            ["model", "backend"],
-            registry=r,
+            ("model", "backend"),
         )
-        self.rejections = Counter(
+        self.rejections = new.counter(
             "ferry_rejections_total",
             "Requests not served, by reason (queue_full, deadline, invalid, cancelled, closed).",
-            ["model", "reason"],
-            registry=r,
+            ("model", "reason"),
         )
-        self.cost_coefficient = Gauge(
+        self.cost_coefficient = new.gauge(
             "ferry_cost_model_coefficient",
             "Learned batch cost: seconds = fixed + per_request*n + per_token*n*L "
             "+ per_token_squared*n*L^2 + batch_tokens_squared*(n*L)^2.",
-            ["model", "term"],
-            registry=r,
+            ("model", "term"),
         )
-        self.cost_error = Histogram(
+        self.cost_error = new.histogram(
             "ferry_cost_model_error_ratio",
             "|predicted - actual| / actual batch duration of the learned cost model.",
-            ["model"],
             buckets=(*RATIO_BUCKETS, 1.5, 2.0, 5.0),
-            registry=r,
         )
-        self.model_ready = Gauge(
-            "ferry_model_ready",
-            "1 when the model is loaded, warm and its backend healthy.",
-            ["model"],
-            registry=r,
+        self.model_ready = new.gauge(
+            "ferry_model_ready", "1 when the model is loaded, warm and its backend healthy."
         )
 
         # Per process (server/gc_pauses.py); with API processes, summed over all of them.
-        self.gc_pause = Histogram(
+        self.gc_pause = new.histogram(
             "ferry_gc_pause_seconds",
             "Python garbage collections of the serving processes, by generation: each stops "
             "the event loop and the threads that start batches.",
-            ["generation"],
+            ("generation",),
             buckets=GC_PAUSE_BUCKETS_S,
-            registry=r,
         )
         self.gc_frozen_objects = Gauge(
             "ferry_gc_frozen_objects",
             "Objects built at start-up and frozen out of the garbage collector's walks; with "
             "API processes the fewest of any serving process (0: one has not frozen its heap).",
-            registry=r,
+            registry=self.registry,
             multiprocess_mode="min",
         )
 
         # ferry_gpu_*: per GPU, read from NVML at scrape time; absent without a GPU.
-        r.register(GpuCollector(load_nvml()))
+        self.registry.register(GpuCollector(load_nvml()))
 
-        self.llm_ttft = Histogram(
-            "ferry_llm_time_to_first_token_seconds",
-            "Time from request to its first token.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.llm_ttft = new.histogram(
+            "ferry_llm_time_to_first_token_seconds", "Time from request to its first token."
         )
-        self.llm_itl = Histogram(
-            "ferry_llm_inter_token_latency_seconds",
-            "Time between consecutive tokens.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.llm_itl = new.histogram(
+            "ferry_llm_inter_token_latency_seconds", "Time between consecutive tokens."
         )
-        self.llm_duration = Histogram(
-            "ferry_llm_request_duration_seconds",
-            "Time from request to its last token.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        self.llm_duration = new.histogram(
+            "ferry_llm_request_duration_seconds", "Time from request to its last token."
         )
-        self.llm_prompt_tokens = Counter(
-            "ferry_llm_prompt_tokens_total",
-            "Prompt tokens of finished generations.",
-            ["model"],
-            registry=r,
+        self.llm_prompt_tokens = new.counter(
+            "ferry_llm_prompt_tokens_total", "Prompt tokens of finished generations."
         )
-        self.llm_generation_tokens = Counter(
-            "ferry_llm_generation_tokens_total",
-            "Tokens generated, counted as they stream.",
-            ["model"],
-            registry=r,
+        self.llm_generation_tokens = new.counter(
+            "ferry_llm_generation_tokens_total", "Tokens generated, counted as they stream."
         )
-        self.llm_finished = Counter(
+        self.llm_finished = new.counter(
             "ferry_llm_requests_finished_total",
             "Finished generations by finish reason (stop, length, abort, rejected, error).",
-            ["model", "finish_reason"],
-            registry=r,
+            ("model", "finish_reason"),
         )
-        self.llm_running = EngineStatsFamily(
-            GaugeMetricFamily,
-            "ferry_llm_requests_running",
-            "Generations the engine is running now.",
-            lambda stats: stats.running,
-        )
-        self.llm_waiting = EngineStatsFamily(
-            GaugeMetricFamily,
-            "ferry_llm_requests_waiting",
-            "Generations waiting for a place in the engine.",
-            lambda stats: stats.waiting,
-        )
-        self.llm_structured = Counter(
+        self.llm_structured = new.counter(
             "ferry_llm_structured_requests_total",
             "Requests with constrained output, by kind: json_object, json_schema, guided_json, "
             "guided_regex, guided_choice, guided_grammar or tools.",
-            ["model", "kind"],
-            registry=r,
+            ("model", "kind"),
         )
         # onnxruntime-genai computes grammar masks inside its step and exposes no timing: the
         # inter-token latency of guided generations, against all of them, shows what masks cost.
-        self.llm_guided_itl = Histogram(
+        self.llm_guided_itl = new.histogram(
             "ferry_llm_guided_inter_token_latency_seconds",
             "Time between consecutive tokens of generations under a grammar.",
-            ["model"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
+        )
+
+        # Read from the engines' own counts at scrape time (watch_llm_engines).
+        self.llm_running = new.engine_gauge(
+            "ferry_llm_requests_running", "Generations the engine is running now.", "running"
+        )
+        self.llm_waiting = new.engine_gauge(
+            "ferry_llm_requests_waiting",
+            "Generations waiting for a place in the engine.",
+            "waiting",
         )
         # vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits, in prompt tokens.
-        self.llm_prefix_cache_queries = EngineStatsFamily(
-            CounterMetricFamily,
+        self.llm_prefix_cache_queries = new.engine_counter(
             "ferry_llm_prefix_cache_queries",
             "Prompt tokens looked up in the engine's prefix cache.",
-            lambda stats: stats.prefix_cache_queries,
+            "prefix_cache_queries",
         )
-        self.llm_prefix_cache_hits = EngineStatsFamily(
-            CounterMetricFamily,
+        self.llm_prefix_cache_hits = new.engine_counter(
             "ferry_llm_prefix_cache_hits",
             "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
-            lambda stats: stats.prefix_cache_hits,
+            "prefix_cache_hits",
         )
-        self._engine_families: tuple[EngineStatsFamily, ...] = (self.llm_running, self.llm_waiting)
-        self._engine_families += (self.llm_prefix_cache_queries, self.llm_prefix_cache_hits)
-        for family in self._engine_families:
-            r.register(family)
+        self._engine_families = tuple(new.engine_families)
 
     def watch_llm_engines(self, stats: Callable[[], Mapping[str, EngineStats]]) -> None:
         """Read the ferry_llm_* engine series from `stats` at scrape time."""
@@ -354,19 +342,12 @@ class ModelBatchObserver:
     def rejected(self, reason: RejectReason) -> None:
         self._rejections(reason).inc()
 
-    def batch_formed(
-        self,
-        size: int,
-        real_tokens: int,
-        padded_tokens: int,
-        queue_waits_s: list[float],
-        priority: int,
-    ) -> None:
-        self._size.observe(size)
-        self._tokens.observe(padded_tokens)
-        self._padding.observe(1 - real_tokens / padded_tokens)
-        histogram = self._waits.get(priority, self._other_wait)
-        for wait in queue_waits_s:
+    def batch_formed(self, batch: FormedBatch) -> None:
+        self._size.observe(batch.size)
+        self._tokens.observe(batch.padded_tokens)
+        self._padding.observe(1 - batch.real_tokens / batch.padded_tokens)
+        histogram = self._waits.get(batch.priority, self._other_wait)
+        for wait in batch.queue_waits_s:
             histogram.observe(wait)
 
     def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:

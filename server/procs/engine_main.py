@@ -213,9 +213,9 @@ class EngineServer:
                     message.request_id,
                     message.prompt_ids,
                     message.sampling,
-                    message.adapter,
-                    message.priority,
-                    message.cache_salt,
+                    adapter=message.adapter,
+                    priority=message.priority,
+                    cache_salt=message.cache_salt,
                 ),
             )
             try:

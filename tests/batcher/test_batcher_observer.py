@@ -13,6 +13,7 @@ from ferry.batcher import (
     BatchAbandoned,
     BatchLimits,
     DeadlineExceeded,
+    FormedBatch,
     MicroBatcher,
     PaddedBatch,
     QueueFull,
@@ -37,9 +38,11 @@ class RecordingObserver:
     def rejected(self, reason: str) -> None:
         self.rejections.append(reason)
 
-    def batch_formed(self, size, real_tokens, padded_tokens, queue_waits_s, priority) -> None:
-        self.formed.append((size, real_tokens, padded_tokens, queue_waits_s))
-        self.priorities.append(priority)
+    def batch_formed(self, batch: FormedBatch) -> None:
+        self.formed.append(
+            (batch.size, batch.real_tokens, batch.padded_tokens, batch.queue_waits_s)
+        )
+        self.priorities.append(batch.priority)
 
     def batch_finished(self, seconds, failed, predicted_s) -> None:
         self.finished.append((seconds, failed, predicted_s))

@@ -24,24 +24,27 @@ class TinyBert:
     source: Path  # the Hugging Face folder (config, weights, tokenizer)
 
 
-def build_tiny_bert(num_labels: int, tokenizer_dir: Path, source: Path, seed: int = 0) -> TinyBert:
+def build_tiny_bert(
+    num_labels: int, tokenizer_dir: Path, source: Path, seed: int = 0, **config: Any
+) -> TinyBert:
+    """`config`: BertConfig fields over this tiny one's (a classifier's label names)."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(seed)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=num_labels,
+    tiny = {
+        "vocab_size": 30522,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "max_position_embeddings": 128,
+        "num_labels": num_labels,
         # 10x transformers' default: scores that differ by text and by segment (at 0.02 every
         # pair scores about the same, and sentence B barely moves it).
-        initializer_range=0.2,
-    )
-    model = BertForSequenceClassification(config).eval()
+        "initializer_range": 0.2,
+    }
+    model = BertForSequenceClassification(BertConfig(**(tiny | config))).eval()
     model.save_pretrained(source)
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).exists():

@@ -94,7 +94,9 @@ async def test_base_and_two_adapters_interleaved_under_eight_streams(
         adapter, ref = plan[i % 3]
         case = ref["cases"][i % len(ref["cases"])]
         text = ""
-        async for delta in lora_engine.generate(f"r{i}", case["prompt_ids"], GREEDY, adapter):
+        async for delta in lora_engine.generate(
+            f"r{i}", case["prompt_ids"], GREEDY, adapter=adapter
+        ):
             running_seen.append(lora_engine.stats().running)
             text += delta.text
         return text, expected(case)[0]
@@ -183,7 +185,9 @@ async def test_adapter_and_base_requests_advance_together(
 
     async def run(adapter: str | None) -> None:
         name = adapter or "base"
-        async for delta in lora_engine.generate(name, case["prompt_ids"], sampling, adapter):
+        async for delta in lora_engine.generate(
+            name, case["prompt_ids"], sampling, adapter=adapter
+        ):
             counts[name] += delta.token_count
         if not at_first_finish:  # the other one's progress when the first one ended
             at_first_finish.update(counts, finished=counts[name])

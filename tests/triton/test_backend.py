@@ -121,4 +121,4 @@ def test_settings_map_one_to_one_onto_the_backend():
     backend = build_backend(settings)
     assert (backend.target.url, backend.target.model) == ("t:8001", "remote")
     assert (backend.timeout_s, backend.max_concurrency) == (45, 5)
-    assert backend._ferry_max_batch_size == 12
+    assert backend.max_batch_size == 12
