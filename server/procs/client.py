@@ -148,9 +148,28 @@ class EngineClient:
 
     # -- LLM streams ---------------------------------------------------------------------------
 
+    async def admit(self, model: str, count: int) -> int:
+        """The engine admits `count` generations together (or none: EngineOverloaded); they
+        start under the ticket returned, and `release` it once the request ended."""
+        self._check_up()
+        ticket = next(self._ids)
+        try:
+            await self._ask(wire.Admit(ticket, model, count))
+        except BaseException:
+            # Given up on (stalled, or the client left): the engine may admit it when it reads
+            # it. Released after it, in order; a refused ticket's release is ignored.
+            self.release(ticket)
+            raise
+        return ticket
+
+    def release(self, ticket: int) -> None:
+        if self.alive:  # a restarted engine never knew the ticket
+            self._send(wire.Release(ticket))
+
     async def generate(
         self,
         model: str,
+        ticket: int,
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingSettings,
@@ -163,7 +182,7 @@ class EngineClient:
         queue: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
         self._streams[rid] = queue
         message = wire.Generate(
-            rid, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
+            rid, ticket, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
         )
         self._send(message)
         finished = False
@@ -184,14 +203,17 @@ class EngineClient:
 
     async def call(self, model: str, method: str, *args: str) -> CallResult:
         self._check_up()
-        rid = next(self._ids)
+        return await self._ask(wire.Call(next(self._ids), model, method, args))
+
+    async def _ask(self, message: wire.Call | wire.Admit) -> CallResult:
+        """Send, and wait for its Reply (the engine's error raised here)."""
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._replies[rid] = future
-        self._send(wire.Call(rid, model, method, args))
+        self._replies[message.rid] = future
+        self._send(message)
         try:
             return await future
         finally:
-            self._replies.pop(rid, None)
+            self._replies.pop(message.rid, None)
 
     def _check_up(self) -> None:
         """Refuse at once what could only wait: the engine is restarting, or silent."""
