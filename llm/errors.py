@@ -63,6 +63,12 @@ class EngineDead(LLMError):
     """The engine stopped or crashed; no request can be served until it is restarted."""
 
 
+class EngineStalled(EngineDead):
+    """The engine process lives but has sent nothing for its heartbeat timeout (stopped, or its
+    event loop blocked): what waited on it ends, a 503 as for a dead one (a retry may find it
+    resumed, or restarted)."""
+
+
 class GenerationFailed(LLMError):
     """The runtime failed this one request; the engine itself is still healthy."""
 

@@ -176,8 +176,9 @@ class Settings(_Strict):
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS
     # API server processes in front of one engine process (server/procs); 1: one process.
     api_servers: int = Field(default=1, ge=1, le=64)
-    # With api_servers > 1: readiness turns 503 when the engine process has not reported (it
-    # does every 0.25 s) for this long: stopped, or its event loop blocked.
+    # With api_servers > 1: when the engine process has not reported (it does every 0.25 s) for
+    # this long (stopped, or its event loop blocked), readiness turns 503 and the LLM streams
+    # waiting on it end with a 503.
     engine_heartbeat_timeout_s: float = Field(default=5.0, gt=0)
     # LoRA adapter names become model names and metric label values: bounded (their count is
     # each model's max_adapters).

@@ -20,6 +20,7 @@ from typing import cast
 
 from ferry.llm.base import FinishReason, GenerationDelta, TokenLogprob
 from ferry.llm.errors import EngineOverloaded
+from ferry.server.openai.admission import Admission, AdmitsGroups, Admitted
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.logprobs import chat_logprobs, completion_logprobs
@@ -66,9 +67,9 @@ class OpenAIServing:
         self.grammars = grammars or Grammars()
         self._observer: LLMObserver = observer or NullObserver()
         self._clock = clock
-        # Generations admitted per engine and not yet finished: a request is admitted whole or
-        # refused whole, so its own generations never crowd it out mid-way.
-        self._admitted: dict[str, int] = {}
+        # A request is admitted whole or refused whole (admission.py), so its own generations
+        # never crowd it out mid-way.
+        self._admission = Admission()
 
     def resolve(self, model: str) -> ServedModel:
         """The one lookup of a request's model (UnknownModel); routes pass it on."""
@@ -158,37 +159,38 @@ class OpenAIServing:
     async def _generations(self, plan: Plan) -> Deltas:
         """Every choice's deltas tagged with its index; closing this aborts what still runs.
         All of the plan's generations are admitted at once, or none (EngineOverloaded)."""
-        engine, needed = plan.served.engine, len(plan.choices)
         observer = self._observer.for_model(plan.served.name)  # labels bound once per request
-        self._admit(plan, observer)
+        admitted = await self._admit(plan, observer)
         if plan.structured is not None:
             observer.structured(plan.structured)
         try:
-            if needed == 1:
-                generations = self._generate(plan, plan.choices[0], observer)
+            if len(plan.choices) == 1:
+                generations = self._generate(plan, plan.choices[0], observer, admitted)
             else:
-                generations = merge([self._generate(plan, c, observer) for c in plan.choices])
+                generations = merge(
+                    [self._generate(plan, c, observer, admitted) for c in plan.choices]
+                )
             async with aclosing(generations) as deltas:
                 async for item in deltas:
                     yield item
         finally:
-            self._admitted[engine.name] -= needed
+            admitted.release()
 
-    def _admit(self, plan: Plan, observer: GenerationObserver) -> None:
+    async def _admit(self, plan: Plan, observer: GenerationObserver) -> Admitted:
         engine, needed = plan.served.engine, len(plan.choices)
-        held = self._admitted.get(engine.name, 0)
-        limit = engine.max_concurrent_generations
-        if held + needed > limit:
-            for choice in plan.choices:  # refused before it ran: counted as rejected
-                observer.finished("rejected", len(choice.prompt_ids), 0, 0.0)
-            # Planning refused requests bigger than the engine: this one fits once others end.
-            raise EngineOverloaded(
-                f"model {engine.name} is busy: {held} of its {limit} generations are taken "
-                f"and this request needs {needed}; retry later"
-            )
-        self._admitted[engine.name] = held + needed
+        try:
+            if isinstance(engine, AdmitsGroups):  # another process's engine, shared
+                return await engine.admit(needed)
+            return self._admission.admit(engine, needed)
+        except Exception as exc:
+            reason = "rejected" if isinstance(exc, EngineOverloaded) else "error"
+            for choice in plan.choices:  # ended before it ran
+                observer.finished(reason, len(choice.prompt_ids), 0, 0.0)
+            raise
 
-    async def _generate(self, plan: Plan, choice: Choice, observer: GenerationObserver) -> Deltas:
+    async def _generate(
+        self, plan: Plan, choice: Choice, observer: GenerationObserver, admitted: Admitted
+    ) -> Deltas:
         """One engine generation, timed for the observer as it passes."""
         clock, served = self._clock, plan.served
         started = last = clock()
@@ -200,7 +202,7 @@ class OpenAIServing:
             # Engines' generate is an async generator (closable), typed as an iterator.
             generation = cast(
                 AsyncGenerator[GenerationDelta, None],
-                served.engine.generate(
+                admitted.generate(
                     request_id,
                     choice.prompt_ids,
                     choice.sampling,

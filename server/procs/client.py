@@ -5,7 +5,8 @@ queue (LLM deltas). The engine's death is seen at once through a pidfd on its pr
 waiting request fails with a 503 error, readiness turns 503, and a Hello is repeated until the
 restarted engine answers. A stuck engine (stopped, or its loop blocked) is alive but silent: each
 encoder request's deadline is kept here too (504 at the deadline, whatever the engine does), and
-readiness turns 503 once the engine's periodic Stats are older than `heartbeat_timeout_s`.
+once the engine has sent nothing (its periodic Stats included) for `heartbeat_timeout_s`,
+readiness turns 503 and every stream and call waiting on it fails with a 503 (EngineStalled).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import zmq
 from ferry.batcher import TokenSequence
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
-from ferry.llm.errors import EngineDead, GenerationFailed
+from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
 from ferry.server.procs import wire
 from ferry.server.procs.loop_socket import LoopSocket
 
@@ -70,7 +71,10 @@ class EngineClient:
         socket = self._context.socket(zmq.DEALER)
         socket.connect(self._address)
         self._socket = LoopSocket(socket, wire.to_api, wire.frame_count, self._receive)
-        self._tasks = [asyncio.create_task(self._greet())]
+        self._tasks = [
+            asyncio.create_task(self._greet()),
+            asyncio.create_task(self._watch_silence()),
+        ]
         await self._connected.wait()
         assert self.info is not None
         return self.info
@@ -144,9 +148,28 @@ class EngineClient:
 
     # -- LLM streams ---------------------------------------------------------------------------
 
+    async def admit(self, model: str, count: int) -> int:
+        """The engine admits `count` generations together (or none: EngineOverloaded); they
+        start under the ticket returned, and `release` it once the request ended."""
+        self._check_up()
+        ticket = next(self._ids)
+        try:
+            await self._ask(wire.Admit(ticket, model, count))
+        except BaseException:
+            # Given up on (stalled, or the client left): the engine may admit it when it reads
+            # it. Released after it, in order; a refused ticket's release is ignored.
+            self.release(ticket)
+            raise
+        return ticket
+
+    def release(self, ticket: int) -> None:
+        if self.alive:  # a restarted engine never knew the ticket
+            self._send(wire.Release(ticket))
+
     async def generate(
         self,
         model: str,
+        ticket: int,
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingSettings,
@@ -154,13 +177,12 @@ class EngineClient:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> AsyncIterator[GenerationDelta]:
-        if not self.alive:
-            raise EngineDead(ENGINE_GONE)
+        self._check_up()
         rid = next(self._ids)
         queue: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
         self._streams[rid] = queue
         message = wire.Generate(
-            rid, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
+            rid, ticket, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
         )
         self._send(message)
         finished = False
@@ -180,16 +202,32 @@ class EngineClient:
                 self._send(wire.Cancel(rid))
 
     async def call(self, model: str, method: str, *args: str) -> CallResult:
-        if not self.alive:
-            raise EngineDead(ENGINE_GONE)
-        rid = next(self._ids)
+        self._check_up()
+        return await self._ask(wire.Call(next(self._ids), model, method, args))
+
+    async def _ask(self, message: wire.Call | wire.Admit) -> CallResult:
+        """Send, and wait for its Reply (the engine's error raised here)."""
         future: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._replies[rid] = future
-        self._send(wire.Call(rid, model, method, args))
+        self._replies[message.rid] = future
+        self._send(message)
         try:
             return await future
         finally:
-            self._replies.pop(rid, None)
+            self._replies.pop(message.rid, None)
+
+    def _check_up(self) -> None:
+        """Refuse at once what could only wait: the engine is restarting, or silent."""
+        if not self.alive:
+            raise EngineDead(ENGINE_GONE)
+        if not self.responsive:
+            raise self._stalled()
+
+    def _stalled(self) -> EngineStalled:
+        silent_s = time.monotonic() - self._heard
+        return EngineStalled(
+            f"the engine process has sent nothing for {silent_s:.1f} s (stopped, or stuck); "
+            "retry later"
+        )
 
     def llm_stats(self, model: str) -> EngineStats | None:
         return None if self.stats is None else self.stats.llms.get(model)
@@ -286,6 +324,29 @@ class EngineClient:
                 asyncio.get_running_loop().remove_reader(self._pidfd)
             os.close(self._pidfd)
             self._pidfd = None
+
+    async def _watch_silence(self) -> None:
+        """Streams and calls have no deadline of their own: an engine silent for
+        `heartbeat_timeout_s` (it reports every STATS_EVERY_S) ends them, as vLLM V0's engine
+        iteration timeout does. Checked 4 times per timeout: it fires by 1.25x the timeout."""
+        while True:
+            await asyncio.sleep(self._heartbeat_timeout_s / 4)
+            if self.alive and not self.responsive and (self._streams or self._replies):
+                self._engine_stalled()
+
+    def _engine_stalled(self) -> None:
+        logger.error(
+            "engine process silent for %.1f s: failing %d streams and calls",
+            time.monotonic() - self._heard,
+            len(self._streams) + len(self._replies),
+        )
+        streams, self._streams = self._streams, {}
+        for rid, queue in streams.items():
+            queue.put_nowait(self._stalled())
+            self._send(wire.Cancel(rid))  # read once it resumes: it stops the generation
+        for future in self._replies.values():
+            if not future.done():
+                future.set_exception(self._stalled())
 
     def _engine_down(self) -> None:
         """Every request waiting on the dead engine fails now, with a 503."""

@@ -21,11 +21,13 @@ import numpy as np
 import zmq
 
 from ferry.llm.base import GenerationDelta
+from ferry.llm.errors import EngineDead
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
+from ferry.server.procs.llm_admission import Tickets
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
 from ferry.server.registry import ModelRegistry, local_models
@@ -60,6 +62,7 @@ class EngineServer:
         self._acks: dict[int, tuple[set[bytes], asyncio.Event]] = {}
         self._rows: dict[tuple[bytes, int], list[asyncio.Future[dict[str, np.ndarray]]]] = {}
         self._streams: dict[tuple[bytes, int], asyncio.Task[None]] = {}
+        self._tickets = Tickets()  # LLM admission, for every API process at once
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
 
@@ -101,9 +104,12 @@ class EngineServer:
             return
         if isinstance(message, wire.Submit):
             self._submit(peer, message, frames)
+        elif isinstance(message, wire.Admit):
+            self._admit(peer, message)
+        elif isinstance(message, wire.Release):
+            self._tickets.release((peer, message.ticket))
         elif isinstance(message, wire.Generate):
-            key = (peer, message.rid)
-            self._streams[key] = asyncio.create_task(self._generate(peer, message))
+            self._start(peer, message)
         elif isinstance(message, wire.Cancel):
             self._cancel((peer, message.rid))
         elif isinstance(message, wire.Call):
@@ -147,6 +153,7 @@ class EngineServer:
         rows = [key for key in self._rows if key[0] == peer]
         for key in streams + rows:
             self._cancel(key)
+        self._tickets.release_all(peer)
         for seq in list(self._acks):
             self._acked(peer, seq)
         # A drained process (a shutdown) leaves nothing: worth a warning only when it did.
@@ -202,6 +209,25 @@ class EngineServer:
             task.cancel()
 
     # -- LLM streams ---------------------------------------------------------------------------
+
+    def _admit(self, peer: bytes, message: wire.Admit) -> None:
+        reply = wire.Reply(message.rid, True)
+        try:
+            engine = self.engines[message.model]
+            self._tickets.admit((peer, message.rid), engine, message.count)
+        except Exception as exc:
+            reply = wire.Reply(message.rid, error=wire.error_to_wire(exc))
+        self._send(peer, reply)
+
+    def _start(self, peer: bytes, message: wire.Generate) -> None:
+        if not self._tickets.start((peer, message.ticket)):
+            gone = EngineDead("the engine process restarted since this request was admitted")
+            self._send(peer, wire.Failed(message.rid, -1, wire.error_to_wire(gone)))
+            return
+        task = asyncio.create_task(self._generate(peer, message))
+        self._streams[(peer, message.rid)] = task
+        # A done callback, not `finally`: it runs even for a task cancelled before it started.
+        task.add_done_callback(lambda _: self._tickets.end(message.model))
 
     async def _generate(self, peer: bytes, message: wire.Generate) -> None:
         try:

@@ -10,10 +10,12 @@ path, OpenAI serving) is unchanged.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -23,6 +25,7 @@ from ferry.server.encoder_request import ValidSequences
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import token_model_files
 from ferry.server.model_outputs import ModelOutputs
+from ferry.server.openai.admission import Admitted
 from ferry.server.procs.client import EngineClient
 from ferry.server.procs.wire import LLMInfo
 from ferry.server.registry import ModelRegistry
@@ -141,9 +144,26 @@ class RemoteLLMEngine:
         self.sampling_options = frozenset(info.sampling_options)
         self._max_concurrent = info.max_concurrent_generations
 
-    def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[GenerationDelta]:
-        """`LLMEngine.generate`, run by the engine process; closing the iterator aborts it."""
-        return self._client.generate(self.name, *args, **kwargs)
+    async def admit(self, count: int) -> Admitted:
+        """A request's generations, admitted by the engine process (all or none): every API
+        process shares its capacity, so none of them can count it alone."""
+        ticket = await self._client.admit(self.name, count)
+        return Admitted(
+            partial(self._client.generate, self.name, ticket),
+            partial(self._client.release, ticket),
+        )
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[GenerationDelta]:
+        """`LLMEngine.generate`, run by the engine process (admitted alone); closing the
+        iterator aborts it. The serving layer admits a request's generations together."""
+        admitted = await self.admit(1)
+        try:
+            generation = cast(AsyncGenerator[GenerationDelta], admitted.generate(*args, **kwargs))
+            async with aclosing(generation) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            admitted.release()
 
     def adapter_names(self) -> list[str]:
         return list(self._client.adapters.get(self.name, ()))

@@ -67,8 +67,24 @@ class Cancel(msgspec.Struct, tag=True):
     rid: int
 
 
+class Admit(msgspec.Struct, tag=True):
+    """A request's `count` generations, admitted together or refused together by the engine
+    process, which alone sees every API process's: a Reply (True, or EngineOverloaded)."""
+
+    rid: int  # the ticket its generations start under
+    model: str
+    count: int
+
+
+class Release(msgspec.Struct, tag=True):
+    """No more generations start under this ticket (the request ended)."""
+
+    ticket: int
+
+
 class Generate(msgspec.Struct, tag=True):
     rid: int
+    ticket: int  # an admitted Admit's rid
     model: str
     request_id: str
     prompt_ids: list[int]
@@ -144,7 +160,7 @@ class Stats(msgspec.Struct, tag=True):
     llms_ready: dict[str, bool]
 
 
-ToEngine = Hello | Submit | Cancel | Generate | Call | Ack
+ToEngine = Hello | Submit | Cancel | Admit | Release | Generate | Call | Ack
 ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters
 
 encoder = msgspec.msgpack.Encoder()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -52,3 +53,24 @@ def gone(pid: int) -> bool:
     except FileNotFoundError:
         return True
     return state in ("Z", "X")
+
+
+def api_process_of(server, client_port: int) -> int | None:
+    """The API process holding the server's end of the loopback connection from `client_port`
+    (the API processes accept from one socket, whichever is first)."""
+    server_port = int(server.url.rsplit(":", 1)[1])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()  # sl, local address, remote address, ..., inode (10th)
+            local, remote = (int(address.rsplit(":", 1)[1], 16) for address in fields[1:3])
+            if (local, remote) == (server_port, client_port):
+                inodes.add(f"socket:[{fields[9]}]")
+    for pid in pids(server, "api"):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if os.readlink(fd) in inodes:
+                    return pid
+            except OSError:  # closed meanwhile
+                continue
+    return None

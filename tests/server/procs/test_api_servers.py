@@ -38,6 +38,8 @@ CHAT = {
     "max_tokens": 2000,
     "temperature": 0,
 }
+# The engine's silence that ends what waits on it (and turns readiness 503).
+HEARTBEAT_S = 5.0  # the default: a loaded machine may delay a report by seconds
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,11 @@ def server(server_tmp: Path):
     model = default_model_config(backend={"sessions": 1})
     with ferry_server(
         [model],
-        server={"api_servers": 2, "drain_timeout_s": 30},
+        server={
+            "api_servers": 2,
+            "drain_timeout_s": 30,
+            "engine_heartbeat_timeout_s": HEARTBEAT_S,
+        },
         llm_models=[tiny_llm_config(max_running=8)],
         env={"TMPDIR": str(server_tmp)},
     ) as handle:
@@ -227,6 +233,60 @@ def test_a_stopped_engine_gets_504_at_the_deadline_and_readiness_turns_503(serve
     assert status == 504
     wait_until(lambda: ready(server), what="readiness once the engine resumed")
     assert predict(server) == 200
+
+
+def test_a_stopped_engine_ends_chats_with_503_after_its_heartbeat_timeout(server):
+    """SIGSTOP: no delta and no heartbeat. Chats have no deadline, yet none waits on a silent
+    engine past `engine_heartbeat_timeout_s` (and its check): a started stream ends with an error
+    event, others with a 503. The engine, once resumed, aborts what it was generating."""
+    (engine,) = pids(server, "engine")
+
+    async def scenario() -> tuple[list[str], httpx.Response, httpx.Response]:
+        # Well under max_tokens' run, well over the bound (the watch fires within 1.25x).
+        async with httpx.AsyncClient(base_url=server.url, timeout=3 * HEARTBEAT_S) as client:
+            first_delta = asyncio.Event()
+
+            async def stream() -> list[str]:
+                body = {**CHAT, "stream": True}
+                try:
+                    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                        assert r.status_code == 200
+                        lines = []
+                        async for line in r.aiter_lines():
+                            if line.startswith("data:"):
+                                lines.append(line)
+                                first_delta.set()
+                        return lines
+                finally:
+                    first_delta.set()  # a failure is raised below, not waited for
+
+            streaming = asyncio.create_task(stream())
+            await first_delta.wait()
+            os.kill(engine, signal.SIGSTOP)
+            try:
+                chat, late_stream = await asyncio.gather(
+                    client.post("/v1/chat/completions", json=CHAT),
+                    client.post("/v1/chat/completions", json={**CHAT, "stream": True}),
+                )
+                return await streaming, chat, late_stream
+            finally:
+                os.kill(engine, signal.SIGCONT)
+
+    lines, chat, late_stream = asyncio.run(scenario())
+    assert '"code": 503' in lines[-2].replace('"code":503', '"code": 503')
+    assert lines[-1] == "data: [DONE]"
+    for response in (chat, late_stream):
+        assert response.status_code == 503
+        assert "retry-after" in response.headers
+        assert "sent nothing" in response.json()["error"]["message"]
+    wait_until(lambda: ready(server), what="readiness once the engine resumed")
+    # Aborted, not run on to max_tokens for nobody.
+    wait_until(
+        lambda: metric_value(server.metrics(), "ferry_llm_requests_running", model=TINY_LLM) == 0,
+        what="no generation running",
+    )
+    again = {**CHAT, "max_tokens": 5}
+    assert httpx.post(f"{server.url}/v1/chat/completions", json=again, timeout=60).is_success
 
 
 def test_the_generations_of_an_exited_api_process_are_aborted_in_the_engine(server):

@@ -69,7 +69,7 @@ def test_generation_requests_and_deltas_keep_every_field():
         guidance=Guidance("regex", "a+"),
         logit_bias=((5, -1.5),),
     )
-    request = wire.Generate(4, "m", "req-1", [1, 2, 3], sampling, "adapter", -10)
+    request = wire.Generate(4, 3, "m", "req-1", [1, 2, 3], sampling, "adapter", -10)
     assert wire.to_engine.decode(wire.encoder.encode([request])) == [request]
     delta = GenerationDelta(
         "hi", 2, "stop", (TokenLogprob(1, -0.1, ((2, -0.5),)),), (None,), cached_tokens=4
