@@ -125,9 +125,7 @@ INFER = "/v2/models/{name}/infer"
 def test_registering_documents_the_body_and_path_parameters_and_only_documents():
     app, routes = FastAPI(), HotRoutes()
     register(app.router, routes, INFER, answer, summary="Run", responses={})
-    register(
-        app.router, routes, "/predict", answer, summary="Echo", responses={}, body_model=Body
-    )
+    register(app.router, routes, "/predict", answer, summary="Echo", responses={}, body_model=Body)
     paths = app.openapi()["paths"]
     assert [p["name"] for p in paths[INFER]["post"]["parameters"]] == ["name"]
     body = paths["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
