@@ -36,13 +36,12 @@ from ferry.server.kserve.model_config import VERSION, model_config, model_metada
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
-from ferry.server.route_table import GRPC_ROUTES, GRPC_SERVICE, RouteClass
+from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.tenancy import CLAMPED_HEADER
 from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 
-SERVICE = GRPC_SERVICE
 # Every status of the error table (the HTTP-only ones too, for completeness).
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
