@@ -36,7 +36,7 @@ from ferry.server.errors import (
 from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
 from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, send_reply, send_stream
-from ferry.server.route_policy import SHUTTING_DOWN, RoutePolicy, record_request
+from ferry.server.route_policy import SHUTTING_DOWN, RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import (
     HTTP_ROUTES,
     IN_FLIGHT_GROUPS,
@@ -143,14 +143,14 @@ class Gateway:
                 return _route_path(scope)
             call = HotCall(self._state, path, body, scope, receive, state, matched[1])
             await self._dispatch(matched[0], call, send, task)
-            return matched[0].template
+            return endpoint_label(declared)  # the hot route's declared path, as gRPC's
         except asyncio.CancelledError:
             if not self._drain.expired:
                 raise
             # The drain deadline passed: finish what was started instead of a bare 500.
             task.uncancel()
             await self._abort_for_shutdown(send, route, path)
-            return route.template if route is not None else _route_path(scope)
+            return endpoint_label(declared) if route is not None else _route_path(scope)
         finally:
             self._drain.leave(task)
 

@@ -72,7 +72,7 @@ Handler = Callable[[HotCall], Awaitable[Reply | Stream]]
 @dataclass(frozen=True)
 class HotRoute:
     method: str
-    template: str  # the route's path as the framework writes it: the metrics' endpoint label
+    template: str  # the route's path as the framework and route_table.py write it
     pattern: re.Pattern[str]
     handler: Handler
     dialect: ErrorDialect  # how this route's errors are written
