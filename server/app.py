@@ -6,21 +6,14 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from ferry import __version__
-from ferry.server.dialects import (
-    KSERVE,
-    OPENAI,
-    ErrorDialect,
-    PathDialects,
-    install_error_handlers,
-)
+from ferry.server.dialects import ErrorDialect, install_error_handlers
 from ferry.server.drain import DrainState
 from ferry.server.encoder import EncoderServing
 from ferry.server.gateway import Gateway
@@ -30,6 +23,7 @@ from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
 from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
+from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.routes import (
     embeddings,
     health,
@@ -46,10 +40,10 @@ from ferry.server.settings import Settings
 from ferry.server.tenancy import PriorityPolicy
 
 logger = logging.getLogger(__name__)
-# The framework's routers (the hot routes register themselves): the gateway learns their POST
-# paths from here, to refuse bodies not declared JSON there and nowhere else.
+# What each route is (class, key, body types, dialect) is declared in route_table.py; these
+# modules mount the handlers. The framework's routers:
 ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
-# Hot routes: registered with the gateway's table (and documented in the framework's schema).
+# Hot routes: registered with the gateway's dispatch (and documented in the framework's schema).
 HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
 
 
@@ -92,12 +86,8 @@ def create_app(settings: Settings, engine: EngineConnection | None = None) -> Fa
                 await grammar_pool.close()
 
     hot = HotRoutes()
-    dialects = PathDialects()
-    dialects.mount("/v1", OPENAI)
-    dialects.mount("/v2", KSERVE)
     app = FerryAPI(
         hot,
-        dialects,
         title="Ferry",
         summary="Dynamic micro-batching model server.",
         version=__version__,
@@ -111,7 +101,7 @@ def create_app(settings: Settings, engine: EngineConnection | None = None) -> Fa
     app.state.priority_policy = PriorityPolicy(
         settings.priority_keys, settings.priority_below_default
     )
-    install_error_handlers(app, dialects)
+    install_error_handlers(app, HTTP_ROUTES.dialect_of)
     for module in HOT_ROUTES:
         module.register_routes(app.router, hot)
     for router in ROUTERS:
@@ -123,9 +113,8 @@ class FerryAPI(FastAPI):
     """FastAPI with Ferry's gateway outside the framework's own layers (server error, telemetry,
     body limit): hot routes never pass through them, every other request still does."""
 
-    def __init__(self, hot: HotRoutes, dialects: PathDialects, **kwargs: object) -> None:
+    def __init__(self, hot: HotRoutes, **kwargs: object) -> None:
         self.hot = hot
-        self.dialects = dialects
         super().__init__(**kwargs)  # type: ignore[arg-type]  # FastAPI's own keywords, passed on
 
     def build_middleware_stack(self) -> ASGIApp:
@@ -134,13 +123,13 @@ class FerryAPI(FastAPI):
 
     def openapi(self) -> dict[str, Any]:
         if self.openapi_schema is None:
-            document_invalid_statuses(super().openapi(), self._dialect_of)
+            document_invalid_statuses(super().openapi(), _dialect_of)
         return self.openapi_schema  # type: ignore[return-value]  # set by super().openapi() above
 
-    def _dialect_of(self, method: str, path: str) -> ErrorDialect:
-        # A template such as /v2/models/{name}/infer matches its own route's pattern.
-        matched = self.hot.match(method, path)
-        return matched[0].dialect if matched is not None else self.dialects(path)
+
+def _dialect_of(method: str, path: str) -> ErrorDialect:
+    # One route per path in the table; a template such as /v2/models/{name}/infer is its own.
+    return HTTP_ROUTES.dialect_of(path)
 
 
 def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
@@ -152,14 +141,7 @@ def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
         metrics=app.state.metrics,
         drain=app.state.drain,
         hot=app.hot,
-        dialects=app.dialects,
         state=app.state,
-        post_paths=frozenset(
-            cast(Route, route).path  # every route of these routers has one
-            for router in ROUTERS
-            for route in router.routes
-            if "POST" in getattr(route, "methods", ())
-        ),
     )
     if settings.cors_allow_origins:
         # Outside the gateway, so that hot routes' answers carry the CORS headers too.

@@ -1,7 +1,8 @@
 """One renderer per protocol for the one error table: OpenAI JSON, KServe JSON, SSE events.
 
-A route is registered with its dialect (`HotRoutes.add`, `PathDialects` for the framework's
-routes and for requests no route claims yet), so no request's path is read to pick a shape.
+Each route's dialect is declared once, in `route_table.py` (with a request no route claims
+answered in the dialect its path's family shares there), which the hot routes, the gateway and
+the framework's error handlers read.
 Every body is encoded by `replies.dumps` (orjson). The gRPC status, the fourth dialect, lives
 with the gRPC service (`kserve/grpc_service.py`), which only exists when grpcio is installed.
 """
@@ -122,31 +123,13 @@ def sse_error(failure: Failure, dialect: OpenAIJson = OPENAI) -> str:
     return f"data: {body.decode()}\n\n{DONE}"
 
 
-class PathDialects:
-    """The dialect of each framework router's path prefix, set as the routers are registered;
-    also answers for requests no route has claimed yet (a 401 before routing)."""
-
-    def __init__(self, default: ErrorDialect = FERRY) -> None:
-        self._default = default
-        self._prefixes: list[tuple[str, ErrorDialect]] = []
-
-    def mount(self, prefix: str, dialect: ErrorDialect) -> None:
-        self._prefixes.append((prefix.rstrip("/"), dialect))
-
-    def __call__(self, path: str) -> ErrorDialect:
-        for prefix, dialect in self._prefixes:
-            if path.startswith(prefix) and path[len(prefix) : len(prefix) + 1] in ("", "/"):
-                return dialect
-        return self._default
-
-
-def install_error_handlers(app: FastAPI, dialects: PathDialects) -> None:
-    """The framework's routes answer errors in the dialect of their prefix."""
+def install_error_handlers(app: FastAPI, dialect_of: Callable[[str], ErrorDialect]) -> None:
+    """The framework's routes answer errors in their route's dialect (`dialect_of` a path)."""
 
     def respond(
         request: Request, failure: Failure, headers: dict[str, str] | None = None
     ) -> Response:
-        reply = dialects(request.url.path).reply(failure, headers)
+        reply = dialect_of(request.url.path).reply(failure, headers)
         extra = {k.decode(): v.decode() for k, v in reply.headers}
         return Response(reply.body, reply.status, extra, media_type=reply.content_type.decode())
 

@@ -6,7 +6,9 @@ concern that must see every request lives in this one layer, and it is the only 
 inference: /predict, /v1/embeddings, /v1/chat/completions, /v1/completions, /v1/responses and
 KServe v2 infer go from here straight to their handlers (`hot.py`), streams included, without
 the framework's routing, dependency solving and exception layers. The framework serves the rest
-(models, health, metadata, adapters, metrics, docs) and documents the hot routes.
+(models, health, metadata, adapters, metrics, docs) and documents the hot routes. What each
+route is (its class, key, body types and dialect) is read from `route_table.py`, and the key and
+drain rules from `route_policy.py`, which the gRPC service applies too.
 
 The handler's call into the models is one await (`route.handler(call)`); a client that leaves
 cancels it, whatever it is waiting on.
@@ -20,8 +22,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ferry.server.auth import KeyRing
-from ferry.server.dialects import ErrorDialect, PathDialects, sse_error
+from ferry.server.dialects import ErrorDialect, sse_error
 from ferry.server.disconnect import CancelOnDisconnect
 from ferry.server.drain import DrainState
 from ferry.server.errors import (
@@ -35,15 +36,22 @@ from ferry.server.errors import (
 from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
 from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, send_reply, send_stream
+from ferry.server.route_policy import SHUTTING_DOWN, RoutePolicy, endpoint_label, record_request
+from ferry.server.route_table import (
+    HTTP_ROUTES,
+    IN_FLIGHT_GROUPS,
+    JSON,
+    OCTETS,
+    UNMATCHED,
+    UNTYPED,
+    Route,
+    in_flight_group,
+)
 from ferry.server.settings import Settings
 from ferry.server.tenancy import CLAMPED_HEADER
 
-UNMATCHED = "other"
-OPEN_PATHS = frozenset({"/docs", "/openapi.json", "/docs/oauth2-redirect", "/redoc"})
-PATH_CLASSES = frozenset({"predict", "v1", "v2", "health", "metrics"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 INFERENCE_HEADER = b"inference-header-content-length"  # KServe's binary tensor extension
-SHUTTING_DOWN = "the server is shutting down"
 # Sent to a stream still running when the drain deadline passes, so that clients see an end.
 STREAM_ABORTED = sse_error(failure(NotReady(SHUTTING_DOWN))).encode()
 
@@ -57,22 +65,16 @@ class Gateway:
         metrics: FerryMetrics,
         drain: DrainState,
         hot: HotRoutes,
-        dialects: PathDialects,
         state: object,
-        post_paths: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
-        self._post_paths = post_paths  # the framework's POST routes (the hot ones are in `hot`)
         self._metrics = metrics
         self._drain = drain
+        self._policy = RoutePolicy(settings, drain)  # the key and drain rules gRPC applies too
         self._hot = hot
-        self._dialects = dialects  # for requests that no hot route claims
         self._state = state
         self._max_body = settings.max_body_bytes
-        self._keys = KeyRing(settings.tenant_keys)
-        self._protect_health = settings.api_key_protects_health
-        self._protect_metrics = settings.api_key_protects_metrics
-        self._in_flight = {c: metrics.in_flight.labels(f"/{c}") for c in PATH_CLASSES}
+        self._in_flight = {c: metrics.in_flight.labels(f"/{c}") for c in IN_FLIGHT_GROUPS}
         self._in_flight[UNMATCHED] = metrics.in_flight.labels(UNMATCHED)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -86,8 +88,8 @@ class Gateway:
             scope = {**scope, "method": "GET"}
         path: str = scope["path"]
         state = scope.setdefault("state", {})
-        # Only after routing is the endpoint known; in-flight is counted by path class before.
-        in_flight = self._in_flight[_path_class(path)]
+        # Only after routing is the endpoint known; in-flight is counted by path group before.
+        in_flight = self._in_flight[in_flight_group(path)]
         in_flight.inc()
         response = _ResponseWatch(send, state)
         endpoint = UNMATCHED
@@ -98,29 +100,25 @@ class Gateway:
             # Label values come from the route table and the configured model names only, never
             # from the request: no client can grow or break /metrics.
             model = state.get("model_name", "")
-            self._metrics.requests.labels(model, endpoint, str(response.status)).inc()
-            self._metrics.request_duration.labels(model, endpoint).observe(
-                time.perf_counter() - started
-            )
+            record_request(self._metrics, model, endpoint, response.status, started)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict[str, Any]
     ) -> str:
         """Answer the request; returns the endpoint label."""
+        declared = HTTP_ROUTES.find(path)  # its class, key and body rules
         matched = self._hot.match(scope["method"], path)
         route = matched[0] if matched is not None else None
-        if self._keys and self._protected(path):
-            given = [value for name, value in scope["headers"] if name == b"authorization"]
-            try:
-                state["tenant"] = self._keys.identify(given)
-            except (Unauthorized, MalformedRequest) as exc:
-                await self._refuse(send, exc, route, path)
-                return _route_path(scope)
-        if not _is_inference(path):
-            await self.app(scope, receive, send)
+        try:
+            tenant = self._policy.tenant(declared, lambda: _headers(scope, b"authorization"))
+            if tenant is not None:
+                state["tenant"] = tenant
+            counted = self._policy.admit(declared)
+        except (Unauthorized, MalformedRequest, NotReady) as exc:
+            await self._refuse(send, exc, route, path)
             return _route_path(scope)
-        if self._drain.draining:
-            await self._refuse(send, NotReady(SHUTTING_DOWN), route, path)
+        if not counted:
+            await self.app(scope, receive, send)
             return _route_path(scope)
         task = asyncio.current_task()
         assert task is not None
@@ -129,7 +127,7 @@ class Gateway:
             body = None
             if scope["method"] in BODY_METHODS:
                 try:
-                    self._check_body(scope, path, route)
+                    self._check_body(scope, declared)
                     body = await read_body(receive, self._max_body)
                 except (BodyTooLarge, UnsupportedMediaType) as exc:
                     await self._refuse(send, exc, route, path)
@@ -145,26 +143,26 @@ class Gateway:
                 return _route_path(scope)
             call = HotCall(self._state, path, body, scope, receive, state, matched[1])
             await self._dispatch(matched[0], call, send, task)
-            return matched[0].template
+            return endpoint_label(declared)  # the hot route's declared path, as gRPC's
         except asyncio.CancelledError:
             if not self._drain.expired:
                 raise
             # The drain deadline passed: finish what was started instead of a bare 500.
             task.uncancel()
             await self._abort_for_shutdown(send, route, path)
-            return route.template if route is not None else _route_path(scope)
+            return endpoint_label(declared) if route is not None else _route_path(scope)
         finally:
             self._drain.leave(task)
 
-    def _check_body(self, scope: Scope, path: str, route: HotRoute | None) -> None:
-        """Refuse a body before reading it: not declared JSON where a POST is served (elsewhere
-        the framework's 404 or 405 says more), or declared larger than the limit."""
-        if scope["method"] == "POST" and (route is not None or path in self._post_paths):
-            refused = _media_type_refusal(scope, path)
+    def _check_body(self, scope: Scope, declared: Route | None) -> None:
+        """Refuse a body before reading it: not of a media type the route takes where a POST is
+        served (elsewhere the framework's 404 or 405 says more), or declared over the limit."""
+        if declared is not None and scope["method"] in declared.methods and declared.media:
+            refused = _media_type_refusal(scope, declared.media)
             if refused is not None:
                 raise refused
-        declared = _header(scope, b"content-length")
-        if declared.isdigit() and int(declared) > self._max_body:
+        length = _header(scope, b"content-length")
+        if length.isdigit() and int(length) > self._max_body:
             raise BodyTooLarge(self._max_body)
 
     async def _dispatch(
@@ -199,19 +197,12 @@ class Gateway:
             call.close()
 
     def _dialect(self, route: HotRoute | None, path: str) -> ErrorDialect:
-        return route.dialect if route is not None else self._dialects(path)
+        return route.dialect if route is not None else HTTP_ROUTES.dialect_of(path)
 
     async def _refuse(
         self, send: _ResponseWatch, exc: Exception, route: HotRoute | None, path: str
     ) -> None:
         await send_reply(send, self._dialect(route, path).reply(failure(exc, path)))
-
-    def _protected(self, path: str) -> bool:
-        if _is_health(path):
-            return self._protect_health
-        if path == "/metrics":
-            return self._protect_metrics
-        return path not in OPEN_PATHS
 
     async def _abort_for_shutdown(
         self, send: _ResponseWatch, route: HotRoute | None, path: str
@@ -266,21 +257,23 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-def _media_type_refusal(scope: Scope, path: str) -> UnsupportedMediaType | None:
-    """415 unless the body is declared JSON, before it is read. A form, text/plain or no type
-    at all is what a page on another origin can post without a CORS preflight. KServe's infer
-    also takes binary tensors (application/octet-stream, or Triton's header) and no type:
-    tritonclient.http sends none with JSON-only requests, and Triton does not ask for one."""
+def _media_type_refusal(scope: Scope, accepted: tuple[str, ...]) -> UnsupportedMediaType | None:
+    """415 unless the body is of a type the route takes (route_table.py), before it is read.
+    A form, text/plain or no type at all is what a page on another origin can post without a
+    CORS preflight, so JSON routes take JSON only. KServe's infer also takes binary tensors
+    (application/octet-stream, or Triton's header whatever the type) and no type: tritonclient.http
+    sends none with JSON-only requests, and Triton does not ask for one."""
     given = _header(scope, b"content-type").decode("latin-1")
     media = given.partition(";")[0].strip().lower()
-    if media == "application/json" or media.endswith("+json"):
+    if JSON in accepted and (media == JSON or media.endswith("+json")):
         return None
-    if path.startswith("/v2/"):
-        binary = media == "application/octet-stream" or _header(scope, INFERENCE_HEADER)
-        if binary or not given:
-            return None
-        return UnsupportedMediaType(given, "application/json or application/octet-stream")
-    return UnsupportedMediaType(given, "application/json")
+    if media and media in accepted:
+        return None
+    if OCTETS in accepted and _header(scope, INFERENCE_HEADER):
+        return None
+    if not given and UNTYPED in accepted:
+        return None
+    return UnsupportedMediaType(given, " or ".join(t for t in accepted if t))
 
 
 def _header(scope: Scope, name: bytes) -> bytes:
@@ -291,22 +284,13 @@ def _header(scope: Scope, name: bytes) -> bytes:
     return b""
 
 
+def _headers(scope: Scope, name: bytes) -> list[bytes]:
+    """Every value of a header (a repeated Authorization header is refused, not picked from)."""
+    return [value for key, value in scope["headers"] if key == name]
+
+
 def _route_path(scope: Scope) -> str:
     return getattr(scope.get("route"), "path", UNMATCHED)
-
-
-def _path_class(path: str) -> str:
-    # A bounded label set: the first path segment only.
-    head = path.split("/", 2)[1] if path.count("/") else ""
-    return head if head in PATH_CLASSES else UNMATCHED
-
-
-def _is_health(path: str) -> bool:
-    return path.startswith(("/health/", "/v2/health/"))
-
-
-def _is_inference(path: str) -> bool:
-    return not (_is_health(path) or path == "/metrics" or path in OPEN_PATHS)
 
 
 __all__ = ["Gateway"]

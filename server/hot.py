@@ -1,8 +1,10 @@
 """Hot routes: the inference handlers the gateway dispatches, straight from ASGI.
 
 A handler is `async (HotCall) -> Reply | Stream` and raises the domain's exceptions; the route
-carries the error dialect they are rendered in. The framework only documents these routes
-(`register`): its endpoint for them is never reached, since the gateway answers first.
+carries the error dialect they are rendered in. Which routes are hot, and their dialects, is
+declared in `route_table.py` (the INFERENCE class); `register` takes nothing else. The framework
+only documents these routes: its endpoint for them is never reached, since the gateway answers
+first.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ferry.server.dialects import ErrorDialect
 from ferry.server.disconnect import disconnect_future
 from ferry.server.errors import BodyTooLarge
 from ferry.server.replies import Reply, Stream
+from ferry.server.route_table import HTTP_ROUTES, RouteClass
 
 NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
@@ -69,7 +72,7 @@ Handler = Callable[[HotCall], Awaitable[Reply | Stream]]
 @dataclass(frozen=True)
 class HotRoute:
     method: str
-    template: str  # the route's path as the framework writes it: the metrics' endpoint label
+    template: str  # the route's path as the framework and route_table.py write it
     pattern: re.Pattern[str]
     handler: Handler
     dialect: ErrorDialect  # how this route's errors are written
@@ -107,7 +110,6 @@ def register(
     hot: HotRoutes,
     path: str,
     handler: Handler,
-    dialect: ErrorDialect,
     *,
     summary: str,
     responses: dict[int | str, dict[str, Any]],
@@ -116,9 +118,17 @@ def register(
     include_in_schema: bool = True,
     tags: list[str] | None = None,
 ) -> None:
-    """A hot POST route, and its entry in the framework's router for the OpenAPI schema (and
-    the 405 a GET gets)."""
-    route = hot.add("POST", path, handler, dialect)
+    """A hot POST route, in the dialect the route table declares for it, and its entry in the
+    framework's router for the OpenAPI schema (and the 405 a GET gets)."""
+    declared = HTTP_ROUTES.find(path)
+    if (
+        declared is None
+        or declared.path != path
+        or declared.kind is not RouteClass.INFERENCE
+        or "POST" not in declared.methods
+    ):
+        raise ValueError(f"{path} is not declared an inference route in route_table.py")
+    route = hot.add("POST", path, handler, declared.dialect)
     router.add_api_route(
         path,
         _documentation(body_model, list(route.pattern.groupindex)),

@@ -4,7 +4,9 @@ Runs on `grpc_port` in the server's own event loop, so it shares the HTTP side's
 batchers, drain and metrics; inference is `ferry.server.kserve.infer.infer_tensors`, the function
 the HTTP route calls. Tensors arrive as typed contents or raw little-endian bytes (tritonclient's
 default); outputs always go back raw, as Triton sends them. Errors map from Ferry's one error
-table to gRPC status codes.
+table to gRPC status codes. Each call is declared in `route_table.py` (its class and whether it
+needs the key) and goes through the HTTP gateway's key, drain and metrics code
+(`route_policy.py`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry import __version__
-from ferry.server.auth import KeyRing
 from ferry.server.dialects import kserve_message
-from ferry.server.errors import Failure, InvalidInput, NotReady, failure
+from ferry.server.errors import Failure, InvalidInput, failure
 from ferry.server.kserve.infer import (
     ABSENT,
     deserialize_bytes,
@@ -34,12 +35,13 @@ from ferry.server.kserve.infer import (
 from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
+from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
+from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.tenancy import CLAMPED_HEADER
 from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 
-SERVICE = "/inference.GRPCInferenceService"
 # Every status of the error table (the HTTP-only ones too, for completeness).
 STATUS_CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -58,8 +60,6 @@ STATUS_CODES = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 INT_TYPES = {"INT64": ("<i8", "int64_contents"), "INT32": ("<i4", "int_contents")}
-# Calls that stay open without the API key unless `api_key_protects_health` says otherwise.
-HEALTH_CALLS = {"ServerLive", "ServerReady", "ModelReady"}
 
 
 def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
@@ -138,52 +138,47 @@ def encode_outputs(
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated, untyped base
     def __init__(self, state: Any) -> None:
         self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
-        settings = state.settings
-        self._keys = KeyRing(settings.tenant_keys)
-        self._protect_health = settings.api_key_protects_health
+        self._policy = RoutePolicy(state.settings, state.drain)
 
     async def _call(
         self,
         method: str,
         context: grpc.aio.ServicerContext,
-        handler: Callable[[], Awaitable[Any]],
+        handler: Callable[[str | None], Awaitable[Any]],
         model_name: str = "",
     ) -> Any:
-        """Auth, metrics and error mapping around one call, as the HTTP middleware does."""
-        started, status = time.perf_counter(), 200
+        """The HTTP gateway's key, drain and metrics around one call (by its declaration in the
+        route table), then the error mapping; `handler` gets the caller's tenant."""
+        route = GRPC_ROUTES[method]
+        started, status, counted = time.perf_counter(), 200, False
+        drain = self.state.drain
         try:
-            self._authorize(method, context)
-            return await handler()
+            tenant = self._policy.tenant(route, lambda: _authorization(context))
+            counted = self._policy.admit(route)
+            if counted:
+                drain.enter()
+            return await handler(tenant)
         except asyncio.CancelledError:
             status = 499
             raise
         except Exception as exc:
-            error = failure(exc, f"{SERVICE}/{method}")
+            error = failure(exc, route.path)
             status = error.status
             code, details, trailers = grpc_status(error)
             if trailers:
                 context.set_trailing_metadata(trailers)
             await context.abort(code, details)
         finally:
-            endpoint = f"{SERVICE}/{method}"
-            metrics = self.state.metrics
+            if counted:
+                drain.leave()
             # As on HTTP, only inference is labelled with its model (statistics count those), and
             # only served names become label values (bounded series).
             registry = self.state.registry
-            served = method == "ModelInfer" and (
+            served = route.kind is RouteClass.INFERENCE and (
                 model_name in registry.models or model_name in registry.tensors
             )
             model = model_name if served else ""
-            metrics.requests.labels(model, endpoint, str(status)).inc()
-            metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
-
-    def _authorize(self, method: str, context: grpc.aio.ServicerContext) -> str | None:
-        """The caller's tenant (None: no keys configured, or an open call)."""
-        if not self._keys or (method in HEALTH_CALLS and not self._protect_health):
-            return None
-        metadata = context.invocation_metadata() or ()
-        given = [str(value).encode() for name, value in metadata if name == "authorization"]
-        return self._keys.identify(given)
+            record_request(self.state.metrics, model, endpoint_label(route), status, started)
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:
@@ -193,17 +188,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._call(
-            "ServerLive", context, lambda: _value(service_pb2.ServerLiveResponse(live=True))
+            "ServerLive", context, lambda _: _value(service_pb2.ServerLiveResponse(live=True))
         )
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> Any:
+        async def run(_: str | None) -> Any:
             return service_pb2.ServerReadyResponse(ready=await self._ready())
 
         return await self._call("ServerReady", context, run)
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> Any:
+        async def run(_: str | None) -> Any:
             model = self.state.registry.find(request.name)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
@@ -216,10 +211,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             version=__version__,
             extensions=["binary_tensor_data", "model_configuration", "statistics"],
         )
-        return await self._call("ServerMetadata", context, lambda: _value(response))
+        return await self._call("ServerMetadata", context, lambda _: _value(response))
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> Any:
+        async def run(_: str | None) -> Any:
             metadata = model_metadata(self.state.registry.find(request.name))
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
@@ -228,7 +223,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._call("ModelMetadata", context, run, request.name)
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> Any:
+        async def run(_: str | None) -> Any:
             config = model_config(self.state.registry.find(request.name))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
@@ -236,7 +231,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._call("ModelConfig", context, run, request.name)
 
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> Any:
+        async def run(_: str | None) -> Any:
             registry = self.state.registry
             every = [*registry.models, *registry.tensors]
             names = [registry.find(request.name).name] if request.name else every
@@ -246,33 +241,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._call("ModelStatistics", context, run, request.name)
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run() -> Any:
-            drain = self.state.drain
-            if drain.draining:
-                raise NotReady("the server is shutting down")
+        async def run(tenant: str | None) -> Any:
             model = self.state.registry.find(request.model_name)
             asked = request_priority(_parameter(request.parameters, "priority"))
-            decided = self.state.priority_policy.apply(
-                asked, self._authorize("ModelInfer", context)
-            )
+            decided = self.state.priority_policy.apply(asked, tenant)
             if decided.clamped_from is not None:  # said, as the HTTP header says it
                 clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
                 context.set_trailing_metadata((clamped,))
-            drain.enter()
-            try:
-                if isinstance(model, TensorModel):
-                    return await infer_plain(model, request, decided.priority)
-                wanted = output_names(model, [o.name for o in request.outputs])
-                # A cancelled call (client gone) cancels this task, and with it the queued work.
-                outputs = await infer_tensors(
-                    model,
-                    self.state.encoder,
-                    decode_inputs(request),
-                    wanted,
-                    priority=decided.priority,
-                )
-            finally:
-                drain.leave()
+            if isinstance(model, TensorModel):
+                return await infer_plain(model, request, decided.priority)
+            wanted = output_names(model, [o.name for o in request.outputs])
+            # A cancelled call (client gone) cancels this task, and with it the queued work.
+            outputs = await infer_tensors(
+                model,
+                self.state.encoder,
+                decode_inputs(request),
+                wanted,
+                priority=decided.priority,
+            )
             return encode_outputs(request, outputs)
 
         return await self._call("ModelInfer", context, run, request.model_name)
@@ -307,6 +293,12 @@ def _parameter(parameters: Any, name: str) -> Any:
 
 async def _value(value: Any) -> Any:
     return value
+
+
+def _authorization(context: grpc.aio.ServicerContext) -> list[bytes]:
+    """Every `authorization` value of the call's metadata (two are refused, as on HTTP)."""
+    metadata = context.invocation_metadata() or ()
+    return [str(value).encode() for name, value in metadata if name == "authorization"]
 
 
 async def start_grpc_server(

@@ -9,7 +9,6 @@ import numpy as np
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-from ferry.server.dialects import OPENAI
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
@@ -111,7 +110,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         PATH,
         create_embeddings,
-        OPENAI,
         summary="Create Embeddings",
         responses=error_responses(400, 401, 403, 404, 413, 415, 429, 500, 503, 504),
         body_model=EmbeddingRequest,

@@ -4,7 +4,8 @@ What `tritonclient.http` and perf_analyzer use against Triton: health, server an
 metadata, model configuration (Triton's JSON), statistics (Triton's extension), readiness and
 `infer` with JSON or binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's
 default). The inference itself is `ferry.server.kserve.infer`, shared with the gRPC service.
-Errors use KServe's `{"error": "..."}` shape (`dialects.KSERVE`, bound to /v2 and to infer).
+Errors use KServe's `{"error": "..."}` shape (`dialects.KSERVE`, declared
+for every /v2 route in `route_table.py`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ferry import __version__
-from ferry.server.dialects import KSERVE
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
@@ -187,7 +187,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
             hot,
             path,
             infer,
-            KSERVE,
             summary="Infer",
             responses=error_docs(400, 404, 415, 422, 429, 500, 503, 504),
             include_in_schema="version" not in path,

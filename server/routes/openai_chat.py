@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
-from ferry.server.dialects import OPENAI
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.protocol import (
@@ -112,7 +111,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
             hot,
             path,
             handler,
-            OPENAI,
             summary=summary,
             responses={**ERRORS, **STREAM_DOC},
             body_model=request,

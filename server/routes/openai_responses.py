@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ferry.server.dialects import OPENAI
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
@@ -40,7 +39,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         "/v1/responses",
         responses,
-        OPENAI,
         summary="Responses",
         responses={**ERRORS, **STREAM_DOC},
         body_model=ResponsesRequest,

@@ -8,7 +8,6 @@ from typing import Any
 import orjson
 from fastapi import APIRouter
 
-from ferry.server.dialects import FERRY
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.pair_scoring import check_firsts
@@ -77,7 +76,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         PATH,
         predict,
-        FERRY,
         summary="Predict",
         responses=ERROR_RESPONSES,
         body_model=PredictRequest,

@@ -11,7 +11,6 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from ferry.server.dialects import FERRY, OPENAI
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import Texts
 from ferry.server.errors import InvalidInput
@@ -24,6 +23,7 @@ from ferry.server.pair_scoring import (
     score_pairs,
 )
 from ferry.server.replies import Reply, json_reply
+from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 
 MODEL_DESCRIPTION = "A cross-encoder's name (exported with --task rerank); the default if absent."
@@ -219,7 +219,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         "/rerank",
         tei_rerank,
-        FERRY,
         summary="Rerank (TEI)",
         responses=error_responses(422, *ERRORS),
         body_model=TeiRerankRequest,
@@ -230,19 +229,18 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         "/v1/rerank",
         rerank,
-        OPENAI,
         summary="Rerank (Cohere, Jina)",
         responses=error_responses(400, *ERRORS),
         body_model=RerankRequest,
         response_model=RerankResponse,
     )
-    for path, dialect, invalid in (("/v1/score", OPENAI, 400), ("/score", FERRY, 422)):
+    for path in ("/v1/score", "/score"):
+        invalid = HTTP_ROUTES.dialect_of(path).invalid_status  # OpenAI's 400 or Ferry's 422
         register(
             router,
             hot,
             path,
             score,
-            dialect,
             summary="Score (vLLM)",
             responses=error_responses(invalid, *ERRORS),
             body_model=ScoreRequest,

@@ -8,7 +8,6 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from ferry.server.dialects import FERRY
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.model_tokenizers import model_tokenizer
@@ -102,7 +101,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         "/tokenize",
         tokenize,
-        FERRY,
         summary="Tokenize",
         responses=ERRORS,
         body_model=TokenizeRequest,
@@ -113,7 +111,6 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
         hot,
         "/detokenize",
         detokenize,
-        FERRY,
         summary="Detokenize",
         responses=ERRORS,
         body_model=DetokenizeRequest,

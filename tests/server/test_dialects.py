@@ -6,7 +6,7 @@ import grpc
 import orjson
 import pytest
 
-from ferry.server.dialects import FERRY, KSERVE, OPENAI, PathDialects, sse_error
+from ferry.server.dialects import FERRY, KSERVE, OPENAI, sse_error
 from ferry.server.errors import ERROR_TABLE, INTERNAL, Failure
 from ferry.server.kserve.grpc_service import grpc_status
 from ferry.server.replies import Reply
@@ -74,10 +74,3 @@ def test_a_lone_surrogate_quoted_from_a_request_still_gets_an_answer(dialect):
     failure = Failure(404, "not_found_error", "model 'a\ud800' is unknown", "model")
     error = orjson.loads(dialect.reply(failure).body)["error"]
     assert "model 'a\\ud800' is unknown" in (error if isinstance(error, str) else error["message"])
-
-
-def test_path_dialects_match_whole_segments_and_fall_back_to_the_default():
-    dialects = PathDialects()
-    dialects.mount("/v2", KSERVE)
-    assert dialects("/v2") is KSERVE and dialects("/v2/models/m") is KSERVE
-    assert dialects("/v2x/models") is FERRY and dialects("/predict") is FERRY

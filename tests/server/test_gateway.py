@@ -7,7 +7,7 @@ import asyncio
 
 import orjson
 
-from ferry.server.dialects import KSERVE, OPENAI, PathDialects
+from ferry.server.dialects import KSERVE, OPENAI
 from ferry.server.disconnect import DISCONNECTED
 from ferry.server.drain import DrainState
 from ferry.server.errors import InvalidInput
@@ -105,7 +105,6 @@ def make(handlers: Handlers) -> tuple[Gateway, DrainState, FerryMetrics]:
         metrics=metrics,
         drain=drain,
         hot=hot,
-        dialects=PathDialects(),
         state=None,
     )
     return gateway, drain, metrics

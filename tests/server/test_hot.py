@@ -119,17 +119,27 @@ class Body(BaseModel):
     text: str
 
 
+INFER = "/v2/models/{name}/infer"
+
+
 def test_registering_documents_the_body_and_path_parameters_and_only_documents():
     app, routes = FastAPI(), HotRoutes()
-    register(app.router, routes, "/m/{name}/run", answer, FERRY, summary="Run", responses={})
-    register(
-        app.router, routes, "/echo", answer, FERRY, summary="Echo", responses={}, body_model=Body
-    )
+    register(app.router, routes, INFER, answer, summary="Run", responses={})
+    register(app.router, routes, "/predict", answer, summary="Echo", responses={}, body_model=Body)
     paths = app.openapi()["paths"]
-    assert [p["name"] for p in paths["/m/{name}/run"]["post"]["parameters"]] == ["name"]
-    body = paths["/echo"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert [p["name"] for p in paths[INFER]["post"]["parameters"]] == ["name"]
+    body = paths["/predict"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/Body"}
-    assert routes.match("POST", "/echo")[0].handler is answer
-    documented = next(r for r in app.routes if getattr(r, "path", "") == "/echo")
+    route = routes.match("POST", "/predict")[0]
+    # The dialect is the one the route table declares for the path.
+    assert route.handler is answer and route.dialect is FERRY
+    assert routes.match("POST", "/v2/models/m/infer")[0].dialect is KSERVE
+    documented = next(r for r in app.routes if getattr(r, "path", "") == "/predict")
     with pytest.raises(AssertionError, match="served by the gateway"):
         asyncio.run(documented.endpoint(body=Body(text="x")))
+
+
+@pytest.mark.parametrize("path", ["/echo", "/v1/models", "/v2/models/{name}"])
+def test_only_a_declared_inference_route_can_be_registered_hot(path):
+    with pytest.raises(ValueError, match="not declared an inference route"):
+        register(FastAPI().router, HotRoutes(), path, answer, summary="X", responses={})

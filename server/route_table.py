@@ -1,0 +1,196 @@
+"""Every route Ferry serves, declared once: path, methods, class, error dialect, whether it needs
+the API key, and the media types its body may have.
+
+The gateway (key, drain, body type, in-flight group), the framework's error handlers (dialect),
+the hot routes' registration (`hot.register`) and the gRPC servicer all read this table, and
+nothing else says which route is which. tests/server/test_route_table.py checks it against what
+the framework mounts and what the servicer implements, so it cannot drift from either.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ferry.server.dialects import FERRY, KSERVE, OPENAI, ErrorDialect
+
+
+class RouteClass(enum.Enum):
+    INFERENCE = "inference"  # the hot routes: the gateway dispatches them itself
+    METADATA = "metadata"  # models, KServe server and model metadata, configuration, statistics
+    ADMIN = "admin"  # LoRA adapters
+    HEALTH = "health"
+    METRICS = "metrics"
+    DOCS = "docs"
+
+
+# While draining, new requests of these classes are refused 503 and those accepted are waited
+# for; health, metrics and docs keep answering (a probe must see the drain).
+DRAINED = frozenset({RouteClass.INFERENCE, RouteClass.METADATA, RouteClass.ADMIN})
+
+JSON = "application/json"  # and any `+json` type
+OCTETS = "application/octet-stream"  # KServe's binary tensors (or Triton's header, whatever type)
+UNTYPED = ""  # no Content-Type at all: tritonclient.http sends none with JSON-only requests
+JSON_BODY = (JSON,)
+TENSOR_BODY = (JSON, OCTETS, UNTYPED)
+
+GRPC_SERVICE = "/inference.GRPCInferenceService"
+GRPC = "GRPC"  # the method of a gRPC route: its calls are named by path alone
+UNMATCHED = "other"  # the metrics' label for a request no route claims
+# In-flight requests are counted by first path segment before routing (a bounded label set):
+# the groups the dashboards watch, every other path is UNMATCHED.
+IN_FLIGHT_GROUPS = frozenset({"predict", "v1", "v2", "health", "metrics"})
+
+
+@dataclass(frozen=True)
+class Route:
+    # As the framework writes it: `{name}` is one segment, `{name:path}` the rest. gRPC: the
+    # call's full method path, which is also its metrics endpoint label.
+    path: str
+    methods: frozenset[str]
+    kind: RouteClass
+    dialect: ErrorDialect  # gRPC: the status carries KServe's message (grpc_service.grpc_status)
+    # False: open without the key, unless a setting protects its class (health, metrics).
+    needs_key: bool = True
+    media: tuple[str, ...] = ()  # the body's accepted media types; () for routes without one
+
+    @property
+    def drained(self) -> bool:
+        return self.kind in DRAINED
+
+    @property
+    def grpc(self) -> bool:
+        return GRPC in self.methods
+
+
+def _get(path: str, kind: RouteClass, dialect: ErrorDialect, *, needs_key: bool = True) -> Route:
+    return Route(path, frozenset({"GET"}), kind, dialect, needs_key)
+
+
+def _post(
+    path: str, kind: RouteClass, dialect: ErrorDialect, media: tuple[str, ...] = JSON_BODY
+) -> Route:
+    return Route(path, frozenset({"POST"}), kind, dialect, media=media)
+
+
+def _grpc(method: str, kind: RouteClass, *, needs_key: bool = True) -> Route:
+    return Route(f"{GRPC_SERVICE}/{method}", frozenset({GRPC}), kind, KSERVE, needs_key)
+
+
+INFERENCE, METADATA, ADMIN = RouteClass.INFERENCE, RouteClass.METADATA, RouteClass.ADMIN
+HEALTH, METRICS, DOCS = RouteClass.HEALTH, RouteClass.METRICS, RouteClass.DOCS
+
+ROUTES: tuple[Route, ...] = (
+    _post("/predict", INFERENCE, FERRY),
+    _post("/v1/embeddings", INFERENCE, OPENAI),
+    _post("/rerank", INFERENCE, FERRY),
+    _post("/v1/rerank", INFERENCE, OPENAI),
+    _post("/score", INFERENCE, FERRY),
+    _post("/v1/score", INFERENCE, OPENAI),
+    _post("/tokenize", INFERENCE, FERRY),
+    _post("/detokenize", INFERENCE, FERRY),
+    _post("/v1/chat/completions", INFERENCE, OPENAI),
+    _post("/v1/completions", INFERENCE, OPENAI),
+    _post("/v1/responses", INFERENCE, OPENAI),
+    _post("/v2/models/{name}/infer", INFERENCE, KSERVE, TENSOR_BODY),
+    _post("/v2/models/{name}/versions/{version}/infer", INFERENCE, KSERVE, TENSOR_BODY),
+    _get("/v1/models", METADATA, OPENAI),
+    _get("/v1/models/{model_id:path}", METADATA, OPENAI),
+    _get("/v2", METADATA, KSERVE),
+    _get("/v2/models/stats", METADATA, KSERVE),
+    _get("/v2/models/{name}/stats", METADATA, KSERVE),
+    _get("/v2/models/{name}/versions/{version}/stats", METADATA, KSERVE),
+    _get("/v2/models/{name}", METADATA, KSERVE),
+    _get("/v2/models/{name}/versions/{version}", METADATA, KSERVE),
+    _get("/v2/models/{name}/config", METADATA, KSERVE),
+    _get("/v2/models/{name}/versions/{version}/config", METADATA, KSERVE),
+    # A model's readiness over HTTP is behind the key and the drain (gRPC's ModelReady is not).
+    _get("/v2/models/{name}/ready", METADATA, KSERVE),
+    _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
+    _post("/v1/load_lora_adapter", ADMIN, OPENAI),
+    _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
+    _get("/health/live", HEALTH, FERRY, needs_key=False),
+    _get("/health/ready", HEALTH, FERRY, needs_key=False),
+    _get("/v2/health/live", HEALTH, KSERVE, needs_key=False),
+    _get("/v2/health/ready", HEALTH, KSERVE, needs_key=False),
+    _get("/metrics", METRICS, FERRY, needs_key=False),
+    _get("/openapi.json", DOCS, FERRY, needs_key=False),
+    _get("/docs", DOCS, FERRY, needs_key=False),
+    _get("/docs/oauth2-redirect", DOCS, FERRY, needs_key=False),
+    _get("/redoc", DOCS, FERRY, needs_key=False),
+    # KServe v2 over gRPC (kserve/grpc_service.py), through the same key, drain and metrics.
+    _grpc("ServerLive", HEALTH, needs_key=False),
+    _grpc("ServerReady", HEALTH, needs_key=False),
+    _grpc("ModelReady", HEALTH, needs_key=False),
+    _grpc("ServerMetadata", METADATA),
+    _grpc("ModelMetadata", METADATA),
+    _grpc("ModelConfig", METADATA),
+    _grpc("ModelStatistics", METADATA),
+    _grpc("ModelInfer", INFERENCE),
+)
+
+
+def first_segment(path: str) -> str:
+    return path[1:].partition("/")[0]
+
+
+def _template_regex(path: str) -> str:
+    """A template as a regex without capturing groups: `{x}` one segment, `{x:path}` the rest."""
+    parts = re.split(r"(\{\w+(?::path)?\})", path)
+    return "".join(
+        ("(?:.+)" if p.endswith(":path}") else "(?:[^/]+)") if p.startswith("{") else re.escape(p)
+        for p in parts
+    )
+
+
+class RouteTable:
+    """A path's route: one dict look-up for fixed paths, one compiled alternation for templates
+    (a template string such as `/v2/models/{name}/infer` finds its own route too)."""
+
+    def __init__(self, routes: Iterable[Route], default: ErrorDialect = FERRY) -> None:
+        self.routes = tuple(routes)
+        paths = [r.path for r in self.routes]
+        if len(set(paths)) != len(paths):
+            raise ValueError("a path is declared twice in the route table")
+        self._fixed = {r.path: r for r in self.routes if "{" not in r.path}
+        self._templates = [r for r in self.routes if "{" in r.path]
+        alternatives = (
+            f"(?P<r{i}>{_template_regex(r.path)})" for i, r in enumerate(self._templates)
+        )
+        self._matcher = re.compile("|".join(alternatives) or "(?!)")
+        self._default = default
+        # A path no route claims (a 404, a 401 before routing) is answered in the dialect every
+        # declared route under its first segment shares: /v1/... OpenAI's, /v2/... KServe's.
+        by_segment: dict[str, set[ErrorDialect]] = {}
+        for route in self.routes:
+            by_segment.setdefault(first_segment(route.path), set()).add(route.dialect)
+        self._families = {s: next(iter(d)) for s, d in by_segment.items() if len(d) == 1}
+
+    def find(self, path: str) -> Route | None:
+        route = self._fixed.get(path)
+        if route is None:
+            found = self._matcher.fullmatch(path)
+            if found is not None and found.lastgroup is not None:
+                route = self._templates[int(found.lastgroup[1:])]
+        return route
+
+    def dialect_of(self, path: str) -> ErrorDialect:
+        route = self.find(path)
+        if route is not None:
+            return route.dialect
+        return self._families.get(first_segment(path), self._default)
+
+
+HTTP_ROUTES = RouteTable(r for r in ROUTES if not r.grpc)
+# The servicer's calls by method name.
+GRPC_ROUTES: Mapping[str, Route] = MappingProxyType(
+    {r.path.rpartition("/")[2]: r for r in ROUTES if r.grpc}
+)
+
+
+def in_flight_group(path: str) -> str:
+    head = first_segment(path)
+    return head if head in IN_FLIGHT_GROUPS else UNMATCHED
