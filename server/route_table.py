@@ -107,7 +107,7 @@ ROUTES: tuple[Route, ...] = (
     _get("/v2/models/{name}/versions/{version}", METADATA, KSERVE),
     _get("/v2/models/{name}/config", METADATA, KSERVE),
     _get("/v2/models/{name}/versions/{version}/config", METADATA, KSERVE),
-    # A model's readiness over HTTP is behind the key and the drain (gRPC's ModelReady is not).
+    # A model's readiness names a model: behind the key, and refused once draining (HTTP, gRPC).
     _get("/v2/models/{name}/ready", METADATA, KSERVE),
     _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
@@ -124,7 +124,7 @@ ROUTES: tuple[Route, ...] = (
     # KServe v2 over gRPC (kserve/grpc_service.py), through the same key, drain and metrics.
     _grpc("ServerLive", HEALTH, needs_key=False),
     _grpc("ServerReady", HEALTH, needs_key=False),
-    _grpc("ModelReady", HEALTH, needs_key=False),
+    _grpc("ModelReady", METADATA),
     _grpc("ServerMetadata", METADATA),
     _grpc("ModelMetadata", METADATA),
     _grpc("ModelConfig", METADATA),

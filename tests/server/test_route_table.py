@@ -42,7 +42,7 @@ OPEN_HTTP = {
     "/docs/oauth2-redirect",
     "/redoc",
 }
-OPEN_GRPC = {"ServerLive", "ServerReady", "ModelReady"}
+OPEN_GRPC = {"ServerLive", "ServerReady"}
 
 
 def mounted() -> set[tuple[str, str]]:
