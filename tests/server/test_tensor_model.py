@@ -54,6 +54,8 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
         "every_type": plain_graphs.every_type(folder / "every_type.onnx"),
         "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
         "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
+        "xgb": plain_graphs.breast_cancer(folder / "xgb.onnx", "xgboost"),
+        "lgbm": plain_graphs.breast_cancer(folder / "lgbm.onnx", "lightgbm"),
         "iris": plain_graphs.iris_graph(),
         "iris_by_name": plain_graphs.iris_by_name(folder / "iris_by_name.onnx"),
     }
@@ -75,6 +77,7 @@ def server(graphs):
     ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
+    args += ["--model", f"xgb={graphs['xgb']}", "--model", f"lgbm={graphs['lgbm']}"]
     args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
     grpc_port = free_port()
     with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
@@ -344,7 +347,7 @@ def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("model", ["gb", "lr"])
+@pytest.mark.parametrize("model", ["gb", "lr", "xgb", "lgbm"])
 def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, model, protocol):
     rows = plain_graphs.breast_cancer_rows()[RNG.choice(569, size=64, replace=False)]
 
@@ -363,14 +366,15 @@ def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, mode
         np.testing.assert_allclose(probability, expected["output_probability"], atol=1e-6)
 
 
+@pytest.mark.parametrize("model", ["gb", "xgb", "lgbm"])
 @pytest.mark.parametrize("form", ["records", "tensors"])
-def test_predict_takes_records_and_named_tensors(server, sessions, form):
+def test_predict_takes_records_and_named_tensors(server, sessions, form, model):
     rows = plain_graphs.breast_cancer_rows()[:5]
     inputs = [{"X": row.tolist()} for row in rows] if form == "records" else {"X": rows.tolist()}
-    reply = httpx.post(f"{server.url}/predict", json={"model": "gb", "inputs": inputs}, timeout=30)
+    reply = httpx.post(f"{server.url}/predict", json={"model": model, "inputs": inputs}, timeout=30)
     assert reply.status_code == 200, reply.text
     answers = reply.json()["outputs"]
-    expected = alone(sessions["gb"], {"X": rows})
+    expected = alone(sessions[model], {"X": rows})
     assert [a["output_label"] for a in answers] == expected["output_label"].tolist()
     for answer, probability in zip(answers, expected["output_probability"], strict=True):
         assert list(answer["output_probability"]) == ["0", "1"]  # ZipMap's classes as keys
