@@ -43,6 +43,7 @@ TYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
+TYPE_NAMES = {np.dtype(t): d for d, t in TYPES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def infer(server, model: str, inputs: list[dict], outputs: list[str] | None = No
 
 
 def kserve_input(name: str, array: np.ndarray) -> dict:
-    datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+    datatype = TYPE_NAMES[array.dtype]
     return {
         "name": name,
         "datatype": datatype,
@@ -123,22 +124,24 @@ def client(server, protocol: str = "http"):
     return triton_http.InferenceServerClient(server.url.removeprefix("http://"), concurrency=4)
 
 
-def client_infer(server, protocol: str, model: str, feeds: dict[str, np.ndarray], outputs):
-    """tritonclient's way, binary tensors over HTTP and raw contents over gRPC."""
+def client_infer(
+    server, protocol: str, model: str, feeds: dict[str, np.ndarray], outputs, class_count=0
+):
+    """tritonclient's way, binary tensors over HTTP and raw contents over gRPC; `class_count`:
+    each output as its top classes (Triton's classification extension)."""
     module = triton_grpc if protocol == "grpc" else triton_http
     inputs = []
     for name, array in feeds.items():
-        datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+        datatype = "BYTES" if array.dtype == object else TYPE_NAMES[array.dtype]
         tensor = module.InferInput(name, list(array.shape), datatype)
         if protocol == "grpc":
             tensor.set_data_from_numpy(array)
         else:
             tensor.set_data_from_numpy(array, binary_data=True)
         inputs.append(tensor)
+    wanted = [module.InferRequestedOutput(n, class_count=class_count) for n in outputs]
     with client(server, protocol) as triton:
-        result = triton.infer(
-            model, inputs, outputs=[module.InferRequestedOutput(n) for n in outputs]
-        )
+        result = triton.infer(model, inputs, outputs=wanted)
     return {n: result.as_numpy(n) for n in outputs}
 
 
@@ -430,6 +433,117 @@ def test_a_fixed_first_axis_is_served_one_request_at_a_time(server, sessions):
         expected = alone(sessions["iris"], {"float_input": x})
         np.testing.assert_array_equal(answer["label"], expected["label"])
         np.testing.assert_allclose(answer["probabilities"], expected["probabilities"], rtol=1e-6)
+
+
+# -- classification (Triton's extension) ---------------------------------------------------------
+
+IRIS_ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 3.0, 4.2, 1.5]], np.float32)
+CLASSIFIED = [
+    # (model, its feeds, the output, k, its labels (ZipMap's classes), top k of each row?)
+    ("gb", {"X": plain_graphs.breast_cancer_rows()[:4]}, "output_probability", 1, ["0", "1"], True),
+    (
+        "lgbm",
+        {"X": plain_graphs.breast_cancer_rows()[4:9]},
+        "output_probability",
+        2,
+        ["0", "1"],
+        True,
+    ),
+    (
+        "iris_by_name",
+        {"X": IRIS_ROWS},
+        "output_probability",
+        2,
+        list(plain_graphs.IRIS_NAMES),
+        True,
+    ),
+    # A fixed first axis: a ZipMap still by row; a tensor's top k of all of it, [k], as Triton.
+    ("logreg_iris", {"float_input": IRIS_ROWS[:, :2]}, "probabilities", 2, ["0", "1", "2"], True),
+    ("logreg_iris", {"float_input": IRIS_ROWS[:, :2]}, "label", 2, None, False),
+]
+
+
+def top_classes(scores: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> list:
+    """(value, index, label) of the k highest scores of each row, ties to the lower index."""
+    rows = scores.reshape(len(scores), -1) if batched else scores.reshape(1, -1)
+    return [
+        [
+            (row[i], i, labels[i] if labels else None)
+            for i in sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+        ]
+        for row in rows
+    ]
+
+
+def read_classes(strings: np.ndarray) -> list:
+    """Triton's "value:index[:label]" strings, [N, k] (or [k]), read back."""
+    rows = strings if strings.ndim == 2 else strings[None]
+    answers = []
+    for row in rows:
+        fields = [item.decode().split(":", 2) for item in row]
+        answers.append([(float(f[0]), int(f[1]), f[2] if len(f) > 2 else None) for f in fields])
+    return answers
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize(("model", "feeds", "output", "k", "labels", "batched"), CLASSIFIED)
+def test_classification_gives_the_top_k_with_labels(
+    server, sessions, protocol, model, feeds, output, k, labels, batched
+):
+    answer = client_infer(server, protocol, model, feeds, [output], class_count=k)[output]
+    session = sessions["iris" if model == "logreg_iris" else model]
+    expected = top_classes(alone(session, feeds)[output], k, labels, batched)
+    assert answer.dtype == object and answer.shape == ((len(expected), k) if batched else (k,))
+    for got, want in zip(read_classes(answer), expected, strict=True):
+        assert [(i, label) for _, i, label in got] == [(i, label) for _, i, label in want]
+        np.testing.assert_allclose([v for v, _, _ in got], [v for v, _, _ in want], atol=1e-6)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_classification_of_a_text_encoder_output(server, protocol):
+    texts = np.array([[b"a sentence"], [b"another one, longer"]], dtype=object)
+    feeds, output = {"text": texts}, "sentence_embedding"
+    plain = client_infer(server, protocol, DEFAULT_MODEL, feeds, [output])[output]
+    answer = client_infer(server, protocol, DEFAULT_MODEL, feeds, [output], class_count=3)
+    for got, want in zip(
+        read_classes(answer[output]), top_classes(plain, 3, None, True), strict=True
+    ):
+        assert [i for _, i, _ in got] == [i for _, i, _ in want]
+
+
+BAD_CLASSIFICATION = [
+    # (model, output, the parameter, words of the message)
+    ("gb", "output_probability", 3, "more than the output's 2 classes"),
+    ("gb", "output_probability", 0, "positive integer"),
+    ("gb", "output_probability", "2", "positive integer"),
+    ("gb", "output_probability", True, "positive integer"),
+    ("iris_by_name", "output_label", 1, "this output is BYTES"),
+]
+
+
+@pytest.mark.parametrize(("model", "output", "count", "words"), BAD_CLASSIFICATION)
+def test_a_classification_that_cannot_be_given_is_a_4xx_naming_the_output(
+    server, model, output, count, words
+):
+    body = {
+        "inputs": [
+            kserve_input(
+                "X", plain_graphs.breast_cancer_rows()[:1] if model == "gb" else IRIS_ROWS[:1]
+            )
+        ],
+        "outputs": [{"name": output, "parameters": {"classification": count}}],
+    }
+    reply = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
+    assert 400 <= reply.status_code < 500, reply.text
+    message = reply.json()["error"]
+    assert message.startswith(f"{output}:") and words in message, message
+
+
+def test_the_server_lists_the_classification_extension(server):
+    with client(server) as triton:
+        assert "classification" in triton.get_server_metadata()["extensions"]
+    with client(server, "grpc") as triton:
+        assert "classification" in triton.get_server_metadata(as_json=True)["extensions"]
 
 
 # -- starting -------------------------------------------------------------------------------------
