@@ -8,6 +8,7 @@ axes padded together); one with a fixed first axis is served one request at a ti
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking, TensorRows
+from ferry.batcher.tensor_chunks import chunk_rows, join_rows, split_rows
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
@@ -134,6 +136,7 @@ class TensorModel:
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
             rows = valid_rows(self.signature, tensors, self.batchable)
+            self._check_chunks(rows)
         except InvalidInput:
             self.count_invalid()
             raise
@@ -143,6 +146,19 @@ class TensorModel:
         padded = {axis: size for axis, size in sizes.items() if axis in self._padded}
         key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in padded))
         return replace(rows, axis_sizes=padded, shape_key=key)
+
+    def _check_chunks(self, rows: TensorRows) -> None:
+        """A request whose chunks the queue could never hold at once is refused (not a 429 that
+        no retry would lift)."""
+        assert self.batcher is not None, "validate before start"
+        limits = self.batcher.limits
+        size = chunk_rows(rows, limits)
+        if self.batchable and math.ceil(rows.rows / size) > limits.max_queue_size:
+            raise InvalidInput(
+                self.signature.input_names[0],
+                f"{rows.rows} rows go in chunks of {size}, more than the queue's "
+                f"{limits.max_queue_size} places",
+            )
 
     def select_outputs(
         self, requested: Sequence[str | None] | None, *, tensors: bool = False
@@ -167,11 +183,14 @@ class TensorModel:
         priority: int = 0,
         disconnected: asyncio.Future[None] | None = None,
     ) -> dict[str, np.ndarray]:
-        """A validated request's outputs, its rows on the first axis, through the batcher."""
+        """A validated request's outputs, its rows on the first axis, through the batcher; one
+        of more rows than a batch takes goes in chunks (tensor_chunks.py)."""
         assert self.batcher is not None, "infer before start"
-        futures = self.batcher.submit([rows], timeout_s, frozenset(outputs), priority)
-        (result,) = await gather_results(futures, disconnected)
-        return result
+        chunks = (
+            split_rows(rows, chunk_rows(rows, self.batcher.limits)) if self.batchable else [rows]
+        )
+        futures = self.batcher.submit(chunks, timeout_s, frozenset(outputs), priority)
+        return join_rows(await gather_results(futures, disconnected))
 
     def count_invalid(self) -> None:
         self._metrics.rejections.labels(self.name, "invalid").inc()

@@ -62,6 +62,9 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+CHUNKED = {"max_batch_size": 3, "max_queue_size": 8}
+
+
 @pytest.fixture(scope="module")
 def server(graphs):
     # Waits for company (no dispatch while idle), so concurrent requests share padded batches.
@@ -75,6 +78,11 @@ def server(graphs):
         default_model_config(),
         {"name": "lr", "path": str(graphs["lr"]), "outputs": ["output_probability"]},
         {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
+        # Requests of more than 3 rows go in chunks of 3, each a queue member; a queue of 8.
+        *(
+            {"name": f"{n}_chunked", "path": str(graphs[n]), "batching": CHUNKED}
+            for n in ("gb", "masked")
+        ),
     ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
@@ -433,6 +441,54 @@ def test_a_fixed_first_axis_is_served_one_request_at_a_time(server, sessions):
         expected = alone(sessions["iris"], {"float_input": x})
         np.testing.assert_array_equal(answer["label"], expected["label"])
         np.testing.assert_allclose(answer["probabilities"], expected["probabilities"], rtol=1e-6)
+
+
+# -- requests larger than a batch ----------------------------------------------------------------
+
+
+def chunked_request(model: str, rows: int) -> dict[str, np.ndarray]:
+    if model == "gb_chunked":
+        return {"X": plain_graphs.breast_cancer_rows()[RNG.choice(569, size=rows, replace=False)]}
+    return masked_request(rows)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc", "predict"])
+@pytest.mark.parametrize("model", ["gb_chunked", "masked_chunked"])
+def test_a_request_larger_than_a_batch_goes_in_chunks_and_answers_as_alone(
+    server, sessions, model, protocol
+):
+    feeds = chunked_request(model, rows=3 * 3 + 2)  # four chunks, the last of two rows
+    session = sessions[model.removesuffix("_chunked")]
+    expected = alone(session, feeds)
+    outputs = [o.name for o in session.get_outputs()]
+    members = "ferry_batch_size_requests_sum"  # queue members run, over all batches
+    before = metric_value(server.metrics(), members, model=model)
+    if protocol == "predict":
+        body = {"model": model, "inputs": {n: a.tolist() for n, a in feeds.items()}}
+        reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        rows = reply.json()["outputs"]
+        answer = {n: np.array([_values(row[n]) for row in rows]) for n in outputs}
+    else:
+        answer = client_infer(server, protocol, model, feeds, outputs)
+    for name in outputs:
+        assert answer[name].shape == expected[name].shape, name
+        np.testing.assert_allclose(answer[name], expected[name], rtol=1e-6, atol=1e-6)
+    ran = metric_value(server.metrics(), members, model=model) - before
+    assert ran == 4, f"{ran} queue members for a request of 11 rows in chunks of 3"
+
+
+def _values(value):
+    """A /predict answer's value: a ZipMap row's {class: p} as its probabilities."""
+    return list(value.values()) if isinstance(value, dict) else value
+
+
+def test_a_request_more_chunks_than_the_queue_holds_is_a_4xx_naming_the_input(server):
+    feeds = chunked_request("gb_chunked", rows=3 * 8 + 1)
+    reply = infer(server, "gb_chunked", [kserve_input("X", feeds["X"])])
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"].startswith("X: 25 rows go in chunks of 3, more than the queue")
+    assert infer(server, "gb_chunked", [kserve_input("X", feeds["X"][:24])]).status_code == 200
 
 
 # -- classification (Triton's extension) ---------------------------------------------------------
