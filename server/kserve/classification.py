@@ -2,10 +2,11 @@
 comes back as its k highest values, each a BYTES string "value:index[:label]".
 
 Batched models answer [N, k] (the top k of each row), a model with a fixed first axis [k] (of
-the whole tensor), as Triton does; a ZipMap output is always by row, its rows being the model's. Ties keep the lower index first. Labels are the classes a
-ZipMap output names, or a text classifier's `id2label` (its manifest) for `logits`. Unlike
-Triton, which quietly returns fewer, a k above the output's class count is refused, as is an
-output that holds no scores (BYTES, BOOL, a per-token sequence); all decided before any work.
+the whole tensor), as Triton does; a ZipMap output is always by row, its rows being the model's.
+Ties keep the lower index first. Labels are the classes a ZipMap output names, or a text
+classifier's `id2label` (its manifest) for `logits`. Unlike Triton, which quietly returns fewer,
+a k above the output's class count is refused, as is an output that holds no scores (BYTES,
+BOOL, a per-token sequence); all decided before any work.
 """
 
 from __future__ import annotations
