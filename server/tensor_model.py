@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ferry.backends import bfloat16
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -117,7 +118,13 @@ class TensorModel:
             s.name: {i: a for i, a in s.axis_names().items() if a in padded}
             for s in self.signature.outputs
         }
-        return TensorLayout(inputs, outputs, dict(self.settings.pad_values), self.batchable)
+        pad_values = {  # a BF16 input holds bits: its pad value as the bits of that number
+            name: int(bfloat16.from_float32(value))
+            if self.signature.input(name).datatype == "BF16"
+            else value
+            for name, value in self.settings.pad_values.items()
+        }
+        return TensorLayout(inputs, outputs, pad_values, self.batchable)
 
     def _limits(self) -> BatchLimits:
         limits = self.settings.batching

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ferry.backends import bfloat16
 from ferry.server.errors import InvalidInput
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.tensor_model import TensorModel
@@ -31,6 +32,7 @@ class Classification:
     count: int  # k
     labels: tuple[str, ...] | None  # by class index, when the model has them
     batched: bool  # top k per row; else of the whole tensor
+    bf16: bool = False  # scores given as BF16 bits
 
 
 def requested(outputs: Iterable[tuple[str, Any]]) -> dict[str, int]:
@@ -57,7 +59,7 @@ def plan(model: ModelRuntime | TensorModel, counts: Mapping[str, int]) -> dict[s
             raise InvalidInput(
                 name, f"classification {count} is more than the output's {classes} classes"
             )
-        plans[name] = Classification(count, labels, batched)
+        plans[name] = Classification(count, labels, batched, datatype == "BF16")
     return plans
 
 
@@ -86,6 +88,8 @@ def _scores(
 
 def classify(name: str, value: np.ndarray, plan: Classification) -> np.ndarray:
     """The top k of each row (or of the whole tensor) as "value:index[:label]" bytes."""
+    if plan.bf16:
+        value = bfloat16.to_float32(value)
     rows = value.reshape(len(value), -1) if plan.batched else value.reshape(1, -1)
     classes = rows.shape[1]
     if plan.count > classes:  # only where the count was not known before the run

@@ -4,6 +4,7 @@ against ONNX Runtime run on that request alone, under concurrency, over KServe v
 
 from __future__ import annotations
 
+import ctypes
 import re
 import subprocess
 import sys
@@ -11,13 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import ml_dtypes  # tritonclient's BF16 (a dependency of it)
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from prometheus_client import CollectorRegistry
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
@@ -43,7 +45,7 @@ TYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
-TYPE_NAMES = {np.dtype(t): d for d, t in TYPES.items()}
+TYPE_NAMES = {np.dtype(t): d for d, t in TYPES.items()} | {np.dtype(ml_dtypes.bfloat16): "BF16"}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +55,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
         "masked": plain_graphs.masked_mean(folder / "masked_mean.onnx"),
         "unnamed": plain_graphs.masked_mean(folder / "unnamed.onnx", axis=None),
         "every_type": plain_graphs.every_type(folder / "every_type.onnx"),
+        "bf16": plain_graphs.bfloat16(folder / "bf16.onnx"),
         "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
         "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
         "xgb": plain_graphs.breast_cancer(folder / "xgb.onnx", "xgboost"),
@@ -88,6 +91,7 @@ def server(graphs):
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
     args += ["--model", f"xgb={graphs['xgb']}", "--model", f"lgbm={graphs['lgbm']}"]
     args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
+    args += ["--model", str(graphs["bf16"])]
     grpc_port = free_port()
     with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
@@ -188,13 +192,22 @@ def test_metadata_comes_from_the_graph(server):
     assert grpc_config["input"][0]["dims"] == ["3", "2"]
 
 
-def test_grpc_refuses_a_wrong_datatype_naming_the_input(server):
-    tensor = triton_grpc.InferInput("X", [1, 30], "FP64")
-    tensor.set_data_from_numpy(np.ones((1, 30), np.float64))
+@pytest.mark.parametrize(
+    ("model", "name", "array", "words"),
+    [
+        ("gb", "X", np.ones((1, 30), np.float64), "datatype FP64 does not match the model's FP32"),
+        # BF16 only where the graph takes BF16: nothing is cast.
+        ("gb", "X", np.ones((1, 30), ml_dtypes.bfloat16), "datatype BF16 does not match"),
+        ("bf16", "x", np.ones((1, 2), np.float32), "datatype FP32 does not match the model's BF16"),
+    ],
+)
+def test_grpc_refuses_a_wrong_datatype_naming_the_input(server, model, name, array, words):
+    tensor = triton_grpc.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
     with client(server, "grpc") as triton, pytest.raises(InferenceServerException) as error:
-        triton.infer("gb", [tensor])
+        triton.infer(model, [tensor])
     assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert error.value.message().startswith("X: datatype FP64 does not match the model's FP32")
+    assert error.value.message().startswith(f"{name}: {words}")
 
 
 # -- padding --------------------------------------------------------------------------------------
@@ -306,6 +319,8 @@ BAD_KSERVE = [
     ("gb", [("X", "FP32", [1, 29])], "X", "axis 1 must be 30"),
     ("gb", [("X", "FP64", [1, 30])], "X", "FP64"),
     ("logreg_iris", [("float_input", "FP32", [2, 2])], "float_input", "axis 0 must be 3"),
+    ("bf16", [("x", "BF16", [1, 2])], "x", "not JSON"),
+    ("bf16", [("x", "FP32", [1, 2])], "x", "FP32 does not match the model's BF16"),
 ]
 
 
@@ -352,6 +367,56 @@ def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
     reply = infer(server, "every_type", inputs)
     assert reply.status_code == 422
     assert reply.json()["error"].startswith("x_FP16[1]: 70000.0 is outside FP16's range")
+
+
+# -- BF16 ------------------------------------------------------------------------------------------
+
+
+def bf16_alone(session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The reference for BF16: ONNX Runtime fed an OrtValue of x's bits, the outputs' bits read
+    back through ml_dtypes."""
+    feed = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x.view(np.uint16), 16)  # BFLOAT16
+    names = [o.name for o in session.get_outputs()]
+    values = session.run_with_ort_values(names, {"x": feed})
+    answers = {}
+    for name, value in zip(names, values, strict=True):
+        if value.element_type() == 16:  # no numpy type: its buffer copied through ctypes
+            raw = ctypes.string_at(value.data_ptr(), int(np.prod(value.shape())) * 2)
+            answers[name] = np.frombuffer(raw, ml_dtypes.bfloat16).reshape(value.shape())
+        else:
+            answers[name] = value.numpy()
+    return answers
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http", "json-out"])
+def test_bf16_goes_in_and_comes_back_exactly(server, sessions, protocol):
+    x = RNG.normal(size=(3, 2)).astype(ml_dtypes.bfloat16)
+    expected = bf16_alone(sessions["bf16"], x)
+    if protocol == "json-out":  # binary BF16 in, JSON numbers out
+        tensor = triton_http.InferInput("x", [3, 2], "BF16")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        wanted = [triton_http.InferRequestedOutput(n, binary_data=False) for n in expected]
+        with client(server) as triton:
+            result = triton.infer("bf16", [tensor], outputs=wanted).get_response()
+        answer = {
+            o["name"]: np.array(o["data"], np.float32).reshape(o["shape"])
+            for o in result["outputs"]
+        }
+        assert [o["datatype"] for o in result["outputs"]] == ["FP32", "BF16", "BF16"]
+    else:
+        answer = client_infer(server, protocol, "bf16", {"x": x}, list(expected))
+    for name, value in expected.items():
+        if protocol != "json-out":
+            assert answer[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(answer[name].astype(np.float32), value.astype(np.float32))
+    np.testing.assert_array_equal(expected["same"], x)  # and the reference is not vacuous
+
+
+def test_bf16_metadata_says_bf16(server):
+    with client(server) as triton:
+        metadata = triton.get_model_metadata("bf16")
+    assert metadata["inputs"] == [{"name": "x", "datatype": "BF16", "shape": [-1, 2]}]
+    assert [o["datatype"] for o in metadata["outputs"]] == ["FP32", "BF16", "BF16"]
 
 
 # -- tabular models -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 - masked_mean: data [N, T] FP32 and mask [N, T] INT64 (one axis name, T) -> the masked mean
   [N] and the masked data [N, T]: padding T changes nothing a row's answer depends on.
 - every_type: one input per KServe datatype, x_<type> [N, 2], passed through to y_<type>.
+- bfloat16: a BF16 input, squared through FP32, with FP32 and BF16 outputs.
 - breast-cancer classifiers from scikit-learn's bundled data (scikit-learn, XGBoost, LightGBM),
   through Ferry's exporter (ZipMap on).
 """
@@ -73,6 +74,26 @@ def every_type(path: Path) -> Path:
         "every_type",
         [helper.make_tensor_value_info(f"x_{t}", e, ["N", 2]) for t, e in EVERY_TYPE.items()],
         [helper.make_tensor_value_info(f"y_{t}", e, ["N", 2]) for t, e in EVERY_TYPE.items()],
+    )
+    return _save(graph, path)
+
+
+def bfloat16(path: Path) -> Path:
+    """x [N, 2] BF16 -> its square, as FP32 (`square`) and as BF16 (`square_bf16`), and `same`,
+    x itself: ONNX Runtime's CPU kernels take BF16 in Cast and Identity, not in arithmetic."""
+    bf16, fp32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=fp32),
+        helper.make_node("Mul", ["xf", "xf"], ["square"]),
+        helper.make_node("Cast", ["square"], ["square_bf16"], to=bf16),
+        helper.make_node("Identity", ["x"], ["same"]),
+    ]
+    outputs = [("square", fp32), ("square_bf16", bf16), ("same", bf16)]
+    graph = helper.make_graph(
+        nodes,
+        "bfloat16",
+        [helper.make_tensor_value_info("x", bf16, ["N", 2])],
+        [helper.make_tensor_value_info(name, kind, ["N", 2]) for name, kind in outputs],
     )
     return _save(graph, path)
 
