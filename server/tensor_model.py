@@ -82,6 +82,7 @@ class TensorModel:
                 f"its inputs' named dynamic axes {sorted(named)}"
             )
         self._padded = frozenset(named if pad_axes is None else pad_axes)
+        self._check_labels()
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
             missing = set(self.settings.outputs) - set(signature.output_names)
             if missing:
@@ -107,6 +108,38 @@ class TensorModel:
         self.batcher.start()
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)
+
+    def _check_labels(self) -> None:
+        for name, labels in self.settings.labels.items():
+            if name not in self.signature.output_names:
+                raise ValueError(
+                    f"model {self.name!r}: labels names {name!r}, which is not among its "
+                    f"outputs {list(self.signature.output_names)}"
+                )
+            classes = self.class_count(name)
+            if classes is not None and len(labels) != classes:
+                raise ValueError(
+                    f"model {self.name!r}: {len(labels)} labels for output {name!r}, "
+                    f"which has {classes} classes"
+                )
+
+    def class_count(self, name: str) -> int | None:
+        """Classes (values) in a row of output `name`; of the whole output for a fixed first
+        axis, except ZipMap's (by row always). None: not known before a run."""
+        spec = self.signature.output(name)
+        if spec.class_map:
+            keys = self.class_keys.get(name)
+            return len(keys) if keys else None
+        dims = spec.shape[1:] if self.batchable else spec.shape
+        sizes = [d for d in dims if isinstance(d, int)]
+        return math.prod(sizes) if len(sizes) == len(dims) else None
+
+    def class_labels(self, name: str) -> tuple[str, ...] | None:
+        """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
+        if name in self.settings.labels:
+            return self.settings.labels[name]
+        keys = self.class_keys.get(name)
+        return tuple(str(k) for k in keys) if keys else None
 
     def _layout(self) -> TensorLayout:
         padded = self._padded

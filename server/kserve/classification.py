@@ -3,15 +3,14 @@ comes back as its k highest values, each a BYTES string "value:index[:label]".
 
 Batched models answer [N, k] (the top k of each row), a model with a fixed first axis [k] (of
 the whole tensor), as Triton does; a ZipMap output is always by row, its rows being the model's.
-Ties keep the lower index first. Labels are the classes a ZipMap output names, or a text
-classifier's `id2label` (its manifest) for `logits`. Unlike Triton, which quietly returns fewer,
-a k above the output's class count is refused, as is an output that holds no scores (BYTES,
-BOOL, a per-token sequence); all decided before any work.
+Ties keep the lower index first. Labels are the model config's (`labels`), else the classes a
+ZipMap output names, or a text classifier's `id2label` (its manifest) for `logits`. Unlike
+Triton, which quietly returns fewer, a k above the output's class count is refused, as is an
+output that holds no scores (BYTES, BOOL, a per-token sequence); all decided before any work.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -69,15 +68,9 @@ def _scores(
     """An output's datatype, its classes per row (None: not known before it runs), their labels
     and whether the model is batched."""
     if isinstance(model, TensorModel):
-        spec = model.signature.output(name)
-        keys = model.class_keys.get(name)
-        if spec.class_map:
-            labels = tuple(str(k) for k in keys) if keys else None
-            return spec.datatype, len(keys) if keys else None, labels, True
-        dims = spec.shape[1:] if model.batchable else spec.shape
-        sizes = [d for d in dims if isinstance(d, int)]
-        classes = math.prod(sizes) if len(sizes) == len(dims) else None
-        return spec.datatype, classes, None, model.batchable
+        datatype = model.signature.output(name).datatype
+        batched = model.batchable or model.signature.output(name).class_map
+        return datatype, model.class_count(name), model.class_labels(name), batched
     if model.is_sequence_output(name):
         raise InvalidInput(name, "classification needs one vector of scores a row, not a sequence")
     id2label = model.manifest.id2label if name == "logits" else {}
@@ -103,7 +96,7 @@ def classify(name: str, value: np.ndarray, plan: Classification) -> np.ndarray:
     for r, row in enumerate(top):
         for c, index in enumerate(row):
             text = f"{_number(rows[r, index])}:{index}"
-            if plan.labels is not None:
+            if plan.labels is not None and index < len(plan.labels):  # else: classes unforeseen
                 text += f":{plan.labels[index]}"
             strings[r, c] = text.encode()
     return strings if plan.batched else strings[0]

@@ -66,6 +66,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
 
 
 CHUNKED = {"max_batch_size": 3, "max_queue_size": 8}
+BREAST_CANCER_LABELS = ("malignant", "benign")  # classes 0 and 1 of scikit-learn's data
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +80,12 @@ def server(graphs):
     # still the default model); the rest from --model.
     config_entries = [
         default_model_config(),
-        {"name": "lr", "path": str(graphs["lr"]), "outputs": ["output_probability"]},
+        {
+            "name": "lr",
+            "path": str(graphs["lr"]),
+            "outputs": ["output_probability"],
+            "labels": {"output_probability": list(BREAST_CANCER_LABELS)},
+        },
         {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
         # Requests of more than 3 rows go in chunks of 3, each a queue member; a queue of 8.
         *(
@@ -562,6 +568,15 @@ IRIS_ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 3.0, 4.2
 CLASSIFIED = [
     # (model, its feeds, the output, k, its labels (ZipMap's classes), top k of each row?)
     ("gb", {"X": plain_graphs.breast_cancer_rows()[:4]}, "output_probability", 1, ["0", "1"], True),
+    # Labels from the model's config.
+    (
+        "lr",
+        {"X": plain_graphs.breast_cancer_rows()[:4]},
+        "output_probability",
+        2,
+        BREAST_CANCER_LABELS,
+        True,
+    ),
     (
         "lgbm",
         {"X": plain_graphs.breast_cancer_rows()[4:9]},
@@ -690,6 +705,8 @@ def test_a_missing_model_file_is_an_error_naming_it(tmp_path):
         ("masked", {"outputs": ["mean", "median"]}, "outputs ['median']"),
         # An unnamed axis ties no output to it: its padding could not be cut back.
         ("unnamed", {"pad_axes": ["data:1"]}, "pad_axes names ['data:1']"),
+        ("gb", {"labels": {"nope": ["a"]}}, "labels names 'nope'"),
+        ("gb", {"labels": {"output_probability": ["a", "b", "c"]}}, "3 labels for output"),
     ],
 )
 async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, graph, fields, words):
