@@ -1,7 +1,8 @@
 """A request of more rows than one batch takes, split into chunks and its answers put back together.
 
 Triton refuses such a request; here each chunk is one member of the queue, batched with any other
-traffic, and the request's answer is its chunks' rows in order. A request is rectangular, so
+traffic within max_batch_size rows (policy.within_rows), and the request's answer is its chunks'
+rows in order. A request is rectangular, so
 every chunk keeps its padded axis sizes: each chunk's outputs are cut back exactly as the whole
 request's would be. Pure functions.
 """

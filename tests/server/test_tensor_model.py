@@ -87,7 +87,7 @@ def server(graphs):
             "labels": {"output_probability": list(BREAST_CANCER_LABELS)},
         },
         {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
-        # Requests of more than 3 rows go in chunks of 3, each a queue member; a queue of 8.
+        # Batches of 3 rows at most (larger requests go in chunks, each a queue member); 8 queued.
         *(
             {"name": f"{n}_chunked", "path": str(graphs[n]), "batching": CHUNKED}
             for n in ("gb", "masked")
@@ -532,8 +532,8 @@ def test_a_request_larger_than_a_batch_goes_in_chunks_and_answers_as_alone(
     session = sessions[model.removesuffix("_chunked")]
     expected = alone(session, feeds)
     outputs = [o.name for o in session.get_outputs()]
-    members = "ferry_batch_size_requests_sum"  # queue members run, over all batches
-    before = metric_value(server.metrics(), members, model=model)
+    metrics = ("ferry_batch_size_requests_count", "ferry_batch_size_requests_sum")
+    before = [metric_value(server.metrics(), m, model=model) for m in metrics]
     if protocol == "predict":
         body = {"model": model, "inputs": {n: a.tolist() for n, a in feeds.items()}}
         reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
@@ -545,8 +545,12 @@ def test_a_request_larger_than_a_batch_goes_in_chunks_and_answers_as_alone(
     for name in outputs:
         assert answer[name].shape == expected[name].shape, name
         np.testing.assert_allclose(answer[name], expected[name], rtol=1e-6, atol=1e-6)
-    ran = metric_value(server.metrics(), members, model=model) - before
-    assert ran == 4, f"{ran} queue members for a request of 11 rows in chunks of 3"
+    text = server.metrics()
+    batches, members = (
+        metric_value(text, m, model=model) - b for m, b in zip(metrics, before, strict=True)
+    )
+    # Chunks of 3, 3, 3 and 2 rows, each a queue member; 3 rows a batch at most: one a batch.
+    assert (batches, members) == (4, 4), "the request ran whole, or chunks shared a batch"
 
 
 def _values(value):
