@@ -625,12 +625,24 @@ def read_classes(strings: np.ndarray) -> list:
     return answers
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "grpc", "json"])
 @pytest.mark.parametrize(("model", "feeds", "output", "k", "labels", "batched"), CLASSIFIED)
 def test_classification_gives_the_top_k_with_labels(
     server, sessions, protocol, model, feeds, output, k, labels, batched
 ):
-    answer = client_infer(server, protocol, model, feeds, [output], class_count=k)[output]
+    if protocol == "json":  # strings in a JSON reply
+        inputs = [kserve_input(n, a) for n, a in feeds.items()]
+        body = {
+            "inputs": inputs,
+            "outputs": [{"name": output, "parameters": {"classification": k}}],
+        }
+        reply = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        (entry,) = reply.json()["outputs"]
+        assert entry["datatype"] == "BYTES"
+        answer = np.array([s.encode() for s in entry["data"]], object).reshape(entry["shape"])
+    else:
+        answer = client_infer(server, protocol, model, feeds, [output], class_count=k)[output]
     session = sessions["iris" if model == "logreg_iris" else model]
     expected = top_classes(alone(session, feeds)[output], k, labels, batched)
     assert answer.dtype == object and answer.shape == ((len(expected), k) if batched else (k,))
