@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ferry.backends import bfloat16
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.ort_session import session_options
 from ferry.backends.placement import check_session_providers, onnxruntime_providers
@@ -46,6 +47,7 @@ class OnnxTensorBackend:
         self.signature = Signature((), ())
         self.providers: list[str] = []
         self.class_keys: dict[str, list[Any]] = {}
+        self._bf16: set[str] = set()  # inputs and outputs of BF16, fed and read as OrtValues
         self._ready = False
 
     @property
@@ -72,6 +74,11 @@ class OnnxTensorBackend:
             wanted, self.providers, options.allow_cpu_fallback, str(self.model_path)
         )
         self.signature = read_signature(sessions[0])
+        self._bf16 = {
+            s.name
+            for s in (*self.signature.inputs, *self.signature.outputs)
+            if s.datatype == "BF16"
+        }
         for session in sessions:
             self._sessions.put(session)
         await self._warm_up()
@@ -108,13 +115,30 @@ class OnnxTensorBackend:
         """One run in a worker thread, on a session nobody else holds meanwhile."""
         session = self._sessions.get()
         try:
-            values = session.run(names, feeds)
+            if self._bf16 & {*feeds, *names}:
+                values = self._run_bf16(session, feeds, names)
+            else:
+                values = session.run(names, feeds)
         finally:
             self._sessions.put(session)
         return {
             name: self._class_matrix(name, value) if isinstance(value, list) else value
             for name, value in zip(names, values, strict=True)
         }
+
+    def _run_bf16(self, session: Any, feeds: dict[str, np.ndarray], names: list[str]) -> list[Any]:
+        """A run with BF16 tensors, their bits in uint16 arrays: as OrtValues both ways."""
+        import onnxruntime as ort
+
+        values = {
+            n: bfloat16.ort_value(v) if n in self._bf16 else ort.OrtValue.ortvalue_from_numpy(v)
+            for n, v in feeds.items()
+        }
+        outputs = session.run_with_ort_values(names, values)
+        return [
+            bfloat16.ort_bits(v) if n in self._bf16 else v.numpy()
+            for n, v in zip(names, outputs, strict=True)
+        ]
 
     def _class_matrix(self, name: str, maps: list[dict[Any, float]]) -> np.ndarray:
         """ZipMap's list of {class: probability}, one per row, as rows of an [N, C] array."""

@@ -25,6 +25,8 @@ DATATYPES: dict[str, tuple[str, type]] = {
     "tensor(float)": ("FP32", np.float32),
     "tensor(double)": ("FP64", np.float64),
     "tensor(string)": ("BYTES", np.object_),
+    # No numpy dtype: its raw bits, in uint16 (backends/bfloat16.py).
+    "tensor(bfloat16)": ("BF16", np.uint16),
 }
 # A sequence of maps, one per row (scikit-learn's ZipMap): served as an [N, C] FP32 tensor.
 CLASS_MAPS = ("seq(map(int64,tensor(float)))", "seq(map(string,tensor(float)))")

@@ -9,7 +9,14 @@ from __future__ import annotations
 from ferry.batcher.cost_model import BatchCostModel
 from ferry.batcher.dispatch import Dispatch
 from ferry.batcher.observer import BatchObserver
-from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order, most_at
+from ferry.batcher.policy import (
+    BatchLimits,
+    batch_is_full,
+    best_prefix,
+    growth_order,
+    most_at,
+    within_rows,
+)
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
 from ferry.batcher.types import Clock, clock_or_loop
@@ -39,7 +46,7 @@ class Collection:
                 await self._queue.wait_for_arrival(clock)
                 continue
             queued = self.candidates()
-            order = growth_order(queued, self.limits)
+            order = within_rows(queued, growth_order(queued, self.limits), self.limits)
             wait_s = self._wait_for_more_s(queued, order, clock.time())
             if wait_s > 0:
                 # An arrival or the end of the wait, whichever comes first, wakes the loop.

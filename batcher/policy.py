@@ -65,11 +65,28 @@ def most_at(limits: BatchLimits, length: int) -> int:
     return max(1, min(limits.max_batch_size, limits.max_batch_tokens // length))
 
 
+def rows_of(item: object) -> int:
+    """The rows a queued item brings: a token sequence one, a tensor request its own."""
+    return int(getattr(item, "rows", 1))
+
+
 def batch_is_full(queued: Sequence[HasLength], limits: BatchLimits) -> bool:
     """True once waiting longer cannot make the next batch larger."""
-    if len(queued) >= limits.max_batch_size:
+    if sum(rows_of(item) for item in queued) >= limits.max_batch_size:
         return True
     return sum(item.length for item in queued) >= limits.max_batch_tokens
+
+
+def within_rows(queued: Sequence[T], order: list[int], limits: BatchLimits) -> list[int]:
+    """The longest prefix of a growth order whose rows fit max_batch_size (the first member at
+    least): max_batch_size counts rows, as Triton's does, and a tensor request brings several.
+    Token sequences bring one each, which growth_order counts already."""
+    rows = 0
+    for count, index in enumerate(order):
+        rows += rows_of(queued[index])
+        if rows > limits.max_batch_size:
+            return order[: max(1, count)]
+    return order
 
 
 def growth_order(queued: Sequence[T], limits: BatchLimits) -> list[int]:

@@ -72,6 +72,11 @@ class QueuedRequest:
         return self.sequence.length
 
     @property
+    def rows(self) -> int:
+        """Rows it adds to a batch (max_batch_size counts them): one for a token sequence."""
+        return getattr(self.sequence, "rows", 1)
+
+    @property
     def shape_key(self) -> tuple[object, ...]:
         """Only requests of one key share a batch (tensors' unpadded axes; tokens: one key)."""
         return getattr(self.sequence, "shape_key", ())

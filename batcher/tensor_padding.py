@@ -3,7 +3,8 @@
 Tokens generalised: each dynamic axis past the first is padded to the longest in the batch, and
 inputs that share an axis name pad together (a mask pads with its data). Outputs with an axis
 of a padded name are cut back to each request's own size along it. A request of several rows
-is one member: its rows stay together.
+is one member: its rows stay together (one of more rows than a batch takes goes in chunks:
+tensor_chunks.py).
 """
 
 from __future__ import annotations

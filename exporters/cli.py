@@ -46,8 +46,9 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
 
     sklearn = kinds.add_parser(
         "sklearn",
-        help="Export a fitted scikit-learn estimator to ONNX, with a parity report.",
-        description="Writes an ONNX graph `ferry serve --model` serves, and compares it with "
+        help="Export a fitted scikit-learn, XGBoost or LightGBM model to ONNX, with parity.",
+        description="Writes an ONNX graph `ferry serve --model` serves (XGBoost and LightGBM, "
+        "alone or ending a pipeline, through onnxmltools), and compares it with "
         "the estimator's predict_proba (predict for a regressor) on the sample rows; exits 1 "
         "when they differ by more than the tolerance or a label differs.",
     )

@@ -1,5 +1,9 @@
 """`ferry export sklearn`: a fitted scikit-learn estimator to ONNX (skl2onnx), with a parity report.
 
+XGBoost and LightGBM models, alone or at the end of a scikit-learn pipeline, convert through
+onnxmltools' converters registered with skl2onnx: their graphs have scikit-learn's outputs
+(`output_label`, ZipMap `output_probability`) and serve the same way.
+
 The estimator comes from a joblib or pickle file (your own: loading one runs its code), sample
 rows from a .npy or numeric .csv file: they fix the input's width and type and are the rows the
 parity report runs. A classifier keeps skl2onnx's ZipMap output, which Ferry serves as
@@ -8,13 +12,16 @@ parity report runs. A classifier keeps skl2onnx's ZipMap output, which Ferry ser
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-OPSET = 17
+# ai.onnx.ml 3: the newest TreeEnsemble onnxmltools writes (skl2onnx would pick 5 and fail).
+OPSET = {"": 17, "ai.onnx.ml": 3}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,7 @@ def _is_number(cell: str) -> bool:
 def export(estimator: Any, rows: np.ndarray, out: Path) -> Path:
     from skl2onnx import to_onnx
 
+    _register_boosters()
     graph = to_onnx(estimator, rows[:1], target_opset=OPSET)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(graph.SerializeToString())
@@ -94,3 +102,37 @@ def parity(estimator: Any, graph: Path, rows: np.ndarray, tolerance: float) -> P
     predicted = np.asarray(outputs[0]).reshape(len(rows), -1)
     diff = np.abs(predicted - estimator.predict(rows).reshape(len(rows), -1)).max()
     return Parity(len(rows), "predict", float(diff), None, tolerance)
+
+
+# The boosted models onnxmltools converts: (library, class, skl2onnx's alias, classifier?).
+BOOSTERS = [
+    ("xgboost", "XGBClassifier", "XGBoostXGBClassifier", True),
+    ("xgboost", "XGBRegressor", "XGBoostXGBRegressor", False),
+    ("lightgbm", "LGBMClassifier", "LightGbmLGBMClassifier", True),
+    ("lightgbm", "LGBMRegressor", "LightGbmLGBMRegressor", False),
+]
+CONVERTERS = {
+    "xgboost": ("onnxmltools.convert.xgboost.operator_converters.XGBoost", "convert_xgboost"),
+    "lightgbm": ("onnxmltools.convert.lightgbm.operator_converters.LightGbm", "convert_lightgbm"),
+}
+
+
+def _register_boosters() -> None:
+    """Teach skl2onnx the XGBoost and LightGBM models. Only libraries already imported: loading
+    an estimator of theirs imported them, and neither is needed otherwise."""
+    from skl2onnx import update_registered_converter
+    from skl2onnx.common import shape_calculator
+
+    for library, name, alias, classifier in BOOSTERS:
+        if library not in sys.modules:
+            continue
+        module, function = CONVERTERS[library]
+        convert = getattr(importlib.import_module(module), function)
+        if classifier:  # the options skl2onnx gives a classifier: ZipMap, labels kept or not
+            shapes = shape_calculator.calculate_linear_classifier_output_shapes
+            options: dict[str, Any] = {"nocl": [True, False], "zipmap": [True, False, "columns"]}
+        else:
+            shapes = shape_calculator.calculate_linear_regressor_output_shapes
+            options = {"split": None} if library == "lightgbm" else {}
+        estimator = getattr(sys.modules[library], name)
+        update_registered_converter(estimator, alias, shapes, convert, options=options)

@@ -49,6 +49,10 @@ class ModelSettings(_Strict):
     pad_axes: tuple[str, ...] | None = None
     # A plain graph's inputs padded with other than 0 along their dynamic axes (by input name).
     pad_values: dict[str, float] = Field(default_factory=dict)
+    # A plain graph's class labels by output, in its classes' order: the names KServe's
+    # classification extension (`parameters.classification`) gives them (a ZipMap's own keys
+    # when unset).
+    labels: dict[str, tuple[str, ...]] = Field(default_factory=dict)
     # The batcher's limits, with its own defaults; how many batches run at once is the
     # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
     batching: BatchLimits = BatchLimits()

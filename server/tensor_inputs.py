@@ -2,7 +2,8 @@
 
 JSON values become arrays of the graph's own datatype only when every item is of that kind: an
 integer input takes integers in its range, a boolean one booleans, a float one numbers (FP16
-too, which Triton refuses as JSON), a BYTES one strings. Nothing is cast silently. Shapes must
+too, which Triton refuses as JSON), a BYTES one strings; BF16 only as binary. Nothing is cast
+silently. Shapes must
 match the graph's fixed axes, and axes of one name must agree across inputs. The result is a
 `TensorRows`, which the batcher takes without checking again.
 """
@@ -20,10 +21,13 @@ from ferry.batcher.tensor_padding import TensorRows
 from ferry.server.errors import InvalidInput
 
 FLOATS = {"FP16", "FP32", "FP64"}
+BF16_BINARY = "BF16 data goes as raw contents (gRPC) or binary tensor data (HTTP), not JSON"
 
 
 def typed_array(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
     """Flat JSON items -> a 1-D array of `dtype`, every item of the datatype's kind."""
+    if datatype == "BF16":  # its bits travel as they are; numbers would need a cast
+        raise InvalidInput(name, BF16_BINARY)
     kinds = set(map(type, flat))  # checked at C speed: the common case needs no loop
     if datatype == "BOOL":
         allowed: set[type] = {bool}

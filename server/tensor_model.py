@@ -8,6 +8,7 @@ axes padded together); one with a fixed first axis is served one request at a ti
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,10 +16,12 @@ from typing import Any, cast
 
 import numpy as np
 
+from ferry.backends import bfloat16
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking, TensorRows
+from ferry.batcher.tensor_chunks import chunk_rows, join_rows, split_rows
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
@@ -79,6 +82,7 @@ class TensorModel:
                 f"its inputs' named dynamic axes {sorted(named)}"
             )
         self._padded = frozenset(named if pad_axes is None else pad_axes)
+        self._check_labels()
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
             missing = set(self.settings.outputs) - set(signature.output_names)
             if missing:
@@ -105,6 +109,38 @@ class TensorModel:
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)
 
+    def _check_labels(self) -> None:
+        for name, labels in self.settings.labels.items():
+            if name not in self.signature.output_names:
+                raise ValueError(
+                    f"model {self.name!r}: labels names {name!r}, which is not among its "
+                    f"outputs {list(self.signature.output_names)}"
+                )
+            classes = self.class_count(name)
+            if classes is not None and len(labels) != classes:
+                raise ValueError(
+                    f"model {self.name!r}: {len(labels)} labels for output {name!r}, "
+                    f"which has {classes} classes"
+                )
+
+    def class_count(self, name: str) -> int | None:
+        """Classes (values) in a row of output `name`; of the whole output for a fixed first
+        axis, except ZipMap's (by row always). None: not known before a run."""
+        spec = self.signature.output(name)
+        if spec.class_map:
+            keys = self.class_keys.get(name)
+            return len(keys) if keys else None
+        dims = spec.shape[1:] if self.batchable else spec.shape
+        sizes = [d for d in dims if isinstance(d, int)]
+        return math.prod(sizes) if len(sizes) == len(dims) else None
+
+    def class_labels(self, name: str) -> tuple[str, ...] | None:
+        """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
+        if name in self.settings.labels:
+            return self.settings.labels[name]
+        keys = self.class_keys.get(name)
+        return tuple(str(k) for k in keys) if keys else None
+
     def _layout(self) -> TensorLayout:
         padded = self._padded
         inputs = {
@@ -115,7 +151,13 @@ class TensorModel:
             s.name: {i: a for i, a in s.axis_names().items() if a in padded}
             for s in self.signature.outputs
         }
-        return TensorLayout(inputs, outputs, dict(self.settings.pad_values), self.batchable)
+        pad_values = {  # a BF16 input holds bits: its pad value as the bits of that number
+            name: int(bfloat16.from_float32(value))
+            if self.signature.input(name).datatype == "BF16"
+            else value
+            for name, value in self.settings.pad_values.items()
+        }
+        return TensorLayout(inputs, outputs, pad_values, self.batchable)
 
     def _limits(self) -> BatchLimits:
         limits = self.settings.batching
@@ -134,6 +176,7 @@ class TensorModel:
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
             rows = valid_rows(self.signature, tensors, self.batchable)
+            self._check_chunks(rows)
         except InvalidInput:
             self.count_invalid()
             raise
@@ -143,6 +186,19 @@ class TensorModel:
         padded = {axis: size for axis, size in sizes.items() if axis in self._padded}
         key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in padded))
         return replace(rows, axis_sizes=padded, shape_key=key)
+
+    def _check_chunks(self, rows: TensorRows) -> None:
+        """A request whose chunks the queue could never hold at once is refused (not a 429 that
+        no retry would lift)."""
+        assert self.batcher is not None, "validate before start"
+        limits = self.batcher.limits
+        size = chunk_rows(rows, limits)
+        if self.batchable and math.ceil(rows.rows / size) > limits.max_queue_size:
+            raise InvalidInput(
+                self.signature.input_names[0],
+                f"{rows.rows} rows go in chunks of {size}, more than the queue's "
+                f"{limits.max_queue_size} places",
+            )
 
     def select_outputs(
         self, requested: Sequence[str | None] | None, *, tensors: bool = False
@@ -167,11 +223,14 @@ class TensorModel:
         priority: int = 0,
         disconnected: asyncio.Future[None] | None = None,
     ) -> dict[str, np.ndarray]:
-        """A validated request's outputs, its rows on the first axis, through the batcher."""
+        """A validated request's outputs, its rows on the first axis, through the batcher; one
+        of more rows than a batch takes goes in chunks (tensor_chunks.py)."""
         assert self.batcher is not None, "infer before start"
-        futures = self.batcher.submit([rows], timeout_s, frozenset(outputs), priority)
-        (result,) = await gather_results(futures, disconnected)
-        return result
+        chunks = (
+            split_rows(rows, chunk_rows(rows, self.batcher.limits)) if self.batchable else [rows]
+        )
+        futures = self.batcher.submit(chunks, timeout_s, frozenset(outputs), priority)
+        return join_rows(await gather_results(futures, disconnected))
 
     def count_invalid(self) -> None:
         self._metrics.rejections.labels(self.name, "invalid").inc()

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
+from ferry.backends import bfloat16
 from ferry.server.errors import InvalidInput
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
@@ -75,6 +76,12 @@ def answer_rows(
 ) -> list[dict[str, Any]]:
     """One object per row when every output has the rows on its first axis (a batchable graph
     always does); else one object of the whole outputs."""
+    result = {  # BF16's bits as the numbers they stand for
+        name: bfloat16.to_float32(value)
+        if model.signature.output(name).datatype == "BF16"
+        else value
+        for name, value in result.items()
+    }
     counts = {result[name].shape[0] if result[name].ndim else -1 for name in outputs}
     if len(counts) != 1 or -1 in counts:
         return [{name: _plain(result[name]) for name in outputs}]

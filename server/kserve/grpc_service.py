@@ -24,7 +24,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry import __version__
 from ferry.server.dialects import kserve_message
+from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
+from ferry.server.kserve import classification
 from ferry.server.kserve.infer import (
     ABSENT,
     deserialize_bytes,
@@ -32,7 +34,12 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
+from ferry.server.kserve.model_config import (
+    EXTENSIONS,
+    VERSION,
+    model_config,
+    model_metadata,
+)
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
@@ -124,15 +131,27 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
 
 
 def encode_outputs(
-    request: service_pb2.ModelInferRequest, outputs: dict[str, np.ndarray]
+    request: service_pb2.ModelInferRequest,
+    outputs: dict[str, np.ndarray],
+    datatypes: dict[str, str],  # by output
 ) -> service_pb2.ModelInferResponse:
+    """Outputs raw, as Triton sends them (little-endian; BYTES length-prefixed)."""
     response = service_pb2.ModelInferResponse(
         model_name=request.model_name, model_version=VERSION, id=request.id
     )
     for name, value in outputs.items():
-        response.outputs.add(name=name, datatype="FP32", shape=list(value.shape))
-        response.raw_output_contents.append(value.astype("<f4").tobytes())
+        response.outputs.add(name=name, datatype=datatypes[name], shape=list(value.shape))
+        response.raw_output_contents.append(tensor_blob(value, datatypes[name]))
     return response
+
+
+def classifications(
+    request: service_pb2.ModelInferRequest, model: EncoderModel | TensorModel
+) -> dict[str, classification.Classification]:
+    """The outputs asked for as Triton's top-k classes (tritonclient's `class_count`)."""
+    asked = ((o.name, _parameter(o.parameters, classification.PARAMETER)) for o in request.outputs)
+    counts = classification.requested((n, None if v is ABSENT else v) for n, v in asked)
+    return classification.plan(model, counts)
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated, untyped base
@@ -209,7 +228,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         response = service_pb2.ServerMetadataResponse(
             name="ferry",
             version=__version__,
-            extensions=["binary_tensor_data", "model_configuration", "statistics"],
+            extensions=EXTENSIONS,
         )
         return await self._call("ServerMetadata", context, lambda _: _value(response))
 
@@ -251,6 +270,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             if isinstance(model, TensorModel):
                 return await infer_plain(model, request, decided.priority)
             wanted = output_names(model, [o.name for o in request.outputs])
+            classified = classifications(request, model)
             # A cancelled call (client gone) cancels this task, and with it the queued work.
             outputs = await infer_tensors(
                 model,
@@ -259,7 +279,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 wanted,
                 priority=decided.priority,
             )
-            return encode_outputs(request, outputs)
+            datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
+            return encode_outputs(request, classification.apply(outputs, classified), datatypes)
 
         return await self._call("ModelInfer", context, run, request.model_name)
 
@@ -270,16 +291,15 @@ async def infer_plain(
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
     `priority` after the policy (server/tenancy.py)."""
     wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
+    classified = classifications(request, model)
     rows = model.validate(decode_grpc_tensors(request, model.signature))
     result = await model.infer(rows, wanted, None, priority)
-    response = service_pb2.ModelInferResponse(
-        model_name=request.model_name, model_version=VERSION, id=request.id
-    )
-    for name in wanted:
-        datatype = model.signature.output(name).datatype
-        response.outputs.add(name=name, datatype=datatype, shape=list(result[name].shape))
-        response.raw_output_contents.append(tensor_blob(result[name], datatype))
-    return response
+    outputs = classification.apply({name: result[name] for name in wanted}, classified)
+    datatypes = {
+        name: "BYTES" if name in classified else model.signature.output(name).datatype
+        for name in wanted
+    }
+    return encode_outputs(request, outputs, datatypes)
 
 
 def _parameter(parameters: Any, name: str) -> Any:

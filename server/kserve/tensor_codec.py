@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ferry.backends import bfloat16
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.kserve.infer import deserialize_bytes
@@ -88,12 +89,15 @@ def tensor_json(value: np.ndarray, datatype: str) -> Any:
     """A flat list (or array) the JSON encoder writes; FP16 and strings as plain values."""
     if datatype == "FP16":
         return value.astype(np.float32).ravel()
+    if datatype == "BF16":  # its bits as the numbers they stand for
+        return bfloat16.to_float32(value).ravel()
     if datatype == "BYTES":
         return [v.decode() if isinstance(v, bytes) else str(v) for v in value.ravel()]
     return value.ravel()
 
 
-# gRPC: typed contents of each datatype (FP16 has none: raw contents only, as in Triton).
+# gRPC: typed contents of each datatype (FP16 and BF16 have none: raw contents only, as in
+# Triton).
 CONTENTS = {
     "BOOL": "bool_contents",
     "INT8": "int_contents",

@@ -24,6 +24,7 @@ from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
+from ferry.server.kserve import classification
 from ferry.server.kserve.infer import (
     ABSENT,
     INT_TYPES,
@@ -33,7 +34,12 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import VERSION, model_config, model_metadata
+from ferry.server.kserve.model_config import (
+    EXTENSIONS,
+    VERSION,
+    model_config,
+    model_metadata,
+)
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
     decode_tensors,
@@ -100,7 +106,7 @@ async def server_metadata() -> dict[str, Any]:
     return {
         "name": "ferry",
         "version": __version__,
-        "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+        "extensions": EXTENSIONS,
     }
 
 
@@ -160,23 +166,31 @@ async def infer(call: HotCall) -> Reply:
         return await infer_plain(call, model, header_length.decode() if header_length else None)
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)
+    classified = classifications(header, model)
     asked = request_priority(parameters(header).get("priority", ABSENT))
     priority = call_priority(call, asked)
     outputs = await infer_tensors(
         model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )
-    return encode_response(model.name, header.get("id"), outputs, binary)
+    datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
+    outputs = classification.apply(outputs, classified)
+    return encode_response(model.name, header.get("id"), outputs, binary, datatypes)
 
 
 async def infer_plain(call: HotCall, model: TensorModel, header_length: str | None) -> Reply:
     """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
     header, size = read_header(call.body, header_length)
     wanted, binary = requested_outputs(header, model)
+    classified = classifications(header, model)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
     rows = model.validate(decode_tensors(header, call.body, size, model.signature))
     result = await model.infer(rows, wanted, None, priority, call.disconnected())
     outputs = {name: result[name] for name in wanted}  # in the order asked for
-    datatypes = {name: model.signature.output(name).datatype for name in outputs}
+    datatypes = {
+        name: "BYTES" if name in classified else model.signature.output(name).datatype
+        for name in outputs
+    }
+    outputs = classification.apply(outputs, classified)
     return encode_response(model.name, header.get("id"), outputs, binary, datatypes)
 
 
@@ -287,19 +301,28 @@ def requested_outputs(
     return checked, binary if specs else (set(checked) if all_binary else set())
 
 
+def classifications(
+    header: dict[str, Any], model: EncoderModel | TensorModel
+) -> dict[str, classification.Classification]:
+    """The outputs asked for as Triton's top-k classes (their specs checked already)."""
+    specs = header.get("outputs") or []
+    asked = ((s.get("name"), parameters(s).get(classification.PARAMETER)) for s in specs)
+    return classification.plan(model, classification.requested(asked))
+
+
 def encode_response(
     model: str,
     request_id: Any,
     outputs: dict[str, np.ndarray],
     binary: set[str],
-    datatypes: dict[str, str] | None = None,  # by output; None: all FP32 (the encoders')
+    datatypes: dict[str, str],  # by output
 ) -> Reply:
     entries, blobs = [], []
     for name, value in outputs.items():
-        datatype = datatypes[name] if datatypes else "FP32"
+        datatype = datatypes[name]
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in binary:
-            blob = tensor_blob(value if datatypes else value.astype(np.float32), datatype)
+            blob = tensor_blob(value, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

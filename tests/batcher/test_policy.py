@@ -1,11 +1,21 @@
 from dataclasses import dataclass
 
-from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order
+import pytest
+
+from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order, within_rows
 
 
 @dataclass
 class Item:
     length: int
+
+
+@dataclass
+class Rows:
+    """A tensor request: several rows."""
+
+    length: int
+    rows: int
 
 
 def select_batch(queued, limits):
@@ -205,3 +215,21 @@ def test_best_prefix_counts_each_members_own_cost_without_the_batch_fixed_cost_o
         return 1 + n + 0.1 * n * length
 
     assert best_prefix([10, 100], predict, None) == 1
+
+
+@pytest.mark.parametrize(
+    ("rows", "taken"),
+    [
+        ([1, 1, 1, 1], 3),  # one row each, as token sequences
+        ([2, 1, 1], 2),
+        ([3, 1], 1),
+        ([5, 1], 1),  # a first member over the limit still runs, alone
+        ([1, 3], 1),
+    ],
+)
+def test_max_batch_size_counts_rows(rows, taken):
+    queued = [Rows(10, n) for n in rows]
+    limits = BatchLimits(max_batch_size=3, max_batch_tokens=10_000)
+    order = growth_order(queued, limits)
+    assert within_rows(queued, order, limits) == order[:taken]
+    assert batch_is_full(queued, limits) == (sum(rows) >= 3)

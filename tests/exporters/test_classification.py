@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from ferry.bench.server_process import default_model_config, ferry_server
 from tests.exporters.tiny_classifier import build_tiny_classifier
@@ -38,14 +39,37 @@ def test_export_matches_pytorch(tiny_classifier):
     assert tiny_classifier[2].max_abs_diff <= 1e-5
 
 
-def test_predict_returns_label_and_softmax_of_pytorch_logits(tiny_classifier):
-    model, out, _ = tiny_classifier
+@pytest.fixture(scope="module")
+def server(tiny_classifier):
+    _, out, _ = tiny_classifier
     config = default_model_config(name="clf", path=str(out), outputs=["label", "probabilities"])
-    with ferry_server([config]) as server:
-        response = httpx.post(f"{server.url}/predict", json={"inputs": TEXTS}, timeout=30)
+    with ferry_server([config]) as handle:
+        yield handle
+
+
+def test_predict_returns_label_and_softmax_of_pytorch_logits(tiny_classifier, server):
+    model, out, _ = tiny_classifier
+    response = httpx.post(f"{server.url}/predict", json={"inputs": TEXTS}, timeout=30)
     assert response.status_code == 200, response.text
     for text, item in zip(TEXTS, response.json()["outputs"], strict=True):
         want = torch_probabilities(model, out, text)
         got = np.array([item["probabilities"][LABELS[i]] for i in range(len(LABELS))])
         assert np.max(np.abs(got - want)) <= 1e-5
         assert item["label"] == LABELS[int(np.argmax(want))]
+
+
+def test_kserve_top_classes_are_named_by_id2label(tiny_classifier, server):
+    """Triton's classification extension on the logits: "value:index:label", best first."""
+    model, out, _ = tiny_classifier
+    texts = httpclient.InferInput("text", [len(TEXTS), 1], "BYTES")
+    texts.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=object))
+    wanted = [httpclient.InferRequestedOutput("logits", class_count=2)]
+    with httpclient.InferenceServerClient(server.url.removeprefix("http://")) as client:
+        result = client.infer("clf", [texts], outputs=wanted).as_numpy("logits")
+    assert result.shape == (len(TEXTS), 2)
+    for text, row in zip(TEXTS, result, strict=True):
+        best = np.argsort(-torch_probabilities(model, out, text))[:2]  # softmax keeps the order
+        got = [item.decode().split(":") for item in row]
+        assert [(int(index), label) for _, index, label in got] == [
+            (int(i), LABELS[int(i)]) for i in best
+        ]

@@ -11,7 +11,9 @@ from ferry.cli import main
 from tests.support import plain_graphs
 
 
-@pytest.fixture(scope="module", params=["gradient_boosting", "logistic_regression"])
+@pytest.fixture(
+    scope="module", params=["gradient_boosting", "logistic_regression", "xgboost", "lightgbm"]
+)
 def estimator_file(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(request.param)
     path = folder / "estimator.joblib"

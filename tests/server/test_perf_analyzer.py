@@ -1,4 +1,5 @@
-"""Triton's perf_analyzer runs against Ferry unchanged: KServe v2 HTTP and gRPC, and OpenAI mode.
+"""Triton's perf_analyzer runs against Ferry unchanged: KServe v2 HTTP and gRPC (token ids, and
+FP32 rows to a tabular model), and OpenAI mode.
 
 The binary comes from tools/install_perf_analyzer.sh (make test runs it). Each run is short and
 its figures are not checked (a shared CI machine): only that perf_analyzer completes a
@@ -13,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 
 from ferry.bench.server_process import (
@@ -23,6 +25,7 @@ from ferry.bench.server_process import (
     ferry_server,
     free_port,
 )
+from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
 
 PERF_ANALYZER = REPO / ".perf_analyzer" / "perf_analyzer"
@@ -59,12 +62,23 @@ CHAT = {
 
 
 @pytest.fixture(scope="module")
-def server():
+def tabular(tmp_path_factory) -> Path:
+    """The breast-cancer gradient boosting model: one FP32 input, X [N, 30]."""
+    return plain_graphs.breast_cancer(
+        tmp_path_factory.mktemp("gb") / "gb.onnx", "gradient_boosting"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tabular):
     if not PERF_ANALYZER.exists():
         pytest.fail("perf_analyzer missing: run tools/install_perf_analyzer.sh (make test does)")
     port = free_port()
     with ferry_server(
-        [default_model_config()], server={"grpc_port": port}, llm_models=[tiny_llm_config()]
+        [default_model_config()],
+        server={"grpc_port": port},
+        llm_models=[tiny_llm_config()],
+        args=["--model", f"gb={tabular}"],
     ) as handle:
         handle.grpc_url = f"127.0.0.1:{port}"
         yield handle
@@ -93,6 +107,37 @@ def test_kserve_v2(server, tmp_path, protocol):
     output = perf_analyzer(tmp_path, TOKENS, "-m", DEFAULT_MODEL, "-i", protocol, "-u", url)
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
     # Server side: perf_analyzer read Ferry's statistics extension.
+    count = re.search(r"Server:\s+Inference count: (\d+)", output)
+    assert count and int(count.group(1)) >= 10, output
+
+
+def rows_with_answers(tabular: Path, count: int) -> dict:
+    """Real rows as FP32 inputs, each with what ONNX Runtime answers it alone, which
+    perf_analyzer checks every answer against, byte for byte (validation_data)."""
+    rows = plain_graphs.breast_cancer_rows()[:count]
+    session = ort.InferenceSession(str(tabular))
+    answers = []
+    for row in rows:
+        (label,), (probabilities,) = session.run(None, {"X": row[None]})
+        answers.append(
+            {
+                "output_label": {"content": [int(label)]},
+                "output_probability": {"content": list(probabilities.values())},
+            }
+        )
+    return {
+        # The batch axis is implicit (max_batch_size > 0): a row's shape is [30].
+        "data": [{"X": {"content": row.tolist(), "shape": [30]}} for row in rows],
+        "validation_data": answers,
+    }
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_fp32_rows_to_a_tabular_model(server, tabular, tmp_path, protocol):
+    url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
+    data = rows_with_answers(tabular, 8)
+    output = perf_analyzer(tmp_path, data, "-m", "gb", "-i", protocol, "-u", url)
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
     count = re.search(r"Server:\s+Inference count: (\d+)", output)
     assert count and int(count.group(1)) >= 10, output
 

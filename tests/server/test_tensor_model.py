@@ -4,6 +4,7 @@ against ONNX Runtime run on that request alone, under concurrency, over KServe v
 
 from __future__ import annotations
 
+import ctypes
 import re
 import subprocess
 import sys
@@ -11,13 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import ml_dtypes  # tritonclient's BF16 (a dependency of it)
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from prometheus_client import CollectorRegistry
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
@@ -43,6 +45,7 @@ TYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
+TYPE_NAMES = {np.dtype(t): d for d, t in TYPES.items()} | {np.dtype(ml_dtypes.bfloat16): "BF16"}
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +55,18 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
         "masked": plain_graphs.masked_mean(folder / "masked_mean.onnx"),
         "unnamed": plain_graphs.masked_mean(folder / "unnamed.onnx", axis=None),
         "every_type": plain_graphs.every_type(folder / "every_type.onnx"),
+        "bf16": plain_graphs.bfloat16(folder / "bf16.onnx"),
         "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
         "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
+        "xgb": plain_graphs.breast_cancer(folder / "xgb.onnx", "xgboost"),
+        "lgbm": plain_graphs.breast_cancer(folder / "lgbm.onnx", "lightgbm"),
         "iris": plain_graphs.iris_graph(),
         "iris_by_name": plain_graphs.iris_by_name(folder / "iris_by_name.onnx"),
     }
+
+
+CHUNKED = {"max_batch_size": 3, "max_queue_size": 8}
+BREAST_CANCER_LABELS = ("malignant", "benign")  # classes 0 and 1 of scikit-learn's data
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +80,24 @@ def server(graphs):
     # still the default model); the rest from --model.
     config_entries = [
         default_model_config(),
-        {"name": "lr", "path": str(graphs["lr"]), "outputs": ["output_probability"]},
+        {
+            "name": "lr",
+            "path": str(graphs["lr"]),
+            "outputs": ["output_probability"],
+            "labels": {"output_probability": list(BREAST_CANCER_LABELS)},
+        },
         {"name": "unpadded", "path": str(graphs["masked"]), "pad_axes": []},
+        # Batches of 3 rows at most (larger requests go in chunks, each a queue member); 8 queued.
+        *(
+            {"name": f"{n}_chunked", "path": str(graphs[n]), "batching": CHUNKED}
+            for n in ("gb", "masked")
+        ),
     ]
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
+    args += ["--model", f"xgb={graphs['xgb']}", "--model", f"lgbm={graphs['lgbm']}"]
     args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
+    args += ["--model", str(graphs["bf16"])]
     grpc_port = free_port()
     with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
@@ -105,7 +127,7 @@ def infer(server, model: str, inputs: list[dict], outputs: list[str] | None = No
 
 
 def kserve_input(name: str, array: np.ndarray) -> dict:
-    datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+    datatype = TYPE_NAMES[array.dtype]
     return {
         "name": name,
         "datatype": datatype,
@@ -120,22 +142,24 @@ def client(server, protocol: str = "http"):
     return triton_http.InferenceServerClient(server.url.removeprefix("http://"), concurrency=4)
 
 
-def client_infer(server, protocol: str, model: str, feeds: dict[str, np.ndarray], outputs):
-    """tritonclient's way, binary tensors over HTTP and raw contents over gRPC."""
+def client_infer(
+    server, protocol: str, model: str, feeds: dict[str, np.ndarray], outputs, class_count=0
+):
+    """tritonclient's way, binary tensors over HTTP and raw contents over gRPC; `class_count`:
+    each output as its top classes (Triton's classification extension)."""
     module = triton_grpc if protocol == "grpc" else triton_http
     inputs = []
     for name, array in feeds.items():
-        datatype = next(d for d, t in TYPES.items() if np.dtype(t) == array.dtype)
+        datatype = "BYTES" if array.dtype == object else TYPE_NAMES[array.dtype]
         tensor = module.InferInput(name, list(array.shape), datatype)
         if protocol == "grpc":
             tensor.set_data_from_numpy(array)
         else:
             tensor.set_data_from_numpy(array, binary_data=True)
         inputs.append(tensor)
+    wanted = [module.InferRequestedOutput(n, class_count=class_count) for n in outputs]
     with client(server, protocol) as triton:
-        result = triton.infer(
-            model, inputs, outputs=[module.InferRequestedOutput(n) for n in outputs]
-        )
+        result = triton.infer(model, inputs, outputs=wanted)
     return {n: result.as_numpy(n) for n in outputs}
 
 
@@ -174,13 +198,22 @@ def test_metadata_comes_from_the_graph(server):
     assert grpc_config["input"][0]["dims"] == ["3", "2"]
 
 
-def test_grpc_refuses_a_wrong_datatype_naming_the_input(server):
-    tensor = triton_grpc.InferInput("X", [1, 30], "FP64")
-    tensor.set_data_from_numpy(np.ones((1, 30), np.float64))
+@pytest.mark.parametrize(
+    ("model", "name", "array", "words"),
+    [
+        ("gb", "X", np.ones((1, 30), np.float64), "datatype FP64 does not match the model's FP32"),
+        # BF16 only where the graph takes BF16: nothing is cast.
+        ("gb", "X", np.ones((1, 30), ml_dtypes.bfloat16), "datatype BF16 does not match"),
+        ("bf16", "x", np.ones((1, 2), np.float32), "datatype FP32 does not match the model's BF16"),
+    ],
+)
+def test_grpc_refuses_a_wrong_datatype_naming_the_input(server, model, name, array, words):
+    tensor = triton_grpc.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
     with client(server, "grpc") as triton, pytest.raises(InferenceServerException) as error:
-        triton.infer("gb", [tensor])
+        triton.infer(model, [tensor])
     assert error.value.status() == "StatusCode.INVALID_ARGUMENT"
-    assert error.value.message().startswith("X: datatype FP64 does not match the model's FP32")
+    assert error.value.message().startswith(f"{name}: {words}")
 
 
 # -- padding --------------------------------------------------------------------------------------
@@ -292,6 +325,8 @@ BAD_KSERVE = [
     ("gb", [("X", "FP32", [1, 29])], "X", "axis 1 must be 30"),
     ("gb", [("X", "FP64", [1, 30])], "X", "FP64"),
     ("logreg_iris", [("float_input", "FP32", [2, 2])], "float_input", "axis 0 must be 3"),
+    ("bf16", [("x", "BF16", [1, 2])], "x", "not JSON"),
+    ("bf16", [("x", "FP32", [1, 2])], "x", "FP32 does not match the model's BF16"),
 ]
 
 
@@ -340,11 +375,61 @@ def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
     assert reply.json()["error"].startswith("x_FP16[1]: 70000.0 is outside FP16's range")
 
 
+# -- BF16 ------------------------------------------------------------------------------------------
+
+
+def bf16_alone(session: ort.InferenceSession, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The reference for BF16: ONNX Runtime fed an OrtValue of x's bits, the outputs' bits read
+    back through ml_dtypes."""
+    feed = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x.view(np.uint16), 16)  # BFLOAT16
+    names = [o.name for o in session.get_outputs()]
+    values = session.run_with_ort_values(names, {"x": feed})
+    answers = {}
+    for name, value in zip(names, values, strict=True):
+        if value.element_type() == 16:  # no numpy type: its buffer copied through ctypes
+            raw = ctypes.string_at(value.data_ptr(), int(np.prod(value.shape())) * 2)
+            answers[name] = np.frombuffer(raw, ml_dtypes.bfloat16).reshape(value.shape())
+        else:
+            answers[name] = value.numpy()
+    return answers
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http", "json-out"])
+def test_bf16_goes_in_and_comes_back_exactly(server, sessions, protocol):
+    x = RNG.normal(size=(3, 2)).astype(ml_dtypes.bfloat16)
+    expected = bf16_alone(sessions["bf16"], x)
+    if protocol == "json-out":  # binary BF16 in, JSON numbers out
+        tensor = triton_http.InferInput("x", [3, 2], "BF16")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        wanted = [triton_http.InferRequestedOutput(n, binary_data=False) for n in expected]
+        with client(server) as triton:
+            result = triton.infer("bf16", [tensor], outputs=wanted).get_response()
+        answer = {
+            o["name"]: np.array(o["data"], np.float32).reshape(o["shape"])
+            for o in result["outputs"]
+        }
+        assert [o["datatype"] for o in result["outputs"]] == ["FP32", "BF16", "BF16"]
+    else:
+        answer = client_infer(server, protocol, "bf16", {"x": x}, list(expected))
+    for name, value in expected.items():
+        if protocol != "json-out":
+            assert answer[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(answer[name].astype(np.float32), value.astype(np.float32))
+    np.testing.assert_array_equal(expected["same"], x)  # and the reference is not vacuous
+
+
+def test_bf16_metadata_says_bf16(server):
+    with client(server) as triton:
+        metadata = triton.get_model_metadata("bf16")
+    assert metadata["inputs"] == [{"name": "x", "datatype": "BF16", "shape": [-1, 2]}]
+    assert [o["datatype"] for o in metadata["outputs"]] == ["FP32", "BF16", "BF16"]
+
+
 # -- tabular models -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("model", ["gb", "lr"])
+@pytest.mark.parametrize("model", ["gb", "lr", "xgb", "lgbm"])
 def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, model, protocol):
     rows = plain_graphs.breast_cancer_rows()[RNG.choice(569, size=64, replace=False)]
 
@@ -363,14 +448,15 @@ def test_breast_cancer_one_row_a_request_answers_as_alone(server, sessions, mode
         np.testing.assert_allclose(probability, expected["output_probability"], atol=1e-6)
 
 
+@pytest.mark.parametrize("model", ["gb", "xgb", "lgbm"])
 @pytest.mark.parametrize("form", ["records", "tensors"])
-def test_predict_takes_records_and_named_tensors(server, sessions, form):
+def test_predict_takes_records_and_named_tensors(server, sessions, form, model):
     rows = plain_graphs.breast_cancer_rows()[:5]
     inputs = [{"X": row.tolist()} for row in rows] if form == "records" else {"X": rows.tolist()}
-    reply = httpx.post(f"{server.url}/predict", json={"model": "gb", "inputs": inputs}, timeout=30)
+    reply = httpx.post(f"{server.url}/predict", json={"model": model, "inputs": inputs}, timeout=30)
     assert reply.status_code == 200, reply.text
     answers = reply.json()["outputs"]
-    expected = alone(sessions["gb"], {"X": rows})
+    expected = alone(sessions[model], {"X": rows})
     assert [a["output_label"] for a in answers] == expected["output_label"].tolist()
     for answer, probability in zip(answers, expected["output_probability"], strict=True):
         assert list(answer["output_probability"]) == ["0", "1"]  # ZipMap's classes as keys
@@ -428,6 +514,190 @@ def test_a_fixed_first_axis_is_served_one_request_at_a_time(server, sessions):
         np.testing.assert_allclose(answer["probabilities"], expected["probabilities"], rtol=1e-6)
 
 
+# -- requests larger than a batch ----------------------------------------------------------------
+
+
+def chunked_request(model: str, rows: int) -> dict[str, np.ndarray]:
+    if model == "gb_chunked":
+        return {"X": plain_graphs.breast_cancer_rows()[RNG.choice(569, size=rows, replace=False)]}
+    return masked_request(rows)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc", "predict"])
+@pytest.mark.parametrize("model", ["gb_chunked", "masked_chunked"])
+def test_a_request_larger_than_a_batch_goes_in_chunks_and_answers_as_alone(
+    server, sessions, model, protocol
+):
+    feeds = chunked_request(model, rows=3 * 3 + 2)  # four chunks, the last of two rows
+    session = sessions[model.removesuffix("_chunked")]
+    expected = alone(session, feeds)
+    outputs = [o.name for o in session.get_outputs()]
+    metrics = ("ferry_batch_size_requests_count", "ferry_batch_size_requests_sum")
+    before = [metric_value(server.metrics(), m, model=model) for m in metrics]
+    if protocol == "predict":
+        body = {"model": model, "inputs": {n: a.tolist() for n, a in feeds.items()}}
+        reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        rows = reply.json()["outputs"]
+        answer = {n: np.array([_values(row[n]) for row in rows]) for n in outputs}
+    else:
+        answer = client_infer(server, protocol, model, feeds, outputs)
+    for name in outputs:
+        assert answer[name].shape == expected[name].shape, name
+        np.testing.assert_allclose(answer[name], expected[name], rtol=1e-6, atol=1e-6)
+    text = server.metrics()
+    batches, members = (
+        metric_value(text, m, model=model) - b for m, b in zip(metrics, before, strict=True)
+    )
+    # Chunks of 3, 3, 3 and 2 rows, each a queue member; 3 rows a batch at most: one a batch.
+    assert (batches, members) == (4, 4), "the request ran whole, or chunks shared a batch"
+
+
+def _values(value):
+    """A /predict answer's value: a ZipMap row's {class: p} as its probabilities."""
+    return list(value.values()) if isinstance(value, dict) else value
+
+
+def test_a_request_more_chunks_than_the_queue_holds_is_a_4xx_naming_the_input(server):
+    feeds = chunked_request("gb_chunked", rows=3 * 8 + 1)
+    reply = infer(server, "gb_chunked", [kserve_input("X", feeds["X"])])
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["error"].startswith("X: 25 rows go in chunks of 3, more than the queue")
+    assert infer(server, "gb_chunked", [kserve_input("X", feeds["X"][:24])]).status_code == 200
+
+
+# -- classification (Triton's extension) ---------------------------------------------------------
+
+IRIS_ROWS = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3], [5.9, 3.0, 4.2, 1.5]], np.float32)
+CLASSIFIED = [
+    # (model, its feeds, the output, k, its labels (ZipMap's classes), top k of each row?)
+    ("gb", {"X": plain_graphs.breast_cancer_rows()[:4]}, "output_probability", 1, ["0", "1"], True),
+    # Labels from the model's config.
+    (
+        "lr",
+        {"X": plain_graphs.breast_cancer_rows()[:4]},
+        "output_probability",
+        2,
+        BREAST_CANCER_LABELS,
+        True,
+    ),
+    (
+        "lgbm",
+        {"X": plain_graphs.breast_cancer_rows()[4:9]},
+        "output_probability",
+        2,
+        ["0", "1"],
+        True,
+    ),
+    (
+        "iris_by_name",
+        {"X": IRIS_ROWS},
+        "output_probability",
+        2,
+        list(plain_graphs.IRIS_NAMES),
+        True,
+    ),
+    # A fixed first axis: a ZipMap still by row; a tensor's top k of all of it, [k], as Triton.
+    ("logreg_iris", {"float_input": IRIS_ROWS[:, :2]}, "probabilities", 2, ["0", "1", "2"], True),
+    ("logreg_iris", {"float_input": IRIS_ROWS[:, :2]}, "label", 2, None, False),
+]
+
+
+def top_classes(scores: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> list:
+    """(value, index, label) of the k highest scores of each row, ties to the lower index."""
+    rows = scores.reshape(len(scores), -1) if batched else scores.reshape(1, -1)
+    return [
+        [
+            (row[i], i, labels[i] if labels else None)
+            for i in sorted(range(len(row)), key=lambda i: (-row[i], i))[:k]
+        ]
+        for row in rows
+    ]
+
+
+def read_classes(strings: np.ndarray) -> list:
+    """Triton's "value:index[:label]" strings, [N, k] (or [k]), read back."""
+    rows = strings if strings.ndim == 2 else strings[None]
+    answers = []
+    for row in rows:
+        fields = [item.decode().split(":", 2) for item in row]
+        answers.append([(float(f[0]), int(f[1]), f[2] if len(f) > 2 else None) for f in fields])
+    return answers
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc", "json"])
+@pytest.mark.parametrize(("model", "feeds", "output", "k", "labels", "batched"), CLASSIFIED)
+def test_classification_gives_the_top_k_with_labels(
+    server, sessions, protocol, model, feeds, output, k, labels, batched
+):
+    if protocol == "json":  # strings in a JSON reply
+        inputs = [kserve_input(n, a) for n, a in feeds.items()]
+        body = {
+            "inputs": inputs,
+            "outputs": [{"name": output, "parameters": {"classification": k}}],
+        }
+        reply = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        (entry,) = reply.json()["outputs"]
+        assert entry["datatype"] == "BYTES"
+        answer = np.array([s.encode() for s in entry["data"]], object).reshape(entry["shape"])
+    else:
+        answer = client_infer(server, protocol, model, feeds, [output], class_count=k)[output]
+    session = sessions["iris" if model == "logreg_iris" else model]
+    expected = top_classes(alone(session, feeds)[output], k, labels, batched)
+    assert answer.dtype == object and answer.shape == ((len(expected), k) if batched else (k,))
+    for got, want in zip(read_classes(answer), expected, strict=True):
+        assert [(i, label) for _, i, label in got] == [(i, label) for _, i, label in want]
+        np.testing.assert_allclose([v for v, _, _ in got], [v for v, _, _ in want], atol=1e-6)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_classification_of_a_text_encoder_output(server, protocol):
+    texts = np.array([[b"a sentence"], [b"another one, longer"]], dtype=object)
+    feeds, output = {"text": texts}, "sentence_embedding"
+    plain = client_infer(server, protocol, DEFAULT_MODEL, feeds, [output])[output]
+    answer = client_infer(server, protocol, DEFAULT_MODEL, feeds, [output], class_count=3)
+    for got, want in zip(
+        read_classes(answer[output]), top_classes(plain, 3, None, True), strict=True
+    ):
+        assert [i for _, i, _ in got] == [i for _, i, _ in want]
+
+
+BAD_CLASSIFICATION = [
+    # (model, output, the parameter, words of the message)
+    ("gb", "output_probability", 3, "more than the output's 2 classes"),
+    ("gb", "output_probability", 0, "positive integer"),
+    ("gb", "output_probability", "2", "positive integer"),
+    ("gb", "output_probability", True, "positive integer"),
+    ("iris_by_name", "output_label", 1, "this output is BYTES"),
+]
+
+
+@pytest.mark.parametrize(("model", "output", "count", "words"), BAD_CLASSIFICATION)
+def test_a_classification_that_cannot_be_given_is_a_4xx_naming_the_output(
+    server, model, output, count, words
+):
+    body = {
+        "inputs": [
+            kserve_input(
+                "X", plain_graphs.breast_cancer_rows()[:1] if model == "gb" else IRIS_ROWS[:1]
+            )
+        ],
+        "outputs": [{"name": output, "parameters": {"classification": count}}],
+    }
+    reply = httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
+    assert 400 <= reply.status_code < 500, reply.text
+    message = reply.json()["error"]
+    assert message.startswith(f"{output}:") and words in message, message
+
+
+def test_the_server_lists_the_classification_extension(server):
+    with client(server) as triton:
+        assert "classification" in triton.get_server_metadata()["extensions"]
+    with client(server, "grpc") as triton:
+        assert "classification" in triton.get_server_metadata(as_json=True)["extensions"]
+
+
 # -- starting -------------------------------------------------------------------------------------
 
 
@@ -451,6 +721,8 @@ def test_a_missing_model_file_is_an_error_naming_it(tmp_path):
         ("masked", {"outputs": ["mean", "median"]}, "outputs ['median']"),
         # An unnamed axis ties no output to it: its padding could not be cut back.
         ("unnamed", {"pad_axes": ["data:1"]}, "pad_axes names ['data:1']"),
+        ("gb", {"labels": {"nope": ["a"]}}, "labels names 'nope'"),
+        ("gb", {"labels": {"output_probability": ["a", "b", "c"]}}, "3 labels for output"),
     ],
 )
 async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, graph, fields, words):

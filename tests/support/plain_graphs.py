@@ -3,7 +3,9 @@
 - masked_mean: data [N, T] FP32 and mask [N, T] INT64 (one axis name, T) -> the masked mean
   [N] and the masked data [N, T]: padding T changes nothing a row's answer depends on.
 - every_type: one input per KServe datatype, x_<type> [N, 2], passed through to y_<type>.
-- breast-cancer classifiers from scikit-learn's bundled data, through skl2onnx (ZipMap on).
+- bfloat16: a BF16 input, squared through FP32, with FP32 and BF16 outputs.
+- breast-cancer classifiers from scikit-learn's bundled data (scikit-learn, XGBoost, LightGBM),
+  through Ferry's exporter (ZipMap on).
 """
 
 from __future__ import annotations
@@ -76,28 +78,53 @@ def every_type(path: Path) -> Path:
     return _save(graph, path)
 
 
+def bfloat16(path: Path) -> Path:
+    """x [N, 2] BF16 -> its square, as FP32 (`square`) and as BF16 (`square_bf16`), and `same`,
+    x itself: ONNX Runtime's CPU kernels take BF16 in Cast and Identity, not in arithmetic."""
+    bf16, fp32 = TensorProto.BFLOAT16, TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Cast", ["x"], ["xf"], to=fp32),
+        helper.make_node("Mul", ["xf", "xf"], ["square"]),
+        helper.make_node("Cast", ["square"], ["square_bf16"], to=bf16),
+        helper.make_node("Identity", ["x"], ["same"]),
+    ]
+    outputs = [("square", fp32), ("square_bf16", bf16), ("same", bf16)]
+    graph = helper.make_graph(
+        nodes,
+        "bfloat16",
+        [helper.make_tensor_value_info("x", bf16, ["N", 2])],
+        [helper.make_tensor_value_info(name, kind, ["N", 2]) for name, kind in outputs],
+    )
+    return _save(graph, path)
+
+
 def breast_cancer_estimator(estimator: str):
     """A classifier fitted on scikit-learn's bundled breast-cancer data (569 x 30)."""
+    from lightgbm import LGBMClassifier
     from sklearn.ensemble import GradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
+    from xgboost import XGBClassifier
 
     model = {
         "gradient_boosting": GradientBoostingClassifier(n_estimators=20, random_state=0),
         "logistic_regression": make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)),
+        "xgboost": XGBClassifier(n_estimators=20, max_depth=3, n_jobs=1),
+        # In a pipeline: a converted booster composes with scikit-learn's steps.
+        "lightgbm": make_pipeline(
+            StandardScaler(), LGBMClassifier(n_estimators=20, n_jobs=1, verbose=-1)
+        ),
     }[estimator]
     x = breast_cancer_rows()
     return model.fit(x, breast_cancer_labels())
 
 
 def breast_cancer(path: Path, estimator: str) -> Path:
-    """The classifier exported by skl2onnx (ZipMap on, as skl2onnx makes it by default)."""
-    from skl2onnx import to_onnx
+    """The classifier exported as `ferry export sklearn` does (ZipMap on, skl2onnx's default)."""
+    from ferry.exporters.sklearn_export import export
 
-    x = breast_cancer_rows()
-    onnx.save(to_onnx(breast_cancer_estimator(estimator), x[:1], target_opset=17), path)
-    return path
+    return export(breast_cancer_estimator(estimator), breast_cancer_rows(), path)
 
 
 def breast_cancer_labels() -> np.ndarray:
