@@ -3,8 +3,10 @@
 Most requests run on the batch lane (ortgenai_batch.py). These do not (ortgenai_batch.
 needs_generator): a LoRA adapter (onnxruntime-genai 0.18 selects adapters only per Generator,
 `set_active_adapter`, before any token goes in; the model must be exported with LoRA inputs,
-tools/build_tiny_lora.py), a grammar (og's guidance, llguidance, bound to the GeneratorParams),
-and `echo` (every prompt position's logits, after one whole `append_tokens`). Their generators are
+tools/build_tiny_lora.py) and `echo` (every prompt position's logits, after one whole
+`append_tokens`). A grammar alone runs on the batch lane (grammar_rows.py); with an adapter or
+`echo` it is og's guidance here (llguidance, bound to the GeneratorParams, compiled inside
+og.Generator's creation with the GIL held). Their generators are
 never reused across requests, so unloading an adapter is never held up, and none of them reads
 or fills the prefix cache.
 

@@ -7,8 +7,9 @@ steps every running request once per turn, and hands each request's deltas back 
 callbacks it was given. A request that arrives while others decode starts on the next turn.
 
 Two lanes: most requests run on the batch lane (ortgenai_batch.py: one forward pass per turn for
-all of them, prefix cache); those only an og.Generator serves (an adapter, a grammar, `echo`:
-ortgenai_batch.needs_generator) run on the generator lane (ortgenai_lora.py), one step each.
+all of them, prefix cache, grammars masking their own rows); those only an og.Generator serves
+(an adapter, `echo`: ortgenai_batch.needs_generator) run on the generator lane
+(ortgenai_lora.py), one step each, with og's own guidance when they carry a grammar.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Job:
     generator: Any = None  # on a lane
     lane: Any = None  # the lane it runs on
     sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
+    grammar: Any = None  # batch lane: Future[grammar_rows.RowGrammar] for a constrained request
     decoder: Any = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set

@@ -29,12 +29,20 @@ def prompt_logprobs(model: Any, ids: list[int]) -> np.ndarray:
 
 
 def greedy(
-    model: Any, ids: list[int], max_tokens: int, eos_ids: set[int], **search: Any
+    model: Any,
+    ids: list[int],
+    max_tokens: int,
+    eos_ids: set[int],
+    guidance: tuple[str, str] | None = None,
+    **search: Any,
 ) -> tuple[list[int], list[np.ndarray]]:
     """Greedy new ids, ending before an end-of-sequence token (served text leaves it out), and
-    the log-softmax row each was chosen from; `search`: more search options (penalties)."""
+    the log-softmax row each was chosen from; `guidance`: og's own (kind, data) grammar;
+    `search`: more search options (penalties)."""
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False, **search)
+    if guidance is not None:
+        params.set_guidance(*guidance)
     generator = og.Generator(model, params)
     generator.append_tokens(np.asarray(ids, dtype=np.int32))
     new: list[int] = []
