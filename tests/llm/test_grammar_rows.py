@@ -57,14 +57,22 @@ async def test_greedy_constrained_text_is_what_og_guidance_gives(
     engine: OrtGenAIEngine, og_model: og.Model, guidance: Guidance
 ) -> None:
     prompt = TOKENIZER.encode_chat(QUESTION)
-    expected, _ = greedy(
+    expected, rows = greedy(
         og_model, prompt, MAX_TOKENS, eos_ids(ONNX_DIR), guidance=(guidance.kind, guidance.data)
     )
-    sampling = SamplingSettings(max_tokens=MAX_TOKENS, temperature=0.0, guidance=guidance)
+    sampling = SamplingSettings(
+        max_tokens=MAX_TOKENS, temperature=0.0, guidance=guidance, logprobs=0
+    )
     deltas = await collect(engine, "g", prompt, sampling)
     assert "".join(d.text for d in deltas) == TOKENIZER.decode(expected)
     assert sum(d.token_count for d in deltas) == len(expected)
     assert deltas[-1].finish_reason == "stop"  # each grammar ends well inside MAX_TOKENS
+    # The model's own log probabilities, before the grammar's mask, as og's lane reports them;
+    # the end-of-sequence token that closes the answer has one too.
+    logprobs = [entry for d in deltas for entry in d.logprobs]
+    assert [e.token_id for e in logprobs[:-1]] == expected
+    for entry, row in zip(logprobs, rows, strict=False):
+        assert entry.logprob == pytest.approx(float(row[entry.token_id]), abs=1e-4)
 
 
 async def test_a_constrained_request_reuses_the_prefix_cache(engine: OrtGenAIEngine) -> None:
