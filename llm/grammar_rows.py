@@ -1,16 +1,19 @@
-"""Grammars in the batch lane (ortgenai_batch.py): one llguidance matcher per constrained row.
+"""Grammars, one llguidance matcher per constrained request, on both of the engine's lanes.
 
 Each constrained request gets an `LLMatcher` on the model's vocabulary; before each token its
-row's logits are masked to what the grammar allows, and the token chosen is consumed. This is
-what onnxruntime-genai's guidance does inside an og.Generator (its GuidanceLogitsProcessor: the
+logits are masked to what the grammar allows, and the token chosen is consumed. This is what
+onnxruntime-genai's guidance does inside an og.Generator (its GuidanceLogitsProcessor: the
 tokenizer.json vocabulary at the config's `vocab_size`, a mask of allowed ids, only the first
-end-of-sequence id once the grammar stopped), done here in numpy so that constrained rows decode
-in the same forward pass as the free ones.
+end-of-sequence id once the grammar stopped), done here in numpy: on the batch lane
+(ortgenai_batch.py) a constrained row decodes in the same forward pass as the free ones; on the
+generator lane (ortgenai_lora.py: adapters, `echo`) the masked logits go back with `set_logits`.
 
 Compiling: `LLMatcher(...)` releases the GIL while it builds the grammar, so it runs on a small
 thread pool: neither the event loop nor the owner thread's decoding of other rows waits for it
-(the row's prompt goes in meanwhile). The vocabulary (`LLTokenizer`) is built once per model,
-when the lane starts: it holds the GIL (~0.4 s for SmolLM2's 49k tokens).
+(the request's prompt goes in meanwhile). og's own guidance compiled inside og.Generator's
+creation with the GIL held: ~100 ms of frozen event loop for a large schema. The vocabulary
+(`LLTokenizer`) is built once per model, when the engine starts: it holds the GIL (~0.4 s for
+SmolLM2's 49k tokens).
 Errors read as onnxruntime-genai words them ("Error creating grammar", "Error computing mask",
 "Error committing tokens"), so `guidance.request_error` makes them the same 400 as before.
 """
@@ -57,6 +60,12 @@ class RowGrammar:
         shared = min(width, self._vocab_size)
         allowed[:shared] = bits[:shared]
         return allowed
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """float32 `logits` (any leading shape) with what the grammar disallows at float32's
+        lowest, as og's guidance writes them, for an og.Generator's `set_logits`."""
+        allowed = self.allowed(logits.shape[-1])
+        return np.where(allowed, logits, np.finfo(np.float32).min).astype(np.float32)
 
     def consume(self, token: int) -> None:
         if not self._matcher.consume_token(token):

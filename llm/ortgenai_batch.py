@@ -61,6 +61,7 @@ class BatchLane:
         cache: ModelPrefixCache | None = None,
         prefill_chunk: int = 0,
         deterministic: bool = False,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self._model = model
         self.max_running = max_running
@@ -74,7 +75,8 @@ class BatchLane:
         self._block: KVBlock | None = None
         self._lengths = np.zeros(0, np.int64)  # tokens in each row's KV
         self._tokens = np.zeros(0, np.int64)  # the token each row feeds next
-        self._grammars = GrammarCompiler(model.model_dir)
+        self._own_grammars = grammars is None  # else the owner loop's, shared with its lanes
+        self._grammars = grammars or GrammarCompiler(model.model_dir)
 
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
@@ -233,6 +235,7 @@ class BatchLane:
     def release(self) -> None:
         for job in list(self.jobs):
             self.remove(job)
-        self._grammars.close()
+        if self._own_grammars:
+            self._grammars.close()
         if self.cache is not None:
             self.cache.clear()

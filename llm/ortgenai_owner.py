@@ -9,7 +9,7 @@ callbacks it was given. A request that arrives while others decode starts on the
 Two lanes: most requests run on the batch lane (ortgenai_batch.py: one forward pass per turn for
 all of them, prefix cache, grammars masking their own rows); those only an og.Generator serves
 (an adapter, `echo`: ortgenai_batch.needs_generator) run on the generator lane
-(ortgenai_lora.py), one step each, with og's own guidance when they carry a grammar.
+(ortgenai_lora.py), one step each. Grammars are Ferry's on both (grammar_rows.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.llm.base import FinishReason, GenerationDelta, SamplingSettings, TokenLogprob
+from ferry.llm.grammar_rows import GrammarCompiler
 from ferry.llm.guidance import request_error
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
@@ -65,7 +66,7 @@ class Job:
     generator: Any = None  # on a lane
     lane: Any = None  # the lane it runs on
     sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
-    grammar: Any = None  # batch lane: Future[grammar_rows.RowGrammar] for a constrained request
+    grammar: Any = None  # Future[grammar_rows.RowGrammar] of a constrained request
     decoder: Any = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
@@ -113,10 +114,12 @@ class OwnerLoop:
         self.cache = (
             ModelPrefixCache(store, name, kv_model.token_bytes) if options.prefix_cache else None
         )
+        self._grammars = GrammarCompiler(kv_model.model_dir)
         self.lane = GeneratorLane(
             og,
             model,
             eos_ids,
+            self._grammars,
             prefill_chunk=options.prefill_chunk,
         )
         self.batch = BatchLane(
@@ -126,6 +129,7 @@ class OwnerLoop:
             cache=self.cache,
             prefill_chunk=options.prefill_chunk,
             deterministic=options.deterministic,
+            grammars=self._grammars,
         )
         self._deliver = deliver
         self._set_counts = set_counts
@@ -258,6 +262,7 @@ class OwnerLoop:
     def release(self) -> None:
         self.batch.release()
         self.lane.release()
+        self._grammars.close()
         self._waiting.clear()
         self._by_id.clear()
         del self._tokenizer, self._model

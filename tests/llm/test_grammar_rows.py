@@ -1,7 +1,8 @@
-"""Grammars on the batch lane (grammar_rows.py), through OrtGenAIEngine on the real tiny model:
-a constrained request's greedy text is the one onnxruntime-genai's own guidance gives on an
-og.Generator (the lane such requests ran on before), and it reads the prefix cache as a free
-request does. That constrained and free rows share one forward pass: test_ortgenai_batch.py."""
+"""Grammars masked by Ferry (grammar_rows.py), through OrtGenAIEngine on the real tiny model: a
+constrained request's greedy text and log probabilities are the ones onnxruntime-genai's own
+guidance gives on an og.Generator (what served grammars before), on the batch lane and on the
+generator lane (an adapter), and a constrained request reads the prefix cache as a free one
+does. That constrained and free rows share one forward pass: test_ortgenai_batch.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.llm.llm_paths import ONNX_DIR, WAIT_S
+from tests.llm.llm_paths import ONNX_DIR, WAIT_S, onnx_adapter
 from tests.llm.reference_og import eos_ids, greedy
 
 TOKENIZER = ChatTokenizer(ONNX_DIR)
@@ -38,32 +39,60 @@ GRAMMARS = [
 ]
 
 
+ADAPTER = "zen"
+
+
 @pytest.fixture(scope="module")
 def og_model() -> og.Model:
     return og.Model(str(ONNX_DIR))
 
 
+@pytest.fixture(scope="module")
+def og_adapters(og_model: og.Model) -> og.Adapters:
+    adapters = og.Adapters(og_model)
+    adapters.load(str(onnx_adapter(ADAPTER)), ADAPTER)
+    return adapters
+
+
 async def collect(
-    engine: OrtGenAIEngine, request_id: str, prompt: list[int], sampling: SamplingSettings
+    engine: OrtGenAIEngine,
+    request_id: str,
+    prompt: list[int],
+    sampling: SamplingSettings,
+    adapter: str | None = None,
 ) -> list[GenerationDelta]:
     async def run() -> list[GenerationDelta]:
-        return [d async for d in engine.generate(request_id, prompt, sampling)]
+        return [d async for d in engine.generate(request_id, prompt, sampling, adapter)]
 
     return await asyncio.wait_for(run(), WAIT_S)
 
 
+@pytest.mark.parametrize("adapter", [None, ADAPTER], ids=["batch lane", "generator lane"])
 @pytest.mark.parametrize("guidance", GRAMMARS, ids=lambda g: g.kind)
 async def test_greedy_constrained_text_is_what_og_guidance_gives(
-    engine: OrtGenAIEngine, og_model: og.Model, guidance: Guidance
+    engine: OrtGenAIEngine,
+    og_model: og.Model,
+    og_adapters: og.Adapters,
+    guidance: Guidance,
+    adapter: str | None,
 ) -> None:
+    """A plain request's grammar masks its batch lane row; an adapter's (on an og.Generator of
+    its own) goes onto the generator's logits: both as og's own guidance did."""
     prompt = TOKENIZER.encode_chat(QUESTION)
     expected, rows = greedy(
-        og_model, prompt, MAX_TOKENS, eos_ids(ONNX_DIR), guidance=(guidance.kind, guidance.data)
+        og_model,
+        prompt,
+        MAX_TOKENS,
+        eos_ids(ONNX_DIR),
+        guidance=(guidance.kind, guidance.data),
+        adapter=None if adapter is None else (og_adapters, adapter),
     )
+    if adapter is not None:
+        await engine.load_adapter(adapter, onnx_adapter(adapter))
     sampling = SamplingSettings(
         max_tokens=MAX_TOKENS, temperature=0.0, guidance=guidance, logprobs=0
     )
-    deltas = await collect(engine, "g", prompt, sampling)
+    deltas = await collect(engine, "g", prompt, sampling, adapter)
     assert "".join(d.text for d in deltas) == TOKENIZER.decode(expected)
     assert sum(d.token_count for d in deltas) == len(expected)
     assert deltas[-1].finish_reason == "stop"  # each grammar ends well inside MAX_TOKENS
