@@ -14,6 +14,7 @@ import pytest
 
 from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.grammar_rows import GrammarCompiler
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import ONNX_DIR, WAIT_S, onnx_adapter
 from tests.llm.reference_og import eos_ids, greedy
@@ -111,3 +112,17 @@ async def test_a_constrained_request_reuses_the_prefix_cache(engine: OrtGenAIEng
     sampling = SamplingSettings(max_tokens=8, temperature=0.0, guidance=GRAMMARS[1])
     deltas = await collect(engine, "constrained", prompt, sampling)
     assert deltas[0].cached_tokens == len(prompt) - 2  # the whole prompt but the last two
+
+
+def test_a_grammar_sent_again_is_compiled_once_and_each_request_has_its_own_state() -> None:
+    compiler = GrammarCompiler(ONNX_DIR)
+    try:
+        first, again = (compiler.compile(GRAMMARS[2]).result(WAIT_S) for _ in range(2))
+        assert compiler.cached == 1
+        start = again.allowed(4096)
+        for token in TOKENIZER.encode("It is"):
+            first.consume(token)
+        assert not first.allowed(4096)[TOKENIZER.encode("It")[0]]  # moved on
+        assert (again.allowed(4096) == start).all()  # untouched by the other request
+    finally:
+        compiler.close()
