@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from dataclasses import replace
 
 import onnxruntime_genai as og
 import pytest
@@ -112,6 +114,26 @@ async def test_a_constrained_request_reuses_the_prefix_cache(engine: OrtGenAIEng
     sampling = SamplingSettings(max_tokens=8, temperature=0.0, guidance=GRAMMARS[1])
     deltas = await collect(engine, "constrained", prompt, sampling)
     assert deltas[0].cached_tokens == len(prompt) - 2  # the whole prompt but the last two
+
+
+WORDS = "[a-z]{1,6}( [a-z]{1,6}){1,3}\\."  # ends within MAX_TOKENS however it is sampled
+
+
+async def test_a_seeded_constrained_request_repeats_and_keeps_to_its_grammar(
+    engine: OrtGenAIEngine,
+) -> None:
+    prompt = TOKENIZER.encode_chat(QUESTION)
+    sampling = SamplingSettings(
+        max_tokens=MAX_TOKENS, temperature=1.0, seed=5, guidance=Guidance("regex", WORDS)
+    )
+    texts = [
+        "".join(d.text for d in await collect(engine, f"s{i}", prompt, sampling)) for i in (0, 1)
+    ]
+    assert texts[0] == texts[1] and re.fullmatch(WORDS, texts[0])
+    stopped = replace(sampling, stop=(" ",))  # Ferry's stop strings apply as to free text
+    deltas = await collect(engine, "stop", prompt, stopped)
+    assert "".join(d.text for d in deltas) == texts[0].split(" ")[0]
+    assert deltas[-1].finish_reason == "stop"
 
 
 def test_a_grammar_sent_again_is_compiled_once_and_each_request_has_its_own_state() -> None:
