@@ -75,8 +75,9 @@ class BatchLane:
         self._block: KVBlock | None = None
         self._lengths = np.zeros(0, np.int64)  # tokens in each row's KV
         self._tokens = np.zeros(0, np.int64)  # the token each row feeds next
-        self._own_grammars = grammars is None  # else the owner loop's, shared with its lanes
-        self._grammars = grammars or GrammarCompiler(model.model_dir)
+        # The owner loop shares one between its lanes; a lane made alone (tests) has its own.
+        self._own_grammars = grammars is None
+        self._grammars = GrammarCompiler(model.model_dir) if grammars is None else grammars
 
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
