@@ -12,6 +12,10 @@ Prefix cache: every finished prompt's keys and values are parked in the PrefixCa
 requests running together with one system prompt already share it; a hit copies the shared
 part in and computes only the rest (at least TAIL tokens).
 
+Grammars: a constrained request decodes in the same forward pass as the others; its row's
+logits are masked to what its llguidance matcher allows before its token is chosen, and the token
+is consumed after (grammar_rows.py, compiled on a thread pool while the prompt goes in).
+
 Batch invariance (SmolLM2-135M int4): a decode step of two or more rows gives every row the same
 logits whatever the other rows hold (tested), but onnxruntime's MatMulNBits runs other kernels
 for a single row (M = 1), whose rounding differs. A request that decodes alone for part of its
@@ -30,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
+from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
 from ferry.llm.ortgenai_prefix import ModelPrefixCache
 from ferry.llm.sampling import Sampler
@@ -39,9 +44,9 @@ _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
 
 def needs_generator(adapter: str | None, sampling: SamplingSettings) -> bool:
     """Requests only an og.Generator serves (ortgenai_lora.GeneratorLane): an adapter is bound
-    to a generator, a grammar needs og's guidance (llguidance) in its search, and `echo` wants
-    every prompt position's logits in one piece."""
-    return adapter is not None or sampling.guidance is not None or sampling.echo
+    to a generator, and `echo` wants every prompt position's logits in one piece. A grammar
+    does not: its row is masked here (grammar_rows.py)."""
+    return adapter is not None or sampling.echo
 
 
 class BatchLane:
@@ -56,6 +61,7 @@ class BatchLane:
         cache: ModelPrefixCache | None = None,
         prefill_chunk: int = 0,
         deterministic: bool = False,
+        grammars: GrammarCompiler | None = None,
     ) -> None:
         self._model = model
         self.max_running = max_running
@@ -69,6 +75,9 @@ class BatchLane:
         self._block: KVBlock | None = None
         self._lengths = np.zeros(0, np.int64)  # tokens in each row's KV
         self._tokens = np.zeros(0, np.int64)  # the token each row feeds next
+        # The owner loop shares one between its lanes; a lane made alone (tests) has its own.
+        self._own_grammars = grammars is None
+        self._grammars = GrammarCompiler(model.model_dir) if grammars is None else grammars
 
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
@@ -83,6 +92,9 @@ class BatchLane:
                 block.copy_row(entry.kv, 0, 0, reused)
         job.generator = block  # the owner loop's "running" marker
         job.sampler = Sampler(sampling, prompt_ids)
+        # Compiled on the pool while the prompt goes in; waited for at the first token.
+        guidance = sampling.guidance
+        job.grammar = None if guidance is None else self._grammars.compile(guidance)
         job.cached_tokens = reused
         job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are in
         job.pending = list(prompt_ids[reused:])
@@ -97,7 +109,7 @@ class BatchLane:
                 logits = self._feed(job)
                 if logits is None:
                     continue
-                token, job.logprob = job.sampler.choose(logits)
+                token = self._choose(job, logits)
             except Exception as exc:  # this request failed; the others go on
                 yield job, None, None, exc
                 continue
@@ -141,12 +153,28 @@ class BatchLane:
         except Exception as exc:  # the step failed for all of them
             return [(job, None, None, exc) for job in self._rows]
         self._lengths[:rows] += 1
-        results = []
+        results: list[tuple[Any, int | None, FinishReason | None, Exception | None]] = []
         for row, job in enumerate(list(self._rows)):
-            token, job.logprob = job.sampler.choose(logits[row])
+            try:
+                token = self._choose(job, logits[row])
+            except Exception as exc:  # its grammar failed: this request only
+                results.append((job, None, None, exc))
+                continue
             self._tokens[row] = token
             results.append(self._outcome(job, token))
         return results  # after every row's choice: finishing ones repack the block
+
+    def _choose(self, job: Any, logits: np.ndarray) -> int:
+        """`job`'s next token (its log probability noted on it), within its grammar if any."""
+        sampler: Sampler = job.sampler
+        if job.grammar is None:
+            token, job.logprob = sampler.choose(logits)
+            return token
+        grammar: RowGrammar = job.grammar.result()  # raises the compile's error
+        token, job.logprob = sampler.choose(logits, grammar.allowed(logits.shape[-1]))
+        if token not in self._eos_ids:  # the end needs no commit: the request is over
+            grammar.consume(token)
+        return token
 
     def _outcome(
         self, job: Any, token: int
@@ -186,6 +214,9 @@ class BatchLane:
             return
         self.jobs.remove(job)
         job.generator = None
+        if job.grammar is not None:
+            job.grammar.cancel()  # still queued: never compiled
+            job.grammar = None
         if job in self._prefilling:
             self._prefilling.remove(job)
             return
@@ -205,5 +236,7 @@ class BatchLane:
     def release(self) -> None:
         for job in list(self.jobs):
             self.remove(job)
+        if self._own_grammars:
+            self._grammars.close()
         if self.cache is not None:
             self.cache.clear()

@@ -59,6 +59,7 @@ class KVModel:
     one owner thread runs it (the session releases the GIL inside `run`)."""
 
     def __init__(self, model_dir: Path, intra_op_threads: int = 0) -> None:
+        self.model_dir = model_dir
         config = json.loads((model_dir / "genai_config.json").read_text())["model"]
         decoder = config["decoder"]
         self.layers: int = decoder["num_hidden_layers"]

@@ -3,10 +3,11 @@
 Most requests run on the batch lane (ortgenai_batch.py). These do not (ortgenai_batch.
 needs_generator): a LoRA adapter (onnxruntime-genai 0.18 selects adapters only per Generator,
 `set_active_adapter`, before any token goes in; the model must be exported with LoRA inputs,
-tools/build_tiny_lora.py), a grammar (og's guidance, llguidance, bound to the GeneratorParams),
-and `echo` (every prompt position's logits, after one whole `append_tokens`). Their generators are
-never reused across requests, so unloading an adapter is never held up, and none of them reads
-or fills the prefix cache.
+tools/build_tiny_lora.py) and `echo` (every prompt position's logits, after one whole
+`append_tokens`). A grammar alone runs on the batch lane; with an adapter or `echo` its mask
+(grammar_rows.py) goes onto the generator's logits (`set_logits`) before each token. Their
+generators are never reused across requests, so unloading an adapter is never held up, and none
+of them reads or fills the prefix cache.
 
 One turn (`step`) gives every running request one unit of work: the next chunk of its prompt
 (`prefill_chunk` tokens; never a piece of one token, which the CPU kernels compute differently,
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
-from ferry.llm.guidance import apply_guidance
+from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
 from ferry.llm.logprobs import log_softmax, prompt_logprobs, token_logprob
 
 
@@ -63,10 +64,12 @@ class GeneratorLane:
         og: Any,
         model: Any,
         eos_ids: set[int],
+        grammars: GrammarCompiler,
         *,
         prefill_chunk: int = 0,
     ) -> None:
         self._og = og
+        self._grammars = grammars
         self._model = model
         self._adapters = og.Adapters(model)
         self._eos_ids = eos_ids
@@ -85,7 +88,9 @@ class GeneratorLane:
         """Give `job` a new generator; its prompt goes in over the next turns (`step`)."""
         options = search_options(sampling)
         need = len(prompt_ids) + sampling.max_tokens
-        job.generator = self._new_generator(sampling, options, need, adapter)
+        job.generator = self._new_generator(options, need, adapter)
+        guidance = sampling.guidance  # compiled on the pool while the prompt goes in
+        job.grammar = None if guidance is None else self._grammars.compile(guidance)
         job.tokens, job.pending, job.cached_tokens = [], list(prompt_ids), 0
         if sampling.echo:  # every prompt position's logits: one piece, now
             self._feed(job, len(job.pending))
@@ -93,17 +98,10 @@ class GeneratorLane:
             job.prompt_logprobs = prompt_logprobs(logits, prompt_ids, sampling.logprobs or 0)
         self.jobs.append(job)
 
-    def _new_generator(
-        self,
-        sampling: SamplingSettings,
-        options: dict[str, Any],
-        max_length: int,
-        adapter: str | None,
-    ) -> Any:
+    def _new_generator(self, options: dict[str, Any], max_length: int, adapter: str | None) -> Any:
         og = self._og
         params = og.GeneratorParams(self._model)
         params.set_search_options(max_length=max_length, **options)
-        apply_guidance(params, sampling.guidance)  # bound to this generator for its life
         generator = og.Generator(self._model, params)
         if adapter is not None:
             generator.set_active_adapter(self._adapters, adapter)  # before any token goes in
@@ -123,6 +121,9 @@ class GeneratorLane:
             return
         self.jobs.remove(job)
         job.generator = None
+        if job.grammar is not None:
+            job.grammar.cancel()  # still queued: never compiled
+            job.grammar = None
 
     def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
         """One unit of work for every running request: (job, token or None, finish reason or
@@ -138,10 +139,17 @@ class GeneratorLane:
                     self._feed(job, self._chunk or len(job.pending))
                     if job.pending:
                         continue
+                grammar: RowGrammar | None = None
+                if job.grammar is not None:
+                    grammar = job.grammar.result()  # raises the compile's error
                 row = None if top is None else log_softmax(generator.get_logits()[0, -1])
+                if grammar is not None:
+                    generator.set_logits(grammar.masked(generator.get_logits()))
                 generator.generate_next_token()
                 token = int(generator.get_next_tokens()[0])
                 job.logprob = None if row is None else token_logprob(row, token, top)
+                if grammar is not None and token not in self._eos_ids:
+                    grammar.consume(token)
             except Exception as exc:  # this request failed; the others go on
                 yield job, None, None, exc
                 continue

@@ -7,8 +7,9 @@ steps every running request once per turn, and hands each request's deltas back 
 callbacks it was given. A request that arrives while others decode starts on the next turn.
 
 Two lanes: most requests run on the batch lane (ortgenai_batch.py: one forward pass per turn for
-all of them, prefix cache); those only an og.Generator serves (an adapter, a grammar, `echo`:
-ortgenai_batch.needs_generator) run on the generator lane (ortgenai_lora.py), one step each.
+all of them, prefix cache, grammars masking their own rows); those only an og.Generator serves
+(an adapter, `echo`: ortgenai_batch.needs_generator) run on the generator lane
+(ortgenai_lora.py), one step each. Grammars are Ferry's on both (grammar_rows.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ferry.llm.base import FinishReason, GenerationDelta, SamplingSettings, TokenLogprob
+from ferry.llm.grammar_rows import GrammarCompiler
 from ferry.llm.guidance import request_error
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
@@ -64,6 +66,7 @@ class Job:
     generator: Any = None  # on a lane
     lane: Any = None  # the lane it runs on
     sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
+    grammar: Any = None  # Future[grammar_rows.RowGrammar] of a constrained request
     decoder: Any = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
@@ -111,10 +114,12 @@ class OwnerLoop:
         self.cache = (
             ModelPrefixCache(store, name, kv_model.token_bytes) if options.prefix_cache else None
         )
+        self._grammars = GrammarCompiler(kv_model.model_dir)
         self.lane = GeneratorLane(
             og,
             model,
             eos_ids,
+            self._grammars,
             prefill_chunk=options.prefill_chunk,
         )
         self.batch = BatchLane(
@@ -124,6 +129,7 @@ class OwnerLoop:
             cache=self.cache,
             prefill_chunk=options.prefill_chunk,
             deterministic=options.deterministic,
+            grammars=self._grammars,
         )
         self._deliver = deliver
         self._set_counts = set_counts
@@ -256,6 +262,7 @@ class OwnerLoop:
     def release(self) -> None:
         self.batch.release()
         self.lane.release()
+        self._grammars.close()
         self._waiting.clear()
         self._by_id.clear()
         del self._tokenizer, self._model

@@ -3,9 +3,10 @@
 The same settings onnxruntime-genai's search takes (ortgenai_lora.search_options): greedy,
 temperature with nucleus (top_p; no implicit top-k, OpenAI's semantics), a seed, and its
 repetition penalty (Hugging Face's: a positive logit of a token already in the prompt or the
-output is divided by the penalty, a negative one multiplied). Greedy is `argmax`, as og's is:
-the first of equal maxima. Sampled tokens come from one `numpy.random.Generator` per request,
-seeded when the request gives a seed (the same seed gives the same text; not og's stream).
+output is divided by the penalty, a negative one multiplied), and a grammar's mask. Greedy is
+`argmax`, as og's is: the first of equal maxima. Sampled tokens come from one
+`numpy.random.Generator` per request, seeded when the request gives a seed (the same seed gives
+the same text; not og's stream).
 """
 
 from __future__ import annotations
@@ -29,12 +30,17 @@ class Sampler:
         seed = None if sampling.seed is None else sampling.seed % 2**64
         self._rng = None if sampling.greedy else np.random.default_rng(seed)
 
-    def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprob | None]:
+    def choose(
+        self, logits: np.ndarray, allowed: np.ndarray | None = None
+    ) -> tuple[int, TokenLogprob | None]:
         """The next token from one position's logits, and its log probability when asked for
-        (the model's own distribution, before penalty and temperature, as og reports it)."""
+        (the model's own distribution, before penalty, grammar and temperature, as og reports
+        it); `allowed`: the grammar's mask (grammar_rows.py), the only tokens that may come."""
         top = self.sampling.logprobs
         row = None if top is None else log_softmax(logits)
         scores = self._penalized(logits)
+        if allowed is not None:
+            scores = np.where(allowed, scores, -np.inf)
         token = int(np.argmax(scores)) if self._rng is None else self._sample(scores)
         if self._penalty != 1.0 and token not in self._seen:
             self._seen = np.union1d(self._seen, [token])

@@ -29,13 +29,24 @@ def prompt_logprobs(model: Any, ids: list[int]) -> np.ndarray:
 
 
 def greedy(
-    model: Any, ids: list[int], max_tokens: int, eos_ids: set[int], **search: Any
+    model: Any,
+    ids: list[int],
+    max_tokens: int,
+    eos_ids: set[int],
+    guidance: tuple[str, str] | None = None,
+    adapter: tuple[Any, str] | None = None,
+    **search: Any,
 ) -> tuple[list[int], list[np.ndarray]]:
     """Greedy new ids, ending before an end-of-sequence token (served text leaves it out), and
-    the log-softmax row each was chosen from; `search`: more search options (penalties)."""
+    the log-softmax row each was chosen from; `guidance`: og's own (kind, data) grammar;
+    `adapter`: (og.Adapters, name) to activate; `search`: more search options (penalties)."""
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False, **search)
+    if guidance is not None:
+        params.set_guidance(*guidance)
     generator = og.Generator(model, params)
+    if adapter is not None:
+        generator.set_active_adapter(*adapter)
     generator.append_tokens(np.asarray(ids, dtype=np.int32))
     new: list[int] = []
     rows: list[np.ndarray] = []

@@ -1,4 +1,4 @@
-"""The one place guidance reaches onnxruntime-genai, and what its refusals become."""
+"""What the engine's grammar refusals become."""
 
 from __future__ import annotations
 
@@ -6,23 +6,7 @@ import pytest
 
 from ferry.llm.base import Guidance
 from ferry.llm.errors import GenerationFailed, GrammarFailed
-from ferry.llm.guidance import apply_guidance, request_error
-
-
-class Target:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def set_guidance(self, kind: str, data: str) -> None:
-        self.calls.append((kind, data))
-
-
-def test_apply_sets_kind_and_data_once_and_nothing_without_guidance():
-    target = Target()
-    apply_guidance(target, None)
-    apply_guidance(target, Guidance("regex", "[a-z]+"))
-    assert target.calls == [("regex", "[a-z]+")]
-
+from ferry.llm.guidance import request_error
 
 GUIDED = Guidance("json_schema", "{}", "response_format.json_schema.schema")
 # What onnxruntime-genai raised for an `anyOf` of 5000 objects, one token in.

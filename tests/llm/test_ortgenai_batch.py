@@ -4,18 +4,22 @@ the deterministic mode every request's greedy tokens are the ones it gets alone.
 
 from __future__ import annotations
 
-from ferry.llm.base import SamplingSettings
+import re
+
+from ferry.llm.base import Guidance, SamplingSettings
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
 from ferry.llm.ortgenai_owner import AddRequest, Job
 from ferry.llm.ortgenai_prefix import ModelPrefixCache, PrefixCache
 from ferry.llm.stops import StopMatcher
+from tests.llm.llm_paths import REAL_MODEL
 
 EOS = {2}
 
 
-def job(name: str, prompt: list[int], max_tokens: int) -> Job:
-    sampling = SamplingSettings(max_tokens=max_tokens, temperature=0.0)
+def job(name: str, prompt: list[int], max_tokens: int, guidance: Guidance | None = None) -> Job:
+    sampling = SamplingSettings(max_tokens=max_tokens, temperature=0.0, guidance=guidance)
     return Job(AddRequest(name, prompt, sampling), StopMatcher(()))
 
 
@@ -79,3 +83,26 @@ def test_adapters_grammars_and_echo_need_a_generator():
     assert not needs_generator(None, SamplingSettings(logprobs=2, seed=3, temperature=0.7))
     assert needs_generator("zen", plain)
     assert needs_generator(None, SamplingSettings(echo=True))
+
+
+def test_a_constrained_row_decodes_in_the_same_step_as_free_ones(kv_model, prompts):
+    """One forward pass per turn serves both; the grammar holds its own row only."""
+    lane = BatchLane(kv_model, 4, EOS, deterministic=True)
+    digits = job("digits", prompts[0], 12, Guidance("regex", "[0-9]{6}"))
+    free = job("free", prompts[1], 8)
+    for j in (digits, free):
+        lane.begin(j, None, j.add.prompt_ids, j.add.sampling)
+    out: dict[str, list[int]] = {}
+    turn(lane, out)  # both prompts in (a first token each), then one decode step for both
+    assert lane._rows == [digits, free] and len(out["digits"]) == len(out["free"]) == 2
+    turn(lane, out)  # one decode step: a token for each row
+    assert len(out["digits"]) == len(out["free"]) == 3
+    while lane.jobs:
+        turn(lane, out)
+    assert re.fullmatch("[0-9]{6}", ChatTokenizer(REAL_MODEL).decode(out["digits"]))
+    assert out["free"] == alone(kv_model, prompts[1], 8)
+
+
+def test_a_grammar_alone_needs_no_generator():
+    assert not needs_generator(None, SamplingSettings(guidance=Guidance("regex", "[a-z]+")))
+    assert needs_generator("zen", SamplingSettings(guidance=Guidance("regex", "[a-z]+")))

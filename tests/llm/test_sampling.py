@@ -57,3 +57,14 @@ def test_the_smallest_float32_penalty_overflows_nothing():
     tiny = float(np.finfo(np.float32).tiny)
     sampler = Sampler(SamplingSettings(temperature=1.0, repetition_penalty=tiny), [0, 1])
     assert sampler.choose(np.array([5.0, 4.0, -1.0], np.float32))[0] == 0  # 5 / tiny wins
+
+
+def test_a_grammar_mask_leaves_only_allowed_tokens_and_the_models_logprobs():
+    logits = np.log(np.array([0.5, 0.2, 0.2, 0.1], np.float32))
+    allowed = np.array([False, True, False, True])
+    sampled = Sampler(SamplingSettings(temperature=1.0, seed=7, logprobs=0), [])
+    assert {sampled.choose(logits, allowed)[0] for _ in range(50)} == {1, 3}
+    token, entry = Sampler(SamplingSettings(temperature=0.0, logprobs=0), []).choose(
+        logits, allowed
+    )
+    assert token == 1 and entry is not None and entry.logprob == float(log_softmax(logits)[1])

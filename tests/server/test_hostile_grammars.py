@@ -7,6 +7,7 @@ throughout."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import pytest
@@ -108,6 +109,23 @@ def test_a_grammar_the_engine_stops_mid_way_is_a_400_not_a_500(client):
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == "guided_json" and "2000" in error["message"]
+
+
+def many_properties(count: int) -> dict:
+    """A valid schema within the default bounds (grammar_max_rules: 1000 subschemas), under
+    names never sent before, so that no compile of it is cached anywhere. Compiled by
+    onnxruntime-genai inside og.Generator's creation, GIL held, it froze the loop ~100 ms."""
+    tag = uuid.uuid4().hex[:8]
+    properties = {f"{tag}{i}": {"type": "integer"} for i in range(count)}
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+def test_an_accepted_large_grammar_does_not_freeze_the_server(server, client):
+    """Issue 35's rule for what the engine does with a grammar the checkers accepted."""
+    with LivenessProbe(server.url) as probe:
+        answer = post(client, chat(guided_json=many_properties(990)))
+    assert answer.status_code == 200, answer.text
+    probe.assert_lively()
 
 
 def long_messages(count: int, chars: int) -> list[dict]:
