@@ -65,7 +65,7 @@ async def collect(
     adapter: str | None = None,
 ) -> list[GenerationDelta]:
     async def run() -> list[GenerationDelta]:
-        return [d async for d in engine.generate(request_id, prompt, sampling, adapter)]
+        return [d async for d in engine.generate(request_id, prompt, sampling, adapter=adapter)]
 
     return await asyncio.wait_for(run(), WAIT_S)
 
