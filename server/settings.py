@@ -164,7 +164,7 @@ class Settings(_Strict):
     # Grammars (response_format, guided_*, tools) are checked off the event loop, in
     # `grammar_workers` processes that a crash or a timeout costs nothing but a 400; each
     # refusal names the bound it hit. The defaults keep llguidance inside its own ParserLimits,
-    # which onnxruntime-genai enforces mid-generation (README "Structured outputs").
+    # which the engine's matchers enforce mid-generation (docs/apis.md "Structured outputs").
     grammar_max_chars: int = Field(default=131_072, ge=1)
     grammar_max_rules: int = Field(default=1000, ge=1)  # Lark/GBNF rules, JSON subschemas
     grammar_max_depth: int = Field(default=64, ge=1)  # nested groups, JSON levels
