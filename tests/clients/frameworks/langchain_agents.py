@@ -76,7 +76,7 @@ def tool_then_format(request, handler):
 
 
 def beside_format(url: str, api: str) -> Answer:
-    get_weather, cities = weather_tool()
+    get_weather, calls = weather_tool()
     agent = create_agent(
         chat_model(url, api),
         tools=[tool(get_weather, args_schema=Weather)],
@@ -84,5 +84,4 @@ def beside_format(url: str, api: str) -> Answer:
         middleware=[tool_then_format],
     )
     state = agent.invoke({"messages": [{"role": "user", "content": WEATHER_PROMPT}]})
-    calls = [Call("get_weather", {"city": c}) for c in cities]
     return Answer(calls, state["structured_response"])

@@ -55,34 +55,33 @@ def structured(url: str, api: str) -> Answer:
     return Answer(output=result.final_output, usage=usage(result))
 
 
-def tool_agent(url: str, api: str, **settings) -> tuple[Agent, list[str]]:
+def tool_agent(url: str, api: str, **settings) -> tuple[Agent, list[Call]]:
     """The tool forced, and its result the run's end: one request carrying the tool and the
     output_type's format."""
-    get_weather, cities = weather_tool()
+    get_weather, calls = weather_tool()
     return agent(
         url,
         api,
         tools=[function_tool(get_weather)],
         tool_use_behavior="stop_on_first_tool",
         settings=ModelSettings(tool_choice="required", **settings),
-    ), cities
+    ), calls
 
 
 def beside_format(url: str, api: str) -> Answer:
-    tooled, cities = tool_agent(url, api)
+    tooled, calls = tool_agent(url, api)
     Runner.run_sync(tooled, WEATHER_PROMPT, run_config=OFFLINE)  # ends with the tool's result
-    return Answer([Call("get_weather", {"city": c}) for c in cities])
+    return Answer(calls)
 
 
 def streamed(url: str) -> Answer:
     """On chat completions the SDK asks for the usage chunk only with include_usage."""
 
     async def run() -> Answer:
-        tooled, cities = tool_agent(url, "chat", include_usage=True)
+        tooled, calls = tool_agent(url, "chat", include_usage=True)
         result = Runner.run_streamed(tooled, WEATHER_PROMPT, run_config=OFFLINE)
         async for _ in result.stream_events():
             pass
-        calls = [Call("get_weather", {"city": c}) for c in cities]
         return Answer(calls, usage=usage(result))
 
     return asyncio.run(run())

@@ -62,7 +62,7 @@ def beside_format(url: str) -> Answer:
     """NativeOutput with a function tool: both go out in each request. The tool is forced on
     the first step and refused on the next, so the run ends in the format whatever the model
     prefers (pydantic-ai takes a per-step tool_choice only from a callable)."""
-    get_weather, cities = weather_tool()
+    get_weather, calls = weather_tool()
 
     def settings(context: RunContext[None]) -> ModelSettings:
         return {**SETTINGS, "tool_choice": "required" if context.run_step == 1 else "none"}
@@ -74,4 +74,4 @@ def beside_format(url: str) -> Answer:
         model_settings=settings,
     )
     result = agent.run_sync(WEATHER_PROMPT)
-    return Answer([Call("get_weather", {"city": c}) for c in cities], result.output)
+    return Answer(calls, result.output)

@@ -13,13 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ferry.bench.server_process import DEFAULT_LLM as MODEL
+from ferry.bench.server_process import DEFAULT_LLM
 
+MODEL = DEFAULT_LLM
 MAX_TOKENS = 80
 PERSON_PROMPT = "Add Ada, an admin from London."
 WEATHER_PROMPT = "What is the weather in Paris?"
-
-__all__ = ["MAX_TOKENS", "MODEL", "PERSON_PROMPT", "WEATHER_PROMPT"]
 
 
 class Closed(BaseModel):
@@ -68,14 +67,14 @@ class Answer:
     usage: Usage | None = None
 
 
-def weather_tool() -> tuple[Callable[[str], str], list[str]]:
-    """The tool the frameworks call, and the cities it was called with: each city is what the
-    framework parsed from the call and passed to the function."""
-    cities: list[str] = []
+def weather_tool() -> tuple[Callable[[str], str], list[Call]]:
+    """The tool the frameworks run, and its calls: each with the arguments the framework parsed
+    from the model's call and passed to the function."""
+    calls: list[Call] = []
 
     def get_weather(city: str) -> str:
         """The current weather in a city."""
-        cities.append(city)
+        calls.append(Call("get_weather", {"city": city}))
         return "sunny"
 
-    return get_weather, cities
+    return get_weather, calls

@@ -12,8 +12,7 @@ import pytest
 
 
 class Wire(list[dict[str, Any]]):
-    def keys_sent(self) -> list[set[str]]:
-        return [set(body) for body in self]
+    """The bodies in the order sent."""
 
 
 def recording(monkeypatch: pytest.MonkeyPatch) -> Wire:
