@@ -20,10 +20,9 @@ import onnxruntime_genai as og
 import pytest
 from tokenizers import Tokenizer
 
-from ferry.bench.server_process import DEFAULT_LLM, ferry_server
+from ferry.bench.server_process import DEFAULT_LLM
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
-from tests.support.llm_configs import default_llm_config
 
 DATA = Path(__file__).parent / "data"
 CHOICE_TASK = f"""
@@ -62,9 +61,8 @@ metric_list:
 
 
 @pytest.fixture(scope="module")
-def server(default_llm_dir):
-    with ferry_server(models=[], llm_models=[default_llm_config()]) as handle:
-        yield handle
+def server(llm_server):
+    return llm_server
 
 
 @pytest.fixture(scope="module")
