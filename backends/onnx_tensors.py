@@ -46,6 +46,7 @@ class OnnxTensorBackend:
         self.signature = Signature((), ())
         self.providers: list[str] = []
         self.class_keys: dict[str, list[Any]] = {}
+        self.metadata: dict[str, str] = {}  # the graph's metadata_props (ferry.preprocess)
         self._ready = False
 
     @property
@@ -72,6 +73,7 @@ class OnnxTensorBackend:
             wanted, self.providers, options.allow_cpu_fallback, str(self.model_path)
         )
         self.signature = read_signature(sessions[0])
+        self.metadata = dict(sessions[0].get_modelmeta().custom_metadata_map)
         for session in sessions:
             self._sessions.put(session)
         await self._warm_up()

@@ -33,6 +33,7 @@ from ferry.server.errors import (
     failure,
 )
 from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
+from ferry.server.image_predict import IMAGE_MEDIA
 from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, send_reply, send_stream
 from ferry.server.settings import Settings
@@ -270,10 +271,13 @@ def _media_type_refusal(scope: Scope, path: str) -> UnsupportedMediaType | None:
     """415 unless the body is declared JSON, before it is read. A form, text/plain or no type
     at all is what a page on another origin can post without a CORS preflight. KServe's infer
     also takes binary tensors (application/octet-stream, or Triton's header) and no type:
-    tritonclient.http sends none with JSON-only requests, and Triton does not ask for one."""
+    tritonclient.http sends none with JSON-only requests, and Triton does not ask for one.
+    /predict also takes an image body (image/jpeg, image/png), which needs a preflight too."""
     given = _header(scope, b"content-type").decode("latin-1")
     media = given.partition(";")[0].strip().lower()
     if media == "application/json" or media.endswith("+json"):
+        return None
+    if path == "/predict" and media.encode() in IMAGE_MEDIA:  # an image model's raw body
         return None
     if path.startswith("/v2/"):
         binary = media == "application/octet-stream" or _header(scope, INFERENCE_HEADER)

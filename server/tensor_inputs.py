@@ -122,6 +122,9 @@ def records_tensors(signature: Signature, records: list[Any]) -> dict[str, np.nd
     tensors = {}
     for name, column in columns.items():
         spec = signature.input(name)
+        if name in signature.images and all(isinstance(v, str) for v in column):
+            tensors[name] = np.array(column, dtype=object)  # base64 images, decoded later
+            continue
         array = json_tensor(spec, column)
         if array.ndim == len(spec.shape) - 1 and spec.shape[-1] == 1:
             array = array[..., None]  # one input per column: a scalar is that column's [1]

@@ -15,6 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from ferry.backends.image_spec import declared, plan
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -22,6 +23,7 @@ from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
+from ferry.server.image_inputs import ImageInputs
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tensor_inputs import valid_rows
@@ -49,11 +51,13 @@ class TensorModel:
         self.batchable = False
         self._padded: frozenset[str] = frozenset()  # the dynamic axes requests pad along
         self._default_outputs: tuple[str, ...] = ()  # /predict's when a request names none
+        self.images: ImageInputs | None = None  # its preprocessing, when it declares one
+        self._signature: Signature | None = None  # the graph's, with the image input marked
         self.ready = False
 
     @property
     def signature(self) -> Signature:
-        return self.backend.signature
+        return self._signature or self.backend.signature
 
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
@@ -62,6 +66,7 @@ class TensorModel:
 
     async def start(self) -> None:
         await self.backend.start()
+        self._start_images()
         signature = self.signature
         unknown = set(self.settings.pad_values) - set(signature.input_names)
         if unknown:
@@ -105,6 +110,20 @@ class TensorModel:
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)
 
+    def _start_images(self) -> None:
+        """The preprocessing the config or the graph declares, checked against the graph."""
+        graph = self.backend.signature
+        try:
+            spec = declared(self.backend.metadata, self.settings.preprocess)
+            if spec is None:
+                return
+            image_plan = plan(spec, graph)
+        except ValueError as exc:
+            raise ValueError(f"model {self.name!r}: {exc}") from None
+        max_pending = self.settings.batching.max_queue_size
+        self.images = ImageInputs(image_plan, self.name, max_pending)
+        self._signature = replace(graph, images=frozenset({image_plan.input}))
+
     def _layout(self) -> TensorLayout:
         padded = self._padded
         inputs = {
@@ -130,6 +149,16 @@ class TensorModel:
             max_batch_size=limits.max_batch_size if self.batchable else 1,
             max_batch_tokens=elements,
         )
+
+    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        """`validate`, after decoding the encoded images a request sent (in the worker pool)."""
+        if self.images is not None:
+            try:
+                tensors = await self.images.decoded(tensors)
+            except InvalidInput:
+                self.count_invalid()
+                raise
+        return self.validate(tensors)
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
@@ -186,4 +215,6 @@ class TensorModel:
         self._metrics.model_ready.labels(self.name).set(0)
         if self.batcher is not None:
             await self.batcher.close(drain_timeout_s)
+        if self.images is not None:
+            self.images.close()
         await self.backend.close()

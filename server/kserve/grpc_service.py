@@ -284,7 +284,7 @@ async def infer_plain(
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
     `priority` after the policy (server/tenancy.py)."""
     wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
-    rows = model.validate(decode_grpc_tensors(request, model.signature))
+    rows = await model.prepare(decode_grpc_tensors(request, model.signature))
     result = await model.infer(rows, wanted, None, priority)
     response = service_pb2.ModelInferResponse(
         model_name=request.model_name, model_version=VERSION, id=request.id
