@@ -38,7 +38,9 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
         raise InvalidInput(
             "model", f"model {model.name!r} also takes {others}: send its inputs as JSON"
         )
-    rows = await model.prepare({model.images.input: np.array([call.body], dtype=object)})
+    image = np.empty((), dtype=object)  # one image, no row index: errors name the input
+    image[()] = call.body
+    rows = await model.prepare({model.images.input: image})
     outputs = model.select_outputs(None)
     priority = call_priority(call, 0)
     result = await model.infer(rows, outputs, None, priority, call.disconnected())
