@@ -35,14 +35,18 @@ class ImagePreprocess(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    input: str | None = None  # the graph input it fills; None: the graph's only 4-D input
-    resize: int | None = Field(default=None, ge=1)  # None: the crop's longer side
-    crop: int | tuple[int, int] | None = None  # (height, width); None: the graph's fixed H, W
-    layout: Literal["NCHW", "NHWC"] | None = None  # None: read from the graph's channel axis
-    scale: float = Field(default=1 / 255, gt=0)
-    mean: Triple = (0.0, 0.0, 0.0)
-    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    resample: Literal["bilinear", "bicubic", "nearest"] = "bilinear"
+    input: str | None = None  # The graph input it fills; None: the graph's only 4-D input.
+    # The shorter side's length before cropping; None: the crop's longer side.
+    resize: int | None = Field(default=None, ge=1)
+    # The centre crop, a side or (height, width); None: the graph's fixed height and width.
+    crop: int | tuple[int, int] | None = None
+    # The graph input's layout; None: read from its axis of 3 channels.
+    layout: Literal["NCHW", "NHWC"] | None = None
+    scale: float = Field(default=1 / 255, gt=0)  # 0..255 pixel values times this
+    mean: Triple = (0.0, 0.0, 0.0)  # subtracted after scaling, per channel (R, G, B)
+    std: Triple = (1.0, 1.0, 1.0)  # then divided by, per channel
+    resample: Literal["bilinear", "bicubic", "nearest"] = "bilinear"  # Pillow's resize filter
+    # An image whose header claims more pixels is refused before it is decoded.
     max_pixels: int = Field(default=MAX_PIXELS, ge=1)
     # Decoding threads (Pillow releases the GIL while it decodes and resizes); None: one a core.
     workers: int | None = Field(default=None, ge=1, le=256)

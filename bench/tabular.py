@@ -66,9 +66,9 @@ def bodies(rows: np.ndarray) -> list[dict]:
     ]
 
 
-def ferry_process(model: Path, work: Path) -> ManagedProcess:
+def ferry_process(model: Path, work: Path, name: str = MODEL) -> ManagedProcess:
     port = free_port()
-    command = [sys.executable, "-m", "ferry", "serve", "--model", f"{MODEL}={model}"]
+    command = [sys.executable, "-m", "ferry", "serve", "--model", f"{name}={model}"]
     command += ["--port", str(port)]
     return ManagedProcess(
         "ferry",
@@ -79,10 +79,10 @@ def ferry_process(model: Path, work: Path) -> ManagedProcess:
     )
 
 
-def unbatched_process(model: Path, work: Path) -> ManagedProcess:
+def unbatched_process(model: Path, work: Path, name: str = MODEL) -> ManagedProcess:
     port = free_port()
     command = [sys.executable, "-m", "ferry.bench.unbatched_tensor_server"]
-    command += ["--model", str(model), "--name", MODEL, "--port", str(port)]
+    command += ["--model", str(model), "--name", name, "--port", str(port)]
     return ManagedProcess(
         "unbatched",
         command,
