@@ -83,6 +83,10 @@ class TensorModel:
                 f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
                 f"its inputs' named dynamic axes {sorted(named)}"
             )
+        if pad_axes is None and self.images is not None:
+            # Decoded images all come out the crop's size; other sizes sent as tensors never
+            # share a batch, since padding an image's height or width changes its answers.
+            named -= set(signature.input(self.images.input).axis_names().values())
         self._padded = frozenset(named if pad_axes is None else pad_axes)
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
             missing = set(self.settings.outputs) - set(signature.output_names)

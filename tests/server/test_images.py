@@ -32,6 +32,7 @@ def graphs(tmp_path_factory):
     return {
         "declared": images.tiny_cnn(folder / "cnn.onnx"),
         "bare": images.tiny_cnn(folder / "bare.onnx", declare=False),
+        "any_size": images.tiny_cnn(folder / "any.onnx", spatial=("height", "width")),
     }
 
 
@@ -40,12 +41,14 @@ def server(graphs):
     models = [
         {"name": "configured", "path": str(graphs["bare"]), "preprocess": images.PREPROCESS},
         {"name": "plain", "path": str(graphs["bare"])},  # no preprocessing: tensors only
+        {"name": "any_size", "path": str(graphs["any_size"])},  # its height and width dynamic
     ]
     # Waits for company, so that concurrent images of different sizes share batches.
-    wait = {
-        "FERRY_MODEL__CNN__BATCHING__DISPATCH_WHEN_IDLE": "false",
-        "FERRY_MODEL__CNN__BATCHING__MAX_QUEUE_DELAY_S": "0.05",
-    }
+    wait = {}
+    for name in ("CNN", "ANY_SIZE"):
+        wait[f"FERRY_MODEL__{name}__BATCHING__DISPATCH_WHEN_IDLE"] = "false"
+        wait[f"FERRY_MODEL__{name}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.05"
+
     grpc_port = free_port()
     args = ["--model", f"cnn={graphs['declared']}"]
     with ferry_server(models, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
@@ -157,6 +160,29 @@ def test_the_graphs_own_tensor_still_passes_through(server, session):
         answer = client.infer("cnn", [tensor]).as_numpy("logits")
     expected = session.run(["logits"], {"pixel_values": pixels})[0]
     np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_tensors_of_other_sizes_are_never_padded_into_an_images_batch(server, session, graphs):
+    # The graph takes any height and width; its preprocessing crops to 32 x 32. Tensors of other
+    # sizes sent alongside must not be padded to one another's (that changes their answers).
+    any_size = ort.InferenceSession(str(graphs["any_size"]))
+    rng = np.random.default_rng(3)
+    shapes = [(1, 3, 32, 32), (1, 3, 40, 48), (2, 3, 24, 24), (1, 3, 40, 48)] * 4
+    tensors = [rng.standard_normal(shape).astype(np.float32) for shape in shapes]
+
+    def one(pixels: np.ndarray) -> np.ndarray:
+        tensor = triton_http.InferInput("pixel_values", list(pixels.shape), "FP32")
+        tensor.set_data_from_numpy(pixels, binary_data=True)
+        with triton_http.InferenceServerClient(server.url.removeprefix("http://")) as client:
+            return client.infer("any_size", [tensor]).as_numpy("logits")
+
+    with ThreadPoolExecutor(len(tensors)) as pool:
+        answers = list(pool.map(one, tensors))
+        jpeg = pool.submit(send, server, "raw", "any_size", [images.encoded(5)]).result()
+    for pixels, answer in zip(tensors, answers, strict=True):
+        expected = any_size.run(["logits"], {"pixel_values": pixels})[0]
+        np.testing.assert_allclose(answer, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jpeg, alone(session, [images.encoded(5)]), rtol=1e-4, atol=1e-4)
 
 
 BAD = b"GIF89a not what this model decodes"

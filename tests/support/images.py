@@ -65,10 +65,11 @@ def reference(
     return normalised.transpose(2, 0, 1).astype(np.float32)
 
 
-def tiny_cnn(path: Path, declare: bool = True) -> Path:
+def tiny_cnn(path: Path, declare: bool = True, spatial: tuple = (SIZE, SIZE)) -> Path:
     """pixel_values [batch, 3, 32, 32] FP32 -> logits [batch, 5]: a convolution, ReLU, global
     average pool and a dense layer, random weights; `declare`: its preprocessing in the graph's
-    metadata (as `ferry export vision` writes it), else left to the config."""
+    metadata (as `ferry export vision` writes it), else left to the config; `spatial`: its
+    height and width, sizes or the names of dynamic axes."""
     rng = np.random.default_rng(7)
     weights = {
         "conv_w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32),
@@ -86,11 +87,7 @@ def tiny_cnn(path: Path, declare: bool = True) -> Path:
     graph = helper.make_graph(
         nodes,
         "tiny_cnn",
-        [
-            helper.make_tensor_value_info(
-                "pixel_values", TensorProto.FLOAT, ["batch", 3, SIZE, SIZE]
-            )
-        ],
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, *spatial])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
         [numpy_helper.from_array(v, k) for k, v in weights.items()],
     )
