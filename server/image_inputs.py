@@ -46,7 +46,8 @@ class ImageInputs:
 
     async def decode(self, items: np.ndarray) -> np.ndarray:
         name = self.input
-        if items.ndim > 1:
+        # [N, 1] too: Triton's clients often send BYTES so.
+        if items.ndim > 2 or (items.ndim == 2 and items.shape[1] != 1):
             raise InvalidInput(
                 name, f"encoded images come one per row (shape [N]), got {list(items.shape)}"
             )

@@ -238,3 +238,18 @@ def test_a_raw_image_needs_a_model_that_decodes_images(server):
     reply = send(server, "kserve-json", "plain", [data])
     assert reply.status_code in (400, 422)
     assert "datatype BYTES does not match the model's FP32" in reply.text
+
+
+@pytest.mark.parametrize(("shape", "status"), [([2, 1], 200), ([1, 2], 400), ([2], 200)])
+def test_encoded_images_come_one_per_row(server, session, shape, status):
+    encoded = [images.encoded(0), images.encoded(1)]
+    tensor = {"name": "pixel_values", "datatype": "BYTES", "shape": shape}
+    body = {"inputs": [{**tensor, "data": [text(data) for data in encoded]}]}
+    reply = httpx.post(f"{server.url}/v2/models/cnn/infer", json=body, timeout=30)
+    if status != 200:
+        assert reply.status_code in (400, 422)
+        assert reply.json()["error"].startswith("pixel_values: encoded images come one per row")
+        return
+    (output,) = reply.json()["outputs"]
+    answer = np.array(output["data"], dtype=np.float32).reshape(output["shape"])
+    np.testing.assert_allclose(answer, alone(session, encoded), rtol=1e-4, atol=1e-4)
