@@ -66,19 +66,12 @@ class ImagePlan:
     resize: int
     layout: Literal["NCHW", "NHWC"]
     datatype: str  # the graph input's: FP32, FP16, FP64 or UINT8
+    dtype: np.dtype  # its numpy dtype
     scale: np.ndarray  # per channel: scale / std
     shift: np.ndarray  # per channel: -mean / std
     resample: str
     max_pixels: int
     workers: int | None
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(
-            {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}.get(
-                self.datatype, np.uint8
-            )
-        )
 
 
 def declared(
@@ -133,6 +126,7 @@ def plan(spec: ImagePreprocess, signature: Signature) -> ImagePlan:
         resize=resize,
         layout=layout,
         datatype=graph_input.datatype,
+        dtype=graph_input.dtype,
         scale=(spec.scale / std).astype(np.float32),
         shift=(-np.array(spec.mean, dtype=np.float32) / std).astype(np.float32),
         resample=spec.resample,
