@@ -26,9 +26,11 @@ def add_vision_command(kinds: argparse._SubParsersAction) -> None:
         "--weights", type=Path, default=None, help="A state_dict file; default: random weights."
     )
     vision.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
-    vision.add_argument("--num-classes", type=int, default=1000, help="resnet18's classes.")
     vision.add_argument(
-        "--width", type=int, default=64, help="resnet18's first stage width (64: the real one)."
+        "--num-classes", type=int, default=None, help="resnet18's classes (default 1000)."
+    )
+    vision.add_argument(
+        "--width", type=int, default=None, help="resnet18's first stage width (64: the real one)."
     )
     vision.add_argument("--size", type=int, default=224, help="The centre crop, in pixels.")
     vision.add_argument(
@@ -43,10 +45,12 @@ def _export_vision(args: argparse.Namespace) -> int:
     from ferry.exporters import vision_export
     from ferry.exporters.cli import step
 
+    if args.arch != "resnet18" and (args.num_classes or args.width):
+        raise SystemExit("ferry export vision: --num-classes and --width are resnet18's only")
     spec = vision_export.preprocess(args.size, args.resize)
     with step(f"building {args.arch}"):
         model = vision_export.build(
-            args.arch, args.num_classes, args.width, args.weights, args.seed
+            args.arch, args.num_classes or 1000, args.width or 64, args.weights, args.seed
         )
     with step("exporting to ONNX"):
         graph = vision_export.export(model, spec, args.out)

@@ -88,8 +88,8 @@ def export(model: Any, spec: ImagePreprocess, out: Path) -> Path:
     import onnx
     import torch
 
-    size = spec.crop if isinstance(spec.crop, int) else 224
-    sample = torch.randn(2, 3, size, size)
+    assert isinstance(spec.crop, int), "preprocess() crops square"
+    sample = torch.randn(2, 3, spec.crop, spec.crop)
     out.parent.mkdir(parents=True, exist_ok=True)
     # The TorchScript exporter (as exporters/onnx_export.py); its tracer warnings say nothing here.
     with torch.no_grad(), warnings.catch_warnings():

@@ -8,6 +8,7 @@ import json
 import httpx
 import numpy as np
 import onnxruntime as ort
+import pytest
 import torch
 
 from ferry.bench.server_process import ferry_server
@@ -69,3 +70,9 @@ def test_a_module_by_path_is_exported_and_served_decoding_jpeg(tmp_path, capsys)
     np.testing.assert_allclose(
         reply.json()["outputs"][0]["logits"], expected[0], rtol=1e-4, atol=1e-5
     )
+
+
+def test_resnet18s_own_options_are_refused_for_another_module(tmp_path):
+    argv = ["export", "vision", "--arch", "tests.exporters.tiny_vision:build", "--width", "8"]
+    with pytest.raises(SystemExit, match="resnet18's only"):
+        main([*argv, "--out", str(tmp_path / "m.onnx")])
