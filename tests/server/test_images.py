@@ -9,12 +9,14 @@ from __future__ import annotations
 import base64
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
@@ -22,7 +24,7 @@ from ferry.bench.server_process import ferry_server
 from tests.support import images
 from tests.support.metrics import metric_value
 
-PROTOCOLS = ("raw", "base64", "records", "kserve-json", "kserve-binary", "grpc")
+PROTOCOLS = ("raw", "base64", "records", "kserve-json", "kserve-binary", "grpc", "grpc-typed")
 MODELS = ("cnn", "configured")  # preprocessing from the graph's metadata / from the config
 
 
@@ -95,6 +97,8 @@ def send(server, protocol: str, model: str, encoded: list[bytes]) -> httpx.Respo
             "data": [text(data) for data in encoded],
         }
         reply = httpx.post(f"{url}/v2/models/{model}/infer", json={"inputs": [tensor]}, timeout=30)
+    elif protocol == "grpc-typed":
+        return grpc_typed_send(server, model, encoded)
     else:
         return tritonclient_send(server, protocol, model, encoded)
     if reply.status_code != 200:
@@ -118,6 +122,17 @@ def tritonclient_send(server, protocol: str, model: str, encoded: list[bytes]) -
         client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
     with client:
         return client.infer(model, [tensor]).as_numpy("logits")
+
+
+def grpc_typed_send(server, model: str, encoded: list[bytes]) -> np.ndarray:
+    """gRPC with the images in typed `bytes_contents` (tritonclient sends raw contents)."""
+    request = service_pb2.ModelInferRequest(model_name=model)
+    tensor = request.inputs.add(name="pixel_values", datatype="BYTES", shape=[len(encoded)])
+    tensor.contents.bytes_contents.extend(encoded)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        reply = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+    (output,) = reply.outputs
+    return np.frombuffer(reply.raw_output_contents[0], np.float32).reshape(output.shape)
 
 
 @pytest.mark.parametrize("model", MODELS)
