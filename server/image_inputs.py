@@ -10,6 +10,7 @@ Images waiting for a worker are bounded by the model's queue size: past it, 429 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from ferry.batcher.errors import QueueFull
 from ferry.server.errors import InvalidInput
 from ferry.server.image_decode import decode_image
 
+logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 1.0
 
 
@@ -32,6 +34,18 @@ class ImageInputs:
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"images-{model}")
         self._max_pending = max_pending
         self._pending = 0
+        logger.info(
+            "%s: decoding JPEG and PNG for input %r (shorter side %d, crop %dx%d, %s %s) "
+            "in %d threads",
+            model,
+            plan.input,
+            plan.resize,
+            plan.height,
+            plan.width,
+            plan.layout,
+            plan.datatype,
+            self.workers,
+        )
 
     @property
     def input(self) -> str:

@@ -26,6 +26,7 @@ from tests.support.metrics import metric_value
 
 PROTOCOLS = ("raw", "base64", "records", "kserve-json", "kserve-binary", "grpc", "grpc-typed")
 MODELS = ("cnn", "configured")  # preprocessing from the graph's metadata / from the config
+QUEUE = 4  # configured's max_queue_size
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,12 @@ def graphs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(graphs):
     models = [
-        {"name": "configured", "path": str(graphs["bare"]), "preprocess": images.PREPROCESS},
+        {
+            "name": "configured",
+            "path": str(graphs["bare"]),
+            "preprocess": images.PREPROCESS,
+            "batching": {"max_queue_size": QUEUE},  # also the images waiting to be decoded
+        },
         {"name": "plain", "path": str(graphs["bare"])},  # no preprocessing: tensors only
         {"name": "any_size", "path": str(graphs["any_size"])},  # its height and width dynamic
     ]
@@ -268,3 +274,9 @@ def test_encoded_images_come_one_per_row(server, session, shape, status):
     (output,) = reply.json()["outputs"]
     answer = np.array(output["data"], dtype=np.float32).reshape(output["shape"])
     np.testing.assert_allclose(answer, alone(session, encoded), rtol=1e-4, atol=1e-4)
+
+
+def test_more_images_than_the_queue_holds_are_refused_at_once(server):
+    reply = send(server, "base64", "configured", [images.encoded(i) for i in range(QUEUE + 1)])
+    assert reply.status_code == 429 and "Retry-After" in reply.headers
+    assert "image decoders are full" in reply.json()["error"]["message"]
