@@ -7,7 +7,9 @@
 - JPEGs of mixed sizes (scikit-learn's sample photos cropped from 97 x 97 to 427 x 640) sent as
   BYTES (base64) and decoded by Ferry in its worker threads, while a thread polls /health/live
   every 10 ms: its slowest answers tell whether the event loop stalled. The same poll on the
-  idle server, and under the FP32 load (no decoding), tells the machine's own share.
+  idle server, and under the FP32 load (no decoding), tells the machine's own share;
+- without HTTP: the gaps between 1 ms ticks of an event loop while Ferry's image decoder
+  decodes those JPEGs 64 at a time in its threads, and while the loop decodes them itself.
 
     python -m ferry.bench.images [--duration 10] [--clients 64]
 """
@@ -106,6 +108,54 @@ class LivePoll:
         )
 
 
+async def loop_gaps(jpegs: list[bytes], model: Path, pooled: bool) -> list[float]:
+    """The event loop's gaps (ms) between 1 ms ticks while Ferry's image decoder decodes every
+    JPEG 64 at a time: in its threads (`pooled`), or inline on the loop (the counterfactual)."""
+    import onnxruntime as ort
+
+    from ferry.backends.image_spec import declared, plan
+    from ferry.backends.tensor_signature import read_signature
+    from ferry.server.image_decode import decode_image
+    from ferry.server.image_inputs import ImageInputs
+
+    session = ort.InferenceSession(str(model))
+    spec = declared(session.get_modelmeta().custom_metadata_map, None)
+    assert spec is not None, "the exported graph declares its preprocessing"
+    image_plan = plan(spec, read_signature(session))
+    decoder = ImageInputs(image_plan, MODEL, max_pending=len(jpegs))
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append((now - last) * 1000)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    for start in range(0, len(jpegs), 64):
+        chunk = np.array(jpegs[start : start + 64], dtype=object)
+        if pooled:
+            await decoder.decode(chunk)
+        else:
+            for item in chunk:
+                decode_image(item, image_plan, INPUT)
+                await asyncio.sleep(0)
+    done.set()
+    await ticker
+    decoder.close()
+    return gaps
+
+
+def describe_gaps(gaps: list[float]) -> str:
+    ms = np.array(gaps)
+    p50, p99 = np.percentile(ms, 50), np.percentile(ms, 99)
+    return f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {ms.max():.2f} ms"
+
+
 def measure(url: str, payloads: list[dict], clients: int, duration_s: float) -> LoadResult:
     path = f"/v2/models/{MODEL}/infer"
     asyncio.run(run_load(url, payloads[:clients], min(clients, len(payloads)), path=path))
@@ -131,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                 results["ferry jpeg"] = measure(ferry.url, jpegs, args.clients, args.duration)
         with running(unbatched_process(model, work, MODEL)) as peer:
             results["unbatched"] = measure(peer.url, tensors, args.clients, args.duration)
+        raw = [base64.b64decode(b["inputs"][0]["data"][0]) for b in jpegs] * 10
+        pooled = asyncio.run(loop_gaps(raw, model, pooled=True))
+        inline = asyncio.run(loop_gaps(raw, model, pooled=False))
     print(f"images: resnet18 at {SIZE}, random weights, 1 image/request, {args.clients} clients")
     for name, result in results.items():
         print(line(name, result))
@@ -142,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"/health/live, idle: {idle.describe()}")
     print(f"/health/live, FP32 tensors: {tensor_load.describe()}")
     print(f"/health/live, decoding JPEGs: {decoding.describe()}")
+    print(f"in-process loop gaps, {len(raw)} JPEGs decoded in the pool: {describe_gaps(pooled)}")
+    print(f"in-process loop gaps, the same decoded on the loop: {describe_gaps(inline)}")
     return 0
 
 
