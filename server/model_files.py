@@ -20,7 +20,17 @@ HF_TOKEN_MODEL = ("tokenizer.json", "config.json")
 def plain_graph(settings: ModelSettings) -> Path | None:
     """The ONNX file to serve as plain tensors; None for a token encoder's folder (a manifest, or
     Hugging Face's tokenizer.json and config.json) or a backend that reads a folder of its own
-    (torch, triton)."""
+    (torch, triton), which image preprocessing cannot apply to: refused rather than ignored."""
+    graph = _plain_graph(settings)
+    if graph is None and settings.preprocess is not None:
+        raise ValueError(
+            f"model {settings.name!r}: preprocess applies to a plain ONNX graph on the "
+            f"onnxruntime backend, not to {settings.path} on {settings.backend.kind}"
+        )
+    return graph
+
+
+def _plain_graph(settings: ModelSettings) -> Path | None:
     path = settings.path
     if not path.exists():
         raise FileNotFoundError(f"model {settings.name!r}: no such file or folder: {path}")
