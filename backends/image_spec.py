@@ -1,8 +1,9 @@
 """An image model's preprocessing: what it declares, and that declaration checked against its graph.
 
-A model declares it in its `[[models]]` entry (`preprocess`) or in the graph's metadata
-(`ferry.preprocess`, a JSON object of the same fields, written by `ferry export vision`); fields
-the config sets win over the graph's. Resolved once at start against the graph's image input
+A model declares it in the graph's metadata (`ferry.preprocess`, a JSON object of the fields
+below, written by `ferry export vision`), in its folder's `ferry_model.json` (`{"task": "image",
+"preprocess": {...}}`) or in its `[[models]]` entry (`preprocess`); each one's fields win over
+the one before. Resolved once at start against the graph's image input
 into an `ImagePlan`: every size, layout and dtype fixed, so decoding never has to guess.
 """
 
@@ -11,14 +12,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ferry.backends.manifest import MANIFEST_NAME
 from ferry.backends.tensor_signature import Signature, TensorSpec
 
 METADATA_KEY = "ferry.preprocess"  # the graph's metadata_props entry
+# An image model's folder: model.onnx and a ferry_model.json of this task, its preprocessing.
+IMAGE_TASK = "image"
 # Graph datatypes a decoded image can become: floats after scaling, or the raw 0..255 bytes.
 IMAGE_DATATYPES = ("FP16", "FP32", "FP64", "UINT8")
 CHANNELS = 3  # decoded images are converted to RGB
@@ -75,18 +80,43 @@ class ImagePlan:
 
 
 def declared(
-    metadata: Mapping[str, str], configured: ImagePreprocess | None
+    metadata: Mapping[str, str],
+    configured: ImagePreprocess | None,
+    manifest: Mapping[str, Any] | None = None,
 ) -> ImagePreprocess | None:
-    """The graph's declaration with the config's fields over it; None when neither declares."""
+    """The graph's declaration, the model folder's manifest's fields over it, the config's over
+    both; None when none declares."""
     raw = metadata.get(METADATA_KEY)
-    if raw is None:
+    if raw is None and manifest is None:
         return configured
     try:
-        from_graph = json.loads(raw)
-        merged = {**from_graph, **(configured.model_dump(exclude_unset=True) if configured else {})}
-        return ImagePreprocess.model_validate(merged)
-    except (ValueError, ValidationError) as exc:
-        raise ValueError(f"the graph's {METADATA_KEY} metadata is not valid: {exc}") from None
+        from_graph = json.loads(raw) if raw is not None else {}
+    except ValueError as exc:
+        raise ValueError(f"the graph's {METADATA_KEY} metadata is not JSON: {exc}") from None
+    if not isinstance(from_graph, dict):
+        raise ValueError(f"the graph's {METADATA_KEY} metadata is not a JSON object")
+    from_config = configured.model_dump(exclude_unset=True) if configured else {}
+    try:
+        return ImagePreprocess.model_validate({**from_graph, **(manifest or {}), **from_config})
+    except ValidationError as exc:
+        where = f"the graph's {METADATA_KEY} metadata"
+        where += f" with {MANIFEST_NAME}'s preprocess" if manifest is not None else ""
+        raise ValueError(f"{where} is not valid: {exc}") from None
+
+
+def manifest_preprocess(folder: Path) -> dict[str, Any] | None:
+    """The preprocessing an image model's folder declares in its manifest, `ferry_model.json`
+    of `{"task": "image", "preprocess": {...}}`; None for any other folder or a file."""
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, dict) or raw.get("task") != IMAGE_TASK:
+        return None
+    preprocess = raw.get("preprocess", {})
+    if not isinstance(preprocess, dict):
+        raise ValueError(f"{path}: preprocess must be an object of its fields")
+    return preprocess
 
 
 def plan(spec: ImagePreprocess, signature: Signature) -> ImagePlan:

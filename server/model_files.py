@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ferry.backends.image_spec import manifest_preprocess
 from ferry.backends.manifest import MANIFEST_NAME
 from ferry.server.settings import ModelSettings, Settings
 
@@ -38,7 +39,8 @@ def _plain_graph(settings: ModelSettings) -> Path | None:
         return None
     if path.is_file():
         return path
-    if (path / MANIFEST_NAME).exists() or all((path / f).exists() for f in HF_TOKEN_MODEL):
+    encoder = (path / MANIFEST_NAME).exists() and manifest_preprocess(path) is None
+    if encoder or all((path / f).exists() for f in HF_TOKEN_MODEL):
         return None
     if (path / GRAPH_NAME).exists():
         return path / GRAPH_NAME

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ferry.backends.image_spec import declared, plan
+from ferry.backends.image_spec import declared, manifest_preprocess, plan
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -118,7 +118,8 @@ class TensorModel:
         """The preprocessing the config or the graph declares, checked against the graph."""
         graph = self.backend.signature
         try:
-            spec = declared(self.backend.metadata, self.settings.preprocess)
+            manifest = manifest_preprocess(self.settings.path)
+            spec = declared(self.backend.metadata, self.settings.preprocess, manifest)
             if spec is None:
                 return
             image_plan = plan(spec, graph)

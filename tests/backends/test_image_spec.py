@@ -8,7 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from ferry.backends.image_spec import METADATA_KEY, ImagePreprocess, declared, plan
+from ferry.backends.image_spec import (
+    METADATA_KEY,
+    ImagePreprocess,
+    declared,
+    manifest_preprocess,
+    plan,
+)
+from ferry.backends.manifest import MANIFEST_NAME
 from ferry.backends.tensor_signature import Signature, TensorSpec
 
 
@@ -71,6 +78,29 @@ def test_the_configs_fields_win_over_the_graphs():
     assert (merged.resize, merged.crop, merged.mean) == (300, 224, (0.5, 0.5, 0.5))
     assert declared({}, None) is None
     assert declared(metadata, None).resize == 256
+
+
+def test_the_manifest_sits_between_the_graph_and_the_config():
+    metadata = {METADATA_KEY: json.dumps({"resize": 256, "crop": 224, "scale": 0.5})}
+    manifest = {"resize": 300, "crop": 200}
+    merged = declared(metadata, ImagePreprocess(crop=100), manifest)
+    assert (merged.resize, merged.crop, merged.scale) == (300, 100, 0.5)
+    assert declared({}, None, {"crop": 64}).crop == 64
+    with pytest.raises(ValueError, match=f"{MANIFEST_NAME}'s preprocess is not valid"):
+        declared({}, None, {"crop": "big"})
+
+
+def test_an_image_folders_manifest_declares_its_preprocessing(tmp_path):
+    manifest = tmp_path / MANIFEST_NAME
+    assert manifest_preprocess(tmp_path) is None  # no manifest
+    manifest.write_text(json.dumps({"task": "image", "preprocess": {"crop": 64}}))
+    assert manifest_preprocess(tmp_path) == {"crop": 64}
+    assert manifest_preprocess(manifest) is None  # a file, not a folder
+    manifest.write_text(json.dumps({"task": "embedding", "max_length": 8, "vocab_size": 9}))
+    assert manifest_preprocess(tmp_path) is None  # a token encoder's
+    manifest.write_text(json.dumps({"task": "image", "preprocess": [64]}))
+    with pytest.raises(ValueError, match="preprocess must be an object"):
+        manifest_preprocess(tmp_path)
 
 
 def test_the_exporters_metadata_reads_back_as_written():

@@ -7,6 +7,7 @@ refused naming the input."""
 from __future__ import annotations
 
 import base64
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -25,14 +26,21 @@ from tests.support import images
 from tests.support.metrics import metric_value
 
 PROTOCOLS = ("raw", "base64", "records", "kserve-json", "kserve-binary", "grpc", "grpc-typed")
-MODELS = ("cnn", "configured")  # preprocessing from the graph's metadata / from the config
+# Preprocessing from the graph's metadata, from the config, from the folder's ferry_model.json.
+MODELS = ("cnn", "configured", "folder")
 QUEUE = 4  # configured's max_queue_size
 
 
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("images")
+    model_folder = folder / "folder"  # model.onnx and ferry_model.json, as an export writes
+    model_folder.mkdir()
+    images.tiny_cnn(model_folder / "model.onnx", declare=False)
+    manifest = {"task": "image", "preprocess": images.PREPROCESS}
+    (model_folder / "ferry_model.json").write_text(json.dumps(manifest))
     return {
+        "folder": model_folder,
         "declared": images.tiny_cnn(folder / "cnn.onnx"),
         "bare": images.tiny_cnn(folder / "bare.onnx", declare=False),
         "any_size": images.tiny_cnn(folder / "any.onnx", spatial=("height", "width")),
@@ -58,7 +66,7 @@ def server(graphs):
         wait[f"FERRY_MODEL__{name}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.05"
 
     grpc_port = free_port()
-    args = ["--model", f"cnn={graphs['declared']}"]
+    args = ["--model", f"cnn={graphs['declared']}", "--model", str(graphs["folder"])]
     with ferry_server(models, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
         yield handle

@@ -1,3 +1,4 @@
+import json
 import re
 from pathlib import Path
 
@@ -66,3 +67,10 @@ def test_preprocessing_is_refused_where_it_cannot_apply(tmp_path):
         plain_graph(settings(tmp_path, preprocess=preprocess))
     with pytest.raises(ValueError, match=r"not to .* on torch"):
         plain_graph(settings(graph, preprocess=preprocess, backend={"kind": "torch"}))
+
+
+def test_an_image_models_folder_with_its_manifest_is_a_plain_graph(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    manifest = {"task": "image", "preprocess": {"crop": 224}}
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert plain_graph(settings(tmp_path)) == tmp_path / "model.onnx"
