@@ -110,7 +110,10 @@ def manifest_preprocess(folder: Path) -> dict[str, Any] | None:
     path = folder / MANIFEST_NAME
     if not path.is_file():
         return None
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not JSON: {exc}") from None
     if not isinstance(raw, dict) or raw.get("task") != IMAGE_TASK:
         return None
     preprocess = raw.get("preprocess", {})

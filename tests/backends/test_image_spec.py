@@ -101,6 +101,9 @@ def test_an_image_folders_manifest_declares_its_preprocessing(tmp_path):
     manifest.write_text(json.dumps({"task": "image", "preprocess": [64]}))
     with pytest.raises(ValueError, match="preprocess must be an object"):
         manifest_preprocess(tmp_path)
+    manifest.write_text("{not json")
+    with pytest.raises(ValueError, match=f"{MANIFEST_NAME} is not JSON"):
+        manifest_preprocess(tmp_path)
 
 
 def test_the_exporters_metadata_reads_back_as_written():
