@@ -48,6 +48,7 @@ class OnnxTensorBackend:
         self.providers: list[str] = []
         self.class_keys: dict[str, list[Any]] = {}
         self._bf16: set[str] = set()  # inputs and outputs of BF16, fed and read as OrtValues
+        self.metadata: dict[str, str] = {}  # the graph's metadata_props (ferry.preprocess)
         self._ready = False
 
     @property
@@ -79,6 +80,7 @@ class OnnxTensorBackend:
             for s in (*self.signature.inputs, *self.signature.outputs)
             if s.datatype == "BF16"
         }
+        self.metadata = dict(sessions[0].get_modelmeta().custom_metadata_map)
         for session in sessions:
             self._sessions.put(session)
         await self._warm_up()

@@ -68,6 +68,9 @@ class TensorSpec:
 class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # Inputs that also take encoded images (BYTES, one per row), which the model's preprocessing
+    # decodes into the graph's tensor (server/image_inputs.py).
+    images: frozenset[str] = frozenset()
 
     @property
     def batchable(self) -> bool:

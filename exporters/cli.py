@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ferry.exporters.vision_cli import add_vision_command
+
 
 def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser(
@@ -24,6 +26,7 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
     default.set_defaults(handler=_export_default)
 
     _add_llm_commands(kinds)
+    add_vision_command(kinds)
 
     onnx = kinds.add_parser(
         "onnx", help="Export a local Hugging Face encoder folder to ONNX with dynamic axes."

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ferry.backends.hf_folder import folder_manifest
+from ferry.backends.image_spec import manifest_preprocess
 from ferry.backends.manifest import MANIFEST_NAME, ModelManifest
 from ferry.server.settings import ModelSettings, Settings
 from ferry.server.tokenization import TextTokenizer
@@ -22,7 +23,17 @@ HF_TOKEN_MODEL = ("tokenizer.json", "config.json")
 def plain_graph(settings: ModelSettings) -> Path | None:
     """The ONNX file to serve as plain tensors; None for a token encoder's folder (a manifest, or
     Hugging Face's tokenizer.json and config.json) or a backend that reads a folder of its own
-    (torch, triton)."""
+    (torch, triton), which image preprocessing cannot apply to: refused rather than ignored."""
+    graph = _plain_graph(settings)
+    if graph is None and settings.preprocess is not None:
+        raise ValueError(
+            f"model {settings.name!r}: preprocess applies to a plain ONNX graph on the "
+            f"onnxruntime backend, not to {settings.path} on {settings.backend.kind}"
+        )
+    return graph
+
+
+def _plain_graph(settings: ModelSettings) -> Path | None:
     path = settings.path
     if not path.exists():
         raise FileNotFoundError(f"model {settings.name!r}: no such file or folder: {path}")
@@ -30,7 +41,8 @@ def plain_graph(settings: ModelSettings) -> Path | None:
         return None
     if path.is_file():
         return path
-    if (path / MANIFEST_NAME).exists() or all((path / f).exists() for f in HF_TOKEN_MODEL):
+    encoder = (path / MANIFEST_NAME).exists() and manifest_preprocess(path) is None
+    if encoder or all((path / f).exists() for f in HF_TOKEN_MODEL):
         return None
     if (path / GRAPH_NAME).exists():
         return path / GRAPH_NAME

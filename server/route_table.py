@@ -34,6 +34,7 @@ DRAINED = frozenset({RouteClass.INFERENCE, RouteClass.METADATA, RouteClass.ADMIN
 JSON = "application/json"  # and any `+json` type
 OCTETS = "application/octet-stream"  # KServe's binary tensors (or Triton's header, whatever type)
 UNTYPED = ""  # no Content-Type at all: tritonclient.http sends none with JSON-only requests
+IMAGES = ("image/jpeg", "image/png")  # an image model's raw body on /predict (image_predict.py)
 JSON_BODY = (JSON,)
 TENSOR_BODY = (JSON, OCTETS, UNTYPED)
 
@@ -84,7 +85,7 @@ INFERENCE, METADATA, ADMIN = RouteClass.INFERENCE, RouteClass.METADATA, RouteCla
 HEALTH, METRICS, DOCS = RouteClass.HEALTH, RouteClass.METRICS, RouteClass.DOCS
 
 ROUTES: tuple[Route, ...] = (
-    _post("/predict", INFERENCE, FERRY),
+    _post("/predict", INFERENCE, FERRY, (JSON, *IMAGES)),
     _post("/v1/embeddings", INFERENCE, OPENAI),
     _post("/rerank", INFERENCE, FERRY),
     _post("/v1/rerank", INFERENCE, OPENAI),

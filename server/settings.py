@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ferry.backends.image_spec import ImagePreprocess
 from ferry.backends.options import BackendOptions, OnnxRuntimeOptions
 from ferry.batcher.policy import BatchLimits
 from ferry.server.metrics import DEFAULT_PRIORITY_LEVELS
@@ -53,6 +54,9 @@ class ModelSettings(_Strict):
     # classification extension (`parameters.classification`) gives them (a ZipMap's own keys
     # when unset).
     labels: dict[str, tuple[str, ...]] = Field(default_factory=dict)
+    # A plain graph's image preprocessing (decode, resize, crop, normalise), over what the
+    # graph's `ferry.preprocess` metadata declares (backends/image_spec.py).
+    preprocess: ImagePreprocess | None = None
     # The batcher's limits, with its own defaults; how many batches run at once is the
     # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
     batching: BatchLimits = BatchLimits()

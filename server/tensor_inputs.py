@@ -97,10 +97,10 @@ def nested(name: str, data: Any) -> tuple[list[int], list[Any]]:
         return [], [data]
     if not data:
         return [0], []
-    lists = sum(isinstance(item, list) for item in data)
-    if not lists:  # the innermost level (a row of numbers): no call per item
+    kinds = set(map(type, data))  # at C speed: an image's 150,528 numbers cost ~1 ms, not ~6
+    if list not in kinds:  # the innermost level (a row of numbers): no call per item
         return [len(data)], data
-    if lists != len(data):
+    if len(kinds) != 1:
         raise InvalidInput(name, "lists mixed with single values (a tensor is rectangular)")
     parts = [nested(name, item) for item in data]
     shape = parts[0][0]
@@ -134,6 +134,9 @@ def records_tensors(signature: Signature, records: list[Any]) -> dict[str, np.nd
     tensors = {}
     for name, column in columns.items():
         spec = signature.input(name)
+        if name in signature.images and all(isinstance(v, str) for v in column):
+            tensors[name] = np.array(column, dtype=object)  # base64 images, decoded later
+            continue
         array = json_tensor(spec, column)
         if array.ndim == len(spec.shape) - 1 and spec.shape[-1] == 1:
             array = array[..., None]  # one input per column: a scalar is that column's [1]

@@ -17,6 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from ferry.backends import bfloat16
+from ferry.backends.image_spec import declared, manifest_preprocess, plan
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -25,6 +26,7 @@ from ferry.batcher.tensor_chunks import chunk_rows, join_rows, split_rows
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
+from ferry.server.image_inputs import ImageInputs
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tensor_inputs import valid_rows
@@ -52,11 +54,13 @@ class TensorModel:
         self.batchable = False
         self._padded: frozenset[str] = frozenset()  # the dynamic axes requests pad along
         self._default_outputs: tuple[str, ...] = ()  # /predict's when a request names none
+        self.images: ImageInputs | None = None  # its preprocessing, when it declares one
+        self._signature: Signature | None = None  # the graph's, with the image input marked
         self.ready = False
 
     @property
     def signature(self) -> Signature:
-        return self.backend.signature
+        return self._signature or self.backend.signature
 
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
@@ -65,6 +69,7 @@ class TensorModel:
 
     async def start(self) -> None:
         await self.backend.start()
+        self._start_images()
         signature = self.signature
         unknown = set(self.settings.pad_values) - set(signature.input_names)
         if unknown:
@@ -81,6 +86,10 @@ class TensorModel:
                 f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
                 f"its inputs' named dynamic axes {sorted(named)}"
             )
+        if pad_axes is None and self.images is not None:
+            # Decoded images all come out the crop's size; other sizes sent as tensors never
+            # share a batch, since padding an image's height or width changes its answers.
+            named -= set(signature.input(self.images.input).axis_names().values())
         self._padded = frozenset(named if pad_axes is None else pad_axes)
         self._check_labels()
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
@@ -141,6 +150,21 @@ class TensorModel:
         keys = self.class_keys.get(name)
         return tuple(str(k) for k in keys) if keys else None
 
+    def _start_images(self) -> None:
+        """The preprocessing the config or the graph declares, checked against the graph."""
+        graph = self.backend.signature
+        try:
+            manifest = manifest_preprocess(self.settings.path)
+            spec = declared(self.backend.metadata, self.settings.preprocess, manifest)
+            if spec is None:
+                return
+            image_plan = plan(spec, graph)
+        except ValueError as exc:
+            raise ValueError(f"model {self.name!r}: {exc}") from None
+        max_pending = self.settings.batching.max_queue_size
+        self.images = ImageInputs(image_plan, self.name, max_pending)
+        self._signature = replace(graph, images=frozenset({image_plan.input}))
+
     def _layout(self) -> TensorLayout:
         padded = self._padded
         inputs = {
@@ -172,6 +196,16 @@ class TensorModel:
             max_batch_size=limits.max_batch_size if self.batchable else 1,
             max_batch_tokens=elements,
         )
+
+    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        """`validate`, after decoding the encoded images a request sent (in the worker pool)."""
+        if self.images is not None:
+            try:
+                tensors = await self.images.decoded(tensors)
+            except InvalidInput:
+                self.count_invalid()
+                raise
+        return self.validate(tensors)
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
@@ -245,4 +279,6 @@ class TensorModel:
         self._metrics.model_ready.labels(self.name).set(0)
         if self.batcher is not None:
             await self.batcher.close(drain_timeout_s)
+        if self.images is not None:
+            self.images.close()
         await self.backend.close()

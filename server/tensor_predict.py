@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ferry.backends import bfloat16
 from ferry.server.errors import InvalidInput
+from ferry.server.image_inputs import json_images
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
 from ferry.server.tensor_model import TensorModel
@@ -46,7 +47,8 @@ def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> d
         if name not in signature.input_names:
             inputs_names = list(signature.input_names)
             raise InvalidInput(name, f"not an input of this model; inputs are {inputs_names}")
-        tensors[name] = json_tensor(signature.input(name), data)
+        images = json_images(data) if name in signature.images else None
+        tensors[name] = images if images is not None else json_tensor(signature.input(name), data)
     return tensors
 
 
@@ -64,7 +66,7 @@ async def predict_tensors(
     except InvalidInput:
         model.count_invalid()
         raise
-    rows = model.validate(tensors)
+    rows = await model.prepare(tensors)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     priority = decide_priority(body.priority)
     result = await model.infer(rows, outputs, timeout_s, priority, disconnected)

@@ -24,6 +24,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from ferry.backends.image_spec import ImagePreprocess
 from ferry.backends.options import OnnxRuntimeOptions, TorchOptions, TritonOptions
 from ferry.batcher.policy import BatchLimits
 from ferry.server.errors import ERROR_TABLE
@@ -55,7 +56,8 @@ def _field_comments(model: type[BaseModel]) -> dict[str, str]:
 
 def _type_name(annotation: object) -> str:
     text = repr(annotation) if not isinstance(annotation, type) else annotation.__name__
-    for noise in ("typing.", "pathlib.", "ferry.backends.options.", "ferry.batcher.policy."):
+    noises = ("typing.", "pathlib.", "ferry.backends.options.", "ferry.backends.image_spec.")
+    for noise in (*noises, "ferry.batcher.policy."):
         text = text.replace(noise, "")
     return text.replace("|", "\\|")
 
@@ -100,6 +102,7 @@ def configuration() -> str:
         ("Server (top level)", Settings, "FERRY_"),
         ("`[[models]]`: encoder models", ModelSettings, None),
         ("`[models.batching]`: the batcher's limits", BatchLimits, None),
+        ("`[models.preprocess]`: an image model's preprocessing", ImagePreprocess, None),
         ('`[models.backend]` with `kind = "onnxruntime"` (the default)', OnnxRuntimeOptions, None),
         ('`[models.backend]` with `kind = "torch"`', TorchOptions, None),
         ('`[models.backend]` with `kind = "triton"`', TritonOptions, None),

@@ -292,7 +292,7 @@ async def infer_plain(
     `priority` after the policy (server/tenancy.py)."""
     wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
     classified = classifications(request, model)
-    rows = model.validate(decode_grpc_tensors(request, model.signature))
+    rows = await model.prepare(decode_grpc_tensors(request, model.signature))
     result = await model.infer(rows, wanted, None, priority)
     outputs = classification.apply({name: result[name] for name in wanted}, classified)
     datatypes = {

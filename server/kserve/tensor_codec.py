@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,8 @@ def decode_tensors(
             offset += size
             if len(chunk) != size:
                 raise InvalidInput(name, "binary data runs past the end of the body")
-            array = _binary(name, datatype, want.dtype, chunk, count, shape)
+            raw = name in signature.images
+            array = _binary(name, datatype, want.dtype, chunk, count, shape, raw=raw)
         elif "data" in spec:
             _, flat = nested(name, spec["data"])
             array = typed_array(name, datatype, want.dtype, flat)
@@ -60,10 +62,18 @@ def decode_tensors(
 
 
 def _binary(
-    name: str, datatype: str, dtype: np.dtype, chunk: bytes, count: int, shape: list[int]
+    name: str,
+    datatype: str,
+    dtype: np.dtype,
+    chunk: bytes,
+    count: int,
+    shape: list[int],
+    raw: bool = False,  # BYTES kept as bytes: encoded images
 ) -> np.ndarray:
     if datatype == "BYTES":
         items = deserialize_bytes(chunk, name)
+        if raw:
+            return np.array(items, dtype=object)
         try:
             return np.array([item.decode() for item in items], dtype=object)
         except UnicodeDecodeError:
@@ -129,16 +139,21 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
         if raw:
             if used:
                 raise InvalidInput(name, "send raw_input_contents or typed contents, not both")
-            array = _binary(name, datatype, want.dtype, raw[index], count, shape)
+            array = _binary(
+                name, datatype, want.dtype, raw[index], count, shape, raw=name in signature.images
+            )
         else:
             field = CONTENTS.get(datatype)
             if field is None or any(f != field for f in used):
                 where = f"contents.{field}" if field else "raw_input_contents only"
                 raise InvalidInput(name, f"{datatype} data goes in {where}")
             items = list(getattr(tensor.contents, field))
-            if datatype == "BYTES":
-                items = [item.decode(errors="replace") for item in items]
-            array = typed_array(name, datatype, want.dtype, items)
+            if datatype == "BYTES" and name in signature.images:
+                array = np.array(items, dtype=object)  # encoded images: bytes as sent
+            else:
+                if datatype == "BYTES":
+                    items = [item.decode(errors="replace") for item in items]
+                array = typed_array(name, datatype, want.dtype, items)
         if array.size != count:
             raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
         tensors[name] = array.reshape(shape)
@@ -163,6 +178,8 @@ def _known_input(
     if name in tensors:
         raise InvalidInput(name, "given more than once")
     want = signature.input(name)
+    if datatype == "BYTES" and name in signature.images:
+        return replace(want, datatype="BYTES", shape=want.shape[:1])  # one image a row
     if datatype != want.datatype:
         raise InvalidInput(name, f"datatype {datatype} does not match the model's {want.datatype}")
     return want

@@ -183,7 +183,7 @@ async def infer_plain(call: HotCall, model: TensorModel, header_length: str | No
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
-    rows = model.validate(decode_tensors(header, call.body, size, model.signature))
+    rows = await model.prepare(decode_tensors(header, call.body, size, model.signature))
     result = await model.infer(rows, wanted, None, priority, call.disconnected())
     outputs = {name: result[name] for name in wanted}  # in the order asked for
     datatypes = {

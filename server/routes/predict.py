@@ -10,6 +10,7 @@ from fastapi import APIRouter
 
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
+from ferry.server.image_predict import image_media, predict_image
 from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
@@ -23,6 +24,8 @@ PATH = "/predict"
 
 async def predict(call: HotCall) -> Reply:
     registry = call.app_state.registry
+    if image_media(call):  # a raw image body, for a model that decodes images
+        return json_reply(await predict_image(call))
     if registry.tensors:  # plain graphs served: the body may be theirs
         raw = _plain_body(call.body)
         model = None if raw is None else registry.find(raw.get("model"))

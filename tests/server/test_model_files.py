@@ -1,3 +1,4 @@
+import json
 import re
 from pathlib import Path
 
@@ -54,3 +55,22 @@ def test_plain_graphs_are_refused_across_api_processes(tmp_path):
     refuse_plain_graphs_across_processes(Settings(models=(settings(graph),)))
     with pytest.raises(ValueError, match=r"\['m'\] are plain ONNX graphs"):
         refuse_plain_graphs_across_processes(Settings(api_servers=2, models=(settings(graph),)))
+
+
+def test_preprocessing_is_refused_where_it_cannot_apply(tmp_path):
+    (tmp_path / MANIFEST_NAME).write_text("{}")  # a token encoder's folder
+    graph = tmp_path / "cnn.onnx"
+    graph.write_bytes(b"")
+    preprocess = {"crop": 224}
+    assert plain_graph(settings(graph, preprocess=preprocess)) == graph
+    with pytest.raises(ValueError, match="preprocess applies to a plain ONNX graph"):
+        plain_graph(settings(tmp_path, preprocess=preprocess))
+    with pytest.raises(ValueError, match=r"not to .* on torch"):
+        plain_graph(settings(graph, preprocess=preprocess, backend={"kind": "torch"}))
+
+
+def test_an_image_models_folder_with_its_manifest_is_a_plain_graph(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    manifest = {"task": "image", "preprocess": {"crop": 224}}
+    (tmp_path / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert plain_graph(settings(tmp_path)) == tmp_path / "model.onnx"

@@ -1,0 +1,204 @@
+"""Image serving (issue 34's image targets): ResNet-18 at 224 with random weights, exported by
+`ferry export vision`, 64 clients on KServe v2 JSON.
+
+- FP32 tensors [1, 3, 224, 224]: Ferry (`ferry serve --model`, its batcher) against the strong
+  unbatched server (bench/unbatched_tensor_server.py: a session of one thread per core, as many
+  pool threads, orjson), the same bodies to both;
+- JPEGs of mixed sizes (scikit-learn's sample photos cropped from 97 x 97 to 427 x 640) sent as
+  BYTES (base64) and decoded by Ferry in its worker threads, while a thread polls /health/live
+  every 10 ms: its slowest answers tell whether the event loop stalled. The same poll on the
+  idle server, and under the FP32 load (no decoding), tells the machine's own share;
+- without HTTP: the gaps between 1 ms ticks of an event loop while Ferry's image decoder
+  decodes those JPEGs 64 at a time in its threads, and while the loop decodes them itself.
+
+    python -m ferry.bench.images [--duration 10] [--clients 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from ferry.bench.loadgen import LoadResult, run_load
+from ferry.bench.processes import running
+from ferry.bench.tabular import ferry_process, line, unbatched_process
+
+MODEL = "resnet18"
+INPUT, OUTPUT = "pixel_values", "logits"
+SIZE = 224
+TENSORS = 8  # distinct tensor bodies
+# (height, width) crops of the 427 x 640 sample photos: each request a different size.
+CROPS = ((427, 640), (300, 200), (97, 97), (255, 129), (64, 400), (333, 500), (200, 300))
+POLL_S = 0.01
+
+
+def export_model(out: Path) -> Path:
+    from ferry.exporters import vision_export
+
+    model = vision_export.build("resnet18", 1000, 64, None, seed=0)
+    return vision_export.export(model, vision_export.preprocess(SIZE, None), out / "model.onnx")
+
+
+def tensor_bodies() -> list[dict]:
+    rng = np.random.default_rng(0)
+    bodies = []
+    for _ in range(TENSORS):
+        pixels = rng.standard_normal(3 * SIZE * SIZE).round(3)  # short JSON numbers
+        tensor = {"name": INPUT, "shape": [1, 3, SIZE, SIZE], "datatype": "FP32"}
+        bodies.append(
+            {"inputs": [{**tensor, "data": pixels.tolist()}], "outputs": [{"name": OUTPUT}]}
+        )
+    return bodies
+
+
+def jpeg_bodies() -> list[dict]:
+    from PIL import Image
+    from sklearn.datasets import load_sample_images
+
+    bodies = []
+    for index, photo in enumerate(load_sample_images().images):
+        for height, width in CROPS:
+            buffer = io.BytesIO()
+            Image.fromarray(photo[:height, index * 5 : index * 5 + width]).save(buffer, "JPEG")
+            data = base64.b64encode(buffer.getvalue()).decode()
+            tensor = {"name": INPUT, "shape": [1], "datatype": "BYTES", "data": [data]}
+            bodies.append({"inputs": [tensor], "outputs": [{"name": OUTPUT}]})
+    return bodies
+
+
+class LivePoll:
+    """/health/live every POLL_S from a thread; `latencies_s` of each answer."""
+
+    def __init__(self, url: str) -> None:
+        self._url = f"{url}/health/live"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self.latencies_s: list[float] = []
+
+    def __enter__(self) -> LivePoll:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._done.wait(POLL_S):
+                started = time.perf_counter()
+                client.get(self._url).raise_for_status()
+                self.latencies_s.append(time.perf_counter() - started)
+
+    def describe(self) -> str:
+        ms = np.array(self.latencies_s) * 1000
+        return (
+            f"{len(ms)} polls, p50 {np.percentile(ms, 50):.2f} ms, p99 {np.percentile(ms, 99):.2f} "
+            f"ms, max {ms.max():.2f} ms, over 5 ms: {int((ms > 5).sum())}"
+        )
+
+
+async def loop_gaps(jpegs: list[bytes], model: Path, pooled: bool) -> list[float]:
+    """The event loop's gaps (ms) between 1 ms ticks while Ferry's image decoder decodes every
+    JPEG 64 at a time: in its threads (`pooled`), or inline on the loop (the counterfactual)."""
+    import onnxruntime as ort
+
+    from ferry.backends.image_spec import declared, plan
+    from ferry.backends.tensor_signature import read_signature
+    from ferry.server.image_decode import decode_image
+    from ferry.server.image_inputs import ImageInputs
+
+    session = ort.InferenceSession(str(model))
+    spec = declared(session.get_modelmeta().custom_metadata_map, None)
+    assert spec is not None, "the exported graph declares its preprocessing"
+    image_plan = plan(spec, read_signature(session))
+    decoder = ImageInputs(image_plan, MODEL, max_pending=len(jpegs))
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append((now - last) * 1000)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    for start in range(0, len(jpegs), 64):
+        chunk = np.array(jpegs[start : start + 64], dtype=object)
+        if pooled:
+            await decoder.decode(chunk)
+        else:
+            for item in chunk:
+                decode_image(item, image_plan, INPUT)
+                await asyncio.sleep(0)
+    done.set()
+    await ticker
+    decoder.close()
+    return gaps
+
+
+def describe_gaps(gaps: list[float]) -> str:
+    ms = np.array(gaps)
+    p50, p99 = np.percentile(ms, 50), np.percentile(ms, 99)
+    return f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {ms.max():.2f} ms"
+
+
+def measure(url: str, payloads: list[dict], clients: int, duration_s: float) -> LoadResult:
+    path = f"/v2/models/{MODEL}/infer"
+    asyncio.run(run_load(url, payloads[:clients], min(clients, len(payloads)), path=path))
+    return asyncio.run(run_load(url, payloads, clients, path=path, duration_s=duration_s))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="Seconds per measurement.")
+    parser.add_argument("--clients", type=int, default=64)
+    args = parser.parse_args(argv)
+    tensors, jpegs = tensor_bodies(), jpeg_bodies()
+    results: dict[str, LoadResult] = {}
+    with tempfile.TemporaryDirectory(prefix="ferry-images-") as tmp:
+        work = Path(tmp)
+        model = export_model(work)
+        with running(ferry_process(model, work, MODEL)) as ferry:
+            with LivePoll(ferry.url) as idle:
+                time.sleep(2)
+            with LivePoll(ferry.url) as tensor_load:
+                results["ferry"] = measure(ferry.url, tensors, args.clients, args.duration)
+            with LivePoll(ferry.url) as decoding:
+                results["ferry jpeg"] = measure(ferry.url, jpegs, args.clients, args.duration)
+        with running(unbatched_process(model, work, MODEL)) as peer:
+            results["unbatched"] = measure(peer.url, tensors, args.clients, args.duration)
+        raw = [base64.b64decode(b["inputs"][0]["data"][0]) for b in jpegs] * 10
+        pooled = asyncio.run(loop_gaps(raw, model, pooled=True))
+        inline = asyncio.run(loop_gaps(raw, model, pooled=False))
+    print(f"images: resnet18 at {SIZE}, random weights, 1 image/request, {args.clients} clients")
+    for name, result in results.items():
+        print(line(name, result))
+    ours, theirs = results["ferry"], results["unbatched"]
+    print(
+        f"ferry / unbatched (FP32 tensors): {ours.throughput / theirs.throughput:.2f}x req/s, "
+        f"p99 {ours.percentile_ms(99) / theirs.percentile_ms(99):.2f}x"
+    )
+    print(f"/health/live, idle: {idle.describe()}")
+    print(f"/health/live, FP32 tensors: {tensor_load.describe()}")
+    print(f"/health/live, decoding JPEGs: {decoding.describe()}")
+    print(f"in-process loop gaps, {len(raw)} JPEGs decoded in the pool: {describe_gaps(pooled)}")
+    print(f"in-process loop gaps, the same decoded on the loop: {describe_gaps(inline)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

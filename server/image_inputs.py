@@ -1,0 +1,103 @@
+"""An image model's encoded inputs decoded into its graph's tensor, in a pool off the event loop.
+
+A request may send the image input as encoded images, one per row (KServe BYTES, base64 strings
+in JSON, a raw `image/*` body), or as the graph's own tensor, which passes through. Each image
+is decoded in a worker thread: Pillow releases the GIL while it decodes and resizes, so the
+event loop keeps running, and images of any size come out the crop's shape and batch together.
+Images waiting for a worker are bounded by the model's queue size: past it, 429 at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ferry.backends.image_spec import ImagePlan
+from ferry.batcher.errors import QueueFull
+from ferry.server.errors import InvalidInput
+from ferry.server.image_decode import decode_image
+
+logger = logging.getLogger(__name__)
+RETRY_AFTER_S = 1.0
+
+
+class ImageInputs:
+    def __init__(self, plan: ImagePlan, model: str, max_pending: int) -> None:
+        self.plan = plan
+        self.workers = plan.workers or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"images-{model}")
+        self._max_pending = max_pending
+        self._pending = 0
+        logger.info(
+            "%s: decoding JPEG and PNG for input %r (shorter side %d, crop %dx%d, %s %s) "
+            "in %d threads",
+            model,
+            plan.input,
+            plan.resize,
+            plan.height,
+            plan.width,
+            plan.layout,
+            plan.datatype,
+            self.workers,
+        )
+
+    @property
+    def input(self) -> str:
+        return self.plan.input
+
+    async def decoded(self, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """`tensors` with the image input decoded when it came encoded (an object array)."""
+        items = tensors.get(self.input)
+        if items is None or items.dtype != object:
+            return tensors
+        return {**tensors, self.input: await self.decode(items)}
+
+    async def decode(self, items: np.ndarray) -> np.ndarray:
+        name = self.input
+        # [N, 1] too: Triton's clients often send BYTES so.
+        if items.ndim > 2 or (items.ndim == 2 and items.shape[1] != 1):
+            raise InvalidInput(
+                name, f"encoded images come one per row (shape [N]), got {list(items.shape)}"
+            )
+        flat = items.reshape(-1)
+        if not len(flat):
+            raise InvalidInput(name, "needs at least one image")
+        if self._pending + len(flat) > self._max_pending:
+            raise QueueFull(RETRY_AFTER_S, "the model's image decoders are full; retry later")
+        loop = asyncio.get_running_loop()
+        self._pending += len(flat)
+        try:
+            rows = await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        self._pool, decode_image, item, self.plan, _where(name, items, i)
+                    )
+                    for i, item in enumerate(flat)
+                )
+            )
+        finally:
+            self._pending -= len(flat)
+        return np.stack(rows)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _where(name: str, items: np.ndarray, index: int) -> str:
+    return name if items.ndim == 0 else f"{name}[{index}]"
+
+
+def json_images(data: Any) -> np.ndarray | None:
+    """A JSON value of base64 strings (one, or a list) as encoded images; None for anything
+    else, left to the tensor parser (the graph's own tensor as nested numbers)."""
+    if isinstance(data, str):
+        return np.array([data], dtype=object)
+    if isinstance(data, list) and data and all(isinstance(item, str) for item in data):
+        return np.array(data, dtype=object)
+    return None

@@ -1,0 +1,48 @@
+"""/predict with a raw image body (`Content-Type: image/jpeg` or `image/png`): one image, the
+model named in the query (`?model=NAME`; else the default model), one answer row back."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs
+
+import numpy as np
+
+from ferry.server.errors import InvalidInput
+from ferry.server.hot import HotCall
+from ferry.server.route_table import IMAGES
+from ferry.server.tenancy import call_priority
+from ferry.server.tensor_model import TensorModel
+from ferry.server.tensor_predict import answer_rows
+
+IMAGE_MEDIA = frozenset(media.encode() for media in IMAGES)
+QUERY = ("model",)
+
+
+def image_media(call: HotCall) -> bool:
+    given = call.header(b"content-type") or b""
+    return given.partition(b";")[0].strip().lower() in IMAGE_MEDIA
+
+
+async def predict_image(call: HotCall) -> dict[str, Any]:
+    query = parse_qs(call.scope.get("query_string", b"").decode("latin-1"), True)
+    unknown = sorted(set(query) - set(QUERY))
+    if unknown:
+        raise InvalidInput(unknown[0], f"not a parameter of an image body; it takes {list(QUERY)}")
+    model = call.app_state.registry.find(query.get("model", [None])[-1])
+    call.state["model_name"] = model.name
+    if not isinstance(model, TensorModel) or model.images is None:
+        raise InvalidInput("model", f"model {model.name!r} declares no image preprocessing")
+    others = [name for name in model.signature.input_names if name != model.images.input]
+    if others:
+        model.count_invalid()
+        raise InvalidInput(
+            "model", f"model {model.name!r} also takes {others}: send its inputs as JSON"
+        )
+    image = np.empty((), dtype=object)  # one image, no row index: errors name the input
+    image[()] = call.body
+    rows = await model.prepare({model.images.input: image})
+    outputs = model.select_outputs(None)
+    priority = call_priority(call, 0)
+    result = await model.infer(rows, outputs, None, priority, call.disconnected())
+    return {"model": model.name, "outputs": answer_rows(model, result, outputs)}
