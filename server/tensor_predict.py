@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from ferry.backends import bfloat16
 from ferry.server.errors import InvalidInput
 from ferry.server.image_inputs import json_images
+from ferry.server.large_bodies import decoded
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
 from ferry.server.tensor_model import TensorModel
@@ -57,12 +59,14 @@ async def predict_tensors(
     raw: dict[str, Any],
     disconnected: asyncio.Future[None] | None,
     decide_priority: Callable[[int], int],
+    body_bytes: int = 0,
 ) -> dict[str, Any]:
-    """`decide_priority`: the caller's priority policy (server/tenancy.py) applied to the ask."""
+    """`decide_priority`: the caller's priority policy (server/tenancy.py) applied to the ask;
+    `body_bytes`, the request's size: a large one's tensors are typed off the event loop."""
     body = TensorPredictRequest.model_validate(raw)
     outputs = model.select_outputs(body.outputs)
     try:
-        tensors = request_tensors(model, body.inputs)
+        tensors = await decoded(body_bytes, partial(request_tensors, model, body.inputs))
     except InvalidInput:
         model.count_invalid()
         raise

@@ -11,6 +11,7 @@ for every /v2 route in `route_table.py`).
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ from ferry.server.kserve.tensor_codec import (
     tensor_blob,
     tensor_json,
 )
+from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.tenancy import call_priority
 from ferry.server.tensor_model import TensorModel
@@ -179,11 +181,13 @@ async def infer(call: HotCall) -> Reply:
 
 async def infer_plain(call: HotCall, model: TensorModel, header_length: str | None) -> Reply:
     """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
-    header, size = read_header(call.body, header_length)
+    body = call.body
+    header, size = await decoded(len(body), partial(read_header, body, header_length))
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
-    rows = await model.prepare(decode_tensors(header, call.body, size, model.signature))
+    tensors = await decoded(len(body), partial(decode_tensors, header, body, size, model.signature))
+    rows = await model.prepare(tensors)
     result = await model.infer(rows, wanted, None, priority, call.disconnected())
     outputs = {name: result[name] for name in wanted}  # in the order asked for
     datatypes = {

@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.image_predict import image_media, predict_image
+from ferry.server.large_bodies import decoded
 from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
@@ -27,13 +28,15 @@ async def predict(call: HotCall) -> Reply:
     if image_media(call):  # a raw image body, for a model that decodes images
         return json_reply(await predict_image(call))
     if registry.tensors:  # plain graphs served: the body may be theirs
-        raw = _plain_body(call.body)
+        raw = await decoded(len(call.body), partial(_plain_body, call.body))
         model = None if raw is None else registry.find(raw.get("model"))
         if isinstance(model, TensorModel):
             call.state["model_name"] = model.name
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
-            return json_reply(await predict_tensors(model, raw, call.disconnected(), decide))
+            disconnected = call.disconnected()
+            answer = await predict_tensors(model, raw, disconnected, decide, len(call.body))
+            return json_reply(answer)
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
     body = PredictRequest.model_validate_json(call.body)
     model = call.app_state.registry.get(body.model)

@@ -5,6 +5,7 @@ against ONNX Runtime run on that request alone, under concurrency, over KServe v
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import subprocess
 import sys
@@ -23,10 +24,12 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tensor_model import TensorModel
 from tests.support import plain_graphs
+from tests.support.liveness import LivenessProbe
 from tests.support.metrics import metric_value
 
 RNG = np.random.default_rng(34)
@@ -255,6 +258,38 @@ def test_rows_of_different_lengths_batched_together_answer_as_alone(server, sess
     batches = metric_value(text, "ferry_batch_size_requests_count", model="masked") - before
     assert batches < len(requests), "no two requests shared a batch: padding went untested"
     assert metric_value(text, "ferry_batch_padding_ratio_sum", model="masked") > 0
+
+
+@pytest.mark.parametrize("route", ["kserve", "predict"])
+def test_a_body_near_the_size_limit_does_not_freeze_the_server(server, sessions, route):
+    """Issue 35: ~3 MB of JSON tensors are parsed and typed off the event loop
+    (server/large_bodies.py), and the answer is still the request's run alone."""
+    length = 250_000
+    data = RNG.random((1, length)).round(3)
+    mask = np.ones((1, length), np.int64)
+    if route == "kserve":
+        path = "/v2/models/masked/infer"
+        body = {
+            "inputs": [kserve_input("data", data.astype(np.float32)), kserve_input("mask", mask)],
+            "outputs": [{"name": "mean"}],
+        }
+        body["inputs"][0]["data"] = data.ravel().tolist()  # short decimals, not float32's
+    else:
+        path = "/predict"
+        body = {"model": "masked", "inputs": {"data": data.tolist(), "mask": mask.tolist()}}
+        body["outputs"] = ["mean"]
+    payload = json.dumps(body).encode()
+    assert LARGE_BODY_BYTES * 8 < len(payload) < 4 * 1024 * 1024  # under max_body_bytes
+    headers = {"content-type": "application/json"}
+    with LivenessProbe(server.url) as probe:
+        answer = httpx.post(f"{server.url}{path}", content=payload, headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text
+    probe.assert_lively()
+    feeds = {"data": data.astype(np.float32), "mask": mask}
+    expected = alone(sessions["masked"], feeds)["mean"]
+    reply = answer.json()
+    mean = reply["outputs"][0]["data"] if route == "kserve" else reply["outputs"][0]["mean"]
+    np.testing.assert_allclose(np.ravel(mean), np.ravel(expected), rtol=1e-5)
 
 
 # Configured so (pad_axes = []), or unnamed in the graph (no output can be tied to it).
