@@ -22,9 +22,9 @@ from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
+from ferry.server.graph_model import graph_outputs, graph_rows
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
-from ferry.server.tensor_inputs import valid_rows
 
 # The batch limit in elements when the config keeps the token default (2048 suits tokens, not
 # a row of 30 features or an image of 150,528 values): about 16 MB of FP32 a batch.
@@ -32,6 +32,8 @@ TENSOR_BATCH_ELEMENTS = 4 * 2**20
 
 
 class TensorModel:
+    """A `GraphModel` run in this process."""
+
     task = "tensor"
 
     def __init__(self, settings: ModelSettings, onnx_file: Path, metrics: FerryMetrics) -> None:
@@ -54,6 +56,15 @@ class TensorModel:
     @property
     def signature(self) -> Signature:
         return self.backend.signature
+
+    @property
+    def padded_axes(self) -> frozenset[str]:
+        """The dynamic axes requests pad along (known once started)."""
+        return self._padded
+
+    @property
+    def default_outputs(self) -> tuple[str, ...]:
+        return self._default_outputs
 
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
@@ -133,31 +144,15 @@ class TensorModel:
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
-            rows = valid_rows(self.signature, tensors, self.batchable)
+            return graph_rows(self.signature, self.batchable, self._padded, tensors)
         except InvalidInput:
             self.count_invalid()
             raise
-        sizes = rows.axis_sizes
-        if set(sizes) <= self._padded:
-            return rows
-        padded = {axis: size for axis, size in sizes.items() if axis in self._padded}
-        key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in padded))
-        return replace(rows, axis_sizes=padded, shape_key=key)
 
     def select_outputs(
         self, requested: Sequence[str | None] | None, *, tensors: bool = False
     ) -> tuple[str, ...]:
-        """The outputs a request names (checked), else the configured ones (`outputs`; every
-        output of the graph when unset), or with `tensors` (KServe) every one, as encoders."""
-        choices = self.signature.output_names
-        for name in requested or ():
-            if name not in choices:
-                raise InvalidInput(
-                    "outputs", f"unknown output {name!r}; choose from {list(choices)}"
-                )
-        if requested:
-            return tuple(requested)  # type: ignore[arg-type]  # each name checked above: no None
-        return choices if tensors else self._default_outputs
+        return graph_outputs(self.signature, self._default_outputs, requested, tensors)
 
     async def infer(
         self,

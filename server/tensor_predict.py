@@ -15,9 +15,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ferry.server.errors import InvalidInput
+from ferry.server.graph_model import GraphModel
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
-from ferry.server.tensor_model import TensorModel
 
 
 class TensorPredictRequest(BaseModel):
@@ -34,7 +34,7 @@ class TensorPredictRequest(BaseModel):
     priority: Priority = 0
 
 
-def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> dict[str, Any]:
+def request_tensors(model: GraphModel, inputs: dict[str, Any] | list[Any]) -> dict[str, Any]:
     signature = model.signature
     if isinstance(inputs, list):
         if not inputs:
@@ -50,7 +50,7 @@ def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> d
 
 
 async def predict_tensors(
-    model: TensorModel,
+    model: GraphModel,
     raw: dict[str, Any],
     disconnected: asyncio.Future[None] | None,
     decide_priority: Callable[[int], int],
@@ -71,7 +71,7 @@ async def predict_tensors(
 
 
 def answer_rows(
-    model: TensorModel, result: dict[str, np.ndarray], outputs: tuple[str, ...]
+    model: GraphModel, result: dict[str, np.ndarray], outputs: tuple[str, ...]
 ) -> list[dict[str, Any]]:
     """One object per row when every output has the rows on its first axis (a batchable graph
     always does); else one object of the whole outputs."""

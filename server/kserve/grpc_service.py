@@ -24,6 +24,7 @@ from ferry import __version__
 from ferry.server.auth import KeyRing
 from ferry.server.dialects import kserve_message
 from ferry.server.errors import Failure, InvalidInput, NotReady, failure
+from ferry.server.graph_model import GraphModel
 from ferry.server.kserve.infer import (
     ABSENT,
     deserialize_bytes,
@@ -35,7 +36,6 @@ from ferry.server.kserve.model_config import VERSION, model_config, model_metada
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
 from ferry.server.tenancy import CLAMPED_HEADER
-from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 context.set_trailing_metadata((clamped,))
             drain.enter()
             try:
-                if isinstance(model, TensorModel):
+                if isinstance(model, GraphModel):
                     return await infer_plain(model, request, decided.priority)
                 wanted = output_names(model, [o.name for o in request.outputs])
                 # A cancelled call (client gone) cancels this task, and with it the queued work.
@@ -279,7 +279,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
 
 async def infer_plain(
-    model: TensorModel, request: Any, priority: int
+    model: GraphModel, request: Any, priority: int
 ) -> service_pb2.ModelInferResponse:
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
     `priority` after the policy (server/tenancy.py)."""
