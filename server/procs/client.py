@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ferry.batcher import TokenSequence
+from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
@@ -100,17 +100,44 @@ class EngineClient:
     ) -> list[asyncio.Future[Row]]:
         """`timeout_s` is the request's own (None: the model's default, applied by the engine);
         `deadline_s` is the one both apply, kept here too."""
+        rid = next(self._ids)
+        lengths, frames = wire.pack_sequences(sequences)
+        names = None if outputs is None else tuple(sorted(outputs))
+        header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
+        return self._request(rid, len(sequences), header, frames, deadline_s)
+
+    def submit_tensors(
+        self,
+        model: str,
+        rows: TensorRows,
+        timeout_s: float | None,
+        outputs: tuple[str, ...],
+        priority: int,
+        deadline_s: float,
+    ) -> asyncio.Future[Row]:
+        """A plain graph's validated request: one future, of the outputs asked for. The
+        timeouts are as `submit`'s."""
+        rid = next(self._ids)
+        header, frames = wire.pack_tensors(rid, model, rows, timeout_s, outputs, priority)
+        (future,) = self._request(rid, 1, header, frames, deadline_s)
+        return future
+
+    def _request(
+        self,
+        rid: int,
+        count: int,
+        header: wire.Submit | wire.SubmitTensors,
+        frames: Sequence[bytes | memoryview],
+        deadline_s: float | None,
+    ) -> list[asyncio.Future[Row]]:
+        """Sent, and `count` futures resolved by the engine's Rows (or Failed) for `rid`."""
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in sequences]
+        futures = [loop.create_future() for _ in range(count)]
         if not self.alive:
             for future in futures:
                 future.set_exception(BatcherClosed(ENGINE_GONE))
             return futures
-        rid = next(self._ids)
         self._rows[rid] = futures
-        lengths, frames = wire.pack_sequences(sequences)
-        names = None if outputs is None else tuple(sorted(outputs))
-        header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
         self._send(header, frames)
 
         def cancelled(future: asyncio.Future[Row]) -> None:
@@ -234,9 +261,9 @@ class EngineClient:
 
     # -- the socket ----------------------------------------------------------------------------
 
-    def _send(self, header: wire.ToEngine, frames: list[bytes] | None = None) -> None:
+    def _send(self, header: wire.ToEngine, frames: Sequence[bytes | memoryview] = ()) -> None:
         assert self._socket is not None, "start the client first"
-        self._socket.send(header, frames or ())
+        self._socket.send(header, frames)
 
     def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
         self._heard = time.monotonic()

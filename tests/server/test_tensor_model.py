@@ -1,6 +1,6 @@
 """Plain ONNX graphs served by a real `ferry serve --model ...` process, every answer checked
 against ONNX Runtime run on that request alone, under concurrency, over KServe v2 HTTP
-(tritonclient) and /predict."""
+(tritonclient) and /predict; in both modes (API processes in front of an engine process too)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferr
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tensor_model import TensorModel
+from tests.server.conftest import API_SERVERS
 from tests.support import plain_graphs
 from tests.support.metrics import metric_value
 
@@ -59,8 +60,8 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="module")
-def server(graphs):
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(graphs, request):
     # Waits for company (no dispatch while idle), so concurrent requests share padded batches.
     wait = {}
     for name in ("MASKED", "UNPADDED", "UNNAMED"):
@@ -77,7 +78,8 @@ def server(graphs):
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
     args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
     grpc_port = free_port()
-    with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
+    options = {"grpc_port": grpc_port, "api_servers": request.param}
+    with ferry_server(config_entries, options, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
         yield handle
 
