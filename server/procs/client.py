@@ -50,6 +50,7 @@ class EngineClient:
         self._replies: dict[int, asyncio.Future[CallResult]] = {}
         self.info: wire.Info | None = None
         self.adapters: dict[str, tuple[str, ...]] = {}  # per LLM, as the engine last said
+        self.classes: dict[str, dict[str, list[str | int]]] = {}  # per graph, learned late
         self.stats: wire.Stats | None = None
         self._connected = asyncio.Event()
         self._pidfd: int | None = None
@@ -294,6 +295,8 @@ class EngineClient:
                     future.set_result(message.value)
         elif isinstance(message, wire.Stats):
             self.stats = message
+        elif isinstance(message, wire.Classes):
+            self.classes[message.model] = message.keys
         elif isinstance(message, wire.Adapters):
             self.adapters[message.model] = message.names
             self._send(wire.Ack(message.seq))

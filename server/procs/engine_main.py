@@ -33,6 +33,7 @@ from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
 from ferry.server.registry import ModelRegistry, local_models
 from ferry.server.settings import Settings
+from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 STATS_EVERY_S = 0.25
@@ -64,6 +65,7 @@ class EngineServer:
         self._rows: dict[tuple[bytes, int], list[asyncio.Future[dict[str, np.ndarray]]]] = {}
         self._streams: dict[tuple[bytes, int], asyncio.Task[None]] = {}
         self._tickets = Tickets()  # LLM admission, for every API process at once
+        self._classes_told: dict[str, int] = {}  # per graph, its ZipMap outputs announced
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
 
@@ -204,7 +206,18 @@ class EngineServer:
         )
         key = (peer, message.rid)
         self._rows[key] = [task]
+        task.add_done_callback(lambda _: self._tell_classes(model))  # before the answer
         task.add_done_callback(partial(self._row_done, key, 0))
+
+    def _tell_classes(self, model: TensorModel) -> None:
+        """ZipMap classes the graph learned since the API processes last heard (its Info was
+        sent before a first answer taught them): every API process renders by them."""
+        keys = model.class_keys
+        if len(keys) > self._classes_told.get(model.name, 0):
+            self._classes_told[model.name] = len(keys)
+            told = wire.Classes(model.name, {name: list(k) for name, k in keys.items()})
+            for api in self._peers:
+                self._send(api, told)
 
     def _row_done(
         self, key: tuple[bytes, int], index: int, future: asyncio.Future[dict[str, np.ndarray]]

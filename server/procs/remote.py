@@ -139,7 +139,7 @@ class RemoteTensorModel:
 
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
-        return self._info.class_keys
+        return self._client.classes.get(self.name, self._info.class_keys)
 
     @property
     def batchable(self) -> bool:

@@ -186,6 +186,14 @@ class Adapters(msgspec.Struct, tag=True):
     names: tuple[str, ...]
 
 
+class Classes(msgspec.Struct, tag=True):
+    """A plain graph's ZipMap classes, learned from an answer (a graph with a string input has
+    no warm-up to learn them at start): sent to every API process before that answer."""
+
+    model: str
+    keys: dict[str, list[str | int]]
+
+
 class Stats(msgspec.Struct, tag=True):
     """The engine's LLM counters and model health, pushed periodically."""
 
@@ -195,7 +203,7 @@ class Stats(msgspec.Struct, tag=True):
 
 
 ToEngine = Hello | Submit | SubmitTensors | Cancel | Admit | Release | Generate | Call | Ack
-ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters
+ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters | Classes
 
 encoder = msgspec.msgpack.Encoder()
 # One ZMQ message carries a list of headers (what one loop turn sent), then their frames.

@@ -57,6 +57,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
         "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
         "iris": plain_graphs.iris_graph(),
         "iris_by_name": plain_graphs.iris_by_name(folder / "iris_by_name.onnx"),
+        "colour": plain_graphs.colour_classifier(folder / "colour.onnx"),
     }
 
 
@@ -77,6 +78,7 @@ def server(graphs, request):
     args = ["--model", f"masked={graphs['masked']}", "--model", str(graphs["every_type"])]
     args += ["--model", f"gb={graphs['gb']}", "--model", str(graphs["iris"])]
     args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
+    args += ["--model", str(graphs["colour"])]
     grpc_port = free_port()
     options = {"grpc_port": grpc_port, "api_servers": request.param}
     with ferry_server(config_entries, options, env=wait, args=args) as handle:
@@ -377,6 +379,23 @@ def test_predict_takes_records_and_named_tensors(server, sessions, form):
     for answer, probability in zip(answers, expected["output_probability"], strict=True):
         assert list(answer["output_probability"]) == ["0", "1"]  # ZipMap's classes as keys
         np.testing.assert_allclose(list(answer["output_probability"].values()), probability)
+
+
+def test_zipmap_classes_learned_from_the_first_answer_key_it(server, sessions):
+    """A string input: no warm-up taught the classes, the first request's answer does (and,
+    with API processes, the engine tells them before that answer)."""
+    colours = np.array([["red"], ["blue"]], dtype=object)
+    body = {"model": "colour", "inputs": [{"colour": "red"}, {"colour": "blue"}]}
+    reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    expected = alone(sessions["colour"], {"colour": colours})
+    answers = reply.json()["outputs"]
+    for answer, probability in zip(answers, expected["output_probability"], strict=True):
+        assert list(answer["output_probability"]) == ["0", "1"]
+        np.testing.assert_allclose(list(answer["output_probability"].values()), probability)
+    with client(server) as triton:
+        output = triton.get_model_metadata("colour")["outputs"][1]
+    assert output["shape"] == [-1, 2] and output["parameters"] == {"classes": ["0", "1"]}
 
 
 def test_predict_serves_text_and_plain_graphs_side_by_side(server):
