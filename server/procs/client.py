@@ -1,12 +1,13 @@
 """The API process's end of the boundary: one DEALER socket to the engine process.
 
-Requests are numbered; a reader task resolves each one's futures (encoder rows) or feeds its
-queue (LLM deltas). The engine's death is seen at once through a pidfd on its process: every
-waiting request fails with a 503 error, readiness turns 503, and a Hello is repeated until the
-restarted engine answers. A stuck engine (stopped, or its loop blocked) is alive but silent: each
-encoder request's deadline is kept here too (504 at the deadline, whatever the engine does), and
-once the engine has sent nothing (its periodic Stats included) for `heartbeat_timeout_s`,
-readiness turns 503 and every stream and call waiting on it fails with a 503 (EngineStalled).
+Requests are numbered; a reader task resolves each one's futures (encoder rows, a plain graph's
+outputs) or feeds its queue (LLM deltas). The engine's death is seen at once through a pidfd on
+its process: every waiting request fails with a 503 error, readiness turns 503, and a Hello is
+repeated until the restarted engine answers. A stuck engine (stopped, or its loop blocked) is
+alive but silent: each encoder or plain-graph request's deadline is kept here too (504 at the
+deadline, whatever the engine does), and once the engine has sent nothing (its periodic Stats
+included) for `heartbeat_timeout_s`, readiness turns 503 and every stream and call waiting on it
+fails with a 503 (EngineStalled).
 """
 
 from __future__ import annotations
