@@ -8,13 +8,14 @@ Lengths are drawn log-uniformly from 16 to 4000, 64 clients, KServe v2 JSON on b
 
 Prints req/s and p50/p99 of each and Ferry's ratios, from one run.
 
-    python -m ferry.bench.variable_length [--duration 15] [--clients 64]
+    python -m ferry.bench.variable_length [--duration 15] [--clients 64] [--api-servers 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -89,13 +90,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="Seconds per server.")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--bodies", type=int, default=256, help="Distinct requests, sent in turn.")
+    parser.add_argument(
+        "--api-servers", type=int, default=1, help="Ferry's API processes (api_servers)."
+    )
     args = parser.parse_args(argv)
     payloads = bodies(args.bodies)
     results: dict[str, LoadResult] = {}
     with tempfile.TemporaryDirectory(prefix="ferry-variable-") as tmp:
         work = Path(tmp)
         model = export_model(work / "model")
-        for name, process in (("ferry", ferry_process), ("unbatched", unbatched_process)):
+        ferry = partial(ferry_process, api_servers=args.api_servers)
+        for name, process in (("ferry", ferry), ("unbatched", unbatched_process)):
             with running(process(model, work, MODEL)) as server:
                 results[name] = measure(server.url, payloads, args.clients, args.duration, MODEL)
     print(f"variable length: T from {SHORTEST} to {LONGEST}, {args.clients} clients")

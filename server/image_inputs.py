@@ -18,10 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ferry.backends.image_spec import ImagePlan
+from ferry.backends.image_spec import ImagePlan, declared, manifest_preprocess, plan
+from ferry.backends.tensor_signature import Signature
 from ferry.batcher.errors import QueueFull
 from ferry.server.errors import InvalidInput
 from ferry.server.image_decode import decode_image
+from ferry.server.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 1.0
@@ -101,3 +103,18 @@ def json_images(data: Any) -> np.ndarray | None:
     if isinstance(data, list) and data and all(isinstance(item, str) for item in data):
         return np.array(data, dtype=object)
     return None
+
+
+def image_inputs(
+    settings: ModelSettings, metadata: Mapping[str, str], graph: Signature
+) -> ImageInputs | None:
+    """The preprocessing the config, the folder's manifest or the graph's metadata declares,
+    checked against the graph; None where none does."""
+    try:
+        spec = declared(metadata, settings.preprocess, manifest_preprocess(settings.path))
+        if spec is None:
+            return None
+        image_plan = plan(spec, graph)
+    except ValueError as exc:
+        raise ValueError(f"model {settings.name!r}: {exc}") from None
+    return ImageInputs(image_plan, settings.name, settings.batching.max_queue_size)

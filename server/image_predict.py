@@ -9,10 +9,10 @@ from urllib.parse import parse_qs
 import numpy as np
 
 from ferry.server.errors import InvalidInput
+from ferry.server.graph_model import GraphModel
 from ferry.server.hot import HotCall
 from ferry.server.route_table import IMAGES
 from ferry.server.tenancy import call_priority
-from ferry.server.tensor_model import TensorModel
 from ferry.server.tensor_predict import answer_rows
 
 IMAGE_MEDIA = frozenset(media.encode() for media in IMAGES)
@@ -31,9 +31,10 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
         raise InvalidInput(unknown[0], f"not a parameter of an image body; it takes {list(QUERY)}")
     model = call.app_state.registry.find(query.get("model", [None])[-1])
     call.state["model_name"] = model.name
-    if not isinstance(model, TensorModel) or model.images is None:
+    if not isinstance(model, GraphModel) or not model.signature.images:
         raise InvalidInput("model", f"model {model.name!r} declares no image preprocessing")
-    others = [name for name in model.signature.input_names if name != model.images.input]
+    (image_input,) = model.signature.images
+    others = [name for name in model.signature.input_names if name != image_input]
     if others:
         model.count_invalid()
         raise InvalidInput(
@@ -41,7 +42,7 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
         )
     image = np.empty((), dtype=object)  # one image, no row index: errors name the input
     image[()] = call.body
-    rows = await model.prepare({model.images.input: image})
+    rows = await model.prepare({image_input: image})
     outputs = model.select_outputs(None)
     priority = call_priority(call, 0)
     result = await model.infer(rows, outputs, None, priority, call.disconnected())

@@ -12,7 +12,7 @@ from pathlib import Path
 from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.image_spec import manifest_preprocess
 from ferry.backends.manifest import MANIFEST_NAME, ModelManifest
-from ferry.server.settings import ModelSettings, Settings
+from ferry.server.settings import ModelSettings
 from ferry.server.tokenization import TextTokenizer
 
 GRAPH_NAME = "model.onnx"
@@ -61,14 +61,3 @@ def token_model_files(settings: ModelSettings) -> tuple[ModelManifest, TextToken
     model says (a folder served by `torch`, or an optimum export); the error names the files."""
     manifest = folder_manifest(settings.path)
     return manifest, TextTokenizer(settings.path / "tokenizer.json", manifest.max_length)
-
-
-def refuse_plain_graphs_across_processes(settings: Settings) -> None:
-    """API processes (`api_servers` > 1) reach the encoders through the engine process's token
-    wire, which has no place for named tensors: refused at start, not at the first request."""
-    plain = [m.name for m in settings.models if plain_graph(m) is not None]
-    if settings.api_servers > 1 and plain:
-        raise ValueError(
-            f"models {plain} are plain ONNX graphs, served only with api_servers = 1 "
-            f"(got {settings.api_servers})"
-        )

@@ -12,6 +12,7 @@ from ferry.llm.base import EngineStats, LLMEngine
 from ferry.llm.errors import InvalidAdapter
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import UnknownModel
+from ferry.server.graph_model import GraphModel
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import plain_graph
 from ferry.server.model_runtime import ModelRuntime
@@ -48,7 +49,7 @@ class ModelRegistry:
         encoders: Mapping[str, EncoderModel] | None = None,
         llms: Mapping[str, LLMEngine] | None = None,
         default_name: str | None = None,
-        tensors: Mapping[str, TensorModel] | None = None,
+        tensors: Mapping[str, GraphModel] | None = None,
     ) -> None:
         self.default_name = default_name  # the encoder a request naming none gets
         self.models = dict(encoders or {})  # encoders (KServe, /predict, embeddings)
@@ -73,7 +74,7 @@ class ModelRegistry:
             raise UnknownModel(key or "", self.names())
         return model
 
-    def find(self, name: str | None) -> EncoderModel | TensorModel:
+    def find(self, name: str | None) -> EncoderModel | GraphModel:
         """The encoder or plain graph `name` (the default one for None)."""
         key = name or self.default_name
         tensor = self.tensors.get(key) if key is not None else None
@@ -141,7 +142,7 @@ class ModelRegistry:
 
     async def ready(self) -> bool:
         """Every encoder loaded and its backend healthy (KServe's server readiness)."""
-        models: list[EncoderModel | TensorModel] = [*self.models.values(), *self.tensors.values()]
+        models: list[EncoderModel | GraphModel] = [*self.models.values(), *self.tensors.values()]
         states = await asyncio.gather(*(model.healthy() for model in models))
         return all(states)
 

@@ -8,7 +8,6 @@ axes padded together); one with a fixed first axis is served one request at a ti
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any, cast
 import numpy as np
 
 from ferry.backends import bfloat16
-from ferry.backends.image_spec import declared, manifest_preprocess, plan
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -26,17 +24,22 @@ from ferry.batcher.tensor_chunks import chunk_rows, join_rows, split_rows
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
-from ferry.server.image_inputs import ImageInputs
+from ferry.server.graph_model import (
+    check_chunks,
+    class_count,
+    class_labels,
+    graph_limits,
+    graph_outputs,
+    graph_rows,
+)
+from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
-from ferry.server.tensor_inputs import valid_rows
-
-# The batch limit in elements when the config keeps the token default (2048 suits tokens, not
-# a row of 30 features or an image of 150,528 values): about 16 MB of FP32 a batch.
-TENSOR_BATCH_ELEMENTS = 4 * 2**20
 
 
 class TensorModel:
+    """A `GraphModel` run in this process."""
+
     task = "tensor"
 
     def __init__(self, settings: ModelSettings, onnx_file: Path, metrics: FerryMetrics) -> None:
@@ -61,6 +64,15 @@ class TensorModel:
     @property
     def signature(self) -> Signature:
         return self._signature or self.backend.signature
+
+    @property
+    def padded_axes(self) -> frozenset[str]:
+        """The dynamic axes requests pad along (known once started)."""
+        return self._padded
+
+    @property
+    def default_outputs(self) -> tuple[str, ...]:
+        return self._default_outputs
 
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
@@ -133,37 +145,16 @@ class TensorModel:
                 )
 
     def class_count(self, name: str) -> int | None:
-        """Classes (values) in a row of output `name`; of the whole output for a fixed first
-        axis, except ZipMap's (by row always). None: not known before a run."""
-        spec = self.signature.output(name)
-        if spec.class_map:
-            keys = self.class_keys.get(name)
-            return len(keys) if keys else None
-        dims = spec.shape[1:] if self.batchable else spec.shape
-        sizes = [d for d in dims if isinstance(d, int)]
-        return math.prod(sizes) if len(sizes) == len(dims) else None
+        return class_count(self.signature, self.batchable, self.class_keys, name)
 
     def class_labels(self, name: str) -> tuple[str, ...] | None:
-        """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
-        if name in self.settings.labels:
-            return self.settings.labels[name]
-        keys = self.class_keys.get(name)
-        return tuple(str(k) for k in keys) if keys else None
+        return class_labels(self.settings, self.class_keys, name)
 
     def _start_images(self) -> None:
-        """The preprocessing the config or the graph declares, checked against the graph."""
         graph = self.backend.signature
-        try:
-            manifest = manifest_preprocess(self.settings.path)
-            spec = declared(self.backend.metadata, self.settings.preprocess, manifest)
-            if spec is None:
-                return
-            image_plan = plan(spec, graph)
-        except ValueError as exc:
-            raise ValueError(f"model {self.name!r}: {exc}") from None
-        max_pending = self.settings.batching.max_queue_size
-        self.images = ImageInputs(image_plan, self.name, max_pending)
-        self._signature = replace(graph, images=frozenset({image_plan.input}))
+        self.images = image_inputs(self.settings, self.backend.metadata, graph)
+        if self.images is not None:
+            self._signature = replace(graph, images=frozenset({self.images.input}))
 
     def _layout(self) -> TensorLayout:
         padded = self._padded
@@ -184,18 +175,7 @@ class TensorModel:
         return TensorLayout(inputs, outputs, pad_values, self.batchable)
 
     def _limits(self) -> BatchLimits:
-        limits = self.settings.batching
-        elements = limits.max_batch_tokens
-        if elements == BatchLimits().max_batch_tokens:
-            elements = TENSOR_BATCH_ELEMENTS
-        return replace(
-            limits,
-            max_concurrent_batches=self.backend.max_concurrency,
-            prepared_batches=0,
-            # A fixed first axis: the graph takes one request's rows at a time.
-            max_batch_size=limits.max_batch_size if self.batchable else 1,
-            max_batch_tokens=elements,
-        )
+        return graph_limits(self.settings, self.backend.max_concurrency, self.batchable)
 
     async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         """`validate`, after decoding the encoded images a request sent (in the worker pool)."""
@@ -209,45 +189,21 @@ class TensorModel:
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
-            rows = valid_rows(self.signature, tensors, self.batchable)
+            rows = graph_rows(self.signature, self.batchable, self._padded, tensors)
             self._check_chunks(rows)
         except InvalidInput:
             self.count_invalid()
             raise
-        sizes = rows.axis_sizes
-        if set(sizes) <= self._padded:
-            return rows
-        padded = {axis: size for axis, size in sizes.items() if axis in self._padded}
-        key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in padded))
-        return replace(rows, axis_sizes=padded, shape_key=key)
+        return rows
 
     def _check_chunks(self, rows: TensorRows) -> None:
-        """A request whose chunks the queue could never hold at once is refused (not a 429 that
-        no retry would lift)."""
         assert self.batcher is not None, "validate before start"
-        limits = self.batcher.limits
-        size = chunk_rows(rows, limits)
-        if self.batchable and math.ceil(rows.rows / size) > limits.max_queue_size:
-            raise InvalidInput(
-                self.signature.input_names[0],
-                f"{rows.rows} rows go in chunks of {size}, more than the queue's "
-                f"{limits.max_queue_size} places",
-            )
+        check_chunks(rows, self.batcher.limits, self.batchable, self.signature)
 
     def select_outputs(
         self, requested: Sequence[str | None] | None, *, tensors: bool = False
     ) -> tuple[str, ...]:
-        """The outputs a request names (checked), else the configured ones (`outputs`; every
-        output of the graph when unset), or with `tensors` (KServe) every one, as encoders."""
-        choices = self.signature.output_names
-        for name in requested or ():
-            if name not in choices:
-                raise InvalidInput(
-                    "outputs", f"unknown output {name!r}; choose from {list(choices)}"
-                )
-        if requested:
-            return tuple(requested)  # type: ignore[arg-type]  # each name checked above: no None
-        return choices if tensors else self._default_outputs
+        return graph_outputs(self.signature, self._default_outputs, requested, tensors)
 
     async def infer(
         self,

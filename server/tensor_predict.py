@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ferry.backends import bfloat16
 from ferry.server.errors import InvalidInput
+from ferry.server.graph_model import GraphModel
 from ferry.server.image_inputs import json_images
 from ferry.server.large_bodies import decoded
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
-from ferry.server.tensor_model import TensorModel
 
 
 class TensorPredictRequest(BaseModel):
@@ -38,7 +38,7 @@ class TensorPredictRequest(BaseModel):
     priority: Priority = 0
 
 
-def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> dict[str, Any]:
+def request_tensors(model: GraphModel, inputs: dict[str, Any] | list[Any]) -> dict[str, Any]:
     signature = model.signature
     if isinstance(inputs, list):
         if not inputs:
@@ -55,7 +55,7 @@ def request_tensors(model: TensorModel, inputs: dict[str, Any] | list[Any]) -> d
 
 
 async def predict_tensors(
-    model: TensorModel,
+    model: GraphModel,
     raw: dict[str, Any],
     disconnected: asyncio.Future[None] | None,
     decide_priority: Callable[[int], int],
@@ -78,7 +78,7 @@ async def predict_tensors(
 
 
 def answer_rows(
-    model: TensorModel, result: dict[str, np.ndarray], outputs: tuple[str, ...]
+    model: GraphModel, result: dict[str, np.ndarray], outputs: tuple[str, ...]
 ) -> list[dict[str, Any]]:
     """One object per row when every output has the rows on its first axis (a batchable graph
     always does); else one object of the whole outputs."""

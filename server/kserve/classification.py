@@ -20,7 +20,7 @@ import numpy as np
 from ferry.backends import bfloat16
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput
-from ferry.server.tensor_model import TensorModel
+from ferry.server.graph_model import GraphModel
 
 PARAMETER = "classification"
 UNSCORED = ("BYTES", "BOOL")
@@ -47,7 +47,7 @@ def requested(outputs: Iterable[tuple[str, Any]]) -> dict[str, int]:
     return counts
 
 
-def plan(model: EncoderModel | TensorModel, counts: Mapping[str, int]) -> dict[str, Classification]:
+def plan(model: EncoderModel | GraphModel, counts: Mapping[str, int]) -> dict[str, Classification]:
     """What each classified output needs, checked against the model before any work."""
     plans = {}
     for name, count in counts.items():
@@ -63,11 +63,11 @@ def plan(model: EncoderModel | TensorModel, counts: Mapping[str, int]) -> dict[s
 
 
 def _scores(
-    model: EncoderModel | TensorModel, name: str
+    model: EncoderModel | GraphModel, name: str
 ) -> tuple[str, int | None, tuple[str, ...] | None, bool]:
     """An output's datatype, its classes per row (None: not known before it runs), their labels
     and whether the model is batched."""
-    if isinstance(model, TensorModel):
+    if isinstance(model, GraphModel):
         datatype = model.signature.output(name).datatype
         batched = model.batchable or model.signature.output(name).class_map
         return datatype, model.class_count(name), model.class_labels(name), batched

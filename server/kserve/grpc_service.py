@@ -26,6 +26,7 @@ from ferry import __version__
 from ferry.server.dialects import kserve_message
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
+from ferry.server.graph_model import GraphModel
 from ferry.server.kserve import classification
 from ferry.server.kserve.infer import (
     ABSENT,
@@ -45,7 +46,6 @@ from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.tenancy import CLAMPED_HEADER
-from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def encode_outputs(
 
 
 def classifications(
-    request: service_pb2.ModelInferRequest, model: EncoderModel | TensorModel
+    request: service_pb2.ModelInferRequest, model: EncoderModel | GraphModel
 ) -> dict[str, classification.Classification]:
     """The outputs asked for as Triton's top-k classes (tritonclient's `class_count`)."""
     asked = ((o.name, _parameter(o.parameters, classification.PARAMETER)) for o in request.outputs)
@@ -267,7 +267,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             if decided.clamped_from is not None:  # said, as the HTTP header says it
                 clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
                 context.set_trailing_metadata((clamped,))
-            if isinstance(model, TensorModel):
+            if isinstance(model, GraphModel):
                 return await infer_plain(model, request, decided.priority)
             wanted = output_names(model, [o.name for o in request.outputs])
             classified = classifications(request, model)
@@ -286,7 +286,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
 
 async def infer_plain(
-    model: TensorModel, request: Any, priority: int
+    model: GraphModel, request: Any, priority: int
 ) -> service_pb2.ModelInferResponse:
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
     `priority` after the policy (server/tenancy.py)."""

@@ -22,9 +22,9 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
 from ferry.server.errors import InvalidInput
+from ferry.server.graph_model import GraphModel
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
 from ferry.server.schemas import PRIORITY_MAX, PRIORITY_MIN
-from ferry.server.tensor_model import TensorModel
 
 
 def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
@@ -153,9 +153,9 @@ def request_priority(value: object = ABSENT) -> int:
     return value
 
 
-def output_names(model: EncoderModel | TensorModel, names: Sequence[str | None]) -> tuple[str, ...]:
+def output_names(model: EncoderModel | GraphModel, names: Sequence[str | None]) -> tuple[str, ...]:
     """The requested outputs, checked; all of the model's tensors when none are asked for."""
-    if isinstance(model, TensorModel):
+    if isinstance(model, GraphModel):
         return model.select_outputs(names, tensors=True)
     return model.outputs.select(names, tensors=True)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ferry.server.encoder_model import EncoderModel
+from ferry.server.graph_model import GraphModel
 from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
-from ferry.server.tensor_model import TensorModel
 
 VERSION = "1"
 # The protocol extensions served (Triton's names), listed in the server metadata.
@@ -28,8 +28,8 @@ def token_inputs(model: EncoderModel) -> tuple[str, ...]:
     return (*TOKEN_INPUTS, TYPES_INPUT) if model.backend.takes_token_types else TOKEN_INPUTS
 
 
-def model_metadata(model: EncoderModel | TensorModel) -> dict[str, Any]:
-    if isinstance(model, TensorModel):
+def model_metadata(model: EncoderModel | GraphModel) -> dict[str, Any]:
+    if isinstance(model, GraphModel):
         return tensor_metadata(model)
     backend = model.backend
     # Only the axes Ferry knows are given sizes; the rest vary (-1), as the protocol allows.
@@ -50,9 +50,9 @@ def model_metadata(model: EncoderModel | TensorModel) -> dict[str, Any]:
     }
 
 
-def model_config(model: EncoderModel | TensorModel) -> dict[str, Any]:
+def model_config(model: EncoderModel | GraphModel) -> dict[str, Any]:
     """Triton's model configuration JSON (int64 fields as numbers, as Triton prints them)."""
-    if isinstance(model, TensorModel):
+    if isinstance(model, GraphModel):
         return tensor_config(model)
     settings, backend = model.settings, model.backend
     limits = settings.batching

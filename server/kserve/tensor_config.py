@@ -10,19 +10,19 @@ from __future__ import annotations
 from typing import Any
 
 from ferry.backends.tensor_signature import CONFIG_TYPES, TensorSpec
-from ferry.server.tensor_model import TensorModel
+from ferry.server.graph_model import GraphModel
 
 VERSION = "1"
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX Runtime model
 
 
-def _output_shape(model: TensorModel, spec: TensorSpec) -> list[int]:
+def _output_shape(model: GraphModel, spec: TensorSpec) -> list[int]:
     if spec.class_map:
         return [-1, len(model.class_keys.get(spec.name, [])) or -1]
     return spec.metadata_shape()
 
 
-def tensor_metadata(model: TensorModel) -> dict[str, Any]:
+def tensor_metadata(model: GraphModel) -> dict[str, Any]:
     signature = model.signature
     outputs = []
     for spec in signature.outputs:
@@ -46,7 +46,7 @@ def tensor_metadata(model: TensorModel) -> dict[str, Any]:
     }
 
 
-def tensor_config(model: TensorModel) -> dict[str, Any]:
+def tensor_config(model: GraphModel) -> dict[str, Any]:
     """Triton's model configuration JSON."""
     settings, backend, signature = model.settings, model.backend, model.signature
     limits = settings.batching

@@ -1,12 +1,13 @@
 """The API process's end of the boundary: one DEALER socket to the engine process.
 
-Requests are numbered; a reader task resolves each one's futures (encoder rows) or feeds its
-queue (LLM deltas). The engine's death is seen at once through a pidfd on its process: every
-waiting request fails with a 503 error, readiness turns 503, and a Hello is repeated until the
-restarted engine answers. A stuck engine (stopped, or its loop blocked) is alive but silent: each
-encoder request's deadline is kept here too (504 at the deadline, whatever the engine does), and
-once the engine has sent nothing (its periodic Stats included) for `heartbeat_timeout_s`,
-readiness turns 503 and every stream and call waiting on it fails with a 503 (EngineStalled).
+Requests are numbered; a reader task resolves each one's futures (encoder rows, a plain graph's
+outputs) or feeds its queue (LLM deltas). The engine's death is seen at once through a pidfd on
+its process: every waiting request fails with a 503 error, readiness turns 503, and a Hello is
+repeated until the restarted engine answers. A stuck engine (stopped, or its loop blocked) is
+alive but silent: each encoder or plain-graph request's deadline is kept here too (504 at the
+deadline, whatever the engine does), and once the engine has sent nothing (its periodic Stats
+included) for `heartbeat_timeout_s`, readiness turns 503 and every stream and call waiting on it
+fails with a 503 (EngineStalled).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from ferry.batcher import TokenSequence
+from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
@@ -50,6 +51,7 @@ class EngineClient:
         self._replies: dict[int, asyncio.Future[CallResult]] = {}
         self.info: wire.Info | None = None
         self.adapters: dict[str, tuple[str, ...]] = {}  # per LLM, as the engine last said
+        self.classes: dict[str, dict[str, list[str | int]]] = {}  # per graph, learned late
         self.stats: wire.Stats | None = None
         self._connected = asyncio.Event()
         self._pidfd: int | None = None
@@ -100,17 +102,44 @@ class EngineClient:
     ) -> list[asyncio.Future[Row]]:
         """`timeout_s` is the request's own (None: the model's default, applied by the engine);
         `deadline_s` is the one both apply, kept here too."""
+        rid = next(self._ids)
+        lengths, frames = wire.pack_sequences(sequences)
+        names = None if outputs is None else tuple(sorted(outputs))
+        header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
+        return self._request(rid, len(sequences), header, frames, deadline_s)
+
+    def submit_tensors(
+        self,
+        model: str,
+        rows: TensorRows,
+        timeout_s: float | None,
+        outputs: tuple[str, ...],
+        priority: int,
+        deadline_s: float,
+    ) -> asyncio.Future[Row]:
+        """A plain graph's validated request: one future, of the outputs asked for. The
+        timeouts are as `submit`'s."""
+        rid = next(self._ids)
+        header, frames = wire.pack_tensors(rid, model, rows, timeout_s, outputs, priority)
+        (future,) = self._request(rid, 1, header, frames, deadline_s)
+        return future
+
+    def _request(
+        self,
+        rid: int,
+        count: int,
+        header: wire.Submit | wire.SubmitTensors,
+        frames: Sequence[bytes | memoryview],
+        deadline_s: float | None,
+    ) -> list[asyncio.Future[Row]]:
+        """Sent, and `count` futures resolved by the engine's Rows (or Failed) for `rid`."""
         loop = asyncio.get_running_loop()
-        futures = [loop.create_future() for _ in sequences]
+        futures = [loop.create_future() for _ in range(count)]
         if not self.alive:
             for future in futures:
                 future.set_exception(BatcherClosed(ENGINE_GONE))
             return futures
-        rid = next(self._ids)
         self._rows[rid] = futures
-        lengths, frames = wire.pack_sequences(sequences)
-        names = None if outputs is None else tuple(sorted(outputs))
-        header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
         self._send(header, frames)
 
         def cancelled(future: asyncio.Future[Row]) -> None:
@@ -234,9 +263,9 @@ class EngineClient:
 
     # -- the socket ----------------------------------------------------------------------------
 
-    def _send(self, header: wire.ToEngine, frames: list[bytes] | None = None) -> None:
+    def _send(self, header: wire.ToEngine, frames: Sequence[bytes | memoryview] = ()) -> None:
         assert self._socket is not None, "start the client first"
-        self._socket.send(header, frames or ())
+        self._socket.send(header, frames)
 
     def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
         self._heard = time.monotonic()
@@ -267,6 +296,8 @@ class EngineClient:
                     future.set_result(message.value)
         elif isinstance(message, wire.Stats):
             self.stats = message
+        elif isinstance(message, wire.Classes):
+            self.classes[message.model] = message.keys
         elif isinstance(message, wire.Adapters):
             self.adapters[message.model] = message.names
             self._send(wire.Ack(message.seq))

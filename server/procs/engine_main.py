@@ -1,8 +1,8 @@
 """The engine process: every batcher, backend and LLM engine, behind one ROUTER socket.
 
-API processes send validated sequences and generation requests; rows go back as raw tensor
-frames, generations as deltas. The loop here only moves messages: tokenizing, validating and
-rendering all happened in the API processes.
+API processes send validated sequences, plain graphs' validated tensors and generation
+requests; rows go back as raw tensor frames, generations as deltas. The loop here only moves
+messages: tokenizing, validating and rendering all happened in the API processes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -22,6 +22,7 @@ import zmq
 
 from ferry.llm.base import GenerationDelta
 from ferry.llm.errors import EngineDead
+from ferry.server.errors import UnknownModel
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
@@ -32,6 +33,7 @@ from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
 from ferry.server.registry import ModelRegistry, local_models
 from ferry.server.settings import Settings
+from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 STATS_EVERY_S = 0.25
@@ -46,9 +48,9 @@ class EngineServer:
         self._metrics = metrics = FerryMetrics(priority_levels=settings.priority_levels)
         self.engines = build_llm_engines(settings)
         # The encoders typed as what they are here: the rows of API processes go to them.
-        self.encoders, tensors = local_models(settings, metrics)
+        self.encoders, self.graphs = local_models(settings, metrics)
         self.registry = ModelRegistry(
-            self.encoders, self.engines, settings.default_model_name, tensors
+            self.encoders, self.engines, settings.default_model_name, self.graphs
         )
         # Per LLM, the adapters it serves and where each came from (the journal's content).
         self._adapters = {
@@ -63,6 +65,7 @@ class EngineServer:
         self._rows: dict[tuple[bytes, int], list[asyncio.Future[dict[str, np.ndarray]]]] = {}
         self._streams: dict[tuple[bytes, int], asyncio.Task[None]] = {}
         self._tickets = Tickets()  # LLM admission, for every API process at once
+        self._classes_told: dict[str, int] = {}  # per graph, its ZipMap outputs announced
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
 
@@ -88,10 +91,10 @@ class EngineServer:
         self._context.term()
 
     def _send(
-        self, peer: bytes, header: wire.ToApi, frames: list[memoryview] | None = None
+        self, peer: bytes, header: wire.ToApi, frames: Sequence[memoryview | bytes] = ()
     ) -> None:
         assert self._socket is not None
-        self._socket.send(header, frames or (), peer)
+        self._socket.send(header, frames, peer)
 
     def _receive(self, peer: bytes | None, header: object, frames: list[bytes]) -> None:
         assert peer is not None
@@ -104,6 +107,8 @@ class EngineServer:
             return
         if isinstance(message, wire.Submit):
             self._submit(peer, message, frames)
+        elif isinstance(message, wire.SubmitTensors):
+            self._submit_tensors(peer, message, frames)
         elif isinstance(message, wire.Admit):
             self._admit(peer, message)
         elif isinstance(message, wire.Release):
@@ -184,6 +189,35 @@ class EngineServer:
         self._rows[key] = futures
         for index, future in enumerate(futures):
             future.add_done_callback(partial(self._row_done, key, index))
+
+    def _submit_tensors(
+        self, peer: bytes, message: wire.SubmitTensors, frames: list[bytes]
+    ) -> None:
+        model = self.graphs.get(message.model)
+        if model is None:  # the API process found it in the same settings: not reached
+            missing = wire.error_to_wire(UnknownModel(message.model, list(self.graphs)))
+            self._send(peer, wire.Failed(message.rid, -1, missing))
+            return
+        rows = wire.unpack_tensors(message, frames)
+        # A task, kept as the request's one future: a Cancel cancels it, and with it the
+        # queued item (the model's own infer also puts a split request back together).
+        task = asyncio.ensure_future(
+            model.infer(rows, message.outputs, message.timeout_s, message.priority)
+        )
+        key = (peer, message.rid)
+        self._rows[key] = [task]
+        task.add_done_callback(lambda _: self._tell_classes(model))  # before the answer
+        task.add_done_callback(partial(self._row_done, key, 0))
+
+    def _tell_classes(self, model: TensorModel) -> None:
+        """ZipMap classes the graph learned since the API processes last heard (its Info was
+        sent before a first answer taught them): every API process renders by them."""
+        keys = model.class_keys
+        if len(keys) > self._classes_told.get(model.name, 0):
+            self._classes_told[model.name] = len(keys)
+            told = wire.Classes(model.name, {name: list(k) for name, k in keys.items()})
+            for api in self._peers:
+                self._send(api, told)
 
     def _row_done(
         self, key: tuple[bytes, int], index: int, future: asyncio.Future[dict[str, np.ndarray]]
@@ -338,12 +372,28 @@ class EngineServer:
             )
             for name, engine in self.engines.items()
         )
-        return wire.Info(os.getpid(), models, llms)
+        graphs = tuple(
+            wire.GraphInfo(
+                name,
+                model.backend.name,
+                model.backend.max_concurrency,
+                model.signature,
+                model.batchable,
+                model.padded_axes,
+                model.default_outputs,
+                {output: list(keys) for output, keys in model.class_keys.items()},
+                dict(model.backend.metadata),
+            )
+            for name, model in self.graphs.items()
+        )
+        return wire.Info(os.getpid(), models, llms, graphs)
 
     def _stats_now(self) -> wire.Stats:
+        ready = {name: model.ready for name, model in self.encoders.items()}
+        ready |= {name: model.ready for name, model in self.graphs.items()}
         return wire.Stats(
             {name: engine.stats() for name, engine in self.engines.items()},
-            {name: model.ready for name, model in self.encoders.items()},
+            ready,
             {name: engine.is_ready() for name, engine in self.engines.items()},
         )
 

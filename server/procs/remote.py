@@ -1,33 +1,48 @@
 """Stand-ins, in an API process, for the model runtimes and LLM engines the engine process owns.
 
-They implement the interfaces the server calls (`EncoderModel`, `LLMEngine`), rather than
-subclass the real ones: a model's metadata, tokenizer, output checks and rendering stay here,
-`submit` forwards validated sequences and resolves with the engine's raw rows; an LLM's chat
-tokenizer stays here, `generate` streams the engine's deltas. Everything above (routes, encoder
-path, OpenAI serving) is unchanged.
+They implement the interfaces the server calls (`EncoderModel`, `GraphModel`, `LLMEngine`),
+rather than subclass the real ones: a model's metadata, tokenizer, output checks and rendering
+stay here, `submit` forwards validated sequences and resolves with the engine's raw rows; a plain
+graph's tensors are checked here against its signature (the engine's, learned at start), `infer`
+forwards the rows; an LLM's chat tokenizer stays here, `generate` streams the engine's deltas.
+Everything above (routes, encoder path, KServe, OpenAI serving) is unchanged.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
+from ferry.backends.tensor_signature import Signature
+from ferry.batcher import TensorRows
 from ferry.llm.base import EngineStats, GenerationDelta
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.server.encoder import gather_results
 from ferry.server.encoder_request import ValidSequences
+from ferry.server.errors import InvalidInput
+from ferry.server.graph_model import (
+    GraphModel,
+    check_chunks,
+    class_count,
+    class_labels,
+    graph_limits,
+    graph_outputs,
+    graph_rows,
+)
+from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
-from ferry.server.model_files import token_model_files
+from ferry.server.model_files import plain_graph, token_model_files
 from ferry.server.model_outputs import ModelOutputs
 from ferry.server.openai.admission import Admitted
 from ferry.server.procs.client import EngineClient
-from ferry.server.procs.wire import LLMInfo
+from ferry.server.procs.wire import GraphInfo, LLMInfo
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import LLMSettings, ModelSettings, Settings
 
@@ -108,12 +123,130 @@ class RemoteModelRuntime:
         self.tokenizer.close()
 
 
+class RemoteTensorModel:
+    """A `GraphModel` whose rows run in the engine process: a request's tensors are checked
+    here, by the rules of the engine's model (its signature, learned at start), and its
+    outputs rendered here; only valid rows cross."""
+
+    task = "tensor"
+
+    def __init__(
+        self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
+    ) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self._client = client
+        self._metrics = metrics
+        self._info = GraphInfo(
+            self.name, settings.backend.kind, 1, Signature((), ()), False, frozenset(), (), {}
+        )  # until `start`
+        self.backend = BackendView(self._info.backend, (), frozenset(), 1)
+        self.images: ImageInputs | None = None  # decoded here, as the engine's model would
+
+    @property
+    def signature(self) -> Signature:
+        return self._info.signature
+
+    @property
+    def class_keys(self) -> Mapping[str, list[Any]]:
+        return self._client.classes.get(self.name, self._info.class_keys)
+
+    @property
+    def batchable(self) -> bool:
+        return self._info.batchable
+
+    @property
+    def ready(self) -> bool:
+        stats = self._client.stats
+        return (
+            self._client.responsive
+            and stats is not None
+            and stats.models_ready.get(self.name, False)
+        )
+
+    async def start(self) -> None:
+        """Learns the engine's model (the engine process started the real one)."""
+        info = self._client.info
+        assert info is not None, "start the client first"
+        self._info = next(graph for graph in info.graphs if graph.name == self.name)
+        self.backend = BackendView(self._info.backend, (), frozenset(), self._info.max_concurrency)
+        graph = replace(self._info.signature, images=frozenset())
+        self.images = image_inputs(self.settings, self._info.metadata, graph)
+
+    async def healthy(self) -> bool:
+        return self.ready
+
+    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        if self.images is not None:
+            try:
+                tensors = await self.images.decoded(tensors)
+            except InvalidInput:
+                self.count_invalid()
+                raise
+        return self.validate(tensors)
+
+    def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        info = self._info
+        limits = graph_limits(self.settings, info.max_concurrency, info.batchable)
+        try:
+            rows = graph_rows(info.signature, info.batchable, info.padded_axes, tensors)
+            check_chunks(rows, limits, info.batchable, info.signature)
+        except InvalidInput:
+            self.count_invalid()
+            raise
+        return rows
+
+    def select_outputs(
+        self, requested: Sequence[str | None] | None, *, tensors: bool = False
+    ) -> tuple[str, ...]:
+        return graph_outputs(self.signature, self._info.default_outputs, requested, tensors)
+
+    def class_count(self, name: str) -> int | None:
+        return class_count(self.signature, self.batchable, self.class_keys, name)
+
+    def class_labels(self, name: str) -> tuple[str, ...] | None:
+        return class_labels(self.settings, self.class_keys, name)
+
+    async def infer(
+        self,
+        rows: TensorRows,
+        outputs: Sequence[str],
+        timeout_s: float | None = None,
+        priority: int = 0,
+        disconnected: asyncio.Future[None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        # Admission is the engine's (its batcher's queue and limits); the deadline is kept on
+        # both sides: here it holds even when the engine is stuck.
+        deadline_s = self.settings.timeout_s if timeout_s is None else timeout_s
+        future = self._client.submit_tensors(
+            self.name, rows, timeout_s, tuple(outputs), priority, deadline_s
+        )
+        (result,) = await gather_results([future], disconnected)
+        return result
+
+    def count_invalid(self) -> None:
+        self._metrics.rejections.labels(self.name, "invalid").inc()
+
+    async def close(self, drain_timeout_s: float) -> None:
+        if self.images is not None:
+            self.images.close()
+
+
 class RemoteRegistry(ModelRegistry):
     def __init__(self, settings: Settings, client: EngineClient, metrics: FerryMetrics) -> None:
+        graphs = [m for m in settings.models if plain_graph(m) is not None]
+        tensors: dict[str, GraphModel] = {
+            m.name: RemoteTensorModel(m, client, metrics) for m in graphs
+        }
         super().__init__(
-            {m.name: RemoteModelRuntime(m, client, metrics) for m in settings.models},
+            {
+                m.name: RemoteModelRuntime(m, client, metrics)
+                for m in settings.models
+                if m.name not in tensors
+            },
             {m.name: RemoteLLMEngine(m, client) for m in settings.llm_models},
             settings.default_model_name,
+            tensors,
         )
         self._client = client
 

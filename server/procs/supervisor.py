@@ -23,7 +23,6 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from ferry.server.model_files import refuse_plain_graphs_across_processes
 from ferry.server.procs import run_dir
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
 from ferry.server.settings import Settings
@@ -213,5 +212,4 @@ def _join_all(processes: list[BaseProcess], timeout_s: float) -> None:
 
 
 def run(settings: Settings) -> int:
-    refuse_plain_graphs_across_processes(settings)
     return Supervisor(settings).run()

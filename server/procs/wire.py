@@ -1,19 +1,21 @@
 """What crosses the API/engine process boundary: msgspec structs, tensors as raw frames.
 
 Every message is one msgpack-encoded tagged struct (frame 0), followed by the raw bytes of the
-arrays it describes: token ids on the way in, result tensors on the way out. Nothing is pickled.
+arrays it describes: token ids or a plain graph's input tensors on the way in, result tensors on
+the way out (string tensors as a msgpack list). Nothing is pickled.
 Errors cross as their class name, message and plain attributes, and are rebuilt as the same
 class, so the API process maps them to statuses exactly as an in-process server does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 import numpy as np
 
-from ferry.batcher import TokenSequence
+from ferry.backends.tensor_signature import Signature
+from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher import errors as batcher_errors
 from ferry.llm import errors as llm_errors
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
@@ -37,6 +39,23 @@ class ModelInfo(msgspec.Struct):
     takes_token_types: bool = False
 
 
+class GraphInfo(msgspec.Struct):
+    """A plain graph as the engine process serves it: what an API process validates a request
+    by and renders its answer with, so it needs neither the graph nor a session of its own."""
+
+    name: str
+    backend: str
+    max_concurrency: int
+    signature: Signature
+    batchable: bool
+    padded_axes: frozenset[str]
+    default_outputs: tuple[str, ...]
+    class_keys: dict[str, list[str | int]]  # a ZipMap output's classes
+    # The graph's metadata_props: an image model's preprocessing (`ferry.preprocess`), which
+    # the API process decodes images by.
+    metadata: dict[str, str] = {}
+
+
 class LLMInfo(msgspec.Struct):
     name: str
     max_context_tokens: int
@@ -49,6 +68,7 @@ class Info(msgspec.Struct, tag=True):
     pid: int
     models: tuple[ModelInfo, ...]
     llms: tuple[LLMInfo, ...]
+    graphs: tuple[GraphInfo, ...] = ()
 
 
 class Submit(msgspec.Struct, tag=True):
@@ -60,6 +80,23 @@ class Submit(msgspec.Struct, tag=True):
     lengths: tuple[int, ...]
     timeout_s: float | None
     outputs: tuple[str, ...] | None
+    priority: int
+
+
+class SubmitTensors(msgspec.Struct, tag=True):
+    """A plain graph's validated request (its TensorRows); frames: one per input, in order.
+    Answered as one Row (index 0) of the outputs asked for."""
+
+    rid: int
+    model: str
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    rows: int
+    axis_sizes: dict[str, int]
+    shape_key: tuple[tuple[str, int], ...]
+    timeout_s: float | None
+    outputs: tuple[str, ...]
     priority: int
 
 
@@ -152,6 +189,14 @@ class Adapters(msgspec.Struct, tag=True):
     names: tuple[str, ...]
 
 
+class Classes(msgspec.Struct, tag=True):
+    """A plain graph's ZipMap classes, learned from an answer (a graph with a string input has
+    no warm-up to learn them at start): sent to every API process before that answer."""
+
+    model: str
+    keys: dict[str, list[str | int]]
+
+
 class Stats(msgspec.Struct, tag=True):
     """The engine's LLM counters and model health, pushed periodically."""
 
@@ -160,8 +205,8 @@ class Stats(msgspec.Struct, tag=True):
     llms_ready: dict[str, bool]
 
 
-ToEngine = Hello | Submit | Cancel | Admit | Release | Generate | Call | Ack
-ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters
+ToEngine = Hello | Submit | SubmitTensors | Cancel | Admit | Release | Generate | Call | Ack
+ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters | Classes
 
 encoder = msgspec.msgpack.Encoder()
 # One ZMQ message carries a list of headers (what one loop turn sent), then their frames.
@@ -173,7 +218,7 @@ def frame_count(header: object) -> int:
     """How many of the frames after the headers belong to this header."""
     if isinstance(header, Submit):
         return 3  # ids, masks, segment ids
-    if isinstance(header, Row):
+    if isinstance(header, Row | SubmitTensors):
         return len(header.names)
     return 0
 
@@ -214,26 +259,85 @@ def unpack_sequences(
     return sequences
 
 
-def pack_row(rid: int, index: int, row: dict[str, np.ndarray]) -> tuple[Row, list[memoryview]]:
-    # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
-    arrays = [np.require(value, requirements="C") for value in row.values()]
-    header = Row(
-        rid,
-        index,
-        tuple(row),
-        tuple(a.dtype.str for a in arrays),
-        tuple(a.shape for a in arrays),
-    )
-    return header, [memoryview(a).cast("B") for a in arrays]  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy declares it for 3.12+ only
+# A string tensor's dtype: its values cross as a msgpack list (bytes and str kept apart).
+OBJECT = np.dtype(object).str
+
+
+def pack_arrays(
+    arrays: Mapping[str, np.ndarray],
+) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], list[memoryview | bytes]]:
+    """Each array's dtype, shape and bytes (no copy of a C-ordered numeric array)."""
+    dtypes, shapes = [], []
+    frames: list[memoryview | bytes] = []
+    for value in arrays.values():
+        # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
+        array = np.require(value, requirements="C")
+        dtypes.append(array.dtype.str)
+        shapes.append(array.shape)
+        if array.dtype == object:
+            frames.append(msgspec.msgpack.encode(array.ravel().tolist()))
+        elif array.size == 0:  # memoryview cannot cast a view with a zero in its shape
+            frames.append(b"")
+        else:
+            frames.append(memoryview(array).cast("B"))  # type: ignore[arg-type]  # ndarray has the buffer protocol; numpy declares it for 3.12+ only
+    return tuple(dtypes), tuple(shapes), frames
+
+
+def unpack_arrays(
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    shapes: Sequence[tuple[int, ...]],
+    frames: Sequence[bytes],
+) -> dict[str, np.ndarray]:
+    arrays = {}
+    for name, dtype, shape, frame in zip(names, dtypes, shapes, frames, strict=True):
+        if dtype == OBJECT:
+            values = msgspec.msgpack.decode(frame)
+            arrays[name] = np.array(values, dtype=object).reshape(shape)
+        else:
+            arrays[name] = np.frombuffer(frame, dtype=dtype).reshape(shape)
+    return arrays
+
+
+def pack_row(
+    rid: int, index: int, row: dict[str, np.ndarray]
+) -> tuple[Row, list[memoryview | bytes]]:
+    dtypes, shapes, frames = pack_arrays(row)
+    return Row(rid, index, tuple(row), dtypes, shapes), frames
 
 
 def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:
-    return {
-        name: np.frombuffer(frame, dtype=dtype).reshape(shape)
-        for name, dtype, shape, frame in zip(
-            header.names, header.dtypes, header.shapes, frames, strict=True
-        )
-    }
+    return unpack_arrays(header.names, header.dtypes, header.shapes, frames)
+
+
+def pack_tensors(
+    rid: int,
+    model: str,
+    rows: TensorRows,
+    timeout_s: float | None,
+    outputs: tuple[str, ...],
+    priority: int,
+) -> tuple[SubmitTensors, list[memoryview | bytes]]:
+    dtypes, shapes, frames = pack_arrays(rows.tensors)
+    header = SubmitTensors(
+        rid,
+        model,
+        tuple(rows.tensors),
+        dtypes,
+        shapes,
+        rows.rows,
+        dict(rows.axis_sizes),
+        rows.shape_key,
+        timeout_s,
+        outputs,
+        priority,
+    )
+    return header, frames
+
+
+def unpack_tensors(header: SubmitTensors, frames: Sequence[bytes]) -> TensorRows:
+    tensors = unpack_arrays(header.names, header.dtypes, header.shapes, frames)
+    return TensorRows(tensors, header.rows, header.axis_sizes, header.shape_key)
 
 
 # The exceptions that cross: the batcher's, the LLM engines' and the server's own (a refusal

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from ferry import __version__
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
+from ferry.server.graph_model import GraphModel
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
@@ -52,7 +53,6 @@ from ferry.server.kserve.tensor_codec import (
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.tenancy import call_priority
-from ferry.server.tensor_model import TensorModel
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -83,8 +83,8 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
 
 
-def _model(request: Request, name: str) -> EncoderModel | TensorModel:
-    model: EncoderModel | TensorModel = request.app.state.registry.find(name)
+def _model(request: Request, name: str) -> EncoderModel | GraphModel:
+    model: EncoderModel | GraphModel = request.app.state.registry.find(name)
     return model
 
 
@@ -164,7 +164,7 @@ async def infer(call: HotCall) -> Reply:
     model = call.app_state.registry.find(call.params["name"])
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
-    if isinstance(model, TensorModel):
+    if isinstance(model, GraphModel):
         return await infer_plain(call, model, header_length.decode() if header_length else None)
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)
@@ -179,7 +179,7 @@ async def infer(call: HotCall) -> Reply:
     return encode_response(model.name, header.get("id"), outputs, binary, datatypes)
 
 
-async def infer_plain(call: HotCall, model: TensorModel, header_length: str | None) -> Reply:
+async def infer_plain(call: HotCall, model: GraphModel, header_length: str | None) -> Reply:
     """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
     body = call.body
     header, size = await decoded(len(body), partial(read_header, body, header_length))
@@ -285,7 +285,7 @@ def bytes_input(spec: dict[str, Any], binary: bytes, shape: list[int]) -> np.nda
 
 
 def requested_outputs(
-    header: dict[str, Any], model: EncoderModel | TensorModel
+    header: dict[str, Any], model: EncoderModel | GraphModel
 ) -> tuple[tuple[str, ...], set[str]]:
     """Output names (all of the backend's when none are asked for) and those to send binary."""
     all_binary = bool(parameters(header).get("binary_data_output", False))
@@ -306,7 +306,7 @@ def requested_outputs(
 
 
 def classifications(
-    header: dict[str, Any], model: EncoderModel | TensorModel
+    header: dict[str, Any], model: EncoderModel | GraphModel
 ) -> dict[str, classification.Classification]:
     """The outputs asked for as Triton's top-k classes (their specs checked already)."""
     specs = header.get("outputs") or []

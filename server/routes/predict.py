@@ -9,6 +9,7 @@ import orjson
 from fastapi import APIRouter
 
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
+from ferry.server.graph_model import GraphModel
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.image_predict import image_media, predict_image
 from ferry.server.large_bodies import decoded
@@ -16,7 +17,6 @@ from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 from ferry.server.tenancy import call_priority
-from ferry.server.tensor_model import TensorModel
 from ferry.server.tensor_predict import predict_tensors
 
 ERROR_RESPONSES = error_responses(401, 403, 404, 413, 415, 422, 429, 500, 503, 504)
@@ -30,7 +30,7 @@ async def predict(call: HotCall) -> Reply:
     if registry.tensors:  # plain graphs served: the body may be theirs
         raw = await decoded(len(call.body), partial(_plain_body, call.body))
         model = None if raw is None else registry.find(raw.get("model"))
-        if isinstance(model, TensorModel):
+        if isinstance(model, GraphModel):
             call.state["model_name"] = model.name
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)

@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import ferry_server
+from tests.server.conftest import API_SERVERS
 from tests.support import images
 from tests.support.metrics import metric_value
 
@@ -47,8 +48,8 @@ def graphs(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="module")
-def server(graphs):
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(graphs, request):
     models = [
         {
             "name": "configured",
@@ -67,7 +68,8 @@ def server(graphs):
 
     grpc_port = free_port()
     args = ["--model", f"cnn={graphs['declared']}", "--model", str(graphs["folder"])]
-    with ferry_server(models, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
+    options = {"grpc_port": grpc_port, "api_servers": request.param}
+    with ferry_server(models, options, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
         yield handle
 

@@ -6,8 +6,8 @@ import pytest
 
 from ferry.backends.manifest import MANIFEST_NAME
 from ferry.server.cli import model_argument
-from ferry.server.model_files import plain_graph, refuse_plain_graphs_across_processes
-from ferry.server.settings import ModelSettings, Settings
+from ferry.server.model_files import plain_graph
+from ferry.server.settings import ModelSettings
 
 
 def settings(path: Path, **fields) -> ModelSettings:
@@ -47,14 +47,6 @@ def test_model_arguments_are_named_by_the_stem_unless_named(tmp_path):
     assert model_argument(str(graph)) == {"name": "fraud.v2", "path": str(graph)}
     assert model_argument(f"scorer={graph}") == {"name": "scorer", "path": str(graph)}
     assert model_argument(str(tmp_path))["name"] == tmp_path.name  # a folder: its name
-
-
-def test_plain_graphs_are_refused_across_api_processes(tmp_path):
-    graph = tmp_path / "g.onnx"
-    graph.write_bytes(b"")
-    refuse_plain_graphs_across_processes(Settings(models=(settings(graph),)))
-    with pytest.raises(ValueError, match=r"\['m'\] are plain ONNX graphs"):
-        refuse_plain_graphs_across_processes(Settings(api_servers=2, models=(settings(graph),)))
 
 
 def test_preprocessing_is_refused_where_it_cannot_apply(tmp_path):

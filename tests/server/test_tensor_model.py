@@ -1,6 +1,6 @@
 """Plain ONNX graphs served by a real `ferry serve --model ...` process, every answer checked
 against ONNX Runtime run on that request alone, under concurrency, over KServe v2 HTTP
-(tritonclient) and /predict."""
+(tritonclient) and /predict; in both modes (API processes in front of an engine process too)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
 from ferry.server.tensor_model import TensorModel
+from tests.server.conftest import API_SERVERS
 from tests.support import plain_graphs
 from tests.support.liveness import LivenessProbe
 from tests.support.metrics import metric_value
@@ -65,6 +66,7 @@ def graphs(tmp_path_factory) -> dict[str, Path]:
         "lgbm": plain_graphs.breast_cancer(folder / "lgbm.onnx", "lightgbm"),
         "iris": plain_graphs.iris_graph(),
         "iris_by_name": plain_graphs.iris_by_name(folder / "iris_by_name.onnx"),
+        "colour": plain_graphs.colour_classifier(folder / "colour.onnx"),
     }
 
 
@@ -72,8 +74,8 @@ CHUNKED = {"max_batch_size": 3, "max_queue_size": 8}
 BREAST_CANCER_LABELS = ("malignant", "benign")  # classes 0 and 1 of scikit-learn's data
 
 
-@pytest.fixture(scope="module")
-def server(graphs):
+@pytest.fixture(scope="module", params=API_SERVERS)
+def server(graphs, request):
     # Waits for company (no dispatch while idle), so concurrent requests share padded batches.
     wait = {}
     for name in ("MASKED", "UNPADDED", "UNNAMED"):
@@ -101,8 +103,10 @@ def server(graphs):
     args += ["--model", f"xgb={graphs['xgb']}", "--model", f"lgbm={graphs['lgbm']}"]
     args += ["--model", str(graphs["iris_by_name"]), "--model", str(graphs["unnamed"])]
     args += ["--model", str(graphs["bf16"])]
+    args += ["--model", str(graphs["colour"])]
     grpc_port = free_port()
-    with ferry_server(config_entries, {"grpc_port": grpc_port}, env=wait, args=args) as handle:
+    options = {"grpc_port": grpc_port, "api_servers": request.param}
+    with ferry_server(config_entries, options, env=wait, args=args) as handle:
         handle.grpc_url = f"127.0.0.1:{grpc_port}"
         yield handle
 
@@ -496,6 +500,23 @@ def test_predict_takes_records_and_named_tensors(server, sessions, form, model):
     for answer, probability in zip(answers, expected["output_probability"], strict=True):
         assert list(answer["output_probability"]) == ["0", "1"]  # ZipMap's classes as keys
         np.testing.assert_allclose(list(answer["output_probability"].values()), probability)
+
+
+def test_zipmap_classes_learned_from_the_first_answer_key_it(server, sessions):
+    """A string input: no warm-up taught the classes, the first request's answer does (and,
+    with API processes, the engine tells them before that answer)."""
+    colours = np.array([["red"], ["blue"]], dtype=object)
+    body = {"model": "colour", "inputs": [{"colour": "red"}, {"colour": "blue"}]}
+    reply = httpx.post(f"{server.url}/predict", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    expected = alone(sessions["colour"], {"colour": colours})
+    answers = reply.json()["outputs"]
+    for answer, probability in zip(answers, expected["output_probability"], strict=True):
+        assert list(answer["output_probability"]) == ["0", "1"]
+        np.testing.assert_allclose(list(answer["output_probability"].values()), probability)
+    with client(server) as triton:
+        output = triton.get_model_metadata("colour")["outputs"][1]
+    assert output["shape"] == [-1, 2] and output["parameters"] == {"classes": ["0", "1"]}
 
 
 def test_predict_serves_text_and_plain_graphs_side_by_side(server):

@@ -150,6 +150,26 @@ def iris_by_name(path: Path) -> Path:
 IRIS_NAMES = ("setosa", "versicolor", "virginica")
 
 
+def colour_classifier(path: Path) -> Path:
+    """A string input (so no warm-up on zeros: ZipMap's classes are learned from the first
+    answer), one-hot encoded before a logistic regression."""
+    from skl2onnx import to_onnx
+    from skl2onnx.common.data_types import StringTensorType
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder
+
+    x = np.array([[c] for c in COLOURS * 4], dtype=object)
+    y = [int(c == "red") for c in COLOURS * 4]
+    model = make_pipeline(OneHotEncoder(), LogisticRegression()).fit(x, y)
+    types = [("colour", StringTensorType([None, 1]))]
+    onnx.save(to_onnx(model, initial_types=types, target_opset=17), path)
+    return path
+
+
+COLOURS = ["red", "green", "blue"]
+
+
 def breast_cancer_rows() -> np.ndarray:
     from sklearn.datasets import load_breast_cancer
 

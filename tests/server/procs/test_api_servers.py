@@ -27,6 +27,7 @@ from ferry.bench.server_process import (
     ferry_server,
     write_config,
 )
+from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 from tests.support.server_processes import gone, pids, readiness, ready, roles, wait_until
@@ -55,6 +56,7 @@ def run_dirs(server_tmp: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def server(server_tmp: Path):
     model = default_model_config(backend={"sessions": 1})
+    graph = plain_graphs.masked_mean(server_tmp / "masked_mean.onnx")  # a plain graph beside it
     with ferry_server(
         [model],
         server={
@@ -64,6 +66,7 @@ def server(server_tmp: Path):
         },
         llm_models=[tiny_llm_config(max_running=8)],
         env={"TMPDIR": str(server_tmp)},
+        args=["--model", f"masked={graph}"],
     ) as handle:
         wait_until(lambda: len(pids(handle, "api")) == 2, what="two API processes")
         yield handle
@@ -218,11 +221,23 @@ def test_an_engine_that_cannot_start_stops_the_server_with_status_1(tmp_path):
     assert run_dirs(tmp_path) == []
 
 
-def test_a_stopped_engine_gets_504_at_the_deadline_and_readiness_turns_503(server):
+# A text for the encoder, tensors for the plain graph: each request's deadline.
+DEADLINED = {
+    "text": {"inputs": ["a ferry across the river"], "timeout_ms": 1000},
+    "graph": {
+        "model": "masked",
+        "inputs": {"data": [[1.0, 2.0]], "mask": [[1, 0]]},
+        "timeout_ms": 1000,
+    },
+}
+
+
+@pytest.mark.parametrize("kind", list(DEADLINED))
+def test_a_stopped_engine_gets_504_at_the_deadline_and_readiness_turns_503(server, kind):
     """SIGSTOP: the engine lives but never answers. The API process keeps the deadline itself,
     and readiness sees the engine's silence; both before the engine resumes."""
     (engine,) = pids(server, "engine")
-    body = {"inputs": ["a ferry across the river"], "timeout_ms": 1000}
+    body = DEADLINED[kind]
     os.kill(engine, signal.SIGSTOP)
     try:
         # (a client timeout only so that a regression fails instead of hanging)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ferry.batcher import TokenSequence
+from ferry.backends.tensor_signature import Signature, TensorSpec
+from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher.errors import InferenceFailed, QueueFull
 from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings, TokenLogprob
 from ferry.llm.errors import PromptTooLong
@@ -57,6 +58,39 @@ def test_a_row_keeps_names_dtypes_and_shapes():
     for name, value in row.items():
         assert back[name].dtype == value.dtype and back[name].shape == value.shape
         np.testing.assert_array_equal(back[name], value)
+
+
+def test_a_plain_graphs_rows_cross_whatever_their_dtype_strings_included():
+    tensors = {
+        "x": np.arange(12, dtype=np.float16).reshape(2, 2, 3),
+        "flag": np.array([True, False]),
+        "city": np.array([[b"Oslo"], [b""]], dtype=object),
+        "name": np.array([["\u00e9"], ["b"]], dtype=object),  # str and bytes kept apart
+        "none": np.zeros((2, 0), np.uint64),
+        "scalar": np.array(7, np.int8),
+    }
+    rows = TensorRows(tensors, 2, {"T": 2}, (("x:2", 3),))
+    header, frames = wire.pack_tensors(5, "g", rows, 0.5, ("y",), -3)
+    (message,) = wire.to_engine.decode(wire.encoder.encode([header]))
+    assert isinstance(message, wire.SubmitTensors) and wire.frame_count(message) == len(tensors)
+    assert (message.outputs, message.timeout_s, message.priority) == (("y",), 0.5, -3)
+    back = wire.unpack_tensors(message, [bytes(f) for f in frames])
+    assert (back.rows, back.axis_sizes, back.shape_key) == (2, {"T": 2}, (("x:2", 3),))
+    for name, value in tensors.items():
+        assert back.tensors[name].dtype == value.dtype and back.tensors[name].shape == value.shape
+        assert back.tensors[name].tolist() == value.tolist()
+
+
+def test_a_plain_graphs_signature_reaches_the_api_processes():
+    signature = Signature(
+        (TensorSpec("X", "FP32", ("N", 30)),),
+        (TensorSpec("p", "FP32", ("p:0", "p:1"), class_map=True, unnamed=frozenset({"p:1"})),),
+    )
+    graph = wire.GraphInfo(
+        "gb", "onnxruntime", 2, signature, True, frozenset(), ("p",), {"p": [0, 1]}
+    )
+    (info,) = wire.to_api.decode(wire.encoder.encode([wire.Info(1, (), (), (graph,))]))
+    assert isinstance(info, wire.Info) and info.graphs == (graph,)
 
 
 def test_generation_requests_and_deltas_keep_every_field():

@@ -1,0 +1,183 @@
+"""What the server uses of a plain ONNX graph: the routes, KServe and the registry see only this.
+`TensorModel` (tensor_model.py) runs the graph in this process; in an API process
+`RemoteTensorModel` (procs/remote.py) forwards validated rows to the engine process's.
+
+The request rules both apply alike (which rows a request holds, which outputs it gets) are here,
+so an API process decides a request's 4xx exactly as the engine process would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ferry.backends.tensor_signature import Signature
+from ferry.batcher import BatchLimits, TensorRows
+from ferry.batcher.tensor_chunks import chunk_rows
+from ferry.server.errors import InvalidInput
+from ferry.server.settings import ModelSettings
+from ferry.server.tensor_inputs import valid_rows
+
+
+class GraphBackend(Protocol):
+    """What KServe's model config reads of the backend."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def max_concurrency(self) -> int: ...
+
+
+@runtime_checkable
+class GraphModel(Protocol):
+    """Told from an `EncoderModel` by `isinstance` (the routes branch on it)."""
+
+    task: str  # "tensor", as /v1/models lists it
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def settings(self) -> ModelSettings: ...
+    @property
+    def backend(self) -> GraphBackend: ...
+    @property
+    def signature(self) -> Signature: ...
+    @property
+    def class_keys(self) -> Mapping[str, list[Any]]:
+        """A ZipMap output's classes, in the order of its [N, C] tensor's columns."""
+
+    @property
+    def batchable(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def healthy(self) -> bool: ...
+
+    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        """`validate`, after decoding the encoded images a request sent (in a worker pool)."""
+
+    def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+        """A request's tensors checked against the signature (InvalidInput naming the input)."""
+
+    def class_count(self, name: str) -> int | None:
+        """Classes (values) in a row of output `name`; None: not known before a run."""
+
+    def class_labels(self, name: str) -> tuple[str, ...] | None:
+        """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
+
+    def select_outputs(
+        self, requested: Sequence[str | None] | None, *, tensors: bool = False
+    ) -> tuple[str, ...]: ...
+
+    async def infer(
+        self,
+        rows: TensorRows,
+        outputs: Sequence[str],
+        timeout_s: float | None = None,
+        priority: int = 0,
+        disconnected: asyncio.Future[None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """A validated request's outputs, its rows on the first axis (nothing checked again)."""
+
+    def count_invalid(self) -> None: ...
+
+    async def close(self, drain_timeout_s: float) -> None: ...
+
+
+# The batch limit in elements when the config keeps the token default (2048 suits tokens, not
+# a row of 30 features or an image of 150,528 values): about 16 MB of FP32 a batch.
+TENSOR_BATCH_ELEMENTS = 4 * 2**20
+
+
+def graph_limits(settings: ModelSettings, max_concurrency: int, batchable: bool) -> BatchLimits:
+    """The graph's batcher limits: the configured ones, in rows and elements."""
+    limits = settings.batching
+    elements = limits.max_batch_tokens
+    if elements == BatchLimits().max_batch_tokens:
+        elements = TENSOR_BATCH_ELEMENTS
+    return replace(
+        limits,
+        max_concurrent_batches=max_concurrency,
+        prepared_batches=0,
+        # A fixed first axis: the graph takes one request's rows at a time.
+        max_batch_size=limits.max_batch_size if batchable else 1,
+        max_batch_tokens=elements,
+    )
+
+
+def check_chunks(
+    rows: TensorRows, limits: BatchLimits, batchable: bool, signature: Signature
+) -> None:
+    """A request whose chunks the queue could never hold at once is refused (not a 429 that no
+    retry would lift)."""
+    size = chunk_rows(rows, limits)
+    if batchable and math.ceil(rows.rows / size) > limits.max_queue_size:
+        raise InvalidInput(
+            signature.input_names[0],
+            f"{rows.rows} rows go in chunks of {size}, more than the queue's "
+            f"{limits.max_queue_size} places",
+        )
+
+
+def graph_rows(
+    signature: Signature,
+    batchable: bool,
+    padded: frozenset[str],
+    tensors: Mapping[str, np.ndarray],
+) -> TensorRows:
+    """The request's rows; only requests of equal sizes along the unpadded axes batch."""
+    rows = valid_rows(signature, tensors, batchable)
+    sizes = rows.axis_sizes
+    if set(sizes) <= padded:
+        return rows
+    kept = {axis: size for axis, size in sizes.items() if axis in padded}
+    key = tuple(sorted((axis, size) for axis, size in sizes.items() if axis not in kept))
+    return replace(rows, axis_sizes=kept, shape_key=key)
+
+
+def graph_outputs(
+    signature: Signature,
+    default: tuple[str, ...],
+    requested: Sequence[str | None] | None,
+    tensors: bool,
+) -> tuple[str, ...]:
+    """The outputs a request names (checked), else `default` (the configured ones), or with
+    `tensors` (KServe) every one, as encoders."""
+    choices = signature.output_names
+    for name in requested or ():
+        if name not in choices:
+            raise InvalidInput("outputs", f"unknown output {name!r}; choose from {list(choices)}")
+    if requested:
+        return tuple(requested)  # type: ignore[arg-type]  # each name checked above: no None
+    return choices if tensors else default
+
+
+def class_count(
+    signature: Signature, batchable: bool, class_keys: Mapping[str, list[Any]], name: str
+) -> int | None:
+    """Classes (values) in a row of output `name`; of the whole output for a fixed first axis,
+    except ZipMap's (by row always). None: not known before a run."""
+    spec = signature.output(name)
+    if spec.class_map:
+        keys = class_keys.get(name)
+        return len(keys) if keys else None
+    dims = spec.shape[1:] if batchable else spec.shape
+    sizes = [d for d in dims if isinstance(d, int)]
+    return math.prod(sizes) if len(sizes) == len(dims) else None
+
+
+def class_labels(
+    settings: ModelSettings, class_keys: Mapping[str, list[Any]], name: str
+) -> tuple[str, ...] | None:
+    """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
+    if name in settings.labels:
+        return settings.labels[name]
+    keys = class_keys.get(name)
+    return tuple(str(k) for k in keys) if keys else None
