@@ -11,15 +11,11 @@ from ferry.backends.manifest import ModelManifest
 from ferry.batcher.types import Result
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.model_outputs import BackendInfo, ModelOutputs
-from ferry.server.settings import ModelSettings
+from ferry.server.served_model import ServedModel
 from ferry.server.tokenization import TextTokenizer
 
 
-class EncoderModel(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def settings(self) -> ModelSettings: ...
+class EncoderModel(ServedModel, Protocol):
     @property
     def manifest(self) -> ModelManifest: ...
     @property
@@ -28,20 +24,9 @@ class EncoderModel(Protocol):
     def backend(self) -> BackendInfo: ...
     @property
     def outputs(self) -> ModelOutputs: ...
-    @property
-    def ready(self) -> bool: ...
-
-    async def start(self) -> None: ...
-
-    async def healthy(self) -> bool: ...
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
         """Raises InvalidInput (timeout_ms) for a deadline the model can never meet."""
 
     def submit(self, valid: ValidSequences) -> list[asyncio.Future[Result]]:
         """Queue a validated request's rows (nothing is checked again), one future each."""
-
-    def count_invalid(self) -> None:
-        """A request refused by validation, counted with the batcher's own refusals."""
-
-    async def close(self, drain_timeout_s: float) -> None: ...

@@ -12,7 +12,7 @@ import asyncio
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, Unpack, runtime_checkable
 
 import numpy as np
 
@@ -20,6 +20,8 @@ from ferry.backends.tensor_signature import Signature
 from ferry.batcher import BatchLimits, TensorRows
 from ferry.batcher.tensor_chunks import chunk_rows
 from ferry.server.errors import InvalidInput
+from ferry.server.image_inputs import ImageInputs
+from ferry.server.served_model import ServedModel
 from ferry.server.settings import ModelSettings
 from ferry.server.tensor_inputs import valid_rows
 
@@ -34,15 +36,11 @@ class GraphBackend(Protocol):
 
 
 @runtime_checkable
-class GraphModel(Protocol):
+class GraphModel(ServedModel, Protocol):
     """Told from an `EncoderModel` by `isinstance` (the routes branch on it)."""
 
     task: str  # "tensor", as /v1/models lists it
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def settings(self) -> ModelSettings: ...
     @property
     def backend(self) -> GraphBackend: ...
     @property
@@ -54,41 +52,20 @@ class GraphModel(Protocol):
     @property
     def batchable(self) -> bool: ...
     @property
-    def ready(self) -> bool: ...
-
-    async def start(self) -> None: ...
-
-    async def healthy(self) -> bool: ...
-
-    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
-        """`validate`, after decoding the encoded images a request sent (in a worker pool)."""
+    def images(self) -> ImageInputs | None:
+        """Its image preprocessing, where it declares one (decoded where requests arrive)."""
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         """A request's tensors checked against the signature (InvalidInput naming the input)."""
-
-    def class_count(self, name: str) -> int | None:
-        """Classes (values) in a row of output `name`; None: not known before a run."""
-
-    def class_labels(self, name: str) -> tuple[str, ...] | None:
-        """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
 
     def select_outputs(
         self, requested: Sequence[str | None] | None, *, tensors: bool = False
     ) -> tuple[str, ...]: ...
 
     async def infer(
-        self,
-        rows: TensorRows,
-        outputs: Sequence[str],
-        timeout_s: float | None = None,
-        priority: int = 0,
-        disconnected: asyncio.Future[None] | None = None,
+        self, rows: TensorRows, outputs: Sequence[str], **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         """A validated request's outputs, its rows on the first axis (nothing checked again)."""
-
-    def count_invalid(self) -> None: ...
-
-    async def close(self, drain_timeout_s: float) -> None: ...
 
 
 # The batch limit in elements when the config keeps the token default (2048 suits tokens, not
@@ -126,6 +103,23 @@ def check_chunks(
         )
 
 
+class InferOptions(TypedDict, total=False):
+    """infer()'s optional keywords, declared once for the protocol and both models
+    (`infer_options` gives each with its default): the request's deadline (None: the model's
+    `timeout_s`), its priority, and a future the client's disconnect resolves."""
+
+    timeout_s: float | None
+    priority: int
+    disconnected: asyncio.Future[None] | None
+
+
+def infer_options(
+    options: InferOptions,
+) -> tuple[float | None, int, asyncio.Future[None] | None]:
+    """(timeout_s, priority, disconnected) of an infer() call, defaults where it gave none."""
+    return options.get("timeout_s"), options.get("priority", 0), options.get("disconnected")
+
+
 def graph_rows(
     signature: Signature,
     batchable: bool,
@@ -159,25 +153,33 @@ def graph_outputs(
     return choices if tensors else default
 
 
-def class_count(
-    signature: Signature, batchable: bool, class_keys: Mapping[str, list[Any]], name: str
-) -> int | None:
+async def prepare(model: GraphModel, tensors: Mapping[str, np.ndarray]) -> TensorRows:
+    """`model.validate(tensors)`, after decoding the encoded images a request sent (in the
+    model's worker pool, off the event loop)."""
+    if model.images is not None:
+        try:
+            tensors = await model.images.decoded(tensors)
+        except InvalidInput:
+            model.count_invalid()
+            raise
+    return model.validate(tensors)
+
+
+def class_count(model: GraphModel, name: str) -> int | None:
     """Classes (values) in a row of output `name`; of the whole output for a fixed first axis,
     except ZipMap's (by row always). None: not known before a run."""
-    spec = signature.output(name)
+    spec = model.signature.output(name)
     if spec.class_map:
-        keys = class_keys.get(name)
+        keys = model.class_keys.get(name)
         return len(keys) if keys else None
-    dims = spec.shape[1:] if batchable else spec.shape
+    dims = spec.shape[1:] if model.batchable else spec.shape
     sizes = [d for d in dims if isinstance(d, int)]
     return math.prod(sizes) if len(sizes) == len(dims) else None
 
 
-def class_labels(
-    settings: ModelSettings, class_keys: Mapping[str, list[Any]], name: str
-) -> tuple[str, ...] | None:
+def class_labels(model: GraphModel, name: str) -> tuple[str, ...] | None:
     """Output `name`'s class labels: the configured ones, else a ZipMap's keys."""
-    if name in settings.labels:
-        return settings.labels[name]
-    keys = class_keys.get(name)
+    if name in model.settings.labels:
+        return model.settings.labels[name]
+    keys = model.class_keys.get(name)
     return tuple(str(k) for k in keys) if keys else None

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs
 import numpy as np
 
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.hot import HotCall
 from ferry.server.route_table import IMAGES
 from ferry.server.tenancy import call_priority
@@ -42,8 +42,8 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
         )
     image = np.empty((), dtype=object)  # one image, no row index: errors name the input
     image[()] = call.body
-    rows = await model.prepare({image_input: image})
+    rows = await prepare(model, {image_input: image})
     outputs = model.select_outputs(None)
     priority = call_priority(call, 0)
-    result = await model.infer(rows, outputs, None, priority, call.disconnected())
+    result = await model.infer(rows, outputs, priority=priority, disconnected=call.disconnected())
     return {"model": model.name, "outputs": answer_rows(model, result, outputs)}

@@ -7,11 +7,10 @@ axes padded together); one with a fixed first axis is served one request at a ti
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import numpy as np
 
@@ -25,12 +24,13 @@ from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import (
+    InferOptions,
     check_chunks,
     class_count,
-    class_labels,
     graph_limits,
     graph_outputs,
     graph_rows,
+    infer_options,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
@@ -137,18 +137,12 @@ class TensorModel:
                     f"model {self.name!r}: labels names {name!r}, which is not among its "
                     f"outputs {list(self.signature.output_names)}"
                 )
-            classes = self.class_count(name)
+            classes = class_count(self, name)
             if classes is not None and len(labels) != classes:
                 raise ValueError(
                     f"model {self.name!r}: {len(labels)} labels for output {name!r}, "
                     f"which has {classes} classes"
                 )
-
-    def class_count(self, name: str) -> int | None:
-        return class_count(self.signature, self.batchable, self.class_keys, name)
-
-    def class_labels(self, name: str) -> tuple[str, ...] | None:
-        return class_labels(self.settings, self.class_keys, name)
 
     def _start_images(self) -> None:
         graph = self.backend.signature
@@ -177,16 +171,6 @@ class TensorModel:
     def _limits(self) -> BatchLimits:
         return graph_limits(self.settings, self.backend.max_concurrency, self.batchable)
 
-    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
-        """`validate`, after decoding the encoded images a request sent (in the worker pool)."""
-        if self.images is not None:
-            try:
-                tensors = await self.images.decoded(tensors)
-            except InvalidInput:
-                self.count_invalid()
-                raise
-        return self.validate(tensors)
-
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
             rows = graph_rows(self.signature, self.batchable, self._padded, tensors)
@@ -206,15 +190,11 @@ class TensorModel:
         return graph_outputs(self.signature, self._default_outputs, requested, tensors)
 
     async def infer(
-        self,
-        rows: TensorRows,
-        outputs: Sequence[str],
-        timeout_s: float | None = None,
-        priority: int = 0,
-        disconnected: asyncio.Future[None] | None = None,
+        self, rows: TensorRows, outputs: Sequence[str], **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         """A validated request's outputs, its rows on the first axis, through the batcher; one
         of more rows than a batch takes goes in chunks (tensor_chunks.py)."""
+        timeout_s, priority, disconnected = infer_options(options)
         assert self.batcher is not None, "infer before start"
         chunks = (
             split_rows(rows, chunk_rows(rows, self.batcher.limits)) if self.batchable else [rows]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from ferry.backends import bfloat16
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.image_inputs import json_images
 from ferry.server.large_bodies import decoded
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
@@ -70,10 +70,12 @@ async def predict_tensors(
     except InvalidInput:
         model.count_invalid()
         raise
-    rows = await model.prepare(tensors)
+    rows = await prepare(model, tensors)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
     priority = decide_priority(body.priority)
-    result = await model.infer(rows, outputs, timeout_s, priority, disconnected)
+    result = await model.infer(
+        rows, outputs, timeout_s=timeout_s, priority=priority, disconnected=disconnected
+    )
     return {"model": model.name, "outputs": answer_rows(model, result, outputs)}
 
 

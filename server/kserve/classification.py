@@ -20,7 +20,7 @@ import numpy as np
 from ferry.backends import bfloat16
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, class_count, class_labels
 
 PARAMETER = "classification"
 UNSCORED = ("BYTES", "BOOL")
@@ -70,7 +70,7 @@ def _scores(
     if isinstance(model, GraphModel):
         datatype = model.signature.output(name).datatype
         batched = model.batchable or model.signature.output(name).class_map
-        return datatype, model.class_count(name), model.class_labels(name), batched
+        return datatype, class_count(model, name), class_labels(model, name), batched
     if model.outputs.is_sequence(name):
         raise InvalidInput(name, "classification needs one vector of scores a row, not a sequence")
     id2label = model.manifest.id2label if name == "logits" else {}

@@ -26,7 +26,7 @@ from ferry import __version__
 from ferry.server.dialects import kserve_message
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.kserve import classification
 from ferry.server.kserve.infer import (
     ABSENT,
@@ -292,8 +292,8 @@ async def infer_plain(
     `priority` after the policy (server/tenancy.py)."""
     wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
     classified = classifications(request, model)
-    rows = await model.prepare(decode_grpc_tensors(request, model.signature))
-    result = await model.infer(rows, wanted, None, priority)
+    rows = await prepare(model, decode_grpc_tensors(request, model.signature))
+    result = await model.infer(rows, wanted, priority=priority)
     outputs = classification.apply({name: result[name] for name in wanted}, classified)
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype

@@ -68,6 +68,13 @@ class EngineClient:
         silent_s = time.monotonic() - self._heard
         return self.alive and silent_s <= self._heartbeat_timeout_s
 
+    def ready(self, name: str, llm: bool = False) -> bool:
+        """The engine's model (or LLM) `name` is ready, by a report heard lately."""
+        stats = self.stats
+        if not self.responsive or stats is None:
+            return False
+        return (stats.llms_ready if llm else stats.models_ready).get(name, False)
+
     async def start(self) -> wire.Info:
         """Waits for the engine's first answer (it may still be loading its models)."""
         socket = self._context.socket(zmq.DEALER)

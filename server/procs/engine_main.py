@@ -202,7 +202,9 @@ class EngineServer:
         # A task, kept as the request's one future: a Cancel cancels it, and with it the
         # queued item (the model's own infer also puts a split request back together).
         task = asyncio.ensure_future(
-            model.infer(rows, message.outputs, message.timeout_s, message.priority)
+            model.infer(
+                rows, message.outputs, timeout_s=message.timeout_s, priority=message.priority
+            )
         )
         key = (peer, message.rid)
         self._rows[key] = [task]

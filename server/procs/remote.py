@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 import numpy as np
 
@@ -29,12 +29,12 @@ from ferry.server.encoder_request import ValidSequences
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import (
     GraphModel,
+    InferOptions,
     check_chunks,
-    class_count,
-    class_labels,
     graph_limits,
     graph_outputs,
     graph_rows,
+    infer_options,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
@@ -75,12 +75,7 @@ class RemoteModelRuntime:
 
     @property
     def ready(self) -> bool:
-        stats = self._client.stats
-        return (
-            self._client.responsive
-            and stats is not None
-            and stats.models_ready.get(self.name, False)
-        )
+        return self._client.ready(self.name)
 
     async def start(self) -> None:
         """Learns the engine's model (the engine process started the real one)."""
@@ -157,12 +152,7 @@ class RemoteTensorModel:
 
     @property
     def ready(self) -> bool:
-        stats = self._client.stats
-        return (
-            self._client.responsive
-            and stats is not None
-            and stats.models_ready.get(self.name, False)
-        )
+        return self._client.ready(self.name)
 
     async def start(self) -> None:
         """Learns the engine's model (the engine process started the real one)."""
@@ -175,15 +165,6 @@ class RemoteTensorModel:
 
     async def healthy(self) -> bool:
         return self.ready
-
-    async def prepare(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
-        if self.images is not None:
-            try:
-                tensors = await self.images.decoded(tensors)
-            except InvalidInput:
-                self.count_invalid()
-                raise
-        return self.validate(tensors)
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         info = self._info
@@ -201,20 +182,10 @@ class RemoteTensorModel:
     ) -> tuple[str, ...]:
         return graph_outputs(self.signature, self._info.default_outputs, requested, tensors)
 
-    def class_count(self, name: str) -> int | None:
-        return class_count(self.signature, self.batchable, self.class_keys, name)
-
-    def class_labels(self, name: str) -> tuple[str, ...] | None:
-        return class_labels(self.settings, self.class_keys, name)
-
     async def infer(
-        self,
-        rows: TensorRows,
-        outputs: Sequence[str],
-        timeout_s: float | None = None,
-        priority: int = 0,
-        disconnected: asyncio.Future[None] | None = None,
+        self, rows: TensorRows, outputs: Sequence[str], **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
+        timeout_s, priority, disconnected = infer_options(options)
         # Admission is the engine's (its batcher's queue and limits); the deadline is kept on
         # both sides: here it holds even when the engine is stuck.
         deadline_s = self.settings.timeout_s if timeout_s is None else timeout_s
@@ -317,10 +288,7 @@ class RemoteLLMEngine:
         pass
 
     def is_ready(self) -> bool:
-        stats = self._client.stats
-        return (
-            self._client.responsive and stats is not None and stats.llms_ready.get(self.name, False)
-        )
+        return self._client.ready(self.name, llm=True)
 
     def stats(self) -> EngineStats:
         # The engine's latest report: a scrape reaches one API process, which reads it here

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from ferry import __version__
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
@@ -187,8 +187,8 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
     classified = classifications(header, model)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
     tensors = await decoded(len(body), partial(decode_tensors, header, body, size, model.signature))
-    rows = await model.prepare(tensors)
-    result = await model.infer(rows, wanted, None, priority, call.disconnected())
+    rows = await prepare(model, tensors)
+    result = await model.infer(rows, wanted, priority=priority, disconnected=call.disconnected())
     outputs = {name: result[name] for name in wanted}  # in the order asked for
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype

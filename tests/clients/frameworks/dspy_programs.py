@@ -9,22 +9,12 @@ from __future__ import annotations
 import dspy
 import litellm
 
-from tests.clients.frameworks.shapes import (
-    MAX_TOKENS,
-    MODEL,
-    PERSON_PROMPT,
-    WEATHER_PROMPT,
-    Answer,
-    Call,
-    Person,
-    Usage,
-    weather_tool,
-)
+from tests.clients.frameworks import shapes
 
 litellm.suppress_debug_info = True
 litellm.register_model(
     {
-        f"openai/{MODEL}": {
+        f"openai/{shapes.MODEL}": {
             "litellm_provider": "openai",
             "mode": "chat",
             "supports_function_calling": True,
@@ -39,7 +29,7 @@ class Extract(dspy.Signature):
     """Extract the person."""
 
     text: str = dspy.InputField()
-    person: Person = dspy.OutputField()
+    person: shapes.Person = dspy.OutputField()
 
 
 class Ask(dspy.Signature):
@@ -52,43 +42,43 @@ class Ask(dspy.Signature):
 
 def lm(url: str) -> dspy.LM:
     return dspy.LM(
-        f"openai/{MODEL}",
+        f"openai/{shapes.MODEL}",
         api_base=f"{url}/v1",
         api_key="unused",
         engine="litellm",
         cache=False,
         num_retries=0,
         temperature=0,
-        max_tokens=MAX_TOKENS,
+        max_tokens=shapes.MAX_TOKENS,
     )
 
 
-def usage(model: dspy.LM) -> Usage:
+def usage(model: dspy.LM) -> shapes.Usage:
     used = model.history[-1]["usage"]
-    return Usage(used["prompt_tokens"], used["completion_tokens"])
+    return shapes.Usage(used["prompt_tokens"], used["completion_tokens"])
 
 
-def structured(url: str) -> Answer:
+def structured(url: str) -> shapes.Answer:
     model = lm(url)
     with dspy.context(lm=model, adapter=dspy.JSONAdapter()):
-        prediction = dspy.Predict(Extract)(text=PERSON_PROMPT)
-    return Answer(output=prediction.person, usage=usage(model))
+        prediction = dspy.Predict(Extract)(text=shapes.PERSON_PROMPT)
+    return shapes.Answer(output=prediction.person, usage=usage(model))
 
 
-def tool_calls(url: str, adapter: dspy.Adapter) -> Answer:
-    get_weather, _ = weather_tool()
+def tool_calls(url: str, adapter: dspy.Adapter) -> shapes.Answer:
+    get_weather, _ = shapes.weather_tool()
     with dspy.context(lm=lm(url), adapter=adapter):
         prediction = dspy.Predict(Ask)(
-            question=WEATHER_PROMPT,
+            question=shapes.WEATHER_PROMPT,
             tools=[dspy.Tool(get_weather)],
             config={"tool_choice": "required"},
         )
-    return Answer([Call(c.name, c.args) for c in prediction.outputs.tool_calls])
+    return shapes.Answer([shapes.Call(c.name, c.args) for c in prediction.outputs.tool_calls])
 
 
-def forced(url: str) -> Answer:
+def forced(url: str) -> shapes.Answer:
     return tool_calls(url, dspy.ChatAdapter(use_native_function_calling=True))
 
 
-def beside_format(url: str) -> Answer:
+def beside_format(url: str) -> shapes.Answer:
     return tool_calls(url, dspy.JSONAdapter(use_native_function_calling=True))

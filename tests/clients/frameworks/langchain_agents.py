@@ -10,58 +10,47 @@ from langchain_core.messages import ToolMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
-from tests.clients.frameworks.shapes import (
-    MAX_TOKENS,
-    MODEL,
-    PERSON_PROMPT,
-    WEATHER_PROMPT,
-    Answer,
-    Call,
-    Person,
-    Usage,
-    Weather,
-    weather_tool,
-)
+from tests.clients.frameworks import shapes
 
 
 def chat_model(url: str, api: str) -> ChatOpenAI:
     return ChatOpenAI(
-        model=MODEL,
+        model=shapes.MODEL,
         base_url=f"{url}/v1",
         api_key="unused",
         temperature=0,
-        max_tokens=MAX_TOKENS,
+        max_tokens=shapes.MAX_TOKENS,
         max_retries=0,
         stream_usage=True,
         use_responses_api=api == "responses",
     )
 
 
-def usage(message) -> Usage:
+def usage(message) -> shapes.Usage:
     used = message.usage_metadata
-    return Usage(used["input_tokens"], used["output_tokens"])
+    return shapes.Usage(used["input_tokens"], used["output_tokens"])
 
 
-def structured(url: str, api: str) -> Answer:
+def structured(url: str, api: str) -> shapes.Answer:
     model = chat_model(url, api).with_structured_output(
-        Person, method="json_schema", include_raw=True
+        shapes.Person, method="json_schema", include_raw=True
     )
-    result = model.invoke(PERSON_PROMPT)
-    return Answer(output=result["parsed"], usage=usage(result["raw"]))
+    result = model.invoke(shapes.PERSON_PROMPT)
+    return shapes.Answer(output=result["parsed"], usage=usage(result["raw"]))
 
 
-def streamed(url: str) -> Answer:
+def streamed(url: str) -> shapes.Answer:
     """bind_tools forcing the tool, streamed: the chunks add up to the call and the usage.
     langchain leaves a tool's schema open (no `additionalProperties: false`) unless strict."""
-    get_weather, _ = weather_tool()
+    get_weather, _ = shapes.weather_tool()
     model = chat_model(url, "chat").bind_tools(
-        [tool(get_weather, args_schema=Weather)], tool_choice="get_weather", strict=True
+        [tool(get_weather, args_schema=shapes.Weather)], tool_choice="get_weather", strict=True
     )
     whole = None
-    for chunk in model.stream(WEATHER_PROMPT):
+    for chunk in model.stream(shapes.WEATHER_PROMPT):
         whole = chunk if whole is None else whole + chunk
-    calls = [Call(c["name"], c["args"]) for c in whole.tool_calls]
-    return Answer(calls, usage=usage(whole))
+    calls = [shapes.Call(c["name"], c["args"]) for c in whole.tool_calls]
+    return shapes.Answer(calls, usage=usage(whole))
 
 
 @wrap_model_call
@@ -75,13 +64,13 @@ def tool_then_format(request, handler):
     return handler(request.override(model_settings=settings))
 
 
-def beside_format(url: str, api: str) -> Answer:
-    get_weather, calls = weather_tool()
+def beside_format(url: str, api: str) -> shapes.Answer:
+    get_weather, calls = shapes.weather_tool()
     agent = create_agent(
         chat_model(url, api),
-        tools=[tool(get_weather, args_schema=Weather)],
-        response_format=ProviderStrategy(Person),
+        tools=[tool(get_weather, args_schema=shapes.Weather)],
+        response_format=ProviderStrategy(shapes.Person),
         middleware=[tool_then_format],
     )
-    state = agent.invoke({"messages": [{"role": "user", "content": WEATHER_PROMPT}]})
-    return Answer(calls, state["structured_response"])
+    state = agent.invoke({"messages": [{"role": "user", "content": shapes.WEATHER_PROMPT}]})
+    return shapes.Answer(calls, state["structured_response"])

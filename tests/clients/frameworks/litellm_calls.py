@@ -7,17 +7,7 @@ import json
 
 import litellm
 
-from tests.clients.frameworks.shapes import (
-    MAX_TOKENS,
-    MODEL,
-    PERSON_PROMPT,
-    WEATHER_PROMPT,
-    Answer,
-    Call,
-    Person,
-    Usage,
-    Weather,
-)
+from tests.clients.frameworks import shapes
 
 # The red "Provider List" hint it prints for a model its table does not know.
 litellm.suppress_debug_info = True
@@ -27,72 +17,77 @@ WEATHER_TOOL = {
     "function": {
         "name": "get_weather",
         "description": "The current weather in a city.",
-        "parameters": Weather.model_json_schema(),
+        "parameters": shapes.Weather.model_json_schema(),
     },
 }
 
 
 def request(url: str, prompt: str, **extra) -> dict:
     return {
-        "model": f"openai/{MODEL}",
+        "model": f"openai/{shapes.MODEL}",
         "api_base": f"{url}/v1",
         "api_key": "unused",
         "messages": [{"role": "user", "content": prompt}],
         "temperature": 0,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": shapes.MAX_TOKENS,
         **extra,
     }
 
 
-def calls(message) -> list[Call]:
+def calls(message) -> list[shapes.Call]:
     return [
-        Call(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls or []
+        shapes.Call(c.function.name, json.loads(c.function.arguments))
+        for c in message.tool_calls or []
     ]
 
 
-def usage(reported) -> Usage:
-    return Usage(reported.prompt_tokens, reported.completion_tokens)
+def usage(reported) -> shapes.Usage:
+    return shapes.Usage(reported.prompt_tokens, reported.completion_tokens)
 
 
-def structured(url: str) -> Answer:
+def structured(url: str) -> shapes.Answer:
     """litellm turns the pydantic model into a json_schema format; its message is the JSON."""
-    response = litellm.completion(**request(url, PERSON_PROMPT, response_format=Person))
+    response = litellm.completion(
+        **request(url, shapes.PERSON_PROMPT, response_format=shapes.Person)
+    )
     content = response.choices[0].message.content
-    return Answer(output=Person.model_validate_json(content), usage=usage(response.usage))
+    return shapes.Answer(
+        output=shapes.Person.model_validate_json(content), usage=usage(response.usage)
+    )
 
 
-def structured_responses(url: str) -> Answer:
+def structured_responses(url: str) -> shapes.Answer:
     response = litellm.responses(
-        model=f"openai/{MODEL}",
+        model=f"openai/{shapes.MODEL}",
         api_base=f"{url}/v1",
         api_key="unused",
-        input=PERSON_PROMPT,
-        text_format=Person,
+        input=shapes.PERSON_PROMPT,
+        text_format=shapes.Person,
         temperature=0,
-        max_output_tokens=MAX_TOKENS,
+        max_output_tokens=shapes.MAX_TOKENS,
     )
     (message,) = response.output
     (text,) = message.content
-    return Answer(output=Person.model_validate_json(text.text))
+    return shapes.Answer(output=shapes.Person.model_validate_json(text.text))
 
 
-def forced(url: str) -> Answer:
+def forced(url: str) -> shapes.Answer:
     tools = {"tools": [WEATHER_TOOL], "tool_choice": "required"}
-    response = litellm.completion(**request(url, WEATHER_PROMPT, **tools))
-    return Answer(calls(response.choices[0].message), usage=usage(response.usage))
+    response = litellm.completion(**request(url, shapes.WEATHER_PROMPT, **tools))
+    return shapes.Answer(calls(response.choices[0].message), usage=usage(response.usage))
 
 
-def streamed(url: str) -> Answer:
+def streamed(url: str) -> shapes.Answer:
     """stream_chunk_builder reassembles the calls and takes the usage chunk's counts (with no
     usage chunk, litellm counts tokens itself: the test compares them with the server's)."""
     extra = {"stream": True, "stream_options": {"include_usage": True}}
     tools = {"tools": [WEATHER_TOOL], "tool_choice": "required"}
-    chunks = list(litellm.completion(**request(url, WEATHER_PROMPT, **tools, **extra)))
+    chunks = list(litellm.completion(**request(url, shapes.WEATHER_PROMPT, **tools, **extra)))
     whole = litellm.stream_chunk_builder(chunks)
-    return Answer(calls(whole.choices[0].message), usage=usage(whole.usage))
+    return shapes.Answer(calls(whole.choices[0].message), usage=usage(whole.usage))
 
 
-def beside_format(url: str) -> Answer:
-    tools = {"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": Person}
-    response = litellm.completion(**request(url, WEATHER_PROMPT, **tools))
-    return Answer(calls(response.choices[0].message))
+def beside_format(url: str) -> shapes.Answer:
+    tools = {"tools": [WEATHER_TOOL], "tool_choice": "required", "response_format": shapes.Person}
+    response = litellm.completion(**request(url, shapes.WEATHER_PROMPT, **tools))
+    return shapes.Answer(calls(response.choices[0].message))

@@ -5,7 +5,6 @@ small model's answers end well inside max_tokens."""
 
 from __future__ import annotations
 
-import enum
 import json
 
 import httpx
@@ -14,6 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from tests.clients.frameworks.shapes import Person  # `$defs` and `$ref`s: a nested model, an enum
 from tests.llm.grammars import chained_defs, gbnf_chain
 from tests.server.routes.conftest import SMOL as MODEL
 
@@ -52,23 +52,6 @@ class Capital(BaseModel):
 
 
 CAPITAL_SCHEMA = {**Capital.model_json_schema(), "additionalProperties": False}
-
-
-class Role(enum.Enum):
-    admin = "admin"
-    guest = "guest"
-
-
-class Address(BaseModel):
-    city: str = Field(max_length=20)
-
-
-class Person(BaseModel):
-    """What pydantic writes as `$defs` and `$ref`s: a nested model and an enum."""
-
-    name: str = Field(max_length=20)
-    role: Role
-    address: Address
 
 
 class Tree(BaseModel):
