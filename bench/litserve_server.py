@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Annotated
 
 import litserve as ls
+import litserve.server as ls_server
 import numpy as np
 from pydantic import BaseModel, Field, StrictInt
 
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     # LitServe shuts its workers down on KeyboardInterrupt only; a SIGTERM would orphan them.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # LitServe 0.2.19 mounts its MCP routes when `mcp` is importable but defines them only when
+    # `fastmcp` is: beside `mcp` alone (openai-agents' dependency, in the test venv) its server
+    # dies at start (NameError: MCPServer). This peer serves no MCP tools, so it is switched off.
+    ls_server._MCP_AVAILABLE = False
     server.run(
         host=args.host,
         port=args.port,
