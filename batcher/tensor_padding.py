@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -43,7 +44,7 @@ class TensorRows:
     # The sizes of its dynamic axes that are not padded: only requests of equal keys batch.
     shape_key: tuple[tuple[str, int], ...] = ()
 
-    @property
+    @cached_property  # read by the queue, the cost model and the policy, several times each
     def length(self) -> int:
         """Its elements over every input: what it costs, as a token sequence's length does."""
         return sum(int(t.size) for t in self.tensors.values())

@@ -9,7 +9,7 @@ from urllib.parse import parse_qs
 import numpy as np
 
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel, prepare
+from ferry.server.graph_model import is_graph, prepare
 from ferry.server.hot import HotCall
 from ferry.server.route_table import IMAGES
 from ferry.server.tenancy import call_priority
@@ -31,7 +31,7 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
         raise InvalidInput(unknown[0], f"not a parameter of an image body; it takes {list(QUERY)}")
     model = call.app_state.registry.find(query.get("model", [None])[-1])
     call.state["model_name"] = model.name
-    if not isinstance(model, GraphModel) or not model.signature.images:
+    if not is_graph(model) or not model.signature.images:
         raise InvalidInput("model", f"model {model.name!r} declares no image preprocessing")
     (image_input,) = model.signature.images
     others = [name for name in model.signature.input_names if name != image_input]

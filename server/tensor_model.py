@@ -24,6 +24,7 @@ from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import (
+    GRAPH_TASK,
     InferOptions,
     check_chunks,
     class_count,
@@ -40,7 +41,7 @@ from ferry.server.settings import ModelSettings
 class TensorModel:
     """A `GraphModel` run in this process."""
 
-    task = "tensor"
+    task = GRAPH_TASK
 
     def __init__(self, settings: ModelSettings, onnx_file: Path, metrics: FerryMetrics) -> None:
         if not isinstance(settings.backend, OnnxRuntimeOptions):
@@ -196,9 +197,8 @@ class TensorModel:
         of more rows than a batch takes goes in chunks (tensor_chunks.py)."""
         timeout_s, priority, disconnected = infer_options(options)
         assert self.batcher is not None, "infer before start"
-        chunks = (
-            split_rows(rows, chunk_rows(rows, self.batcher.limits)) if self.batchable else [rows]
-        )
+        whole = rows.rows == 1 or not self.batchable  # a row is never split
+        chunks = [rows] if whole else split_rows(rows, chunk_rows(rows, self.batcher.limits))
         futures = self.batcher.submit(chunks, timeout_s, frozenset(outputs), priority)
         return join_rows(await gather_results(futures, disconnected))
 

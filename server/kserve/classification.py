@@ -20,7 +20,7 @@ import numpy as np
 from ferry.backends import bfloat16
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel, class_count, class_labels
+from ferry.server.graph_model import GraphModel, class_count, class_labels, is_graph
 
 PARAMETER = "classification"
 UNSCORED = ("BYTES", "BOOL")
@@ -67,7 +67,7 @@ def _scores(
 ) -> tuple[str, int | None, tuple[str, ...] | None, bool]:
     """An output's datatype, its classes per row (None: not known before it runs), their labels
     and whether the model is batched."""
-    if isinstance(model, GraphModel):
+    if is_graph(model):
         datatype = model.signature.output(name).datatype
         batched = model.batchable or model.signature.output(name).class_map
         return datatype, class_count(model, name), class_labels(model, name), batched

@@ -26,7 +26,7 @@ from ferry import __version__
 from ferry.server.dialects import kserve_message
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
-from ferry.server.graph_model import GraphModel, prepare
+from ferry.server.graph_model import GraphModel, is_graph, prepare
 from ferry.server.kserve import classification
 from ferry.server.kserve.infer import (
     ABSENT,
@@ -267,7 +267,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             if decided.clamped_from is not None:  # said, as the HTTP header says it
                 clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
                 context.set_trailing_metadata((clamped,))
-            if isinstance(model, GraphModel):
+            if is_graph(model):
                 return await infer_plain(model, request, decided.priority)
             wanted = output_names(model, [o.name for o in request.outputs])
             classified = classifications(request, model)

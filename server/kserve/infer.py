@@ -22,7 +22,7 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, is_graph
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
 from ferry.server.schemas import PRIORITY_MAX, PRIORITY_MIN
 
@@ -155,7 +155,7 @@ def request_priority(value: object = ABSENT) -> int:
 
 def output_names(model: EncoderModel | GraphModel, names: Sequence[str | None]) -> tuple[str, ...]:
     """The requested outputs, checked; all of the model's tensors when none are asked for."""
-    if isinstance(model, GraphModel):
+    if is_graph(model):
         return model.select_outputs(names, tensors=True)
     return model.outputs.select(names, tensors=True)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ferry.server.encoder_model import EncoderModel
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, is_graph
 from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
 
 VERSION = "1"
@@ -29,7 +29,7 @@ def token_inputs(model: EncoderModel) -> tuple[str, ...]:
 
 
 def model_metadata(model: EncoderModel | GraphModel) -> dict[str, Any]:
-    if isinstance(model, GraphModel):
+    if is_graph(model):
         return tensor_metadata(model)
     backend = model.backend
     # Only the axes Ferry knows are given sizes; the rest vary (-1), as the protocol allows.
@@ -52,7 +52,7 @@ def model_metadata(model: EncoderModel | GraphModel) -> dict[str, Any]:
 
 def model_config(model: EncoderModel | GraphModel) -> dict[str, Any]:
     """Triton's model configuration JSON (int64 fields as numbers, as Triton prints them)."""
-    if isinstance(model, GraphModel):
+    if is_graph(model):
         return tensor_config(model)
     settings, backend = model.settings, model.backend
     limits = settings.batching

@@ -28,6 +28,7 @@ from ferry.server.encoder import gather_results
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import (
+    GRAPH_TASK,
     GraphModel,
     InferOptions,
     check_chunks,
@@ -123,7 +124,7 @@ class RemoteTensorModel:
     here, by the rules of the engine's model (its signature, learned at start), and its
     outputs rendered here; only valid rows cross."""
 
-    task = "tensor"
+    task = GRAPH_TASK
 
     def __init__(
         self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from ferry import __version__
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
-from ferry.server.graph_model import GraphModel, prepare
+from ferry.server.graph_model import GraphModel, is_graph, prepare
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
@@ -164,7 +164,7 @@ async def infer(call: HotCall) -> Reply:
     model = call.app_state.registry.find(call.params["name"])
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
-    if isinstance(model, GraphModel):
+    if is_graph(model):
         return await infer_plain(call, model, header_length.decode() if header_length else None)
     header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
     wanted, binary = requested_outputs(header, model)

@@ -9,7 +9,7 @@ import orjson
 from fastapi import APIRouter
 
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import is_graph
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.image_predict import image_media, predict_image
 from ferry.server.large_bodies import decoded
@@ -30,7 +30,7 @@ async def predict(call: HotCall) -> Reply:
     if registry.tensors:  # plain graphs served: the body may be theirs
         raw = await decoded(len(call.body), partial(_plain_body, call.body))
         model = None if raw is None else registry.find(raw.get("model"))
-        if isinstance(model, GraphModel):
+        if is_graph(model):
             call.state["model_name"] = model.name
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
