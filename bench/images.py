@@ -31,7 +31,7 @@ import numpy as np
 
 from ferry.bench.loadgen import LoadResult, run_load
 from ferry.bench.processes import running
-from ferry.bench.tabular import ferry_process, line, unbatched_process
+from ferry.bench.tabular import ferry_process, line, ratios, unbatched_process
 
 MODEL = "resnet18"
 INPUT, OUTPUT = "pixel_values", "logits"
@@ -187,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"images: resnet18 at {SIZE}, random weights, 1 image/request, {args.clients} clients")
     for name, result in results.items():
         print(line(name, result))
-    ours, theirs = results["ferry"], results["unbatched"]
-    print(
-        f"ferry / unbatched (FP32 tensors): {ours.throughput / theirs.throughput:.2f}x req/s, "
-        f"p99 {ours.percentile_ms(99) / theirs.percentile_ms(99):.2f}x"
-    )
+    print(ratios("ferry / unbatched (FP32 tensors)", results["ferry"], results["unbatched"]))
     print(f"/health/live, idle: {idle.describe()}")
     print(f"/health/live, FP32 tensors: {tensor_load.describe()}")
     print(f"/health/live, decoding JPEGs: {decoding.describe()}")

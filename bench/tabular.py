@@ -172,6 +172,13 @@ def line(name: str, result: LoadResult) -> str:
     )
 
 
+def ratios(label: str, ours: LoadResult, theirs: LoadResult) -> str:
+    """Ours over theirs: throughput and p99, as every any-ONNX benchmark prints them."""
+    throughput = ours.throughput / theirs.throughput
+    p99 = ours.percentile_ms(99) / theirs.percentile_ms(99)
+    return f"{label}: {throughput:.2f}x req/s, p99 {p99:.2f}x"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=15.0, help="Seconds per server.")
@@ -206,11 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     ours = results["ferry"]
     for peer in ("unbatched", "triton"):
         if peer in results:
-            theirs = results[peer]
-            print(
-                f"ferry / {peer}: {ours.throughput / theirs.throughput:.2f}x req/s, "
-                f"p99 {ours.percentile_ms(99) / theirs.percentile_ms(99):.2f}x"
-            )
+            print(ratios(f"ferry / {peer}", ours, results[peer]))
     if cpu.loop_ms is None:
         print(f"ferry CPU (every process): {cpu.process_ms:.3f} ms per request")
     else:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ferry.bench.loadgen import LoadResult
 from ferry.bench.processes import running
-from ferry.bench.tabular import ferry_process, line, measure, unbatched_process
+from ferry.bench.tabular import ferry_process, line, measure, ratios, unbatched_process
 
 MODEL = "masked"
 FEATURES, HIDDEN = 8, 256
@@ -106,11 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"variable length: T from {SHORTEST} to {LONGEST}, {args.clients} clients")
     for name, result in results.items():
         print(line(name, result))
-    ours, theirs = results["ferry"], results["unbatched"]
-    print(
-        f"ferry / unbatched: {ours.throughput / theirs.throughput:.2f}x req/s, "
-        f"p99 {ours.percentile_ms(99) / theirs.percentile_ms(99):.2f}x"
-    )
+    print(ratios("ferry / unbatched", results["ferry"], results["unbatched"]))
     return 0
 
 
