@@ -30,8 +30,8 @@ SCRIPTS = [*INSTALLERS, "tools/docker_base_image.sh"]
 @pytest.mark.parametrize("script", INSTALLERS)
 def test_install_script_is_idempotent(script):
     commands, _ = INSTALLERS[script]
-    if not all(map(shutil.which, commands)):
-        pytest.skip(f"not installed yet: run `bash {script}`")
+    missing = [command for command in commands if shutil.which(command) is None]
+    assert not missing, f"{missing} missing: `make test` runs `bash {script}` before the suite"
     result = subprocess.run(
         ["bash", str(ROOT / script)],
         stdin=subprocess.DEVNULL,

@@ -92,6 +92,10 @@ def test_each_lock_is_made_from_its_input():
     Path(sys.prefix).resolve() != (ROOT / ".venv").resolve(),
     reason="only the project venv (make setup) is installed from locks/dev.txt",
 )
+def test_the_root_lock_is_the_dev_lock():
+    assert (ROOT / "requirements.lock").read_bytes() == (LOCKS / "dev.txt").read_bytes()
+
+
 def test_the_project_venv_holds_exactly_the_lock():
     expected = {**pins("dev.txt"), **pins("nodeps.txt")}
     expected[canonicalize_name(metadata.metadata("ferry")["Name"])] = Version(
