@@ -68,6 +68,11 @@ class EngineClient:
         silent_s = time.monotonic() - self._heard
         return self.alive and silent_s <= self._heartbeat_timeout_s
 
+    def started(self) -> wire.Info:
+        """What the engine process told at start: its models (it started the real ones)."""
+        assert self.info is not None, "start the client first"
+        return self.info
+
     def ready(self, name: str, llm: bool = False) -> bool:
         """The engine's model (or LLM) `name` is ready, by a report heard lately."""
         stats = self.stats

@@ -59,18 +59,15 @@ class BackendView:
     takes_token_types: bool = False
 
 
-class RemoteModelRuntime:
-    """An `EncoderModel` whose rows run in the engine process: tokenizing, validating and
-    rendering happen here, with the output rules of the engine's model (learned at start)."""
+class _EngineModel:
+    """What every stand-in for one of the engine process's models does alike: readiness from
+    the engine's reports, refusals counted here, deadlines kept here too."""
 
     def __init__(
         self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
     ) -> None:
         self.settings = settings
         self.name = settings.name
-        self.manifest, self.tokenizer = token_model_files(settings)
-        self.backend = BackendView(settings.backend.kind, (), frozenset(), 1)  # until `start`
-        self.outputs = ModelOutputs(settings, self.manifest, self.backend, {})
         self._client = client
         self._metrics = metrics
 
@@ -78,11 +75,33 @@ class RemoteModelRuntime:
     def ready(self) -> bool:
         return self._client.ready(self.name)
 
+    async def healthy(self) -> bool:
+        return self.ready
+
+    def count_invalid(self) -> None:
+        self._metrics.rejections.labels(self.name, "invalid").inc()
+
+    def _deadline_s(self, timeout_s: float | None) -> float:
+        # Admission is the engine's (its batcher's queue and limits); the deadline is kept on
+        # both sides: here it holds even when the engine is stuck.
+        return self.settings.timeout_s if timeout_s is None else timeout_s
+
+
+class RemoteModelRuntime(_EngineModel):
+    """An `EncoderModel` whose rows run in the engine process: tokenizing, validating and
+    rendering happen here, with the output rules of the engine's model (learned at start)."""
+
+    def __init__(
+        self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
+    ) -> None:
+        super().__init__(settings, client, metrics)
+        self.manifest, self.tokenizer = token_model_files(settings)
+        self.backend = BackendView(settings.backend.kind, (), frozenset(), 1)  # until `start`
+        self.outputs = ModelOutputs(settings, self.manifest, self.backend, {})
+
     async def start(self) -> None:
-        """Learns the engine's model (the engine process started the real one)."""
-        info = self._client.info
-        assert info is not None, "start the client first"
-        model = next(model for model in info.models if model.name == self.name)
+        """Learns the engine's model."""
+        model = next(m for m in self._client.started().models if m.name == self.name)
         self.backend = BackendView(
             model.backend,
             model.output_names,
@@ -92,34 +111,25 @@ class RemoteModelRuntime:
         )
         self.outputs = ModelOutputs(self.settings, self.manifest, self.backend, model.widths)
 
-    async def healthy(self) -> bool:
-        return self.ready
-
     def submit(self, valid: ValidSequences) -> list[asyncio.Future[dict[str, np.ndarray]]]:
-        # Admission is the engine's: its batcher has the cost model and the queue. The deadline
-        # is kept on both sides: here it holds even when the engine is stuck.
-        timeout_s = self.settings.timeout_s if valid.timeout_s is None else valid.timeout_s
         return self._client.submit(
             self.name,
             valid.sequences(),
             valid.timeout_s,
             self.outputs.for_backend(valid.outputs),
             valid.priority,
-            deadline_s=timeout_s,
+            deadline_s=self._deadline_s(valid.timeout_s),
         )
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
         # The cost model lives in the engine process, which checks the same floor on Submit.
         pass
 
-    def count_invalid(self) -> None:
-        self._metrics.rejections.labels(self.name, "invalid").inc()
-
     async def close(self, drain_timeout_s: float) -> None:
         self.tokenizer.close()
 
 
-class RemoteTensorModel:
+class RemoteTensorModel(_EngineModel):
     """A `GraphModel` whose rows run in the engine process: a request's tensors are checked
     here, by the rules of the engine's model (its signature, learned at start), and its
     outputs rendered here; only valid rows cross."""
@@ -129,15 +139,13 @@ class RemoteTensorModel:
     def __init__(
         self, settings: ModelSettings, client: EngineClient, metrics: FerryMetrics
     ) -> None:
-        self.settings = settings
-        self.name = settings.name
-        self._client = client
-        self._metrics = metrics
+        super().__init__(settings, client, metrics)
         self._info = GraphInfo(
             self.name, settings.backend.kind, 1, Signature((), ()), False, frozenset(), (), {}
         )  # until `start`
         self.backend = BackendView(self._info.backend, (), frozenset(), 1)
         self.images: ImageInputs | None = None  # decoded here, as the engine's model would
+        self._limits = graph_limits(settings, 1, False)  # the engine's batcher's, from `start`
 
     @property
     def signature(self) -> Signature:
@@ -151,28 +159,21 @@ class RemoteTensorModel:
     def batchable(self) -> bool:
         return self._info.batchable
 
-    @property
-    def ready(self) -> bool:
-        return self._client.ready(self.name)
-
     async def start(self) -> None:
-        """Learns the engine's model (the engine process started the real one)."""
-        info = self._client.info
-        assert info is not None, "start the client first"
-        self._info = next(graph for graph in info.graphs if graph.name == self.name)
-        self.backend = BackendView(self._info.backend, (), frozenset(), self._info.max_concurrency)
-        graph = replace(self._info.signature, images=frozenset())
-        self.images = image_inputs(self.settings, self._info.metadata, graph)
-
-    async def healthy(self) -> bool:
-        return self.ready
+        """Learns the engine's model."""
+        info = next(g for g in self._client.started().graphs if g.name == self.name)
+        self._info = info
+        self.backend = BackendView(info.backend, (), frozenset(), info.max_concurrency)
+        self._limits = graph_limits(self.settings, info.max_concurrency, info.batchable)
+        self.images = image_inputs(
+            self.settings, info.metadata, replace(info.signature, images=frozenset())
+        )
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         info = self._info
-        limits = graph_limits(self.settings, info.max_concurrency, info.batchable)
         try:
             rows = graph_rows(info.signature, info.batchable, info.padded_axes, tensors)
-            check_chunks(rows, limits, info.batchable, info.signature)
+            check_chunks(rows, self._limits, info.batchable, info.signature)
         except InvalidInput:
             self.count_invalid()
             raise
@@ -187,17 +188,11 @@ class RemoteTensorModel:
         self, rows: TensorRows, outputs: Sequence[str], **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         timeout_s, priority, disconnected = infer_options(options)
-        # Admission is the engine's (its batcher's queue and limits); the deadline is kept on
-        # both sides: here it holds even when the engine is stuck.
-        deadline_s = self.settings.timeout_s if timeout_s is None else timeout_s
         future = self._client.submit_tensors(
-            self.name, rows, timeout_s, tuple(outputs), priority, deadline_s
+            self.name, rows, timeout_s, tuple(outputs), priority, self._deadline_s(timeout_s)
         )
         (result,) = await gather_results([future], disconnected)
         return result
-
-    def count_invalid(self) -> None:
-        self._metrics.rejections.labels(self.name, "invalid").inc()
 
     async def close(self, drain_timeout_s: float) -> None:
         if self.images is not None:
@@ -281,9 +276,7 @@ class RemoteLLMEngine:
         await self._client.call(self.name, "unload_adapter", name)
 
     async def start(self) -> None:
-        info = self._client.info
-        assert info is not None, "start the client first"
-        self.learn(next(llm for llm in info.llms if llm.name == self.name))
+        self.learn(next(llm for llm in self._client.started().llms if llm.name == self.name))
 
     async def close(self) -> None:
         pass
