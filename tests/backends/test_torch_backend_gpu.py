@@ -1,6 +1,8 @@
 """GPU only: the torch backend in float16 / bfloat16 on CUDA, eager and compiled, vs the CPU's ONNX.
 
-Needs PyTorch with CUDA (`pip install '.[torch]'` on a GPU host, or the host's own).
+Needs PyTorch with CUDA (`pip install '.[torch]'` on a GPU host, or the host's own). The model is
+all-MiniLM-L6-v2 when its package and export are present, else a random BERT of its shape with its
+ONNX export (`ferry.bench.gpu_model`): a GPU host needs nothing downloaded.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import pytest
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.torch_backend import TorchBackend
 from ferry.batcher import TokenSequence, pad_batch
-from ferry.exporters.default_model import default_model_source
+from ferry.bench.gpu_model import BenchModel, bench_model
+from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from tests.gpu import requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
@@ -26,9 +29,14 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def reference(default_model_dir) -> np.ndarray:
+def model(tmp_path_factory) -> BenchModel:
+    return bench_model(tmp_path_factory.mktemp("gpu-model"), DEFAULT_MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def reference(model: BenchModel) -> np.ndarray:
     async def run() -> np.ndarray:
-        backend = OnnxRuntimeBackend(default_model_dir / "model.onnx", sessions=1, device="cpu")
+        backend = OnnxRuntimeBackend(model.onnx_dir / "model.onnx", sessions=1, device="cpu")
         await backend.start()
         try:
             batch = pad_batch([TokenSequence.from_ids(i) for i in IDS])
@@ -42,8 +50,8 @@ def reference(default_model_dir) -> np.ndarray:
 @pytest.mark.parametrize(
     ("dtype", "compile"), [("float16", False), ("bfloat16", False), ("float16", True)]
 )
-async def test_half_precision_on_cuda_matches_the_cpu(reference, dtype, compile):
-    backend = TorchBackend(default_model_source(), device="cuda", dtype=dtype, compile=compile)
+async def test_half_precision_on_cuda_matches_the_cpu(model, reference, dtype, compile):
+    backend = TorchBackend(model.hf_dir, device="cuda", dtype=dtype, compile=compile)
     await backend.start()
     try:
         assert (backend.device, backend.dtype_name) == ("cuda", dtype)
