@@ -7,12 +7,12 @@ clients sending newer OpenAI parameters are not rejected; responses are strict.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
+import pydantic_core
 from pydantic import (
     BaseModel,
     Field,
@@ -125,11 +125,12 @@ def template_messages(params: list[ChatMessageParam]) -> list[dict[str, Any]]:
 def _template_call(call: ToolCallParam) -> dict[str, Any]:
     """A call with its arguments as an object, as vLLM hands them to the template: templates
     write them with `tojson`, which would quote the JSON text a second time. Empty arguments
-    are `{}` (vLLM's reading); text that is not JSON stays text."""
+    are `{}` (vLLM's reading); text that is not JSON, or nested past the body's own limit (a
+    ValueError here where `json` would recurse out of the stack), stays text."""
     dumped = call.model_dump()
     text = call.function.arguments
     with contextlib.suppress(ValueError):
-        dumped["function"]["arguments"] = json.loads(text) if text.strip() else {}
+        dumped["function"]["arguments"] = pydantic_core.from_json(text) if text.strip() else {}
     return dumped
 
 

@@ -176,7 +176,8 @@ def test_content_parts_are_flattened_to_text() -> None:
 def test_a_calls_arguments_reach_the_template_as_an_object() -> None:
     """As vLLM hands them to apply_chat_template: a template's `arguments | tojson` would
     otherwise quote the JSON text again. Empty is `{}`; text that is not JSON stays text."""
-    texts = ['{"place": {"city": "Zürich"}, "units": ["c"]}', "", "not json"]
+    deep = "[" * 5000 + "]" * 5000  # /tokenize renders without the chat route's depth check
+    texts = ['{"place": {"city": "Zürich"}, "units": ["c"]}', "", "not json", deep]
     calls = [
         {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": text}}
         for i, text in enumerate(texts)
@@ -189,6 +190,7 @@ def test_a_calls_arguments_reach_the_template_as_an_object() -> None:
         {"place": {"city": "Zürich"}, "units": ["c"]},
         {},
         "not json",
+        deep,
     ]
     assert message["tool_calls"][0] == {
         "id": "c0",
