@@ -21,7 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from ferry.llm.base import FinishReason, GenerationDelta, SamplingSettings, TokenLogprob
+from ferry.llm.detokenize import TextStream
 from ferry.llm.grammar_rows import GrammarCompiler
 from ferry.llm.guidance import request_error
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
@@ -67,7 +70,7 @@ class Job:
     lane: Any = None  # the lane it runs on
     sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
     grammar: Any = None  # Future[grammar_rows.RowGrammar] of a constrained request
-    decoder: Any = None
+    decoder: TextStream | None = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # until delivered (echo)
@@ -108,7 +111,7 @@ class OwnerLoop:
     ) -> None:
         self._og = og
         self._model = model
-        self._tokenizer = og.Tokenizer(model)
+        self._text = Tokenizer.from_file(str(kv_model.model_dir / "tokenizer.json"))
         self.max_running = options.max_running
         store = options.prefix_store or PrefixCache(options.prefix_cache_bytes)
         self.cache = (
@@ -186,7 +189,7 @@ class OwnerLoop:
                 self._by_id.pop(add.request_id, None)
                 self._deliver(add.request_id, request_error(exc, add.sampling.guidance))
                 continue
-            job.decoder = self._tokenizer.create_stream()
+            job.decoder = TextStream(self._text)
         self._publish_counts()
 
     def _run_call(self, call: OwnerCall) -> None:
@@ -221,7 +224,8 @@ class OwnerLoop:
         if token is not None:
             tokens = 1
             job.generated += 1
-            text = job.matcher.feed(job.decoder.decode(token))
+            assert job.decoder is not None  # set when it was admitted
+            text = job.matcher.feed(job.decoder.step(token))
         # Log probabilities, when asked for, were noted on the job by the lane (ortgenai_lora);
         # an end-of-sequence token has one too (lm-eval's loglikelihood expects one per token
         # generated), though it adds no text and no count.
@@ -265,4 +269,4 @@ class OwnerLoop:
         self._grammars.close()
         self._waiting.clear()
         self._by_id.clear()
-        del self._tokenizer, self._model
+        del self._model

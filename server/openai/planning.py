@@ -183,14 +183,16 @@ _INLINE_PROMPT_CHARS = 16_384
 
 
 def _text_chars(value: Any) -> int:
-    """The characters of every string inside `value` (dicts' keys too)."""
+    """The characters of every string inside `value` (dicts' keys too), and of every other
+    value as written: a call's arguments reach a template parsed, and it writes them back as
+    JSON, numbers and all."""
     if isinstance(value, str):
         return len(value)
     if isinstance(value, dict):
         return sum(len(str(k)) + _text_chars(v) for k, v in value.items())
     if isinstance(value, list | tuple):
         return sum(_text_chars(v) for v in value)
-    return 0
+    return 0 if value is None else len(str(value))
 
 
 def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:

@@ -6,11 +6,13 @@ clients sending newer OpenAI parameters are not rejected; responses are strict.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
+import pydantic_core
 from pydantic import (
     BaseModel,
     Field,
@@ -113,11 +115,23 @@ def template_messages(params: list[ChatMessageParam]) -> list[dict[str, Any]]:
             "content": m.text,
         }
         if m.tool_calls:
-            message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            message["tool_calls"] = [_template_call(call) for call in m.tool_calls]
         if m.role == "tool" and m.tool_call_id is not None:
             message["tool_call_id"] = m.tool_call_id
         messages.append(message)
     return messages
+
+
+def _template_call(call: ToolCallParam) -> dict[str, Any]:
+    """A call with its arguments as an object, as vLLM hands them to the template: templates
+    write them with `tojson`, which would quote the JSON text a second time. Empty arguments
+    are `{}` (vLLM's reading); text that is not JSON, or nested past the body's own limit (a
+    ValueError here where `json` would recurse out of the stack), stays text."""
+    dumped = call.model_dump()
+    text = call.function.arguments
+    with contextlib.suppress(ValueError):
+        dumped["function"]["arguments"] = pydantic_core.from_json(text) if text.strip() else {}
+    return dumped
 
 
 class StreamOptions(OpenAIRequestModel):

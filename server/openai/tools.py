@@ -15,6 +15,7 @@ calls written back as the text above, and `tool` results passed to the template 
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, replace
 from typing import Any
@@ -199,11 +200,11 @@ def render_messages(
     return [{"role": "system", "content": prompt}, *rendered]
 
 
-def call_text(name: str, arguments: str) -> str:
-    """One call as the model writes it (arguments: JSON text, kept compact)."""
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        parsed = arguments  # a client's malformed history: kept, as a string
+def call_text(name: str, arguments: Any) -> str:
+    """One call as the model writes it (arguments: parsed, or JSON text; kept compact)."""
+    parsed = arguments
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):  # a client's malformed history: kept, as a string
+            parsed = json.loads(arguments)
     body = json.dumps({"name": name, "arguments": parsed}, separators=(",", ":"))
     return f"{OPEN}{body}{CLOSE}"

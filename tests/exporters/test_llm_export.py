@@ -27,7 +27,7 @@ from ferry.exporters.llm_parity import (
 )
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_kv import KVModel
-from tests.exporters.tiny_sliding import ARCHITECTURES, CONTEXT, WINDOW, build_tiny_sliding
+from tests.exporters.tiny_llms import CONTEXT, MATRIX, SLIDING, WINDOW
 from tests.llm.llm_paths import HF_DIR
 
 PARITY_TOKENS = 12
@@ -142,11 +142,10 @@ def run_cli(argv: list[str]) -> int:
     return args.handler(args)
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
-def sliding_export(request, tmp_path_factory) -> tuple[str, Path, Path]:
-    root = tmp_path_factory.mktemp(request.param)
-    hf = build_tiny_sliding(request.param, root / "hf")
-    return request.param, hf, export_llm(root / "onnx", "fp32", hf=hf)
+@pytest.fixture(scope="module", params=SLIDING)
+def sliding_export(request, tiny_llm_exports) -> tuple[str, Path, Path]:
+    hf, exported = tiny_llm_exports[request.param]
+    return MATRIX[request.param].architecture, hf, exported
 
 
 def attention_windows(model_dir: Path) -> list[int]:

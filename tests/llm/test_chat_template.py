@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from tests.exporters.tiny_llms import MATRIX, TEMPLATES
 from tests.llm.llm_paths import HF_DIR
 
 # Qwen2.5's tools template, shortened: each tool and each call's arguments through `tojson`.
@@ -77,7 +78,59 @@ MESSAGES = [
     },
     {"role": "user", "content": "thanks"},
 ]
-SPECIALS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+SPECIALS = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+# The architecture matrix's templates, one of each family's tool format (tests/exporters).
+FAMILY_TEMPLATES = sorted({spec.template for spec in MATRIX.values()})
+# Nested parameters: an object in an object, an array of enums, a description with < & and accents.
+NESTED_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather at a place <city & country>, «précis»",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "place": {
+                        "type": "object",
+                        "properties": {
+                            "city": {"type": "string", "description": "e.g. Zürich"},
+                            "country": {"type": "string", "maxLength": 2},
+                        },
+                        "required": ["city"],
+                    },
+                    "units": {"type": "array", "items": {"enum": ["celsius", "fahrenheit"]}},
+                },
+                "required": ["place"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+]
+# A system message, an assistant's tool call (arguments parsed, as Ferry hands them over) and
+# its result: what an agent loop sends on its second call.
+TOOL_CONVERSATION = [
+    {"role": "system", "content": "You are terse. Use <tools> & nothing else."},
+    {"role": "user", "content": "Weather in Zürich?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call12345",
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "arguments": {
+                        "place": {"city": "Zürich", "country": "CH"},
+                        "units": ["celsius"],
+                    },
+                },
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call12345", "content": '{"temp": 3, "sky": "<grey>"}'},
+]
 
 
 @pytest.fixture(params=[QWEN25_TOOLS, EXTRAS], ids=["qwen2.5-tools", "extras"])
@@ -92,22 +145,39 @@ def ferry_tokenizer(folder: Path, template: str) -> ChatTokenizer:
     return ChatTokenizer(folder)
 
 
-@pytest.mark.parametrize("tools", [TOOLS, None], ids=["tools", "no-tools"])
-def test_renders_as_transformers_apply_chat_template(
-    tmp_path: Path, template: str, tools: list | None
-) -> None:
+def transformers_render(template: str, messages: list, tools: list | None) -> str:
     from transformers import PreTrainedTokenizerFast
 
     reference = PreTrainedTokenizerFast(
         tokenizer_file=str(HF_DIR / "tokenizer.json"), chat_template=template, **SPECIALS
     )
-    expected = reference.apply_chat_template(
-        MESSAGES, tools=tools, tokenize=False, add_generation_prompt=True
+    return reference.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=True
     )
+
+
+@pytest.mark.parametrize("tools", [TOOLS, None], ids=["tools", "no-tools"])
+def test_renders_as_transformers_apply_chat_template(
+    tmp_path: Path, template: str, tools: list | None
+) -> None:
+    expected = transformers_render(template, MESSAGES, tools)
     assert ferry_tokenizer(tmp_path, template).render_chat(MESSAGES, tools) == expected
     if tools is not None and template is QWEN25_TOOLS:  # the test sees what it is about
         assert "a < b && b > c" in expected and "東京" in expected
         assert expected.index('"type": "function"') < expected.index('"function"')
+
+
+@pytest.mark.parametrize("name", FAMILY_TEMPLATES)
+@pytest.mark.parametrize("tools", [NESTED_TOOLS, None], ids=["tools", "no-tools"])
+def test_each_familys_tool_template_renders_as_transformers(
+    tmp_path: Path, name: str, tools: list | None
+) -> None:
+    template = (TEMPLATES / name).read_text()
+    expected = transformers_render(template, TOOL_CONVERSATION, tools)
+    assert ferry_tokenizer(tmp_path, template).render_chat(TOOL_CONVERSATION, tools) == expected
+    # The test sees what it is about: the call, its result, and the nested tool when given.
+    assert "Zürich" in expected and "<grey>" in expected
+    assert ("fahrenheit" in expected) == (tools is not None)
 
 
 def test_underscore_names_are_refused_on_namespaces(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from ferry.bench.server_process import REPO, write_config
 from ferry.exporters import llm_export
 from ferry.llm.errors import UnservableModel
 from ferry.llm.ortgenai import OrtGenAIEngine
-from tests.exporters.tiny_sliding import ARCHITECTURES, build_tiny_sliding
+from tests.exporters.tiny_llms import MATRIX, SLIDING, build_tiny_llm
 
 # The builder's default for each: a window-sized ring on Gemma2's sliding layers; a window in
 # genai_config.json that no attention applies for a Mistral config without `layer_types`.
@@ -25,15 +25,16 @@ REASONS = {
 }
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
+@pytest.fixture(scope="module", params=SLIDING)
 def builder_default(request, tmp_path_factory) -> tuple[str, Path, Path]:
     root = tmp_path_factory.mktemp(request.param)
-    hf = build_tiny_sliding(request.param, root / "hf")
+    spec = MATRIX[request.param]
+    hf = build_tiny_llm(spec, root / "hf")
     out = root / "onnx"
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf)]
     command += ["-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(root / "cache")]
     subprocess.run(command, check=True, capture_output=True)
-    return request.param, hf, out
+    return spec.architecture, hf, out
 
 
 def test_the_engine_refuses_it(builder_default) -> None:

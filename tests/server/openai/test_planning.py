@@ -4,6 +4,8 @@ real tokenizer; planning reads only its limits and tokenizer, so nothing is gene
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.planning import plan_chat, plan_completion
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ferry.server.registry import ServedModel
+from tests.exporters.tiny_llms import TEMPLATES
 from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME
 
@@ -23,10 +26,12 @@ MESSAGES = [{"role": "user", "content": "hello there"}]
 GRAMMARS = Grammars()  # no request here carries a grammar
 
 
-def served(context: int = 256, concurrency: int = 8) -> ServedModel:
+def served(
+    context: int = 256, concurrency: int = 8, tokenizer: ChatTokenizer = TOKENIZER
+) -> ServedModel:
     engine = VLLMEngine(
         FakeAsyncLLM(steps=[]),
-        TOKENIZER,
+        tokenizer,
         name=MODEL_NAME,
         max_context_tokens=context,
         sampling_params_cls=sampling_params,
@@ -81,6 +86,25 @@ async def test_a_prompt_with_no_room_left_names_what_to_shorten(request_: Any, f
     with pytest.raises(PromptTooLong) as err:
         await plan(request_, served(context=128), GRAMMARS)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("arguments", ["[" + "1," * 100_000 + "1]", '"' + "x" * 200_000 + '"'])
+async def test_a_calls_arguments_count_toward_the_bound_checked_before_rendering(
+    arguments: str, tmp_path: Path
+) -> None:
+    """A template with its own tool format gets the arguments parsed, numbers and all, and
+    writes them back as JSON: they count, or a long list of numbers would be rendered and
+    tokenized on the event loop."""
+    (tmp_path / "tokenizer.json").write_text((HF_DIR / "tokenizer.json").read_text())
+    template = (TEMPLATES / "qwen2.5.jinja").read_text()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    native = ChatTokenizer(tmp_path)
+    assert native.has_tool_format
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    with pytest.raises(InvalidPrompt, match="characters cannot fit") as err:
+        await plan_chat(chat(messages=history), served(tokenizer=native), GRAMMARS)
+    assert err.value.field == "messages"
 
 
 async def test_token_ids_outside_the_vocabulary_are_an_invalid_prompt() -> None:

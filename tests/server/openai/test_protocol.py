@@ -173,6 +173,32 @@ def test_content_parts_are_flattened_to_text() -> None:
     ]
 
 
+def test_a_calls_arguments_reach_the_template_as_an_object() -> None:
+    """As vLLM hands them to apply_chat_template: a template's `arguments | tojson` would
+    otherwise quote the JSON text again. Empty is `{}`; text that is not JSON stays text."""
+    deep = "[" * 5000 + "]" * 5000  # /tokenize renders without the chat route's depth check
+    texts = ['{"place": {"city": "Zürich"}, "units": ["c"]}', "", "not json", deep]
+    calls = [
+        {"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": text}}
+        for i, text in enumerate(texts)
+    ]
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "assistant", "tool_calls": calls}]}
+    )
+    (message,) = request.chat_messages()
+    assert [call["function"]["arguments"] for call in message["tool_calls"]] == [
+        {"place": {"city": "Zürich"}, "units": ["c"]},
+        {},
+        "not json",
+        deep,
+    ]
+    assert message["tool_calls"][0] == {
+        "id": "c0",
+        "type": "function",
+        "function": {"name": "f", "arguments": {"place": {"city": "Zürich"}, "units": ["c"]}},
+    }
+
+
 def test_unknown_role_is_rejected() -> None:
     with pytest.raises(ValidationError):
         ChatCompletionRequest(model="m", messages=[{"role": "robot", "content": "x"}])

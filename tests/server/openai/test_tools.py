@@ -42,6 +42,7 @@ def test_earlier_calls_are_written_back_as_the_model_writes_them():
         "content": '<tool_call>{"name":"f","arguments":{"a":1}}</tool_call>',
     }
     assert call_text("f", '{"a": 1}') == message["content"]
+    assert call_text("f", {"a": 1}) == message["content"]  # as chat_messages() parses them
 
 
 def test_a_template_with_a_tool_format_gets_messages_as_they_are():
