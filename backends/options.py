@@ -36,6 +36,9 @@ class OnnxRuntimeOptions(_Placement):
     spin_threads: bool = False
     # One more session, with every core, for a batch that runs alone (low-load latency).
     solo_session: bool = True
+    # A plain graph's inference and image-decoding threads run this much nicer than the event
+    # loop (Linux), which then gets a core first when it has work: 0 keeps one priority.
+    worker_niceness: int = Field(default=10, ge=0, le=19)
 
 
 class TorchOptions(_Placement):
