@@ -5,8 +5,11 @@ reads requests, forms batches and answers /health/live) waited in the run queue 
 bench.images with JPEGs decoded by Ferry on 2 cores, `/health/live` p50 6.0-6.8 ms and p99
 37-41 ms with every thread at one priority, p50 1.8 ms and p99 24 ms with the workers at nice
 10 (the rest was other processes on the box). The loop takes little CPU, so running it first
-costs the workers next to nothing. Threads a lowered thread starts (ONNX Runtime's intra-op
-pool, when its session is built there) inherit its niceness.
+costs the workers next to nothing where Ferry owns the cores (nice weighs threads within their
+cgroup, a container's). On a host shared with other processes the workers yield to those too:
+bench.variable_length there, 550 and 461 req/s at nice 10 against 771 and 521 at 0. Hence off
+by default (`worker_niceness`). Threads a lowered thread starts (ONNX Runtime's intra-op pool,
+when its session is built there) inherit its niceness.
 """
 
 from __future__ import annotations
