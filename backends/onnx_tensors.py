@@ -23,6 +23,7 @@ from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.ort_session import session_options
 from ferry.backends.placement import check_session_providers, onnxruntime_providers
 from ferry.backends.tensor_signature import Signature, TensorSpec, read_signature
+from ferry.backends.thread_priority import lower_this_thread
 from ferry.batcher.tensor_padding import TensorBatch
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,13 @@ class OnnxTensorBackend:
         self.model_path = model_path
         self._options = options
         self.max_concurrency = options.sessions or DEFAULT_SESSIONS
-        self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="ort-tensor")
+        # Sessions are built in these threads too: ONNX Runtime's own inherit their niceness.
+        self._executor = ThreadPoolExecutor(
+            self.max_concurrency,
+            thread_name_prefix="ort-tensor",
+            initializer=lower_this_thread,
+            initargs=(options.worker_niceness,),
+        )
         self._sessions: queue.SimpleQueue[Any] = queue.SimpleQueue()  # ort sessions (untyped)
         self.signature = Signature((), ())
         self.providers: list[str] = []

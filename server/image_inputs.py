@@ -20,6 +20,7 @@ import numpy as np
 
 from ferry.backends.image_spec import ImagePlan, declared, manifest_preprocess, plan
 from ferry.backends.tensor_signature import Signature
+from ferry.backends.thread_priority import lower_this_thread
 from ferry.batcher.errors import QueueFull
 from ferry.server.errors import InvalidInput
 from ferry.server.image_decode import decode_image
@@ -30,10 +31,15 @@ RETRY_AFTER_S = 1.0
 
 
 class ImageInputs:
-    def __init__(self, plan: ImagePlan, model: str, max_pending: int) -> None:
+    def __init__(self, plan: ImagePlan, model: str, max_pending: int, niceness: int = 0) -> None:
         self.plan = plan
         self.workers = plan.workers or os.cpu_count() or 1
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix=f"images-{model}")
+        self._pool = ThreadPoolExecutor(
+            self.workers,
+            thread_name_prefix=f"images-{model}",
+            initializer=lower_this_thread,  # the event loop first (backends/thread_priority.py)
+            initargs=(niceness,),
+        )
         self._max_pending = max_pending
         self._pending = 0
         logger.info(
@@ -117,4 +123,5 @@ def image_inputs(
         image_plan = plan(spec, graph)
     except ValueError as exc:
         raise ValueError(f"model {settings.name!r}: {exc}") from None
-    return ImageInputs(image_plan, settings.name, settings.batching.max_queue_size)
+    niceness = getattr(settings.backend, "worker_niceness", 0)
+    return ImageInputs(image_plan, settings.name, settings.batching.max_queue_size, niceness)

@@ -5,12 +5,19 @@ orjson and numpy hold the GIL through each call, but a thread hands it back betw
 longest single call (~20 ms) instead of for all of it (issue 35: nothing one request sends may
 freeze the loop for more than 50 ms). Small bodies are decoded in place: a thread hop costs more
 than they do.
+
+One thread decodes them all, in turn: the GIL lets only one decode at a time anyway, and each
+more thread wanting it is one more that the event loop queues behind for the GIL (64 clients
+of 1 MB image tensors: six of asyncio's default threads decoding at once).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -22,4 +29,10 @@ async def decoded(body_bytes: int, decode: Callable[[], T]) -> T:
     """`decode()`, in a worker thread when the body is large."""
     if body_bytes < LARGE_BODY_BYTES:
         return decode()
-    return await asyncio.to_thread(decode)
+    context = contextvars.copy_context()  # as asyncio.to_thread does
+    return await asyncio.get_running_loop().run_in_executor(_decoder(), context.run, decode)
+
+
+@cache
+def _decoder() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(1, thread_name_prefix="ferry-bodies")

@@ -19,7 +19,7 @@ from ferry.backends import bfloat16
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.kserve.infer import deserialize_bytes
-from ferry.server.tensor_inputs import nested, typed_array
+from ferry.server.tensor_inputs import typed_array, typed_tensor
 
 
 def parameters(entry: dict[str, Any]) -> dict[str, Any]:
@@ -51,8 +51,7 @@ def decode_tensors(
             raw = name in signature.images
             array = _binary(name, datatype, want.dtype, chunk, count, shape, raw=raw)
         elif "data" in spec:
-            _, flat = nested(name, spec["data"])
-            array = typed_array(name, datatype, want.dtype, flat)
+            array = typed_tensor(name, datatype, want.dtype, spec["data"]).reshape(-1)
         else:
             raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
         if array.size != count:

@@ -3,7 +3,9 @@ a small one in place, where a thread hop would cost more than the decoding."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 
 import pytest
 
@@ -27,3 +29,14 @@ async def test_a_decoding_error_reaches_the_caller():
 
     with pytest.raises(ValueError, match="bad tensor"):
         await decoded(LARGE_BODY_BYTES, refuse)
+
+
+async def test_large_bodies_decode_in_turn_in_one_thread():
+    """Decoding holds the GIL: more threads would only queue the event loop behind more of them."""
+
+    def decode() -> int:
+        time.sleep(0.01)  # still decoding when the next body arrives
+        return threading.get_ident()
+
+    threads = await asyncio.gather(*(decoded(LARGE_BODY_BYTES, decode) for _ in range(3)))
+    assert len(set(threads)) == 1

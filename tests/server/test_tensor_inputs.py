@@ -7,7 +7,15 @@ import pytest
 
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput
-from ferry.server.tensor_inputs import json_tensor, records_tensors, typed_array, valid_rows
+from ferry.server.tensor_inputs import (
+    _typed_items,
+    json_tensor,
+    nested,
+    records_tensors,
+    typed_array,
+    typed_tensor,
+    valid_rows,
+)
 
 # One input per column, as skl2onnx converts a data frame's pipeline.
 COLUMNS = Signature(
@@ -83,3 +91,52 @@ def test_ragged_nesting_is_refused_naming_the_input(data):
     with pytest.raises(InvalidInput) as error:
         json_tensor(MASKED.inputs[0], data)
     assert error.value.field == "data" and "rectangular" in error.value.message
+
+
+# Long enough for the one-pass conversion (plain_numbers) rather than the short-list check, and
+# nested, where the items numpy reads as 0 or 1 are looked up one by one.
+LONG = [0.5] * 2000
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "field"),
+    [
+        ("FP32", [*LONG, True], "x[2000]"),
+        ("FP32", [*LONG, False, *LONG], "x[2000]"),
+        ("FP32", [[0.5, 1.0], [True, 0.5]], "x[2]"),
+        ("FP32", [[0.5] * 600, [False] + [0.5] * 599], "x[600]"),
+        ("INT64", [1] * 2000 + [True], "x[2000]"),
+        ("INT64", [[2, 3], [4, False]], "x[3]"),
+        ("FP32", [*LONG, None], "x[2000]"),
+        ("FP32", [*LONG, "1.5"], "x[2000]"),
+        ("INT32", [*([7] * 2000), 1.0], "x[2000]"),
+        ("FP16", [*LONG, 70000.0], "x[2000]"),
+        ("INT8", [*([7] * 2000), 300], "x[2000]"),
+        ("BOOL", [True] * 2000 + [1], "x[2000]"),
+    ],
+)
+def test_long_and_nested_json_items_of_another_kind_are_refused(datatype, data, field):
+    spec = TensorSpec("x", datatype, ("N",))
+    with pytest.raises(InvalidInput) as error:
+        typed_tensor("x", datatype, spec.dtype, data)
+    assert error.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [
+        ("FP32", [[0.0, 1.0, 0.25], [1.0, 0.0, -3.0]] * 400),
+        ("FP16", [0.0, 1.0, 65504.0, -2.5] * 300),
+        ("FP64", [1e300, 0, 1, -1e-300] * 300),
+        ("INT64", [[0, 1, -(2**63), 2**63 - 1]] * 300),
+        ("UINT8", [0, 1, 255, 7] * 300),
+        ("BOOL", [[True, False]] * 600),
+    ],
+)
+def test_long_and_nested_json_numbers_are_read_as_item_by_item(datatype, data):
+    spec = TensorSpec("x", datatype, ("N",))
+    shape, flat = nested("x", data)
+    expected = _typed_items("x", datatype, spec.dtype, flat).reshape(shape)
+    array = typed_tensor("x", datatype, spec.dtype, data)
+    assert array.dtype == expected.dtype == spec.dtype
+    assert array.shape == expected.shape and np.array_equal(array, expected)
