@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ class TokenSequence:
             return cls(input_ids, np.ones_like(input_ids))
         return cls(input_ids, np.asarray(mask, dtype=np.int64))
 
-    @property
+    @cached_property  # read by the queue, the cost model and the policy, several times each
     def length(self) -> int:
         return int(self.input_ids.shape[0])
 
@@ -67,7 +68,7 @@ class QueuedRequest:
     cost_s: float = 0.0
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
 
-    @property
+    @cached_property  # as its sequence's: read several times per batch formed
     def length(self) -> int:
         return self.sequence.length
 

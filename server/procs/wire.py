@@ -273,8 +273,10 @@ def pack_arrays(
     dtypes, shapes = [], []
     frames: list[memoryview | bytes] = []
     for value in arrays.values():
-        # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
-        array = np.require(value, requirements="C")
+        # A backend's row is nearly always a C-ordered ndarray already: np.require costs ~0.6 us
+        # a call. (np.ascontiguousarray would turn a 0-d array, a label, into 1-d.)
+        c_ordered = type(value) is np.ndarray and value.flags.c_contiguous
+        array = value if c_ordered else np.require(value, requirements="C")
         dtypes.append(array.dtype.str)
         shapes.append(array.shape)
         if array.dtype == object:
