@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ class TokenSequence:
             return cls(input_ids, np.ones_like(input_ids))
         return cls(input_ids, np.asarray(mask, dtype=np.int64))
 
-    @cached_property  # read by the queue, the cost model and the policy, several times each
+    @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
 
@@ -67,10 +66,12 @@ class QueuedRequest:
     # Its predicted share of the queue's work (admission's running sum), set when queued.
     cost_s: float = 0.0
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # Its sequence's, read once here: the queue, the cost model and the policy read it several
+    # times per batch formed.
+    length: int = field(init=False)
 
-    @cached_property  # as its sequence's: read several times per batch formed
-    def length(self) -> int:
-        return self.sequence.length
+    def __post_init__(self) -> None:
+        self.length = self.sequence.length
 
     @property
     def rows(self) -> int:

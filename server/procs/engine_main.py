@@ -225,7 +225,7 @@ class EngineServer:
         self, key: tuple[bytes, int], index: int, future: asyncio.Future[dict[str, np.ndarray]]
     ) -> None:
         futures = self._rows.get(key)
-        if futures is not None and all(f.done() for f in futures):
+        if futures is not None and (len(futures) == 1 or all(f.done() for f in futures)):
             del self._rows[key]
         if future.cancelled():
             return
