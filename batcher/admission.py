@@ -25,6 +25,9 @@ from ferry.batcher.queue import RequestQueue
 # before the deadline (0.9 let 11 of ~240 admitted requests of a real 1000-request burst answer
 # 504; on the virtual clock 0.85 absorbs batches 15 % slower than priced, at 0.87x served).
 ADMISSION_SHARE = 0.85
+# Lengths whose price is kept between refits (a request's length is bounded by the model's, but
+# a plain graph's element count is not): past this many the prices are computed afresh.
+PRICED_LENGTHS = 4096
 
 
 class Admission:
@@ -41,13 +44,25 @@ class Admission:
         self._cost_model = cost_model
         self._dispatch = dispatch
         self._observer = observer
+        # Prices by length, valid for one fit of the cost model (its `fits`): every request is
+        # priced, and best_share's search is most of admission's cost per request.
+        self._prices: dict[int, float] = {}
+        self._priced_fit = -1
 
     def request_cost_s(self, length: int) -> float:
         """One request's share of the cheapest batch at its length (0 before the cost model is
         ready). Not of a full batch: large batches of long sequences cost more per request."""
-        if not self._cost_model.ready:
+        model = self._cost_model
+        if not model.ready:
             return 0.0
-        return self._cost_model.best_share(length, most_at(self.limits, length))[1]
+        if self._priced_fit != model.fits or len(self._prices) >= PRICED_LENGTHS:
+            self._prices.clear()
+            self._priced_fit = model.fits
+        price = self._prices.get(length)
+        if price is None:
+            price = model.best_share(length, most_at(self.limits, length))[1]
+            self._prices[length] = price
+        return price
 
     def reprice(self) -> None:
         """Price every queued request again (after a refit of the cost model): a share priced

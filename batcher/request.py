@@ -66,10 +66,12 @@ class QueuedRequest:
     # Its predicted share of the queue's work (admission's running sum), set when queued.
     cost_s: float = 0.0
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # Its sequence's, read once here: the queue, the cost model and the policy read it several
+    # times per batch formed.
+    length: int = field(init=False)
 
-    @property
-    def length(self) -> int:
-        return self.sequence.length
+    def __post_init__(self) -> None:
+        self.length = self.sequence.length
 
     @property
     def rows(self) -> int:

@@ -199,7 +199,7 @@ class OrtGenAIEngine:
         adapter_id = self._adapters.reserve(name)
         key = adapter_key(name, adapter_id)
         try:
-            await self._call(lambda owner: owner.lane.load(key, path))
+            await self._call(lambda owner: owner.generator_lane().load(key, path))
         except EngineDead:
             self._adapters.cancel(name)
             raise
@@ -211,7 +211,7 @@ class OrtGenAIEngine:
     async def unload_adapter(self, name: str) -> None:
         """New requests on `name` fail at once; its weights go once its requests finished."""
         key = adapter_key(name, await self._adapters.retire(name))
-        await self._call(lambda owner: owner.lane.unload(key))
+        await self._call(lambda owner: owner.generator_lane().unload(key))
 
     async def _call(self, action: Callable[[OwnerLoop], None]) -> None:
         if not self.is_ready():
@@ -281,10 +281,8 @@ class OrtGenAIEngine:
         try:
             import onnxruntime_genai as og
 
-            model = og.Model(str(self._model_dir))
             worker = OwnerLoop(
                 og,
-                model,
                 self.name,
                 KVModel(self._model_dir),
                 self._options,

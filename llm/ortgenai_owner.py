@@ -10,12 +10,18 @@ Two lanes: most requests run on the batch lane (ortgenai_batch.py: one forward p
 all of them, prefix cache, grammars masking their own rows); those only an og.Generator serves
 (an adapter, `echo`: ortgenai_batch.needs_generator) run on the generator lane
 (ortgenai_lora.py), one step each. Grammars are Ferry's on both (grammar_rows.py).
+
+The generator lane's og.Model is a second copy of the weights (the batch lane runs its own
+InferenceSession), so it is loaded only when first needed: at start when adapters are
+configured, else on the first `echo` + `logprobs` request. Text comes from `tokenizers`
+(detokenize.py): og's token stream drops bytes that are not UTF-8.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import queue
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +40,8 @@ from ferry.llm.ortgenai_prefix import ModelPrefixCache, PrefixCache
 from ferry.llm.stops import StopMatcher
 
 STOP = object()
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,6 @@ class OwnerLoop:
     def __init__(
         self,
         og: Any,
-        model: Any,
         name: str,
         kv_model: KVModel,
         options: EngineOptions,
@@ -110,7 +117,8 @@ class OwnerLoop:
         flush: Callable[[], None],
     ) -> None:
         self._og = og
-        self._model = model
+        self._name = name
+        self._model_dir = kv_model.model_dir
         self._text = Tokenizer.from_file(str(kv_model.model_dir / "tokenizer.json"))
         self.max_running = options.max_running
         store = options.prefix_store or PrefixCache(options.prefix_cache_bytes)
@@ -118,13 +126,9 @@ class OwnerLoop:
             ModelPrefixCache(store, name, kv_model.token_bytes) if options.prefix_cache else None
         )
         self._grammars = GrammarCompiler(kv_model.model_dir)
-        self.lane = GeneratorLane(
-            og,
-            model,
-            eos_ids,
-            self._grammars,
-            prefill_chunk=options.prefill_chunk,
-        )
+        self._eos_ids = eos_ids
+        self._prefill_chunk = options.prefill_chunk
+        self._lane: GeneratorLane | None = None  # made on first need (generator_lane)
         self.batch = BatchLane(
             kv_model,
             self.max_running,
@@ -141,6 +145,16 @@ class OwnerLoop:
         self._arrivals = itertools.count()
         self._by_id: dict[str, Job] = {}
 
+    def generator_lane(self) -> GeneratorLane:
+        """The generator lane, its og.Model loaded on the first call (module docstring)."""
+        if self._lane is None:
+            log.info("loading %s's og.Model for its generator lane (adapters, echo)", self._name)
+            model = self._og.Model(str(self._model_dir))
+            self._lane = GeneratorLane(
+                self._og, model, self._eos_ids, self._grammars, prefill_chunk=self._prefill_chunk
+            )
+        return self._lane
+
     def serve(self, commands: queue.Queue[object]) -> None:
         while True:
             self._flush()  # before any blocking wait: nothing decoded may sit in the outbox
@@ -152,7 +166,8 @@ class OwnerLoop:
                 self._step_lanes()
 
     def _running(self) -> int:
-        return len(self.lane.jobs) + len(self.batch.jobs)
+        lane = self._lane
+        return len(self.batch.jobs) + (0 if lane is None else len(lane.jobs))
 
     def _drain(self, commands: queue.Queue[object], block: bool) -> bool:
         """Apply queued commands; False once told to stop."""
@@ -182,8 +197,8 @@ class OwnerLoop:
             _, _, job = heapq.heappop(self._waiting)
             add = job.add
             generator_only = needs_generator(add.adapter, add.sampling)
-            job.lane = self.lane if generator_only else self.batch
             try:
+                job.lane = self.generator_lane() if generator_only else self.batch
                 job.lane.begin(job, add.adapter, add.prompt_ids, add.sampling)
             except Exception as exc:  # a bad request must not kill the engine
                 self._by_id.pop(add.request_id, None)
@@ -215,8 +230,8 @@ class OwnerLoop:
     def _steps(self) -> Any:
         if self.batch.jobs:
             yield from self.batch.step()
-        if self.lane.jobs:
-            yield from self.lane.step()
+        if self._lane is not None and self._lane.jobs:
+            yield from self._lane.step()
 
     def _advance(self, job: Job, token: int | None, finish: FinishReason | None) -> None:
         """One generated token (or none) and maybe the end."""
@@ -265,8 +280,9 @@ class OwnerLoop:
 
     def release(self) -> None:
         self.batch.release()
-        self.lane.release()
+        if self._lane is not None:
+            self._lane.release()
         self._grammars.close()
         self._waiting.clear()
         self._by_id.clear()
-        del self._model
+        self._lane = None

@@ -6,6 +6,9 @@ series count is bounded by configuration, not by traffic.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import collections
 import functools
 import operator
 import os
@@ -315,11 +318,33 @@ def priority_label(priority: int, levels: tuple[int, ...]) -> str:
     return str(priority) if priority in levels else "other"
 
 
+def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """`histogram.observe(a)` for every amount, in one write per bucket hit and one for the sum.
+
+    A batch's queue waits are an observation per request, and each write of a multiprocess value
+    costs ~1.5 us of the engine loop. Uses the fields prometheus_client's own observe() writes
+    (0.2x: `_upper_bounds`, `_buckets`, `_sum`); tests/server/test_metrics_queue.py holds the
+    result equal to observe() one by one.
+    """
+    if len(amounts) < 2:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    bounds = histogram._upper_bounds
+    top = bounds[-1]  # +Inf: only NaN is past it, and observe() counts NaN in no bucket
+    # observe() counts an amount in the first bucket whose bound is >= it: bisect_left's index.
+    hits = collections.Counter(bisect.bisect_left(bounds, a) for a in amounts if a <= top)
+    for index, count in hits.items():
+        histogram._buckets[index].inc(count)
+    histogram._sum.inc(sum(amounts))
+
+
 class ModelBatchObserver:
     """The batcher's `BatchObserver`, bound to one model's label values."""
 
     def __init__(self, metrics: FerryMetrics, model: str, backend: str) -> None:
         self._depth = metrics.queue_depth.labels(model)
+        self._depth_pending: int | None = None  # a depth not written yet (queue_depth)
         self._waits = {
             level: metrics.queue_wait.labels(model, str(level)) for level in metrics.priority_levels
         }
@@ -337,7 +362,20 @@ class ModelBatchObserver:
         self._cost_error = metrics.cost_error.labels(model)
 
     def queue_depth(self, depth: int) -> None:
-        self._depth.set(depth)
+        # Written once per loop turn, the turn's last depth (what a scrape would read): every
+        # request changes the depth, and a multiprocess gauge's write costs ~1.5 us of the loop.
+        if self._depth_pending is None:
+            try:
+                asyncio.get_running_loop().call_soon(self._write_depth)
+            except RuntimeError:  # no loop running: written at once
+                self._depth.set(depth)
+                return
+        self._depth_pending = depth
+
+    def _write_depth(self) -> None:
+        depth, self._depth_pending = self._depth_pending, None
+        if depth is not None:
+            self._depth.set(depth)
 
     def rejected(self, reason: RejectReason) -> None:
         self._rejections(reason).inc()
@@ -346,9 +384,7 @@ class ModelBatchObserver:
         self._size.observe(batch.size)
         self._tokens.observe(batch.padded_tokens)
         self._padding.observe(1 - batch.real_tokens / batch.padded_tokens)
-        histogram = self._waits.get(batch.priority, self._other_wait)
-        for wait in batch.queue_waits_s:
-            histogram.observe(wait)
+        observe_all(self._waits.get(batch.priority, self._other_wait), batch.queue_waits_s)
 
     def batch_finished(self, seconds: float, failed: bool, predicted_s: float | None) -> None:
         self._duration.observe(seconds)

@@ -279,11 +279,11 @@ class EngineClient:
         assert self._socket is not None, "start the client first"
         self._socket.send(header, frames)
 
-    def _receive(self, _: bytes | None, header: object, frames: list[bytes]) -> None:
+    def _receive(self, _: bytes | None, header: object, frames: list[memoryview]) -> None:
         self._heard = time.monotonic()
         self._handle(header, frames)  # type: ignore[arg-type]  # the decoder yields only ToApi
 
-    def _handle(self, message: wire.ToApi, frames: list[bytes]) -> None:
+    def _handle(self, message: wire.ToApi, frames: list[memoryview]) -> None:
         future: asyncio.Future[Any] | None  # a row's or a call's
         if isinstance(message, wire.Row):
             futures = self._rows.get(message.rid)

@@ -96,11 +96,11 @@ class EngineServer:
         assert self._socket is not None
         self._socket.send(header, frames, peer)
 
-    def _receive(self, peer: bytes | None, header: object, frames: list[bytes]) -> None:
+    def _receive(self, peer: bytes | None, header: object, frames: list[memoryview]) -> None:
         assert peer is not None
         self._handle(peer, header, frames)  # type: ignore[arg-type]  # the decoder yields only ToEngine
 
-    def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[bytes]) -> None:
+    def _handle(self, peer: bytes, message: wire.ToEngine, frames: list[memoryview]) -> None:
         if peer not in self._peers and not isinstance(message, wire.Hello):
             # Sent by a process that has exited (read after its pidfd fired), or queued for a
             # previous engine: no one waits for the answer, so the work is not started.
@@ -173,7 +173,7 @@ class EngineServer:
 
     # -- encoder requests ----------------------------------------------------------------------
 
-    def _submit(self, peer: bytes, message: wire.Submit, frames: list[bytes]) -> None:
+    def _submit(self, peer: bytes, message: wire.Submit, frames: list[memoryview]) -> None:
         sequences = wire.unpack_sequences(message.lengths, *frames)
         outputs = None if message.outputs is None else frozenset(message.outputs)
         try:
@@ -191,7 +191,7 @@ class EngineServer:
             future.add_done_callback(partial(self._row_done, key, index))
 
     def _submit_tensors(
-        self, peer: bytes, message: wire.SubmitTensors, frames: list[bytes]
+        self, peer: bytes, message: wire.SubmitTensors, frames: list[memoryview]
     ) -> None:
         model = self.graphs.get(message.model)
         if model is None:  # the API process found it in the same settings: not reached
@@ -225,7 +225,7 @@ class EngineServer:
         self, key: tuple[bytes, int], index: int, future: asyncio.Future[dict[str, np.ndarray]]
     ) -> None:
         futures = self._rows.get(key)
-        if futures is not None and all(f.done() for f in futures):
+        if futures is not None and (len(futures) == 1 or all(f.done() for f in futures)):
             del self._rows[key]
         if future.cancelled():
             return

@@ -21,6 +21,9 @@ from ferry.llm import errors as llm_errors
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.server import errors as server_errors
 
+# A received array's bytes: a view into its message's buffer (loop_socket.py), or bytes.
+Buffer = bytes | memoryview
+
 
 class Hello(msgspec.Struct, tag=True):
     """An API process asks who serves (sent at start and after an engine restart); the engine
@@ -245,7 +248,7 @@ def pack_sequences(sequences: Sequence[TokenSequence]) -> tuple[tuple[int, ...],
 
 
 def unpack_sequences(
-    lengths: Sequence[int], ids: bytes, masks: bytes, types: bytes = b""
+    lengths: Sequence[int], ids: Buffer, masks: Buffer, types: Buffer = b""
 ) -> list[TokenSequence]:
     all_ids = np.frombuffer(ids, dtype=np.int64)
     all_masks = np.frombuffer(masks, dtype=np.int64)
@@ -270,8 +273,10 @@ def pack_arrays(
     dtypes, shapes = [], []
     frames: list[memoryview | bytes] = []
     for value in arrays.values():
-        # np.ascontiguousarray would turn a 0-d array (a label) into 1-d.
-        array = np.require(value, requirements="C")
+        # A backend's row is nearly always a C-ordered ndarray already: np.require costs ~0.6 us
+        # a call. (np.ascontiguousarray would turn a 0-d array, a label, into 1-d.)
+        c_ordered = type(value) is np.ndarray and value.flags.c_contiguous
+        array = value if c_ordered else np.require(value, requirements="C")
         dtypes.append(array.dtype.str)
         shapes.append(array.shape)
         if array.dtype == object:
@@ -287,7 +292,7 @@ def unpack_arrays(
     names: Sequence[str],
     dtypes: Sequence[str],
     shapes: Sequence[tuple[int, ...]],
-    frames: Sequence[bytes],
+    frames: Sequence[Buffer],
 ) -> dict[str, np.ndarray]:
     arrays = {}
     for name, dtype, shape, frame in zip(names, dtypes, shapes, frames, strict=True):
@@ -306,7 +311,7 @@ def pack_row(
     return Row(rid, index, tuple(row), dtypes, shapes), frames
 
 
-def unpack_row(header: Row, frames: Sequence[bytes]) -> dict[str, np.ndarray]:
+def unpack_row(header: Row, frames: Sequence[Buffer]) -> dict[str, np.ndarray]:
     return unpack_arrays(header.names, header.dtypes, header.shapes, frames)
 
 
@@ -335,7 +340,7 @@ def pack_tensors(
     return header, frames
 
 
-def unpack_tensors(header: SubmitTensors, frames: Sequence[bytes]) -> TensorRows:
+def unpack_tensors(header: SubmitTensors, frames: Sequence[Buffer]) -> TensorRows:
     tensors = unpack_arrays(header.names, header.dtypes, header.shapes, frames)
     return TensorRows(tensors, header.rows, header.axis_sizes, header.shape_key)
 

@@ -11,6 +11,7 @@ import pytest
 
 from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
 from ferry.batcher.admission import ADMISSION_SHARE
+from ferry.batcher.policy import most_at
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import seq
 from tests.batcher.test_batcher_observer import RecordingObserver
@@ -95,6 +96,18 @@ def small_batches() -> MicroBatcher:
 )
 async def test_a_request_costs_its_share_of_the_cheapest_batch_at_its_length(length, share_s):
     assert small_batches().request_cost_s(length) == pytest.approx(share_s)
+
+
+async def test_a_price_kept_for_its_length_follows_every_refit():
+    # Prices are kept by length between fits (admission prices every request): a refit,
+    # through the batcher's own or by hand, must not leave the old price.
+    batcher = small_batches()
+    assert batcher.request_cost_s(5) == pytest.approx(0.015)
+    for n, length in [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (4, 16), (8, 2)]:
+        batcher.cost_model.observe(n, length, 2 * (0.010 + 0.001 * n * length))
+    batcher.cost_model.refit()
+    fresh = batcher.cost_model.best_share(5, most_at(batcher.limits, 5))[1]
+    assert fresh > 0.015 and batcher.request_cost_s(5) == fresh
 
 
 async def test_before_the_cost_model_is_ready_nothing_is_predicted_and_all_is_admitted():

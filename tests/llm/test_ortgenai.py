@@ -233,3 +233,33 @@ async def test_close_makes_the_engine_not_ready(reference: dict[str, Any]) -> No
     assert not engine.is_ready()
     with pytest.raises(EngineDead):
         await collect(engine, "r1", reference["cases"][0]["prompt"], GREEDY)
+
+
+async def test_the_weights_are_loaded_a_second_time_only_for_the_generator_lane(
+    monkeypatch: pytest.MonkeyPatch, reference: dict[str, Any]
+) -> None:
+    """og.Model is a second copy of the weights next to the batch lane's session: none at start
+    or for plain requests, one on the first `echo` request (the generator lane), kept after."""
+    import onnxruntime_genai as og
+
+    loads: list[str] = []
+    real_model = og.Model
+
+    def counted(path: str) -> Any:
+        loads.append(path)
+        return real_model(path)
+
+    monkeypatch.setattr(og, "Model", counted)
+    engine = OrtGenAIEngine(ONNX_DIR, name="once")
+    await engine.start()
+    try:
+        prompt = reference["cases"][0]["prompt"]
+        await collect(engine, "plain", prompt, GREEDY)
+        assert loads == []
+        echo = SamplingSettings(max_tokens=2, temperature=0.0, logprobs=1, echo=True)
+        for request_id in ("echo-1", "echo-2"):
+            deltas = await collect(engine, request_id, prompt, echo)
+            assert deltas[0].prompt_logprobs is not None
+        assert loads == [str(ONNX_DIR)]
+    finally:
+        await engine.close()
