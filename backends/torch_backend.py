@@ -134,9 +134,10 @@ class TorchBackend:
             model = torch.compile(model, dynamic=True)
         return model
 
-    def _forward(self, batch: PaddedBatch, stream: Any) -> list[np.ndarray]:
+    def _forward(self, batch: PaddedBatch, stream: Any) -> dict[str, np.ndarray]:
         import torch
 
+        names = batch.outputs or self.output_names
         with torch.inference_mode(), torch.cuda.stream(stream) if stream else nullcontext():
             ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
             mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
@@ -147,23 +148,25 @@ class TorchBackend:
             )
             out = self._model(input_ids=ids, attention_mask=mask, token_type_ids=types)
             if self.task != "embedding":  # a classifier's or a cross-encoder's head
-                results = [out.logits.float()]
+                results = {"logits": out.logits.float()}
             else:
                 hidden = out.last_hidden_state.float()
                 weights = mask.unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-                results = [hidden, torch.nn.functional.normalize(pooled, p=2.0, dim=1)]
+                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+                results = {"last_hidden_state": hidden, "sentence_embedding": pooled}
+            # Only what the batch asked for leaves the device: the hidden states of a batch of
+            # 128 x 128 tokens are 25 MB, 4.4 of a 5.7 ms step on an H100 when always copied.
             # .cpu() waits for this stream's work only.
-            return [r.cpu().numpy() for r in results]
+            return {name: results[name].cpu().numpy() for name in names}
 
     async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
         stream = await self._streams.get()
         try:
             loop = asyncio.get_running_loop()
-            values = await loop.run_in_executor(self._executor, self._forward, batch, stream)
+            return await loop.run_in_executor(self._executor, self._forward, batch, stream)
         finally:
             self._streams.put_nowait(stream)
-        return dict(zip(self.output_names, values, strict=True))
 
     async def health(self) -> bool:
         return self._ready

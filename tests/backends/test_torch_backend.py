@@ -24,8 +24,12 @@ LABELS = {0: "negative", 1: "positive"}
 IDS = [[101, 7592, 2088, 2003, 1037, 3899, 102], [101, 2023, 102], [101, *range(2000, 2040), 102]]
 
 
+def batch_members(ids: list[list[int]]) -> list[TokenSequence]:
+    return [TokenSequence.from_ids(i) for i in ids]
+
+
 def padded(ids: list[list[int]]):
-    return pad_batch([TokenSequence.from_ids(i) for i in ids])
+    return pad_batch(batch_members(ids))
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,13 @@ async def test_embeddings_match_the_onnx_backend_on_a_padded_batch(hf_dir, defau
             diff = got["last_hidden_state"][row, :length] - want["last_hidden_state"][row, :length]
             assert np.max(np.abs(diff)) <= 1e-4
         assert np.allclose(np.linalg.norm(got["sentence_embedding"], axis=1), 1.0, atol=1e-6)
+        # A batch that asks for the embedding alone gets it alone (the hidden states stay on
+        # the device), and the same values.
+        alone = await torch_backend.infer(
+            pad_batch(batch_members(IDS), outputs=("sentence_embedding",))
+        )
+        assert list(alone) == ["sentence_embedding"]
+        assert np.array_equal(alone["sentence_embedding"], got["sentence_embedding"])
     finally:
         await torch_backend.close()
         await onnx_backend.close()
