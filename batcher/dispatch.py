@@ -172,11 +172,11 @@ class Dispatch:
             elif self._waiting_starts:
                 self._waiting_starts.popleft()[0] = now  # its runner takes the next batch
             elapsed = now - started[0]
-            self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * elapsed
             if not failed:
                 self._cost_model.observe(padded.size, padded.padded_length, elapsed)
                 if priced_s > 0:
                     self._learn_pace(elapsed, priced_s)
+            self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * elapsed
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self._cost_model.ready else None
             )
@@ -192,9 +192,11 @@ class Dispatch:
         request alone (priced 32.5 ms) stalled 5 s made the pace 32, and 64 queued requests with
         30 s deadlines were refused as late though they drain in about 1 s. Weighted by what it
         was priced at, that batch counts as the small batch it is; batches all slower by one
-        ratio still give that ratio."""
-        if self._priced_s == 0.0:  # the first priced batch: the pace so far, worth that batch
-            self._took_s, self._priced_s = self.pace * priced_s, priced_s
+        ratio still give that ratio. Before the first priced batch, the pace so far is worth
+        a batch of the recent batch time (those that ran before the cost model was ready), so
+        that a first priced batch stalled alone counts as small too."""
+        if self._priced_s == 0.0:
+            self._took_s, self._priced_s = self.pace * self.recent_batch_s, self.recent_batch_s
         self._took_s = 0.8 * self._took_s + 0.2 * elapsed
         self._priced_s = 0.8 * self._priced_s + 0.2 * priced_s
         self.pace = self._took_s / self._priced_s

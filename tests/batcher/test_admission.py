@@ -366,15 +366,19 @@ async def test_the_prediction_follows_how_long_batches_really_took_per_priced_se
     own = batcher.request_cost_s(4)
     assert batcher.predicted_wait_s(0, own) == pytest.approx(own)
     batcher.start()
+    prior_s = batcher.dispatch.recent_batch_s  # pace 1 before, worth a batch of this time
+    took = 2 * (0.010 + 0.004)  # priced at one share (`own`), twice the model's batch of one
     (first,) = queue(batcher, 4)
     await clock.run_until_done(first)
-    # Priced at one share (`own`), it took twice the model's batch of one: pace 0.8 + 0.2 * r.
-    pace = 0.8 + 0.2 * 2 * (0.010 + 0.004) / own
-    assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
-    # A moving average: the second batch moves it on from there, not from 1.
+    # Moving sums of seconds taken and priced, the prior their start: their ratio is the pace.
+    took_s, priced_s = 0.8 * prior_s + 0.2 * took, 0.8 * prior_s + 0.2 * own
+    assert batcher.predicted_wait_s(0, own) == pytest.approx(own * took_s / priced_s)
+    # The second batch moves the sums on from there, not from the prior.
     (second,) = queue(batcher, 4)
     await clock.run_until_done(second)
-    pace = 0.8 * pace + 0.2 * 2 * (0.010 + 0.004) / own
+    took_s, priced_s = 0.8 * took_s + 0.2 * took, 0.8 * priced_s + 0.2 * own
+    pace = took_s / priced_s
+    assert pace > 1  # on its way to 2 * (0.010 + 0.004) / own, from the prior's 1
     assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
     # Behind one queued request: a deadline the model alone would meet (2 * own, at 85 %), the
     # learned pace would not: refused at once.
@@ -420,8 +424,17 @@ class StallingBackend:
         return {"total": np.zeros((batch.size, 1), dtype=np.float32)}
 
 
-@pytest.mark.parametrize("stalled", [1, 8])
-async def test_one_stalled_batch_does_not_refuse_64_clients_whose_queue_drains_in_time(stalled):
+@pytest.mark.parametrize(
+    ("priced_before", "stalled"),
+    [
+        (16, 1),  # two full batches at their price, then one request alone stalls
+        (16, 8),  # a full batch stalls
+        (0, 1),  # the first batch priced at all stalls, alone
+    ],
+)
+async def test_one_stalled_batch_does_not_refuse_64_clients_whose_queue_drains_in_time(
+    priced_before, stalled
+):
     # The image bench: 64 clients, batches of at most 8, 30 s deadlines, a learned cost. One batch
     # stalls 5 s (a starved nice-10 thread, a pause): a stall adds seconds to that batch, and a
     # batch of one priced at 32.5 ms must not make 64 queued requests look 150 times their price.
@@ -429,12 +442,13 @@ async def test_one_stalled_batch_does_not_refuse_64_clients_whose_queue_drains_i
     backend = StallingBackend(clock)
     limits = BatchLimits(max_batch_size=8, max_concurrent_batches=2)
     batcher = MicroBatcher("m", backend.infer, limits, LIMITS, default_timeout_s=30.0, clock=clock)
-    for _ in range(8):
-        for n in range(1, 9):
-            batcher.cost_model.observe(n, 4, resnet_s(n))
-    batcher.cost_model.refit()
     batcher.start()
-    await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * 16)))  # two full batches
+    for n in range(1, 9):  # the cost model learns from batches of 1 to 8, then is ready
+        await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * n)))
+    assert batcher.cost_model.ready
+    assert batcher.request_cost_s(4) == pytest.approx(resnet_s(8) / 8)
+    if priced_before:
+        await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * priced_before)))
     backend.stall_s = 5.0
     await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * stalled)), step_s=0.01)
     started = clock.now
