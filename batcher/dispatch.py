@@ -68,6 +68,9 @@ class Dispatch:
         # batches): what the shares leave out (padding to a neighbour's length, a cut short of
         # the cheapest size, other work on the cores) makes it > 1.
         self.pace = 1.0
+        # Its terms: moving averages of the seconds recent batches took and were priced at.
+        self._took_s = 0.0
+        self._priced_s = 0.0
         self._published_fits = 0
 
     async def acquire_slot(self) -> None:
@@ -169,11 +172,11 @@ class Dispatch:
             elif self._waiting_starts:
                 self._waiting_starts.popleft()[0] = now  # its runner takes the next batch
             elapsed = now - started[0]
-            self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * elapsed
             if not failed:
                 self._cost_model.observe(padded.size, padded.padded_length, elapsed)
                 if priced_s > 0:
-                    self.pace = 0.8 * self.pace + 0.2 * elapsed / priced_s
+                    self._learn_pace(elapsed, priced_s)
+            self.recent_batch_s = 0.8 * self.recent_batch_s + 0.2 * elapsed
             self._observer.batch_finished(
                 elapsed, failed, predicted_s if self._cost_model.ready else None
             )
@@ -182,6 +185,21 @@ class Dispatch:
                 self._published_fits = self._cost_model.fits
                 self._observer.cost_model(self._cost_model.as_dict())
                 self._refitted()
+
+    def _learn_pace(self, elapsed: float, priced_s: float) -> None:
+        """The pace as recent seconds taken over recent seconds priced, not a moving average of
+        each batch's ratio: a stall adds seconds, it does not multiply them. As a ratio, one
+        request alone (priced 32.5 ms) stalled 5 s made the pace 32, and 64 queued requests with
+        30 s deadlines were refused as late though they drain in about 1 s. Weighted by what it
+        was priced at, that batch counts as the small batch it is; batches all slower by one
+        ratio still give that ratio. Before the first priced batch, the pace so far is worth
+        a batch of the recent batch time (those that ran before the cost model was ready), so
+        that a first priced batch stalled alone counts as small too."""
+        if self._priced_s == 0.0:
+            self._took_s, self._priced_s = self.pace * self.recent_batch_s, self.recent_batch_s
+        self._took_s = 0.8 * self._took_s + 0.2 * elapsed
+        self._priced_s = 0.8 * self._priced_s + 0.2 * priced_s
+        self.pace = self._took_s / self._priced_s
 
     async def _infer_within_timeout(self, padded: Batch) -> Result:
         """A hung backend fails its batch (504) instead of holding its callers forever."""

@@ -366,15 +366,19 @@ async def test_the_prediction_follows_how_long_batches_really_took_per_priced_se
     own = batcher.request_cost_s(4)
     assert batcher.predicted_wait_s(0, own) == pytest.approx(own)
     batcher.start()
+    prior_s = batcher.dispatch.recent_batch_s  # pace 1 before, worth a batch of this time
+    took = 2 * (0.010 + 0.004)  # priced at one share (`own`), twice the model's batch of one
     (first,) = queue(batcher, 4)
     await clock.run_until_done(first)
-    # Priced at one share (`own`), it took twice the model's batch of one: pace 0.8 + 0.2 * r.
-    pace = 0.8 + 0.2 * 2 * (0.010 + 0.004) / own
-    assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
-    # A moving average: the second batch moves it on from there, not from 1.
+    # Moving sums of seconds taken and priced, the prior their start: their ratio is the pace.
+    took_s, priced_s = 0.8 * prior_s + 0.2 * took, 0.8 * prior_s + 0.2 * own
+    assert batcher.predicted_wait_s(0, own) == pytest.approx(own * took_s / priced_s)
+    # The second batch moves the sums on from there, not from the prior.
     (second,) = queue(batcher, 4)
     await clock.run_until_done(second)
-    pace = 0.8 * pace + 0.2 * 2 * (0.010 + 0.004) / own
+    took_s, priced_s = 0.8 * took_s + 0.2 * took, 0.8 * priced_s + 0.2 * own
+    pace = took_s / priced_s
+    assert pace > 1  # on its way to 2 * (0.010 + 0.004) / own, from the prior's 1
     assert batcher.predicted_wait_s(0, own) == pytest.approx(own * pace)
     # Behind one queued request: a deadline the model alone would meet (2 * own, at 85 %), the
     # learned pace would not: refused at once.
@@ -398,4 +402,58 @@ async def test_the_pace_also_scales_the_finish_of_queued_less_urgent_requests():
     with pytest.raises(QueueFull):
         batcher.submit([seq(1)], priority=0)
     assert not early.done() and not promised.done()
+    await batcher.close(0)
+
+
+def resnet_s(n: int) -> float:
+    """A batch of n images: 20 ms plus 30 ms an image (ResNet-18 at 224 on a shared 2-core box,
+    two sessions: about 60 images/s)."""
+    return 0.020 + 0.030 * n
+
+
+class StallingBackend:
+    """Each batch takes `resnet_s` in the clock's time; the next one `stall_s` more."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.stall_s = 0.0
+
+    async def infer(self, batch: PaddedBatch) -> dict[str, np.ndarray]:
+        stall, self.stall_s = self.stall_s, 0.0
+        await self.clock.sleep(resnet_s(batch.size) + stall)
+        return {"total": np.zeros((batch.size, 1), dtype=np.float32)}
+
+
+@pytest.mark.parametrize(
+    ("priced_before", "stalled"),
+    [
+        (16, 1),  # two full batches at their price, then one request alone stalls
+        (16, 8),  # a full batch stalls
+        (0, 1),  # the first batch priced at all stalls, alone
+    ],
+)
+async def test_one_stalled_batch_does_not_refuse_64_clients_whose_queue_drains_in_time(
+    priced_before, stalled
+):
+    # The image bench: 64 clients, batches of at most 8, 30 s deadlines, a learned cost. One batch
+    # stalls 5 s (a starved nice-10 thread, a pause): a stall adds seconds to that batch, and a
+    # batch of one priced at 32.5 ms must not make 64 queued requests look 150 times their price.
+    clock = ManualClock()
+    backend = StallingBackend(clock)
+    limits = BatchLimits(max_batch_size=8, max_concurrent_batches=2)
+    batcher = MicroBatcher("m", backend.infer, limits, LIMITS, default_timeout_s=30.0, clock=clock)
+    batcher.start()
+    for n in range(1, 9):  # the cost model learns from batches of 1 to 8, then is ready
+        await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * n)))
+    assert batcher.cost_model.ready
+    assert batcher.request_cost_s(4) == pytest.approx(resnet_s(8) / 8)
+    if priced_before:
+        await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * priced_before)))
+    backend.stall_s = 5.0
+    await clock.run_until_done(asyncio.gather(*queue(batcher, *[4] * stalled)), step_s=0.01)
+    started = clock.now
+    served = queue(batcher, *[4] * 64)  # QueueFull ("predicted late") if any is refused
+    # And it was right to admit them: 8 batches of 8 over 2 slots drain in about 1 s.
+    await clock.run_until_done(asyncio.gather(*served), step_s=0.01, limit_s=2.0)
+    assert clock.now - started < 30.0 * ADMISSION_SHARE
     await batcher.close(0)
