@@ -16,9 +16,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
+
+from ferry.exporters.genai_builder import builder_args
 
 Precision = Literal["int4", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("int4", "fp32")
@@ -79,29 +81,43 @@ def build_genai(
     """onnxruntime-genai's builder on a Hugging Face folder (CPU), in a child process so that
     its memory is freed after; an architecture it cannot convert is an UnsupportedArchitecture.
     `verify` (the parity report) runs on the built folder before it becomes `out`."""
+    return build_genai_all([(hf_dir, out)], precision, verify)[0]
+
+
+def build_genai_all(
+    jobs: Sequence[tuple[Path, Path]], precision: Precision, verify: Verify | None = None
+) -> list[Path]:
+    """`build_genai` on each (Hugging Face folder, out) with one builder process: its imports are
+    most of a small model's export time. One failure fails them all and leaves no `out`."""
     if precision not in PRECISIONS:
         raise ExportError(f"precision must be one of {PRECISIONS}, not {precision!r}")
-    arch = architecture(hf_dir)
+    archs = [architecture(hf_dir) for hf_dir, _ in jobs]
     # Built beside `out` and moved in once checked: a failed or interrupted export leaves no
     # folder that looks complete (`make model` tests for genai_config.json).
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
-        _run_builder(hf_dir, partial, precision, arch)
-        check_output(partial)
-        check_attention_windows(partial, hf_dir, arch)
-        smoke_run(partial, arch)
-        if verify is not None:
-            verify(partial)
-    except BaseException:
+    partials = [out.with_name(out.name + ".partial") for _, out in jobs]
+    for partial in partials:
         shutil.rmtree(partial, ignore_errors=True)
+    try:
+        _run_builder([hf_dir for hf_dir, _ in jobs], partials, precision, archs)
+        for (hf_dir, _), partial, arch in zip(jobs, partials, archs, strict=True):
+            check_output(partial)
+            check_attention_windows(partial, hf_dir, arch)
+            smoke_run(partial, arch)
+            if verify is not None:
+                verify(partial)
+    except BaseException:
+        for partial in partials:
+            shutil.rmtree(partial, ignore_errors=True)
         raise
-    shutil.rmtree(out, ignore_errors=True)
-    partial.rename(out)
-    return out
+    for (_, out), partial in zip(jobs, partials, strict=True):
+        shutil.rmtree(out, ignore_errors=True)
+        partial.rename(out)
+    return [out for _, out in jobs]
 
 
-def _run_builder(hf_dir: Path, partial: Path, precision: Precision, arch: str) -> None:
+def _run_builder(
+    hf_dirs: list[Path], partials: list[Path], precision: Precision, archs: list[str]
+) -> None:
     options = [
         # Full-length KV caches on every layer, the window applied by the attention kernel:
         # what Ferry's batched lane holds (llm/sliding_window.py).
@@ -111,18 +127,22 @@ def _run_builder(hf_dir: Path, partial: Path, precision: Precision, arch: str) -
         *(("algo_config=k_quant",) if precision == "int4" else ()),
     ]
     with tempfile.TemporaryDirectory() as scratch:
-        source = _with_sliding_layers(hf_dir, Path(scratch) / "hf")
-        cache = Path(scratch) / "cache"
-        cmd = [
-            sys.executable,
-            "-m",
-            "onnxruntime_genai.models.builder",
-            *("-i", str(source), "-o", str(partial), "-p", precision, "-e", "cpu"),
-            *("-c", str(cache), "--extra_options", *options),
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        log = done.stderr + done.stdout
+        jobs = []
+        for index, (hf_dir, partial) in enumerate(zip(hf_dirs, partials, strict=True)):
+            work = Path(scratch) / str(index)
+            source = _with_sliding_layers(hf_dir, work / "hf")
+            jobs.append(builder_args(source, partial, precision, work / "cache", options))
+        jobs_file, results_file = Path(scratch) / "jobs.json", Path(scratch) / "results.json"
+        jobs_file.write_text(json.dumps(jobs))
+        cmd = [sys.executable, "-m", "ferry.exporters.genai_builder"]
+        done = subprocess.run([*cmd, str(jobs_file), str(results_file)], capture_output=True)
+        if done.returncode != 0:  # the process died: no job's result to name
+            log = (done.stderr + done.stdout).decode(errors="replace")
+            raise ExportError(f"onnxruntime-genai's builder failed on {hf_dirs}:\n{log[-3000:]}")
+        failures = json.loads(results_file.read_text())
+    for hf_dir, arch, log in zip(hf_dirs, archs, failures, strict=True):
+        if log is None:
+            continue
         if _UNSUPPORTED_MARK in log:
             raise UnsupportedArchitecture(
                 f"onnxruntime-genai's builder cannot convert {arch} ({hf_dir}); see "

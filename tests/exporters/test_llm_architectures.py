@@ -1,7 +1,8 @@
 """The architecture matrix: a tiny random-weight model of each architecture the README lists as
-exportable (tests/exporters/tiny_llms.py), exported by `ferry export llm` and served together by
-one real server. Each answers greedily with onnxruntime-genai's own Generator's text, makes a
-forced tool call the openai client parses, and answers a json_schema with JSON that validates."""
+exportable (tests/exporters/tiny_llms.py), exported by `ferry export llm`'s builder and checks
+(all in one builder process, tests/exporters/conftest.py) and served together by one real
+server. Each answers greedily with onnxruntime-genai's own Generator's text, makes a forced tool
+call the openai client parses, and answers a json_schema with JSON that validates."""
 
 from __future__ import annotations
 

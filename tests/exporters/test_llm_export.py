@@ -28,14 +28,14 @@ from ferry.exporters.llm_parity import (
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_kv import KVModel
 from tests.exporters.tiny_llms import CONTEXT, MATRIX, SLIDING, WINDOW
-from tests.llm.llm_paths import HF_DIR
+from tests.llm.llm_paths import HF_DIR, MODEL_NAME
 
 PARITY_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def fp32_export(tmp_path_factory) -> Path:
-    return export_llm(tmp_path_factory.mktemp("tiny") / "fp32", "fp32", hf=HF_DIR)
+def fp32_export(fp32_exports) -> Path:
+    return fp32_exports[MODEL_NAME][1]
 
 
 def test_fp32_export_is_greedy_identical_to_transformers(fp32_export: Path) -> None:
@@ -237,14 +237,16 @@ def test_a_window_the_export_does_not_apply_is_refused(sliding_export, tmp_path:
         llm_export.check_attention_windows(exported, narrower, arch)
 
 
-def test_a_failed_check_removes_the_partial_folder(tmp_path: Path) -> None:
-    # The builder converts a folder without a chat template; the check after it fails.
+def test_a_failed_check_removes_every_partial_folder(tmp_path: Path) -> None:
+    # The builder converts a folder without a chat template; the check after it fails, and so
+    # does the export built beside it by the same builder process.
     source = shutil.copytree(HF_DIR, tmp_path / "hf")
     config = json.loads((source / "tokenizer_config.json").read_text())
     config.pop("chat_template")
     (source / "tokenizer_config.json").write_text(json.dumps(config))
+    jobs = [(HF_DIR, tmp_path / "good"), (source, tmp_path / "out")]
     with pytest.raises(ExportError, match="chat template did not carry over"):
-        export_llm(tmp_path / "out", "fp32", hf=source)
+        llm_export.build_genai_all(jobs, "fp32")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 

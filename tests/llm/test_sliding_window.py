@@ -3,6 +3,7 @@ and at start, naming the architecture and why: never a server that is ready and 
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import REPO, write_config
 from ferry.exporters import llm_export
+from ferry.exporters.genai_builder import builder_args
 from ferry.llm.errors import UnservableModel
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.exporters.tiny_llms import MATRIX, SLIDING, build_tiny_llm
@@ -25,16 +27,28 @@ REASONS = {
 }
 
 
-@pytest.fixture(scope="module", params=SLIDING)
-def builder_default(request, tmp_path_factory) -> tuple[str, Path, Path]:
-    root = tmp_path_factory.mktemp(request.param)
-    spec = MATRIX[request.param]
-    hf = build_tiny_llm(spec, root / "hf")
-    out = root / "onnx"
-    command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf)]
-    command += ["-o", str(out), "-p", "fp32", "-e", "cpu", "-c", str(root / "cache")]
-    subprocess.run(command, check=True, capture_output=True)
-    return spec.architecture, hf, out
+@pytest.fixture(scope="module")
+def builder_defaults(tmp_path_factory) -> dict[str, tuple[str, Path, Path]]:
+    """Each sliding model built with the builder's own defaults: (architecture, its Hugging Face
+    folder, the builder's output), by name; one builder process builds them all."""
+    root = tmp_path_factory.mktemp("builder-default")
+    jobs, built = [], {}
+    for name in SLIDING:
+        spec = MATRIX[name]
+        hf = build_tiny_llm(spec, root / name / "hf")
+        out = root / name / "onnx"
+        jobs.append(builder_args(hf, out, "fp32", root / name / "cache", []))
+        built[name] = (spec.architecture, hf, out)
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    command = [sys.executable, "-m", "ferry.exporters.genai_builder"]
+    subprocess.run([*command, str(root / "jobs.json"), str(root / "results.json")], check=True)
+    assert json.loads((root / "results.json").read_text()) == [None] * len(jobs)
+    return built
+
+
+@pytest.fixture(params=SLIDING)
+def builder_default(request, builder_defaults) -> tuple[str, Path, Path]:
+    return builder_defaults[request.param]
 
 
 def test_the_engine_refuses_it(builder_default) -> None:
