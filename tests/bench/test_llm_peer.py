@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ferry.bench.llm_peer import Cell, FerryServer, LlamaServer, report
+from ferry.bench.llm_peer import Cell, FerryServer, LlamaServer, repack_lines, report
 
 
 def test_both_streams_give_text_and_token_counts() -> None:
@@ -36,3 +36,17 @@ def test_the_report_gives_ratios_and_counts_identical_greedy_texts(capsys) -> No
     assert "ferry/llama tok/s 1.50x, TTFT 0.50x" in out
     assert "ferry, cache off: 1/2" in out and "ferry, cache on: 2/2" in out
     assert "llama, cache off: 2/2" in out
+
+
+def test_repack_lines_are_picked_from_llama_servers_load_log() -> None:
+    log = (
+        "load_tensors: loading model tensors, this can take a while... (mmap = true)\n"
+        "load_tensors:   CPU_REPACK model buffer size =   192.38 MiB\n"
+        "load_tensors:   CPU_Mapped model buffer size =   252.04 MiB\n"
+        "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8\n"
+    )
+    assert repack_lines(log) == [
+        "load_tensors:   CPU_REPACK model buffer size =   192.38 MiB",
+        "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8",
+    ]
+    assert repack_lines("load_tensors: CPU_Mapped model buffer size = 70 MiB\n") == []
