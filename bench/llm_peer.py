@@ -171,12 +171,14 @@ def llama_process(gguf: Path, log: Path, threads: int) -> ManagedProcess:
     url = f"http://127.0.0.1:{port}"
     command = [str(LLAMA_SERVER), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1"]
     command += ["--parallel", "8", "--cont-batching", "-t", str(threads), "-c", "8192"]
+    command += ["-lv", "4"]  # the load log's buffer lines; ~30 lines a request after that
     return ManagedProcess("llama-server", command, log, http_ok(f"{url}/health"), url)
 
 
 def repack_lines(log: str) -> list[str]:
-    """llama.cpp's load log lines about repacked weights (CPU_REPACK buffers)."""
-    return [line.strip() for line in log.splitlines() if "repack" in line.lower()]
+    """llama.cpp's load log lines about weights repacked for its fast kernels (CPU_REPACK
+    buffers; logged at `-lv 4`)."""
+    return [line.strip() for line in log.splitlines() if "CPU_REPACK" in line]
 
 
 def ferry_config(model: PeerModel, cache: bool, deterministic: bool = False) -> dict:

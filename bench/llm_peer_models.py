@@ -7,13 +7,14 @@
   49,152): a 0.5B-class decoder that downloads nothing. Ferry's folder comes from
   `ferry export llm --hf` (the exporter's defaults), llama's from the same float32 folder.
 
-Q4_0 because llama.cpp repacks Q4_0 weights into its fastest CPU kernels (the load log shows a
-CPU_REPACK buffer) and not Q4_1 or the k-quants, and it is the format closest to Ferry's int4.
-`--pure` keeps every tensor Q4_0, the tied embedding too, as Ferry's export quantizes its tied
-embedding and lm_head to int4; without it llama-quantize gives that tensor Q6_K/Q8_0, which is
-slower. The GGUF goes through llama.cpp's own convert_hf_to_gguf.py (f16) and llama-quantize,
-both from the llama-cpp-python sdist tools/build_llama_server.sh builds. Everything built lands
-in a cache folder and is reused.
+Q4_0 because llama.cpp repacks Q4_0 weights into its fastest x86 kernels (the load log's
+CPU_REPACK buffer) and not Q4_1, and it is the format closest to Ferry's int4. `--pure` keeps
+every tensor Q4_0, the tied embedding (llama's output matmul) too, as Ferry's export has its tied
+embedding and lm_head in int4. Without it llama-quantize makes that tensor Q8_0 (Q6_K needs rows
+of 256), which stays unrepacked: the 0.5B's repack buffer is 192 MiB then (issue 38's run),
+216 MiB with --pure. The GGUF goes through llama.cpp's own convert_hf_to_gguf.py (f16) and
+llama-quantize, from the llama-cpp-python sdist tools/build_llama_server.sh builds. Everything
+built lands in a cache folder and is reused.
 """
 
 from __future__ import annotations
@@ -46,6 +47,28 @@ QWEN05B_SHAPES = {
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
+# convert_hf_to_gguf.py, run from llama.cpp's sources (argv: sources, then the script's own).
+# Its BPE path (Qwen2's) names the pre-tokenizer by a hash of the tokenizer's output, and the
+# SmolLM2 tokenizer transformers re-saved from the GGUF hashes to none it knows: both models
+# here use that tokenizer, and llama.cpp's name for it is "smollm". (The bench sends token ids;
+# llama-server only detokenizes.)
+_CONVERT = """
+import runpy, sys
+sources = sys.argv.pop(1)
+sys.path[0:0] = [sources, sources + "/gguf-py"]
+from conversion.base import TextModel
+known = TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "smollm"
+TextModel.get_vocab_base_pre = pre
+sys.argv[0] = sources + "/convert_hf_to_gguf.py"
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @dataclass(frozen=True)
 class PeerModel:
     name: str  # the name Ferry serves it under
@@ -68,9 +91,10 @@ def q4_0_gguf(hf_dir: Path, out: Path) -> Path:
     if not LLAMA_QUANTIZE.is_file():
         raise FileNotFoundError(f"{LLAMA_QUANTIZE} missing: run tools/build_llama_server.sh")
     f16 = out.with_suffix(".f16.gguf")
-    convert = llama_sources() / "convert_hf_to_gguf.py"
-    command = [sys.executable, str(convert), str(hf_dir), "--outtype", "f16"]
-    subprocess.run([*command, "--outfile", str(f16)], check=True, capture_output=True)
+    if not f16.is_file():
+        command = [sys.executable, "-c", _CONVERT, str(llama_sources()), str(hf_dir)]
+        command += ["--outtype", "f16", "--outfile", str(f16)]
+        subprocess.run(command, check=True, capture_output=True)
     partial = out.with_suffix(".partial")
     quantize = [str(LLAMA_QUANTIZE), "--pure", str(f16), str(partial), "Q4_0"]
     subprocess.run(quantize, check=True, capture_output=True)

@@ -40,13 +40,9 @@ def test_the_report_gives_ratios_and_counts_identical_greedy_texts(capsys) -> No
 
 def test_repack_lines_are_picked_from_llama_servers_load_log() -> None:
     log = (
-        "load_tensors: loading model tensors, this can take a while... (mmap = true)\n"
-        "load_tensors:   CPU_REPACK model buffer size =   192.38 MiB\n"
-        "load_tensors:   CPU_Mapped model buffer size =   252.04 MiB\n"
-        "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8\n"
+        "system_info: n_threads = 2 | CPU : AVX512 = 1 | REPACK = 1 |\n"
+        "load_tensors:   CPU_Mapped model buffer size =    71.80 MiB\n"
+        "load_tensors:   CPU_REPACK model buffer size =    72.14 MiB\n"
     )
-    assert repack_lines(log) == [
-        "load_tensors:   CPU_REPACK model buffer size =   192.38 MiB",
-        "repack: repack tensor blk.0.attn_q.weight with q4_0_8x8",
-    ]
-    assert repack_lines("load_tensors: CPU_Mapped model buffer size = 70 MiB\n") == []
+    assert repack_lines(log) == ["load_tensors:   CPU_REPACK model buffer size =    72.14 MiB"]
+    assert repack_lines("load_tensors:   CPU_Mapped model buffer size = 70 MiB\n") == []
