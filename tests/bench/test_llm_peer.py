@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from ferry.bench.llm_peer import Cell, FerryServer, LlamaServer, report
+from ferry.bench.llm_peer import Cell, FerryServer, LlamaServer, repack_lines, report
 
 
 def test_both_streams_give_text_and_token_counts() -> None:
@@ -36,3 +36,13 @@ def test_the_report_gives_ratios_and_counts_identical_greedy_texts(capsys) -> No
     assert "ferry/llama tok/s 1.50x, TTFT 0.50x" in out
     assert "ferry, cache off: 1/2" in out and "ferry, cache on: 2/2" in out
     assert "llama, cache off: 2/2" in out
+
+
+def test_repack_lines_are_picked_from_llama_servers_load_log() -> None:
+    log = (
+        "system_info: n_threads = 2 | CPU : AVX512 = 1 | REPACK = 1 |\n"
+        "load_tensors:   CPU_Mapped model buffer size =    71.80 MiB\n"
+        "load_tensors:   CPU_REPACK model buffer size =    72.14 MiB\n"
+    )
+    assert repack_lines(log) == ["load_tensors:   CPU_REPACK model buffer size =    72.14 MiB"]
+    assert repack_lines("load_tensors:   CPU_Mapped model buffer size = 70 MiB\n") == []

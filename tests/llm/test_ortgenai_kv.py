@@ -70,3 +70,11 @@ def test_copy_row_moves_the_first_tokens_only(kv_model):
     assert target.keys[:, 1, :, :5].min() == 1.0 and not target.keys[:, 1, :, 5:].any()
     assert target.values[:, 1, :, :5].max() == 2.0 and not target.keys[:, 0].any()
     assert kv_model.token_bytes == 30 * 2 * 3 * 64 * 4
+
+
+def test_a_session_whose_threads_spin_decodes_the_same_tokens(kv_model, prompts):
+    # bench.llm_int4 compares spinning pools against Ferry's sleeping ones on the same steps.
+    spinning = KVModel(REAL_MODEL, 2, spin_us=200)
+    assert (
+        decode_greedy(spinning, prompts, 6).tolist() == decode_greedy(kv_model, prompts, 6).tolist()
+    )
