@@ -181,13 +181,16 @@ def repack_lines(log: str) -> list[str]:
     return [line.strip() for line in log.splitlines() if "CPU_REPACK" in line]
 
 
-def ferry_config(model: PeerModel, cache: bool, deterministic: bool = False) -> dict:
+def ferry_config(
+    model: PeerModel, cache: bool, deterministic: bool = False, spin_us: int = 0
+) -> dict:
     return {
         "name": model.name,
         "engine": "ortgenai",
         "path": str(model.ferry_dir),
         "prefix_cache": cache,
         "batch_invariant": deterministic,
+        "spin_us": spin_us,
     }
 
 
@@ -220,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--deterministic", action="store_true", help="Ferry's batch_invariant")
+    parser.add_argument("--spin-us", type=int, default=0, help="Ferry's spin_us (llama spins)")
     parser.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help="where built models are kept"
     )
@@ -239,7 +243,7 @@ def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, boo
     results: dict[tuple[str, bool, int], Cell] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for cache in (False, True):
-            config = ferry_config(model, cache, args.deterministic)
+            config = ferry_config(model, cache, args.deterministic, args.spin_us)
             with ferry_server(models=[], llm_models=[config]) as ferry:
                 log = Path(tmp) / f"llama-{cache}.log"
                 with running(llama_process(model.gguf, log, args.llama_threads)) as llama:

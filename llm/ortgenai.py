@@ -72,6 +72,7 @@ class OrtGenAIEngine:
         prefix_store: PrefixCache | None = None,
         prefill_chunk: int = EngineOptions.prefill_chunk,
         deterministic: bool = False,
+        spin_us: int = 0,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
         special_tokens_in_content: bool = False,
@@ -92,6 +93,7 @@ class OrtGenAIEngine:
             prefix_store=prefix_store,
             prefill_chunk=prefill_chunk,
             deterministic=deterministic,
+            spin_us=spin_us,
         )
         eos = genai_config["model"].get("eos_token_id", [])
         self._eos_ids = set(eos) if isinstance(eos, list) else {eos}
@@ -240,6 +242,11 @@ class OrtGenAIEngine:
         return self._options.deterministic
 
     @property
+    def spin_us(self) -> int:
+        """How long the decoder's pool threads spin between ops before they sleep."""
+        return self._options.spin_us
+
+    @property
     def max_concurrent_generations(self) -> int:
         return self._capacity
 
@@ -284,7 +291,7 @@ class OrtGenAIEngine:
             worker = OwnerLoop(
                 og,
                 self.name,
-                KVModel(self._model_dir),
+                KVModel(self._model_dir, spin_us=self._options.spin_us),
                 self._options,
                 self._eos_ids,
                 self._deliver,

@@ -100,6 +100,7 @@ class EngineOptions:
     prefill_chunk: int = 256  # prompt tokens per turn; 0: a whole prompt at once
     # Greedy text independent of load: decode steps never run a single row (ortgenai_batch.py).
     deterministic: bool = False
+    spin_us: int = 0  # the decoder's pool threads spin this long between ops (0: they sleep)
 
 
 class OwnerLoop:

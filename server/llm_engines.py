@@ -41,6 +41,7 @@ def build_llm_engine(settings: LLMSettings, prefix_store: PrefixCache | None = N
         prefix_store=prefix_store,
         prefill_chunk=settings.prefill_chunk,
         deterministic=settings.batch_invariant,
+        spin_us=settings.spin_us,
         adapters=settings.adapters,
         max_adapters=settings.max_adapters,
         special_tokens_in_content=settings.special_tokens_in_content,

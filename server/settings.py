@@ -101,6 +101,10 @@ class LLMSettings(_Strict):
     # (VLLM_BATCH_INVARIANT=1); ortgenai: decode steps never run a lone row, whose int4 kernel
     # rounds differently (slower at one stream; README "onnxruntime-genai engine").
     batch_invariant: bool = False
+    # ortgenai: microseconds the decoder's thread pool spins between ops before it sleeps. On
+    # cores Ferry owns, 200 decodes SmolLM2 1.2-1.4x faster (bench.llm_int4); on shared cores the
+    # spinning threads take them from the event loop and from each other, so 0 (off) by default.
+    spin_us: int = Field(default=0, ge=0, le=10_000)
     # LoRA adapters, each served as a model of its own name (ortgenai: an .onnx_adapter file for
     # a model exported with LoRA inputs; vllm: a peft folder). max_adapters: loaded at once, also
     # vLLM's max_loras. adapter_dir: POST /v1/load_lora_adapter loads only from inside it (unset:
@@ -117,6 +121,12 @@ class LLMSettings(_Strict):
     def _check_adapters(self) -> LLMSettings:
         if len(self.adapters) > self.max_adapters:
             raise ValueError(f"{len(self.adapters)} adapters but max_adapters={self.max_adapters}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_spin(self) -> LLMSettings:
+        if self.spin_us and self.engine != "ortgenai":
+            raise ValueError("spin_us is an ortgenai setting: vLLM's threads are its own")
         return self
 
     @field_validator("prefill_chunk")

@@ -48,3 +48,10 @@ def test_a_one_token_prefill_chunk_is_refused():
 def test_batch_invariant_makes_the_ortgenai_engine_deterministic(switch):
     settings = LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, batch_invariant=switch)
     assert build_llm_engine(settings).deterministic is switch
+
+
+def test_spin_us_reaches_the_ortgenai_engine_and_is_refused_for_vllm():
+    settings = LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, spin_us=200)
+    assert build_llm_engine(settings).spin_us == 200
+    with pytest.raises(ValidationError, match="spin_us"):
+        LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, engine="vllm", spin_us=200)
