@@ -93,9 +93,9 @@ lock: setup
 	# GPU hosts' test venv: their images have Python 3.12.
 	$(LOCK) --python-version 3.12 --python-platform x86_64-manylinux_2_28 locks/gpu-test.in \
 		-o locks/gpu-test.txt
-	# At the root too, where tools and people look for a project's lock (a copy: some follow no
-	# links; tests/deploy/test_locks.py keeps the two equal).
-	cp locks/dev.txt requirements.lock
+	# At the root too, where tools and people look for a project's lock: the same pins in the
+	# standard format (PEP 751's pylock.toml), made from locks/dev.txt; test_locks.py compares.
+	$(LOCK_311) locks/dev.txt -o pylock.toml
 
 # Tomorrow's versions, outside CI: the newest that pyproject.toml allows, in a scratch venv,
 # through the whole suite; prints what moved against the lock. Refresh on purpose with
