@@ -116,6 +116,12 @@ class ChatTokenizer:
         # Special tokens in the rendered template are real tokens; the template adds no BOS itself.
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's `tokenizers` Tokenizer: the owner thread streams generated text with it
+        (its methods may run from any thread)."""
+        return self._tokenizer
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 

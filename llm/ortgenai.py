@@ -292,6 +292,7 @@ class OrtGenAIEngine:
                 og,
                 self.name,
                 KVModel(self._model_dir, spin_us=self._options.spin_us),
+                self.tokenizer.tokenizer,
                 self._options,
                 self._eos_ids,
                 self._deliver,

@@ -111,6 +111,7 @@ class OwnerLoop:
         og: Any,
         name: str,
         kv_model: KVModel,
+        text: Tokenizer,
         options: EngineOptions,
         eos_ids: set[int],
         deliver: Callable[[str, GenerationDelta | Exception], None],
@@ -120,7 +121,7 @@ class OwnerLoop:
         self._og = og
         self._name = name
         self._model_dir = kv_model.model_dir
-        self._text = Tokenizer.from_file(str(kv_model.model_dir / "tokenizer.json"))
+        self._text = text  # the engine's own (ChatTokenizer.tokenizer): decoded from here
         self.max_running = options.max_running
         store = options.prefix_store or PrefixCache(options.prefix_cache_bytes)
         self.cache = (
