@@ -316,6 +316,8 @@ def _export_sklearn(args: argparse.Namespace) -> int:
 
 
 def _export_optimize(args: argparse.Namespace) -> int:
+    from ferry.backends.batch_plan import neighbour_dependent_nodes
+    from ferry.backends.onnx_graph_ops import read_graph_ops
     from ferry.exporters import quantize
 
     with step(f"converting to {args.precision}"):
@@ -328,6 +330,13 @@ def _export_optimize(args: argparse.Namespace) -> int:
         comparison = quantize.compare(args.model_dir / "model.onnx", model, feeds)
     print(f"wrote {model}")
     print(comparison.describe())
+    mixing = neighbour_dependent_nodes(read_graph_ops(model))
+    if mixing:  # ONNX Runtime's dynamic quantization: one activation scale per batch
+        print(
+            f"note: its answers are not batch-invariant ({mixing[0]} takes one scale over the "
+            "whole batch), so Ferry serves it one request at a time; "
+            "accept_neighbour_dependence = true batches it"
+        )
     return 0
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypedDict, Unpack
 import numpy as np
 from typing_extensions import TypeIs
 
+from ferry.backends.batch_plan import BatchPlan
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import BatchLimits, TensorRows
 from ferry.batcher.tensor_chunks import chunk_rows
@@ -51,6 +52,9 @@ class GraphModel(ServedModel, Protocol):
 
     @property
     def batchable(self) -> bool: ...
+    @property
+    def batch_plan(self) -> BatchPlan:
+        """How its requests share batches, per axis and why (backends/batch_plan.py)."""
     @property
     def images(self) -> ImageInputs | None:
         """Its image preprocessing, where it declares one (decoded where requests arrive)."""

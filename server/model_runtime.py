@@ -11,6 +11,8 @@ from typing import cast
 import numpy as np
 
 from ferry.backends.base import Backend
+from ferry.backends.batch_plan import neighbour_dependent_nodes
+from ferry.backends.onnx_graph_ops import read_graph_ops
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
 from ferry.batcher.types import InferFn, Result
 from ferry.server.encoder_request import ValidSequences
@@ -82,6 +84,7 @@ class ModelRuntime:
                 self.settings.batching,
                 max_concurrent_batches=self.backend.max_concurrency,
                 prepared_batches=1 if self.backend.queues_batches else 0,
+                max_batch_size=self._max_batch_size(),
             ),
             SequenceLimits(self.manifest.max_length, self.manifest.vocab_size),
             sequence_outputs=self.backend.sequence_outputs,
@@ -95,6 +98,24 @@ class ModelRuntime:
         self.batcher.start()
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)
+
+    def _max_batch_size(self) -> int:
+        """1 for a graph whose nodes mix rows (`ferry export optimize --precision int8`'s
+        dynamic quantization: one scale for the whole batch), unless the config accepts it."""
+        configured = self.settings.batching.max_batch_size
+        model_file = self.settings.path / "model.onnx"
+        if self.settings.accept_neighbour_dependence or not model_file.is_file():
+            return configured  # another backend's folder (torch, Triton)
+        mixing = neighbour_dependent_nodes(read_graph_ops(model_file))
+        if not mixing:
+            return configured
+        logger.warning(
+            "model %r: one request at a time: node %s computes across rows, so an answer would "
+            "depend on its neighbours; accept_neighbour_dependence = true batches it anyway",
+            self.name,
+            mixing[0],
+        )
+        return 1
 
     async def _learn_output_widths(self) -> dict[str, int]:
         ids = np.ones((1, 2), dtype=np.int64)

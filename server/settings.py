@@ -43,11 +43,21 @@ class ModelSettings(_Strict):
     # A batch still running after this fails with 504; the backend is presumed hung.
     infer_timeout_s: float = Field(default=60.0, gt=0)
     backend: BackendOptions = OnnxRuntimeOptions()
-    # A plain graph's dynamic axes (by name) that requests are padded along to share a batch;
-    # None: every dynamic axis past the first that the graph names (an unnamed one cannot be
-    # traced to an output). Requests differing on another never share one (an image model's
-    # height and width: padding would change its answers).
+    # A plain graph's dynamic axes (by name) that are padding-safe: requests are padded along
+    # them to share a batch. None: the axes a mask input has (mask_inputs), provided every
+    # output axis is tied to an input axis by name (so it can be cut back). Requests differing
+    # on any other axis never share a batch (backends/batch_plan.py).
     pad_axes: tuple[str, ...] | None = None
+    # A plain graph's inputs that mask their axes (padding there is hidden from the model);
+    # None: those whose name has "mask" in it (attention_mask, key_padding_mask, ...).
+    mask_inputs: tuple[str, ...] | None = None
+    # The axis of a plain graph's inputs that holds its rows. Only 0 is batched; another (a
+    # sequence-first RNN's 1) serves one request at a time, never split along axis 0.
+    batch_axis: int = Field(default=0, ge=0)
+    # A plain graph with nodes that compute across rows (dynamic int8 quantization, a
+    # reduction over axis 0) is served one request at a time; true batches it anyway, each
+    # answer then depending slightly on its neighbours.
+    accept_neighbour_dependence: bool = False
     # A plain graph's inputs padded with other than 0 along their dynamic axes (by input name).
     pad_values: dict[str, float] = Field(default_factory=dict)
     # A plain graph's class labels by output, in its classes' order: the names KServe's

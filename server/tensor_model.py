@@ -7,6 +7,7 @@ axes padded together); one with a fixed first axis is served one request at a ti
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any, Unpack, cast
 import numpy as np
 
 from ferry.backends import bfloat16
+from ferry.backends.batch_plan import UNSTARTED, BatchPlan, plan_batching
+from ferry.backends.onnx_graph_ops import MalformedGraph, read_graph_ops
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -36,6 +39,8 @@ from ferry.server.graph_model import (
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
+
+logger = logging.getLogger(__name__)
 
 
 class TensorModel:
@@ -60,6 +65,7 @@ class TensorModel:
         self._default_outputs: tuple[str, ...] = ()  # /predict's when a request names none
         self.images: ImageInputs | None = None  # its preprocessing, when it declares one
         self._signature: Signature | None = None  # the graph's, with the image input marked
+        self.batch_plan = UNSTARTED  # decided at start (backends/batch_plan.py)
         self.ready = False
 
     @property
@@ -99,11 +105,14 @@ class TensorModel:
                 f"model {self.name!r}: pad_axes names {sorted(unknown)}, which are not among "
                 f"its inputs' named dynamic axes {sorted(named)}"
             )
-        if pad_axes is None and self.images is not None:
-            # Decoded images all come out the crop's size; other sizes sent as tensors never
-            # share a batch, since padding an image's height or width changes its answers.
-            named -= set(signature.input(self.images.input).axis_names().values())
-        self._padded = frozenset(named if pad_axes is None else pad_axes)
+        unknown = set(self.settings.mask_inputs or ()) - set(signature.input_names)
+        if unknown:
+            raise ValueError(
+                f"model {self.name!r}: mask_inputs names {sorted(unknown)}, which are not among "
+                f"its inputs {list(signature.input_names)}"
+            )
+        self.batch_plan = self._plan()
+        self._padded = self.batch_plan.padded
         self._check_labels()
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
             missing = set(self.settings.outputs) - set(signature.output_names)
@@ -115,7 +124,7 @@ class TensorModel:
             self._default_outputs = self.settings.outputs
         else:
             self._default_outputs = signature.output_names
-        self.batchable = signature.batchable
+        self.batchable = self.batch_plan.batched
         self.batcher = MicroBatcher(
             self.name,
             cast(InferFn, self.backend.infer),  # a graph's batches are all TensorBatches
@@ -144,6 +153,31 @@ class TensorModel:
                     f"model {self.name!r}: {len(labels)} labels for output {name!r}, "
                     f"which has {classes} classes"
                 )
+
+    def _plan(self) -> BatchPlan:
+        settings = self.settings
+        try:
+            ops = read_graph_ops(self.onnx_file)
+        except (OSError, MalformedGraph) as exc:  # ONNX Runtime read it: only detection is lost
+            logger.warning("model %r: its nodes could not be read (%s)", self.name, exc)
+            ops = None
+        # Decoded images all come out the crop's size; other sizes sent as tensors never share
+        # a batch, since padding an image's height or width changes its answers.
+        images = self.signature.input(self.images.input) if self.images is not None else None
+        plan = plan_batching(
+            self.signature,
+            ops,
+            pad_axes=settings.pad_axes,
+            mask_inputs=settings.mask_inputs,
+            batch_axis=settings.batch_axis,
+            accept_neighbour_dependence=settings.accept_neighbour_dependence,
+            unpaddable=images.axis_names().values() if images is not None else (),
+        )
+        log = logger.info if plan.batched else logger.warning
+        log("model %r: %s", self.name, plan.summary())
+        for rule in plan.axes:
+            logger.info("model %r: %s", self.name, rule.line())
+        return plan
 
     def _start_images(self) -> None:
         graph = self.backend.signature

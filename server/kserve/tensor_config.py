@@ -67,6 +67,17 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
             {"name": model.name, "kind": "KIND_CPU", "count": backend.max_concurrency}
         ],
     }
+    # Ferry's batching rule per axis, and why (Triton's string parameters: gRPC's config too).
+    plan = model.batch_plan
+    config["parameters"] = {
+        "ferry.batching": {"string_value": plan.summary()},
+        **{
+            f"ferry.axis.{rule.tensor}[{rule.axis}]": {
+                "string_value": f"{rule.rule} ({rule.name}): {rule.why}"
+            }
+            for rule in plan.axes
+        },
+    }
     if model.batchable:
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": round(limits.max_queue_delay_s * 1_000_000),

@@ -20,6 +20,7 @@ from typing import Any, Unpack, cast
 
 import numpy as np
 
+from ferry.backends.batch_plan import UNSTARTED, BatchPlan
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import TensorRows
 from ferry.llm.base import EngineStats, GenerationDelta
@@ -141,7 +142,7 @@ class RemoteTensorModel(_EngineModel):
     ) -> None:
         super().__init__(settings, client, metrics)
         self._info = GraphInfo(
-            self.name, settings.backend.kind, 1, Signature((), ()), False, frozenset(), (), {}
+            self.name, settings.backend.kind, 1, Signature((), ()), UNSTARTED, (), {}
         )  # until `start`
         self.backend = BackendView(self._info.backend, (), frozenset(), 1)
         self.images: ImageInputs | None = None  # decoded here, as the engine's model would
@@ -157,14 +158,18 @@ class RemoteTensorModel(_EngineModel):
 
     @property
     def batchable(self) -> bool:
-        return self._info.batchable
+        return self._info.batch_plan.batched
+
+    @property
+    def batch_plan(self) -> BatchPlan:
+        return self._info.batch_plan
 
     async def start(self) -> None:
         """Learns the engine's model."""
         info = next(g for g in self._client.started().graphs if g.name == self.name)
         self._info = info
         self.backend = BackendView(info.backend, (), frozenset(), info.max_concurrency)
-        self._limits = graph_limits(self.settings, info.max_concurrency, info.batchable)
+        self._limits = graph_limits(self.settings, info.max_concurrency, self.batchable)
         self.images = image_inputs(
             self.settings, info.metadata, replace(info.signature, images=frozenset())
         )
@@ -172,8 +177,9 @@ class RemoteTensorModel(_EngineModel):
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         info = self._info
         try:
-            rows = graph_rows(info.signature, info.batchable, info.padded_axes, tensors)
-            check_chunks(rows, self._limits, info.batchable, info.signature)
+            plan = info.batch_plan
+            rows = graph_rows(info.signature, plan.batched, plan.padded, tensors)
+            check_chunks(rows, self._limits, plan.batched, info.signature)
         except InvalidInput:
             self.count_invalid()
             raise

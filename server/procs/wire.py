@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 import numpy as np
 
+from ferry.backends.batch_plan import BatchPlan
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher import errors as batcher_errors
@@ -50,8 +51,7 @@ class GraphInfo(msgspec.Struct):
     backend: str
     max_concurrency: int
     signature: Signature
-    batchable: bool
-    padded_axes: frozenset[str]
+    batch_plan: BatchPlan  # how its requests share batches (rows, padded axes)
     default_outputs: tuple[str, ...]
     class_keys: dict[str, list[str | int]]  # a ZipMap output's classes
     # The graph's metadata_props: an image model's preprocessing (`ferry.preprocess`), which

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import numpy as np
 import onnx
@@ -32,20 +34,32 @@ def test_per_channel_int8_keeps_embeddings_close(default_model_dir, int8_dir, fe
     assert result.cosine_mean >= 0.985
 
 
-def test_int8_folder_is_served_by_ferry(default_model_dir, int8_dir):
-    assert ModelManifest.read(int8_dir) == ModelManifest.read(default_model_dir)
-    ids = [101, 1037, 10029, 102]  # "[CLS] a ferry [SEP]"
-    with ferry_server([default_model_config(path=str(int8_dir))]) as server:
-        response = httpx.post(f"{server.url}/predict", json={"input_ids": ids}, timeout=30)
-    assert response.status_code == 200
-    served = np.asarray(response.json()["outputs"][0]["sentence_embedding"])
-    # What the int8 file itself computes, run alone in-process: Ferry served that file.
+def test_int8_folder_is_served_by_ferry_each_answer_as_alone(default_model_dir, int8_dir):
+    """Dynamic int8 takes one activation scale over the whole batch: Ferry finds its
+    DynamicQuantizeLinear nodes and runs one request at a time, so that concurrent requests of
+    mixed lengths each get what the file computes for them alone (issue 48)."""
     import onnxruntime as ort
 
+    assert ModelManifest.read(int8_dir) == ModelManifest.read(default_model_dir)
+    rng = np.random.default_rng(48)
+    requests = [
+        [101, *rng.integers(1000, 20000, int(n)).tolist(), 102] for n in rng.integers(2, 30, 24)
+    ]
+    waits = {"dispatch_when_idle": False, "max_queue_delay_s": 0.02}  # batches would form
+    config = default_model_config(path=str(int8_dir), batching=waits)
+
+    def send(ids: list[int]) -> httpx.Response:
+        return httpx.post(f"{server.url}/predict", json={"input_ids": ids}, timeout=60)
+
+    with ferry_server([config]) as server, ThreadPoolExecutor(16) as pool:
+        responses = list(pool.map(send, requests))
     session = ort.InferenceSession(str(int8_dir / "model.onnx"), providers=["CPUExecutionProvider"])
-    feeds = {"input_ids": np.asarray([ids]), "attention_mask": np.ones((1, len(ids)), np.int64)}
-    alone = session.run(["sentence_embedding"], feeds)[0][0]
-    assert served.shape == (384,) and np.max(np.abs(served - alone)) <= 1e-5
+    for ids, response in zip(requests, responses, strict=True):
+        assert response.status_code == 200
+        served = np.asarray(response.json()["outputs"][0]["sentence_embedding"])
+        feeds = {"input_ids": np.asarray([ids]), "attention_mask": np.ones((1, len(ids)), np.int64)}
+        alone = session.run(["sentence_embedding"], feeds)[0][0]
+        assert served.shape == (384,) and np.max(np.abs(served - alone)) <= 1e-6
 
 
 def test_fp16_keeps_int64_inputs_fp32_outputs_and_accuracy(default_model_dir, tmp_path, feeds):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ferry.backends.batch_plan import AxisRule, BatchPlan
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher.errors import InferenceFailed, QueueFull
@@ -86,9 +87,9 @@ def test_a_plain_graphs_signature_reaches_the_api_processes():
         (TensorSpec("X", "FP32", ("N", 30)),),
         (TensorSpec("p", "FP32", ("p:0", "p:1"), class_map=True, unnamed=frozenset({"p:1"})),),
     )
-    graph = wire.GraphInfo(
-        "gb", "onnxruntime", 2, signature, True, frozenset(), ("p",), {"p": [0, 1]}
-    )
+    rule = AxisRule("X", 0, "N", "batch", "rows of requests stack")
+    plan = BatchPlan(True, frozenset({"T"}), (rule,))
+    graph = wire.GraphInfo("gb", "onnxruntime", 2, signature, plan, ("p",), {"p": [0, 1]})
     (info,) = wire.to_api.decode(wire.encoder.encode([wire.Info(1, (), (), (graph,))]))
     assert isinstance(info, wire.Info) and info.graphs == (graph,)
 

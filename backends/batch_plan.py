@@ -1,0 +1,234 @@
+"""How a plain graph's requests may share a batch without changing any answer: decided once at
+start from the graph's signature and nodes, and reported per axis (the log and /config).
+
+- Rows stack along the batch axis (0) only when every input and output has it dynamic (Triton's
+  rule), the graph names no other axis as the batch, and no node mixes rows (a dynamically
+  quantized graph's scale is the whole batch's; a reduction over axis 0). Otherwise one request
+  runs at a time, never split.
+- A dynamic axis is padded across requests only where padding is provably invisible: a mask
+  input has the axis (the model reads the mask), or the configuration declares it padding-safe
+  (`pad_axes`). Every output axis must then be tied to an input axis by name, so it can be cut
+  back; one that cannot be tied turns padding off. Every other dynamic axis is bucketed: only
+  requests of equal size on it batch together (Triton's rule for ragged shapes).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from ferry.backends.onnx_graph_ops import GraphNode, GraphOps
+from ferry.backends.tensor_signature import Signature, TensorSpec
+
+# Names of inputs read as masks over their axes (Hugging Face's attention_mask, torch's
+# key_padding_mask, Keras' mask): padding an axis they share is what they hide.
+MASK_NAME = re.compile(r"mask", re.IGNORECASE)
+BATCH_NAME = re.compile(r"^(n|b|bs|batch.*|.*_batch(_size)?|num_rows|rows)$", re.IGNORECASE)
+
+# Nodes whose answer for one row depends on the other rows of the batch. ONNX Runtime's
+# quantize_dynamic computes one scale over the whole input (DynamicQuantizeLinear and the
+# contrib ops that fold it in).
+NEIGHBOUR_OPS = frozenset(
+    {"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "QAttention"}
+)
+# Reductions (their `axes`, attribute or constant input) and ops along one `axis`: across rows
+# when they include axis 0, or reduce every axis.
+KINDS = ("Mean", "Sum", "Max", "Min", "Prod", "L1", "L2", "LogSum", "LogSumExp", "SumSquare")
+REDUCTIONS = frozenset(f"Reduce{kind}" for kind in KINDS)
+ALONG_AXIS = frozenset(
+    {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "CumSum", "TopK", "LpNormalization"}
+)
+
+Rule = Literal["batch", "pad", "bucket", "whole"]
+
+
+@dataclass(frozen=True)
+class AxisRule:
+    tensor: str
+    axis: int
+    name: str  # the axis's name in the graph (or the one Ferry gave an unnamed axis)
+    rule: Rule  # batch: rows stack; pad: padded; bucket: equal sizes only; whole: not batched
+    why: str
+
+    def line(self) -> str:
+        return f"{self.tensor}[{self.axis}] ({self.name}): {self.rule}, {self.why}"
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    batched: bool  # rows of several requests stack along axis 0
+    padded: frozenset[str]  # the axis names requests pad along
+    axes: tuple[AxisRule, ...]
+    why_alone: str = ""  # when not batched
+
+    def summary(self) -> str:
+        if self.batched:
+            return "batched along axis 0"
+        return f"one request at a time: {self.why_alone}"
+
+
+UNSTARTED = BatchPlan(False, frozenset(), (), "not started")
+
+
+def plan_batching(
+    signature: Signature,
+    ops: GraphOps | None,
+    *,
+    pad_axes: tuple[str, ...] | None = None,
+    mask_inputs: tuple[str, ...] | None = None,
+    batch_axis: int = 0,
+    accept_neighbour_dependence: bool = False,
+    unpaddable: Iterable[str] = (),
+) -> BatchPlan:
+    """`ops`: the graph's nodes (None: not read, nothing detected). `unpaddable`: axes never
+    padded whatever is declared (an image input's height and width)."""
+    why_alone = _why_alone(signature, ops, batch_axis, accept_neighbour_dependence)
+    batched = not why_alone
+    first = 1 if batched else 0  # a graph run one request at a time has no batch axis
+    padded, why_pad = (
+        _padded_axes(signature, first, pad_axes, mask_inputs, set(unpaddable))
+        if batched
+        else (frozenset(), {})
+    )
+    axes: list[AxisRule] = []
+    for spec in signature.inputs:
+        for position, name in enumerate(spec.shape):
+            if not isinstance(name, str):
+                continue
+            if position == 0 and batched:
+                axes.append(AxisRule(spec.name, 0, name, "batch", "rows of requests stack"))
+            elif not batched:
+                axes.append(AxisRule(spec.name, position, name, "whole", why_alone))
+            elif name in padded:
+                axes.append(AxisRule(spec.name, position, name, "pad", why_pad[name]))
+            else:
+                axes.append(AxisRule(spec.name, position, name, "bucket", why_pad.get(name, "")))
+    return BatchPlan(batched, padded, tuple(axes), why_alone)
+
+
+def _why_alone(
+    signature: Signature, ops: GraphOps | None, batch_axis: int, accept: bool
+) -> str:
+    if batch_axis != 0:
+        return f"batch_axis = {batch_axis}: requests are not stacked along it (never split)"
+    for spec in signature.inputs:
+        axis = _batch_elsewhere(spec)
+        if axis is not None:
+            return (
+                f"input {spec.name!r} names axis {axis} ({spec.shape[axis]!r}) as its batch, "
+                f"not axis 0 ({spec.shape[0]!r}); set batch_axis = {axis} to say so"
+            )
+    for spec in (*signature.inputs, *signature.outputs):
+        if not spec.class_map and not (spec.shape and isinstance(spec.shape[0], str)):
+            first = spec.shape[0] if spec.shape else "a scalar"
+            return (
+                f"{spec.name!r} has a fixed first axis ({first}), so rows cannot stack; "
+                "re-export it with a dynamic batch axis to batch it"
+            )
+    if ops is not None and not accept:
+        mixing = neighbour_dependent_nodes(ops)
+        if mixing:
+            return (
+                f"node {mixing[0]} computes across rows, so an answer would depend on its "
+                "neighbours; accept_neighbour_dependence = true batches it anyway"
+            )
+    return ""
+
+
+def _batch_elsewhere(spec: TensorSpec) -> int | None:
+    """The axis past the first that `spec` names like a batch, where its first is not."""
+    first = spec.shape[0] if spec.shape else None
+    if isinstance(first, str) and BATCH_NAME.match(first):
+        return None
+    for position, name in enumerate(spec.shape[1:], start=1):
+        if isinstance(name, str) and name not in spec.unnamed and BATCH_NAME.match(name):
+            return position
+    return None
+
+
+def neighbour_dependent_nodes(ops: GraphOps) -> list[str]:
+    """The nodes (as `op 'name'`) whose answer for a row depends on the batch's other rows."""
+    return [
+        f"{node.op_type} {node.name!r}" if node.name else node.op_type
+        for node in ops.nodes
+        if _mixes_rows(node, ops)
+    ]
+
+
+def _mixes_rows(node: GraphNode, ops: GraphOps) -> bool:
+    if node.op_type in NEIGHBOUR_OPS:
+        return True
+    if node.op_type in REDUCTIONS:
+        return _reduces_rows(node.ints, node.inputs, ops)
+    if node.op_type in ALONG_AXIS:
+        return node.ints.get("axis", (-1,))[0] == 0
+    return node.op_type == "BatchNormalization" and node.ints.get("training_mode") == (1,)
+
+
+def _reduces_rows(ints: dict[str, tuple[int, ...]], inputs: tuple[str, ...], ops: GraphOps) -> bool:
+    axes = ints.get("axes")
+    if axes is None and len(inputs) > 1 and inputs[1]:
+        axes = ops.constants.get(inputs[1])
+        if axes is None:  # computed at run time: nothing can be said
+            return False
+    if not axes:  # every axis, unless told to do nothing
+        return ints.get("noop_with_empty_axes") != (1,)
+    return 0 in axes
+
+
+def _padded_axes(
+    signature: Signature,
+    first: int,
+    declared: tuple[str, ...] | None,
+    mask_inputs: tuple[str, ...] | None,
+    unpaddable: set[str],
+) -> tuple[frozenset[str], dict[str, str]]:
+    """The axes requests pad along, and why each dynamic axis is or is not."""
+    candidates = {
+        name
+        for spec in signature.inputs
+        for position, name in enumerate(spec.shape)
+        if position >= first and isinstance(name, str)
+    }
+    why: dict[str, str] = {}
+    if declared is not None:
+        for name in candidates:
+            why[name] = "declared in pad_axes" if name in declared else "not in pad_axes"
+        return frozenset(set(declared) & candidates), why
+    masks = [
+        s
+        for s in signature.inputs
+        if (s.name in mask_inputs if mask_inputs is not None else MASK_NAME.search(s.name))
+    ]
+    unnamed = {name for spec in signature.inputs for name in spec.unnamed}
+    padded: set[str] = set()
+    for name in candidates:
+        mask = next((m for m in masks if name in m.named_axes()), None)
+        if name in unnamed:
+            why[name] = "unnamed in the graph, so no output can be tied to it: equal sizes only"
+        elif name in unpaddable:
+            why[name] = "an image's height or width: padding would change its answers"
+        elif mask is not None:
+            padded.add(name)
+            why[name] = f"shared with mask input {mask.name!r}, which hides the padding"
+        else:
+            why[name] = "no mask input hides padding on it: equal sizes only"
+    untied = _untied_output_axis(signature, first, candidates)
+    if padded and untied:
+        for name in padded:
+            why[name] = f"{untied} could not be cut back: equal sizes only"
+        padded = set()
+    return frozenset(padded), why
+
+
+def _untied_output_axis(signature: Signature, first: int, input_axes: set[str]) -> str:
+    """An output axis whose length no input axis sets (so a padded one could not be cut)."""
+    for spec in signature.outputs:
+        if spec.class_map:
+            continue
+        for position, name in enumerate(spec.shape):
+            if position >= first and isinstance(name, str) and name not in input_axes:
+                return f"output {spec.name!r} axis {position} ({name})"
+    return ""
