@@ -108,9 +108,7 @@ def plan_batching(
     return BatchPlan(batched, padded, tuple(axes), why_alone)
 
 
-def _why_alone(
-    signature: Signature, ops: GraphOps | None, batch_axis: int, accept: bool
-) -> str:
+def _why_alone(signature: Signature, ops: GraphOps | None, batch_axis: int, accept: bool) -> str:
     if batch_axis != 0:
         return f"batch_axis = {batch_axis}: requests are not stacked along it (never split)"
     for spec in signature.inputs:

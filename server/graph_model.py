@@ -55,6 +55,7 @@ class GraphModel(ServedModel, Protocol):
     @property
     def batch_plan(self) -> BatchPlan:
         """How its requests share batches, per axis and why (backends/batch_plan.py)."""
+
     @property
     def images(self) -> ImageInputs | None:
         """Its image preprocessing, where it declares one (decoded where requests arrive)."""
