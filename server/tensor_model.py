@@ -1,8 +1,8 @@
 """One served plain ONNX graph: its backend and batcher, its signature read from the graph.
 
-The generic beside the token encoder (model_runtime.py): any named tensors in, any out. A graph
-whose inputs and outputs all have a dynamic first axis is batched (rows stacked, named dynamic
-axes padded together); one with a fixed first axis is served one request at a time.
+The generic beside the token encoder (model_runtime.py): any named tensors in, any out. How its
+requests share batches (rows stacked, which axes pad, or one request at a time) is decided at
+start from its signature and nodes (backends/batch_plan.py).
 """
 
 from __future__ import annotations
