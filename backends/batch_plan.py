@@ -1,10 +1,11 @@
 """How a plain graph's requests may share a batch without changing any answer: decided once at
 start from the graph's signature and nodes, and reported per axis (the log and /config).
 
-- Rows stack along the batch axis (0) only when every input and output has it dynamic (Triton's
-  rule), the graph names no other axis as the batch, and no node mixes rows (a dynamically
-  quantized graph's scale is the whole batch's; a reduction over axis 0). Otherwise one request
-  runs at a time, never split.
+- Rows stack along the batch axis: 0 unless `batch_axis` declares another (each output's rows
+  then found by that axis's name). With axis 0, every input and output must have it dynamic
+  (Triton's rule) and no input may name another axis as its batch (a sequence-first RNN's
+  `[time, batch, ...]`). A graph whose nodes mix rows (a dynamically quantized graph's scale is
+  the whole batch's; a reduction over the batch axis) runs one request at a time, never split.
 - A dynamic axis is padded across requests only where padding is provably invisible: a mask
   input has the axis (the model reads the mask), or the configuration declares it padding-safe
   (`pad_axes`). Every output axis must then be tied to an input axis by name, so it can be cut
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ferry.backends.onnx_graph_ops import GraphNode, GraphOps
@@ -58,14 +59,19 @@ class AxisRule:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    batched: bool  # rows of several requests stack along axis 0
+    batched: bool  # rows of several requests stack along the batch axis
     padded: frozenset[str]  # the axis names requests pad along
-    axes: tuple[AxisRule, ...]
+    axes: tuple[AxisRule, ...]  # every input axis (in the graph's positions)
     why_alone: str = ""  # when not batched
+    batch_axis: int = 0  # the inputs' axis of rows (batch_axis)
+    # Where the batch axis is not 0: each tensor's axis of rows, and the signature with that
+    # axis moved first, which requests are checked and batched by (batch_first / graph_layout).
+    rows_axes: dict[str, int] = field(default_factory=dict)
+    rows_signature: Signature | None = None
 
     def summary(self) -> str:
         if self.batched:
-            return "batched along axis 0"
+            return f"batched along axis {self.batch_axis}"
         return f"one request at a time: {self.why_alone}"
 
 
@@ -84,55 +90,107 @@ def plan_batching(
 ) -> BatchPlan:
     """`ops`: the graph's nodes (None: not read, nothing detected). `unpaddable`: axes never
     padded whatever is declared (an image input's height and width)."""
-    why_alone = _why_alone(signature, ops, batch_axis, accept_neighbour_dependence)
-    batched = not why_alone
-    first = 1 if batched else 0  # a graph run one request at a time has no batch axis
-    padded, why_pad = (
-        _padded_axes(signature, first, pad_axes, mask_inputs, set(unpaddable))
-        if batched
-        else (frozenset(), {})
-    )
-    axes: list[AxisRule] = []
-    for spec in signature.inputs:
+    rows_axes, why_alone = _rows_axes(signature, batch_axis)
+    if not why_alone and ops is not None and not accept_neighbour_dependence:
+        mixing = neighbour_dependent_nodes(ops, batch_axis)
+        if mixing:
+            why_alone = (
+                f"node {mixing[0]} computes across rows, so an answer would depend on its "
+                "neighbours; accept_neighbour_dependence = true batches it anyway"
+            )
+    if why_alone:
+        axes = tuple(
+            AxisRule(spec.name, position, name, "whole", why_alone)
+            for spec in signature.inputs
+            for position, name in enumerate(spec.shape)
+            if isinstance(name, str)
+        )
+        return BatchPlan(False, frozenset(), axes, why_alone, batch_axis)
+    moved = {name: axis for name, axis in rows_axes.items() if axis}
+    view = batch_first(signature, moved)
+    padded, why_pad = _padded_axes(view, pad_axes, mask_inputs, set(unpaddable))
+    rules: list[AxisRule] = []
+    for spec in view.inputs:
+        order = _order(len(spec.shape), moved.get(spec.name, 0))
         for position, name in enumerate(spec.shape):
             if not isinstance(name, str):
                 continue
-            if position == 0 and batched:
-                axes.append(AxisRule(spec.name, 0, name, "batch", "rows of requests stack"))
-            elif not batched:
-                axes.append(AxisRule(spec.name, position, name, "whole", why_alone))
+            axis = order[position]  # in the graph's own positions
+            if position == 0:
+                rules.append(AxisRule(spec.name, axis, name, "batch", "rows of requests stack"))
             elif name in padded:
-                axes.append(AxisRule(spec.name, position, name, "pad", why_pad[name]))
+                rules.append(AxisRule(spec.name, axis, name, "pad", why_pad[name]))
             else:
-                axes.append(AxisRule(spec.name, position, name, "bucket", why_pad.get(name, "")))
-    return BatchPlan(batched, padded, tuple(axes), why_alone)
+                rules.append(AxisRule(spec.name, axis, name, "bucket", why_pad[name]))
+    return BatchPlan(True, padded, tuple(rules), "", batch_axis, moved, view if moved else None)
 
 
-def _why_alone(signature: Signature, ops: GraphOps | None, batch_axis: int, accept: bool) -> str:
-    if batch_axis != 0:
-        return f"batch_axis = {batch_axis}: requests are not stacked along it (never split)"
+def batch_first(signature: Signature, rows_axes: dict[str, int]) -> Signature:
+    """`signature` with each tensor's axis of rows (`rows_axes`, default 0) moved first."""
+    if not rows_axes:
+        return signature
+
+    def moved(spec: TensorSpec) -> TensorSpec:
+        order = _order(len(spec.shape), rows_axes.get(spec.name, 0))
+        return replace(spec, shape=tuple(spec.shape[i] for i in order))
+
+    return replace(
+        signature,
+        inputs=tuple(map(moved, signature.inputs)),
+        outputs=tuple(map(moved, signature.outputs)),
+    )
+
+
+def _order(rank: int, axis: int) -> list[int]:
+    """The graph's axis at each position once `axis` is moved first (np.moveaxis(a, axis, 0))."""
+    return [axis, *(i for i in range(rank) if i != axis)]
+
+
+def _rows_axes(signature: Signature, batch_axis: int) -> tuple[dict[str, int], str]:
+    """Each tensor's axis of rows, or why the graph cannot stack requests' rows."""
+    if batch_axis:
+        return _declared_rows_axes(signature, batch_axis)
     for spec in signature.inputs:
         axis = _batch_elsewhere(spec)
         if axis is not None:
-            return (
+            return {}, (
                 f"input {spec.name!r} names axis {axis} ({spec.shape[axis]!r}) as its batch, "
-                f"not axis 0 ({spec.shape[0]!r}); set batch_axis = {axis} to say so"
+                f"not axis 0 ({spec.shape[0]!r}); set batch_axis = {axis} to batch along it"
             )
     for spec in (*signature.inputs, *signature.outputs):
         if not spec.class_map and not (spec.shape and isinstance(spec.shape[0], str)):
             first = spec.shape[0] if spec.shape else "a scalar"
-            return (
+            return {}, (
                 f"{spec.name!r} has a fixed first axis ({first}), so rows cannot stack; "
                 "re-export it with a dynamic batch axis to batch it"
             )
-    if ops is not None and not accept:
-        mixing = neighbour_dependent_nodes(ops)
-        if mixing:
+    return {}, ""
+
+
+def _declared_rows_axes(signature: Signature, batch_axis: int) -> tuple[dict[str, int], str]:
+    """batch_axis = k: every input's axis k is one dynamic axis the graph names, and every
+    output has exactly one axis of that name (where its rows come back)."""
+    names = set()
+    for spec in signature.inputs:
+        if len(spec.shape) <= batch_axis or not isinstance(spec.shape[batch_axis], str):
             return (
-                f"node {mixing[0]} computes across rows, so an answer would depend on its "
-                "neighbours; accept_neighbour_dependence = true batches it anyway"
+                {},
+                f"batch_axis = {batch_axis}, but input {spec.name!r} has no dynamic axis there",
             )
-    return ""
+        names.add(spec.shape[batch_axis])
+    name = names.pop() if len(names) == 1 else None
+    if name is None or any(name in spec.unnamed for spec in signature.inputs):
+        return {}, (
+            f"batch_axis = {batch_axis}: the inputs do not share one named axis there, so no "
+            "output's rows can be found"
+        )
+    axes = {spec.name: batch_axis for spec in signature.inputs}
+    for spec in signature.outputs:
+        found = [i for i, d in enumerate(spec.shape) if d == name]
+        if len(found) != 1 or spec.class_map:
+            return {}, f"batch_axis = {batch_axis}: output {spec.name!r} has no one axis {name!r}"
+        axes[spec.name] = found[0]
+    return axes, ""
 
 
 def _batch_elsewhere(spec: TensorSpec) -> int | None:
@@ -146,26 +204,28 @@ def _batch_elsewhere(spec: TensorSpec) -> int | None:
     return None
 
 
-def neighbour_dependent_nodes(ops: GraphOps) -> list[str]:
+def neighbour_dependent_nodes(ops: GraphOps, rows_axis: int = 0) -> list[str]:
     """The nodes (as `op 'name'`) whose answer for a row depends on the batch's other rows."""
     return [
         f"{node.op_type} {node.name!r}" if node.name else node.op_type
         for node in ops.nodes
-        if _mixes_rows(node, ops)
+        if _mixes_rows(node, ops, rows_axis)
     ]
 
 
-def _mixes_rows(node: GraphNode, ops: GraphOps) -> bool:
+def _mixes_rows(node: GraphNode, ops: GraphOps, rows_axis: int) -> bool:
     if node.op_type in NEIGHBOUR_OPS:
         return True
     if node.op_type in REDUCTIONS:
-        return _reduces_rows(node.ints, node.inputs, ops)
+        return _reduces_rows(node.ints, node.inputs, ops, rows_axis)
     if node.op_type in ALONG_AXIS:
-        return node.ints.get("axis", (-1,))[0] == 0
+        return node.ints.get("axis", (-1,))[0] == rows_axis
     return node.op_type == "BatchNormalization" and node.ints.get("training_mode") == (1,)
 
 
-def _reduces_rows(ints: dict[str, tuple[int, ...]], inputs: tuple[str, ...], ops: GraphOps) -> bool:
+def _reduces_rows(
+    ints: dict[str, tuple[int, ...]], inputs: tuple[str, ...], ops: GraphOps, rows_axis: int
+) -> bool:
     axes = ints.get("axes")
     if axes is None and len(inputs) > 1 and inputs[1]:
         axes = ops.constants.get(inputs[1])
@@ -173,12 +233,11 @@ def _reduces_rows(ints: dict[str, tuple[int, ...]], inputs: tuple[str, ...], ops
             return False
     if not axes:  # every axis, unless told to do nothing
         return ints.get("noop_with_empty_axes") != (1,)
-    return 0 in axes
+    return rows_axis in axes
 
 
 def _padded_axes(
     signature: Signature,
-    first: int,
     declared: tuple[str, ...] | None,
     mask_inputs: tuple[str, ...] | None,
     unpaddable: set[str],
@@ -188,7 +247,7 @@ def _padded_axes(
         name
         for spec in signature.inputs
         for position, name in enumerate(spec.shape)
-        if position >= first and isinstance(name, str)
+        if position >= 1 and isinstance(name, str)
     }
     why: dict[str, str] = {}
     if declared is not None:
@@ -213,7 +272,7 @@ def _padded_axes(
             why[name] = f"shared with mask input {mask.name!r}, which hides the padding"
         else:
             why[name] = "no mask input hides padding on it: equal sizes only"
-    untied = _untied_output_axis(signature, first, candidates)
+    untied = _untied_output_axis(signature, candidates)
     if padded and untied:
         for name in padded:
             why[name] = f"{untied} could not be cut back: equal sizes only"
@@ -221,12 +280,12 @@ def _padded_axes(
     return frozenset(padded), why
 
 
-def _untied_output_axis(signature: Signature, first: int, input_axes: set[str]) -> str:
+def _untied_output_axis(signature: Signature, input_axes: set[str]) -> str:
     """An output axis whose length no input axis sets (so a padded one could not be cut)."""
     for spec in signature.outputs:
         if spec.class_map:
             continue
         for position, name in enumerate(spec.shape):
-            if position >= first and isinstance(name, str) and name not in input_axes:
+            if position >= 1 and isinstance(name, str) and name not in input_axes:
                 return f"output {spec.name!r} axis {position} ({name})"
     return ""

@@ -153,6 +153,47 @@ def graph_rows(
     return replace(rows, axis_sizes=kept, shape_key=key)
 
 
+def plan_rows(
+    signature: Signature, plan: BatchPlan, tensors: Mapping[str, np.ndarray]
+) -> TensorRows:
+    """`graph_rows` by the model's batch plan: with a batch axis other than 0, each input's
+    rows moved first (the batcher stacks and pads along axis 0; `graph_values` moves back)."""
+    if plan.rows_signature is not None:
+        order = plan.rows_axes
+        tensors = {
+            name: np.ascontiguousarray(np.moveaxis(array, order[name], 0))
+            if name in order and array.ndim > order[name]
+            else array
+            for name, array in tensors.items()
+        }
+        signature = plan.rows_signature
+    return graph_rows(signature, plan.batched, plan.padded, tensors)
+
+
+def graph_values(
+    plan: BatchPlan, values: Mapping[str, np.ndarray], *, into_batch: bool
+) -> dict[str, np.ndarray]:
+    """Tensors between the graph's layout and the batcher's (rows first): `into_batch` moves
+    each tensor's axis of rows to 0, else back to where the graph has it."""
+    order = plan.rows_axes
+    if not order:
+        return dict(values)
+    return {
+        name: np.ascontiguousarray(
+            np.moveaxis(value, order[name], 0) if into_batch else np.moveaxis(value, 0, order[name])
+        )
+        if name in order
+        else value
+        for name, value in values.items()
+    }
+
+
+def rows_first(model: GraphModel) -> bool:
+    """Whether its rows are on axis 0 as Triton has them (max_batch_size > 0, dims without the
+    batch axis; classification per row)."""
+    return model.batchable and model.batch_plan.batch_axis == 0
+
+
 def graph_outputs(
     signature: Signature,
     default: tuple[str, ...],
@@ -189,7 +230,7 @@ def class_count(model: GraphModel, name: str) -> int | None:
     if spec.class_map:
         keys = model.class_keys.get(name)
         return len(keys) if keys else None
-    dims = spec.shape[1:] if model.batchable else spec.shape
+    dims = spec.shape[1:] if rows_first(model) else spec.shape
     sizes = [d for d in dims if isinstance(d, int)]
     return math.prod(sizes) if len(sizes) == len(dims) else None
 

@@ -51,8 +51,8 @@ class ModelSettings(_Strict):
     # A plain graph's inputs that mask their axes (padding there is hidden from the model);
     # None: those whose name has "mask" in it (attention_mask, key_padding_mask, ...).
     mask_inputs: tuple[str, ...] | None = None
-    # The axis of a plain graph's inputs that holds its rows. Only 0 is batched; another (a
-    # sequence-first RNN's 1) serves one request at a time, never split along axis 0.
+    # The axis of a plain graph's inputs that holds its rows (a sequence-first RNN's 1): requests
+    # stack along it, and each output's rows are found on its axis of the same name.
     batch_axis: int = Field(default=0, ge=0)
     # A plain graph with nodes that compute across rows (dynamic int8 quantization, a
     # reduction over axis 0) is served one request at a time; true batches it anyway, each

@@ -21,7 +21,14 @@ from ferry.backends.onnx_graph_ops import MalformedGraph, read_graph_ops
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
-from ferry.batcher import BatchLimits, MicroBatcher, TensorLayout, TensorPacking, TensorRows
+from ferry.batcher import (
+    BatchLimits,
+    MicroBatcher,
+    TensorBatch,
+    TensorLayout,
+    TensorPacking,
+    TensorRows,
+)
 from ferry.batcher.tensor_chunks import chunk_rows, join_rows, split_rows
 from ferry.batcher.types import InferFn
 from ferry.server.encoder import gather_results
@@ -33,8 +40,9 @@ from ferry.server.graph_model import (
     class_count,
     graph_limits,
     graph_outputs,
-    graph_rows,
+    graph_values,
     infer_options,
+    plan_rows,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
@@ -125,9 +133,10 @@ class TensorModel:
         else:
             self._default_outputs = signature.output_names
         self.batchable = self.batch_plan.batched
+        run = self._run_rows_moved if self.batch_plan.rows_axes else self.backend.infer
         self.batcher = MicroBatcher(
             self.name,
-            cast(InferFn, self.backend.infer),  # a graph's batches are all TensorBatches
+            cast(InferFn, run),  # a graph's batches are all TensorBatches
             self._limits(),
             None,
             packing=TensorPacking(self._layout()),
@@ -185,15 +194,22 @@ class TensorModel:
         if self.images is not None:
             self._signature = replace(graph, images=frozenset({self.images.input}))
 
+    async def _run_rows_moved(self, batch: TensorBatch) -> dict[str, np.ndarray]:
+        """A batch stacked along axis 0, run in the graph's layout (batch_axis > 0)."""
+        inputs = graph_values(self.batch_plan, batch.inputs, into_batch=False)
+        values = await self.backend.infer(replace(batch, inputs=inputs))
+        return graph_values(self.batch_plan, values, into_batch=True)
+
     def _layout(self) -> TensorLayout:
         padded = self._padded
+        signature = self.batch_plan.rows_signature or self.signature  # rows first
         inputs = {
             s.name: {i: a for i, a in s.axis_names().items() if a in padded}
-            for s in self.signature.inputs
+            for s in signature.inputs
         }
         outputs = {
             s.name: {i: a for i, a in s.axis_names().items() if a in padded}
-            for s in self.signature.outputs
+            for s in signature.outputs
         }
         pad_values = {  # a BF16 input holds bits: its pad value as the bits of that number
             name: int(bfloat16.from_float32(value))
@@ -208,7 +224,7 @@ class TensorModel:
 
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
-            rows = graph_rows(self.signature, self.batchable, self._padded, tensors)
+            rows = plan_rows(self.signature, self.batch_plan, tensors)
             self._check_chunks(rows)
         except InvalidInput:
             self.count_invalid()
@@ -234,7 +250,8 @@ class TensorModel:
         whole = rows.rows == 1 or not self.batchable  # a row is never split
         chunks = [rows] if whole else split_rows(rows, chunk_rows(rows, self.batcher.limits))
         futures = self.batcher.submit(chunks, timeout_s, frozenset(outputs), priority)
-        return join_rows(await gather_results(futures, disconnected))
+        joined = join_rows(await gather_results(futures, disconnected))
+        return graph_values(self.batch_plan, joined, into_batch=False)
 
     def count_invalid(self) -> None:
         self._metrics.rejections.labels(self.name, "invalid").inc()

@@ -20,7 +20,7 @@ import numpy as np
 from ferry.backends import bfloat16
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel, class_count, class_labels, is_graph
+from ferry.server.graph_model import GraphModel, class_count, class_labels, is_graph, rows_first
 
 PARAMETER = "classification"
 UNSCORED = ("BYTES", "BOOL")
@@ -69,7 +69,7 @@ def _scores(
     and whether the model is batched."""
     if is_graph(model):
         datatype = model.signature.output(name).datatype
-        batched = model.batchable or model.signature.output(name).class_map
+        batched = rows_first(model) or model.signature.output(name).class_map
         return datatype, class_count(model, name), class_labels(model, name), batched
     if model.outputs.is_sequence(name):
         raise InvalidInput(name, "classification needs one vector of scores a row, not a sequence")

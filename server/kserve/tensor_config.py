@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ferry.backends.tensor_signature import CONFIG_TYPES, TensorSpec
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, rows_first
 
 VERSION = "1"
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX Runtime model
@@ -50,7 +50,8 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
     """Triton's model configuration JSON."""
     settings, backend, signature = model.settings, model.backend, model.signature
     limits = settings.batching
-    skip = 1 if model.batchable else 0  # the batch axis is implicit when batching
+    batched = rows_first(model)  # as Triton batches: along axis 0
+    skip = 1 if batched else 0  # the batch axis is implicit when batching
 
     def tensor(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
         return {"name": spec.name, "data_type": CONFIG_TYPES[spec.datatype], "dims": shape[skip:]}
@@ -60,7 +61,7 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
         "platform": PLATFORM,
         "backend": "onnxruntime",
         "version_policy": {"latest": {"num_versions": 1}},
-        "max_batch_size": limits.max_batch_size if model.batchable else 0,
+        "max_batch_size": limits.max_batch_size if batched else 0,
         "input": [tensor(s, s.metadata_shape()) for s in signature.inputs],
         "output": [tensor(s, _output_shape(model, s)) for s in signature.outputs],
         "instance_group": [
@@ -78,7 +79,7 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
             for rule in plan.axes
         },
     }
-    if model.batchable:
+    if model.batchable:  # along any axis
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": round(limits.max_queue_delay_s * 1_000_000),
             "default_queue_policy": {

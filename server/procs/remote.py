@@ -35,8 +35,8 @@ from ferry.server.graph_model import (
     check_chunks,
     graph_limits,
     graph_outputs,
-    graph_rows,
     infer_options,
+    plan_rows,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
@@ -178,7 +178,7 @@ class RemoteTensorModel(_EngineModel):
         info = self._info
         try:
             plan = info.batch_plan
-            rows = graph_rows(info.signature, plan.batched, plan.padded, tensors)
+            rows = plan_rows(info.signature, plan, tensors)
             check_chunks(rows, self._limits, plan.batched, info.signature)
         except InvalidInput:
             self.count_invalid()

@@ -81,6 +81,16 @@ def test_graphs_whose_rows_mix_run_one_request_at_a_time(tmp_path, graph, words)
     assert set(rules(result).values()) == {"whole"}
 
 
+def test_a_declared_batch_axis_batches_along_it_with_each_outputs_rows_found_by_name(tmp_path):
+    path = batching_corpus.gru_seq_first(tmp_path / "gru.onnx")  # x [time, batch, 8]
+    result = plan(path, batch_axis=1)
+    assert result.batched and result.rows_axes == {"x": 1, "y": 2}  # y [time, 1, batch, 6]
+    assert rules(result) == {"x[1]": "batch", "x[0]": "bucket"}
+    assert result.rows_signature is not None
+    assert result.rows_signature.input("x").shape == ("batch", "time", 8)
+    assert "has no dynamic axis there" in plan(path, batch_axis=2).why_alone
+
+
 def test_neighbour_dependence_accepted_by_name_batches(tmp_path):
     path = batching_corpus.int8_mlp(tmp_path / "int8.onnx")
     assert plan(path, accept_neighbour_dependence=True).batched

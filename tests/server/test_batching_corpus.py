@@ -34,6 +34,7 @@ def server(graphs, request):
     for name in CORPUS:
         env[f"FERRY_MODEL__{name.upper()}__BATCHING__DISPATCH_WHEN_IDLE"] = "false"
         env[f"FERRY_MODEL__{name.upper()}__BATCHING__MAX_QUEUE_DELAY_S"] = "0.02"
+    env["FERRY_MODEL__GRU_BATCH_AXIS__BATCH_AXIS"] = "1"
     args = [arg for name, path in graphs.items() for arg in ("--model", f"{name}={path}")]
     options = {"api_servers": request.param}
     with ferry_server([default_model_config()], options, env=env, args=args) as handle:
@@ -91,6 +92,10 @@ def test_config_says_each_axis_rule_and_why(server, model):
     if model in ALONE:
         assert summary.startswith("one request at a time") and ALONE[model] in summary
         assert all(rule.startswith("whole") for rule in axes.values())
+    elif model == "gru_batch_axis":  # x [time, batch, 8]
+        assert summary == "batched along axis 1"
+        assert axes["ferry.axis.x[1]"].startswith("batch (batch)")
+        assert axes["ferry.axis.x[0]"].startswith("bucket (time)")
     else:
         assert summary == "batched along axis 0"
         # No mask input in the corpus: no axis past the batch's is padded.

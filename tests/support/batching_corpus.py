@@ -198,6 +198,15 @@ CORPUS: dict[str, tuple[Callable[[Path], Path], Feeds]] = {
             )
         },
     ),
+    # The same GRU, served with batch_axis = 1 declared: batched along it.
+    "gru_batch_axis": (
+        gru_seq_first,
+        lambda rng: {
+            "x": rng.normal(size=(int(rng.choice([5, 40])), int(rng.integers(1, 3)), 8)).astype(
+                np.float32
+            )
+        },
+    ),
     "int8_mlp": (
         int8_mlp,
         lambda rng: {"x": rng.normal(size=(int(rng.integers(1, 4)), 16)).astype(np.float32)},
