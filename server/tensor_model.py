@@ -7,6 +7,7 @@ axes padded together); one with a fixed first axis is served one request at a ti
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +37,9 @@ from ferry.server.graph_model import (
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
+from ferry.server.unbatched_note import unbatched_note
+
+logger = logging.getLogger(__name__)
 
 
 class TensorModel:
@@ -116,6 +120,8 @@ class TensorModel:
         else:
             self._default_outputs = signature.output_names
         self.batchable = signature.batchable
+        if (note := unbatched_note(signature)) is not None:
+            logger.warning("model %r: %s", self.name, note)
         self.batcher = MicroBatcher(
             self.name,
             cast(InferFn, self.backend.infer),  # a graph's batches are all TensorBatches

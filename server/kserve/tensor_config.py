@@ -11,6 +11,7 @@ from typing import Any
 
 from ferry.backends.tensor_signature import CONFIG_TYPES, TensorSpec
 from ferry.server.graph_model import GraphModel
+from ferry.server.unbatched_note import config_parameters
 
 VERSION = "1"
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX Runtime model
@@ -67,6 +68,8 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
             {"name": model.name, "kind": "KIND_CPU", "count": backend.max_concurrency}
         ],
     }
+    if parameters := config_parameters(signature):  # why it is not batched, and the fix
+        config["parameters"] = {**config.get("parameters", {}), **parameters}
     if model.batchable:
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": round(limits.max_queue_delay_s * 1_000_000),
