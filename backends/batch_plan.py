@@ -42,6 +42,13 @@ ALONG_AXIS = frozenset(
     {"Softmax", "LogSoftmax", "Hardmax", "ArgMax", "ArgMin", "CumSum", "TopK", "LpNormalization"}
 )
 
+# What batches a graph whose first axis is fixed.
+FIXED_AXIS_FIX = (
+    "re-export with a dynamic batch axis (`ferry export sklearn` declares one for scikit-learn, "
+    "XGBoost and LightGBM models), or set that axis to a named dim in the graph "
+    "(onnx: `<tensor>.type.tensor_type.shape.dim[0].dim_param = 'N'`)"
+)
+
 Rule = Literal["batch", "pad", "bucket", "whole"]
 
 
@@ -157,13 +164,16 @@ def _rows_axes(signature: Signature, batch_axis: int) -> tuple[dict[str, int], s
                 f"input {spec.name!r} names axis {axis} ({spec.shape[axis]!r}) as its batch, "
                 f"not axis 0 ({spec.shape[0]!r}); set batch_axis = {axis} to batch along it"
             )
-    for spec in (*signature.inputs, *signature.outputs):
-        if not spec.class_map and not (spec.shape and isinstance(spec.shape[0], str)):
-            first = spec.shape[0] if spec.shape else "a scalar"
-            return {}, (
-                f"{spec.name!r} has a fixed first axis ({first}), so rows cannot stack; "
-                "re-export it with a dynamic batch axis to batch it"
-            )
+    fixed = [
+        f"{side} {spec.name!r} declares axis 0 = {spec.shape[0]}"
+        if spec.shape
+        else f"{side} {spec.name!r} declares no axes (a scalar)"
+        for side, specs in (("input", signature.inputs), ("output", signature.outputs))
+        for spec in specs
+        if not spec.class_map and not (spec.shape and isinstance(spec.shape[0], str))
+    ]
+    if fixed:  # onnxmltools' LightGBM graphs declare their `label` output [1]
+        return {}, f"{', '.join(fixed)}; {FIXED_AXIS_FIX}"
     return {}, ""
 
 

@@ -53,13 +53,17 @@ def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Writes an ONNX graph `ferry serve --model` serves (XGBoost and LightGBM, "
         "alone or ending a pipeline, through onnxmltools), and compares it with "
         "the estimator's predict_proba (predict for a regressor) on the sample rows; exits 1 "
-        "when they differ by more than the tolerance or a label differs.",
+        "when they differ by more than the tolerance or a label differs, 2 when skl2onnx "
+        "cannot convert the estimator.",
     )
     sklearn.add_argument(
         "--estimator", type=Path, required=True, help="A joblib or pickle file of the estimator."
     )
     sklearn.add_argument(
-        "--sample", type=Path, required=True, help="Rows as .npy or numeric .csv (header ok)."
+        "--sample",
+        type=Path,
+        required=True,
+        help="Rows as .npy or .csv (header ok; text columns: one input per column).",
     )
     sklearn.add_argument("--out", type=Path, required=True, help="The .onnx file to write.")
     sklearn.add_argument("--tolerance", type=float, default=1e-4, help="Largest difference.")
@@ -305,9 +309,13 @@ def _export_sklearn(args: argparse.Namespace) -> int:
     from ferry.exporters import sklearn_export
 
     estimator = sklearn_export.load_estimator(args.estimator)
-    rows = sklearn_export.load_rows(args.sample)
-    with step("converting with skl2onnx"):
-        graph = sklearn_export.export(estimator, rows, args.out)
+    rows = sklearn_export.load_rows(args.sample, getattr(estimator, "feature_names_in_", ()))
+    try:
+        with step("converting with skl2onnx"):
+            graph = sklearn_export.export(estimator, rows, args.out)
+    except sklearn_export.Unconvertible as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     with step(f"comparing on {len(rows)} sample rows"):
         report = sklearn_export.parity(estimator, graph, rows, args.tolerance)
     print(f"wrote {graph}")

@@ -5,15 +5,22 @@ onnxmltools' converters registered with skl2onnx: their graphs have scikit-learn
 (`output_label`, ZipMap `output_probability`) and serve the same way.
 
 The estimator comes from a joblib or pickle file (your own: loading one runs its code), sample
-rows from a .npy or numeric .csv file: they fix the input's width and type and are the rows the
-parity report runs. A classifier keeps skl2onnx's ZipMap output, which Ferry serves as
-{class: probability} on /predict and as an [N, C] tensor on KServe.
+rows from a .npy or .csv file: they fix the inputs' widths and types and are the rows the parity
+report runs. Numeric rows are one float input [N, width]; a .csv with text columns (a pipeline
+whose ColumnTransformer one-hot encodes them) is one input per column, [N, 1] float or string,
+named by the header (else the estimator's `feature_names_in_`, else column_0, ...). A classifier
+keeps skl2onnx's ZipMap output, which Ferry serves as {class: probability} on /predict and as an
+[N, C] tensor on KServe. An estimator skl2onnx has no converter for is refused by name
+(`Unconvertible`).
 """
 
 from __future__ import annotations
 
+import csv
 import importlib
+import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,17 +62,87 @@ def load_estimator(path: Path) -> Any:
     return joblib.load(path)
 
 
-def load_rows(path: Path) -> np.ndarray:
-    """Sample rows, float32: a .npy array, or a numeric .csv (a header line is skipped)."""
+@dataclass(frozen=True)
+class Columns:
+    """Sample rows with text columns: one [N, 1] array per column, float64 or str (object)."""
+
+    columns: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values())))
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        """The graph's inputs: float32 and strings."""
+        return {
+            name: column if column.dtype == object else column.astype(np.float32)
+            for name, column in self.columns.items()
+        }
+
+    def frame(self, estimator: Any) -> Any:
+        """What the estimator was fitted on: a data frame if it knows its columns' names (pandas
+        is then installed), else an object array."""
+        if hasattr(estimator, "feature_names_in_"):
+            import pandas as pd
+
+            return pd.DataFrame({name: column[:, 0] for name, column in self.columns.items()})
+        return np.concatenate([c.astype(object) for c in self.columns.values()], axis=1)
+
+
+Rows = np.ndarray | Columns
+
+
+class Unconvertible(ValueError):
+    """skl2onnx cannot convert the estimator (or a step of its pipeline)."""
+
+
+def load_rows(path: Path, names: Sequence[str] = ()) -> Rows:
+    """Sample rows: a .npy array or an all-numeric .csv as float32 (a header line is skipped),
+    a .csv with text columns as `Columns`, named by its header, else `names` (the estimator's
+    `feature_names_in_`) when as many, else column_0, column_1, ..."""
     if path.suffix == ".npy":
         rows = np.load(path)
     else:
-        first = path.read_text().splitlines()[0].split(",")
-        header = not all(_is_number(cell) for cell in first)
-        rows = np.loadtxt(path, delimiter=",", skiprows=int(header), ndmin=2)
+        table = [row for row in csv.reader(path.read_text().splitlines()) if row]
+        header = _has_header(table, names)
+        body = table[1:] if header else table
+        if not body or any(len(row) != len(body[0]) for row in body):
+            raise ValueError(f"{path}: sample rows must be a non-empty table of equal rows")
+        numeric = [all(_is_number(row[i]) for row in body) for i in range(len(body[0]))]
+        if not all(numeric):
+            if header:
+                names = table[0]
+            elif len(names) != len(body[0]):
+                names = [f"column_{i}" for i in range(len(body[0]))]
+            return Columns(
+                {
+                    name: np.array(
+                        [[float(row[i]) if number else row[i]] for row in body],
+                        dtype=np.float64 if number else object,
+                    )
+                    for i, (name, number) in enumerate(zip(map(str, names), numeric, strict=True))
+                }
+            )
+        rows = np.array([[float(cell) for cell in row] for row in body])
     if rows.ndim != 2 or not len(rows):
         raise ValueError(f"{path}: sample rows must be a non-empty 2-D table, got {rows.shape}")
     return rows.astype(np.float32)
+
+
+def _has_header(table: list[list[str]], names: Sequence[str]) -> bool:
+    """A first line of column names: the estimator's own, or text over a numeric column, or
+    (text columns only) what csv.Sniffer takes for one."""
+    if not table:
+        return False
+    first, rest = table[0], table[1:]
+    if list(first) == list(names):
+        return True
+    for i, cell in enumerate(first):
+        if not _is_number(cell) and rest and all(_is_number(r[i]) for r in rest if i < len(r)):
+            return True
+    if all(_is_number(cell) for cell in first):
+        return False
+    sample = "\n".join(",".join(row) for row in table[:20])
+    return csv.Sniffer().has_header(sample)
 
 
 def _is_number(cell: str) -> bool:
@@ -76,31 +153,64 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-def export(estimator: Any, rows: np.ndarray, out: Path) -> Path:
+def export(estimator: Any, rows: Rows, out: Path) -> Path:
     from skl2onnx import to_onnx
 
     _register_boosters()
-    graph = to_onnx(estimator, rows[:1], target_opset=OPSET)
+    try:
+        if isinstance(rows, Columns):
+            graph = to_onnx(estimator, initial_types=_column_types(rows), target_opset=OPSET)
+        else:
+            graph = to_onnx(estimator, rows[:1], target_opset=OPSET)
+    except Exception as exc:  # whatever skl2onnx raises: one line naming what it could not do
+        raise Unconvertible(_unconvertible(estimator, exc)) from exc
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(graph.SerializeToString())
     return out
 
 
-def parity(estimator: Any, graph: Path, rows: np.ndarray, tolerance: float) -> Parity:
+def _column_types(rows: Columns) -> list[tuple[str, Any]]:
+    from skl2onnx.common.data_types import FloatTensorType, StringTensorType
+
+    return [
+        (name, StringTensorType([None, 1]) if c.dtype == object else FloatTensorType([None, 1]))
+        for name, c in rows.columns.items()
+    ]
+
+
+def _unconvertible(estimator: Any, exc: Exception) -> str:
+    """skl2onnx's "Unable to find a shape calculator for type '<class 'a.B'>'" (a paragraph) as
+    one line naming the estimator; any other failure by its first line."""
+    kind = type(estimator)
+    named = re.search(r"<class '([\w.]+)'>", str(exc))
+    name = named.group(1) if named else f"{kind.__module__}.{kind.__qualname__}"
+    if type(exc).__name__ in ("MissingShapeCalculator", "MissingConverter"):
+        reason = "skl2onnx has no converter for it"
+    else:
+        lines = str(exc).strip().splitlines()
+        reason = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return f"cannot convert {name.rsplit('.', 1)[-1]} ({name}) to ONNX: {reason}"
+
+
+def parity(estimator: Any, graph: Path, rows: Rows, tolerance: float) -> Parity:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
-    (name,) = [i.name for i in session.get_inputs()]
-    outputs = session.run(None, {name: rows})
+    if isinstance(rows, Columns):
+        feeds, given = rows.feeds(), rows.frame(estimator)
+    else:
+        (name,) = [i.name for i in session.get_inputs()]
+        feeds, given = {name: rows}, rows
+    outputs = session.run(None, feeds)
     if hasattr(estimator, "predict_proba"):
         label, probabilities = outputs[0], outputs[1]
         if isinstance(probabilities, list):  # ZipMap: one {class: p} per row
             probabilities = np.array([list(row.values()) for row in probabilities])
-        diff = np.abs(probabilities - estimator.predict_proba(rows)).max()
-        agree = int((np.asarray(label) == estimator.predict(rows)).sum())
+        diff = np.abs(probabilities - estimator.predict_proba(given)).max()
+        agree = int((np.asarray(label) == estimator.predict(given)).sum())
         return Parity(len(rows), "predict_proba", float(diff), agree, tolerance)
     predicted = np.asarray(outputs[0]).reshape(len(rows), -1)
-    diff = np.abs(predicted - estimator.predict(rows).reshape(len(rows), -1)).max()
+    diff = np.abs(predicted - estimator.predict(given).reshape(len(rows), -1)).max()
     return Parity(len(rows), "predict", float(diff), None, tolerance)
 
 
@@ -110,6 +220,7 @@ BOOSTERS = [
     ("xgboost", "XGBRegressor", "XGBoostXGBRegressor", False),
     ("lightgbm", "LGBMClassifier", "LightGbmLGBMClassifier", True),
     ("lightgbm", "LGBMRegressor", "LightGbmLGBMRegressor", False),
+    ("lightgbm", "LGBMRanker", "LightGbmLGBMRanker", False),  # its scores, as a regressor's
 ]
 CONVERTERS = {
     "xgboost": ("onnxmltools.convert.xgboost.operator_converters.XGBoost", "convert_xgboost"),

@@ -61,13 +61,16 @@ def _serve(args: argparse.Namespace) -> int:
         models = [model_argument(spec) for spec in args.model]
     except FileNotFoundError as exc:
         raise SystemExit(f"ferry serve: {exc}") from None
-    settings = load_settings(
-        args.config,
-        extra_models=models,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-    )
+    try:
+        settings = load_settings(
+            args.config,
+            extra_models=models,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+        )
+    except ValueError as exc:  # pydantic's ValidationError, a bad file or variable: no traceback
+        raise SystemExit(f"ferry serve: {exc}") from None
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -78,6 +78,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        # uvicorn cancels the keep-alive timer only on a clean close: a reset left it to fire
+        # on a closed socket.
+        self._unset_keepalive_if_required()
         if self.cycle is not None and not self.cycle.response_complete:
             gone = cast(
                 "asyncio.Future[None] | None",
@@ -143,7 +146,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def timeout_keep_alive_handler(self) -> None:
-        if _unread_bytes(self.transport):
+        if not self.transport.is_closing() and _unread_bytes(self.transport):
             self.timeout_keep_alive_task = None  # the loop reads the request next
             return
         super().timeout_keep_alive_handler()
@@ -193,7 +196,7 @@ def _unread_bytes(transport: asyncio.Transport) -> int:
         return 0
     try:
         raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-    except OSError:  # closed meanwhile
+    except (OSError, ValueError):  # closed meanwhile (its fileno is then -1: a ValueError)
         return 0
     unread: int = struct.unpack("i", raw)[0]
     return unread

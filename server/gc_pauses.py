@@ -44,9 +44,17 @@ class GcPauseWatch:
             self._started = time.perf_counter()
             return
         self._noted.append((info["generation"], time.perf_counter() - self._started))
-        if self._loop is not None and not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon_threadsafe(self.flush)
+        loop = self._loop
+        if loop is None or self._scheduled:
+            return
+        if loop.is_closed():  # the server has stopped: nothing is observed any more
+            self._loop = None
+            return
+        self._scheduled = True
+        try:
+            loop.call_soon_threadsafe(self.flush)
+        except RuntimeError:  # closed by another thread meanwhile (a worker's collection)
+            self._loop = None
 
     def flush(self) -> None:
         """Observe the pauses noted so far."""
@@ -63,7 +71,11 @@ class GcPauseWatch:
         gc.callbacks.append(self)
 
     def remove(self) -> None:
-        gc.callbacks.remove(self)
+        """Stop timing collections (the serving loop is about to close); idempotent."""
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+        self._loop = None
+        self.flush()
 
 
 def freeze_startup_heap(metrics: FerryMetrics) -> int:

@@ -18,7 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
-from ferry.server.gc_pauses import keep_gc_off_serving_path
+from ferry.server.gc_pauses import GcPauseWatch, keep_gc_off_serving_path
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -30,11 +30,17 @@ class DrainingServer(uvicorn.Server):
         self._app = app
         self._drain_timeout_s = drain_timeout_s
         self._drain_task: asyncio.Future[None] | None = None
+        self._gc_watch: GcPauseWatch | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the lifespan first: models started and warm
         if self.started:
-            keep_gc_off_serving_path(self._app.state.metrics)
+            self._gc_watch = keep_gc_off_serving_path(self._app.state.metrics)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self._gc_watch is not None:  # before the loop closes: collections after it are not timed
+            self._gc_watch.remove()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._drain_task is not None or self._drain_timeout_s <= 0:

@@ -3,20 +3,32 @@
 Sources, later ones winning: defaults, a TOML or YAML file, then environment variables:
 `FERRY_<FIELD>` for server fields (FERRY_PORT=9000) and `FERRY_MODEL__<NAME>__<FIELD>` for a
 model's fields, NAME upper-cased with non-alphanumerics as `_`, tables entered with `__`
-(FERRY_MODEL__ALL_MINILM_L6_V2__BATCHING__MAX_BATCH_SIZE=64). Durations are in seconds (`_s`).
+(FERRY_MODEL__ALL_MINILM_L6_V2__BATCHING__MAX_BATCH_SIZE=64). A list, tuple or table field takes
+JSON (FERRY_MODEL__M__PAD_AXES='[]', FERRY_MODEL__M__PAD_VALUES='{"mask": -1}', `null` where it
+may be unset); a list or tuple also takes comma-separated items (FERRY_CORS_ALLOW_ORIGINS=a,b).
+A value the settings refuse is named by its variable. Durations are in seconds (`_s`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
+import types
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ferry.backends.image_spec import ImagePreprocess
 from ferry.backends.options import BackendOptions, OnnxRuntimeOptions
@@ -276,9 +288,21 @@ def load_settings(
         if isinstance(model.get("adapters"), dict):
             model["adapters"] = {k: str(base_dir / v) for k, v in model["adapters"].items()}
     models += [dict(m) for m in extra_models]
-    _apply_env(server, models + llm_models, environ)
+    sources = _apply_env(server, models, llm_models, environ)
     server.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]  # pydantic validates the dicts
+    for field in overrides:  # a flag wins over the environment: errors are the flag's
+        sources.pop((field,), None)
+    try:
+        return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]  # pydantic validates the dicts
+    except ValidationError as exc:
+        named = _name_variables(exc, sources)
+        if named is None:
+            raise
+        raise named from exc
+
+
+class SettingsError(ValueError):
+    """Settings refused, each error named by the environment variable that set it."""
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -292,28 +316,119 @@ def _env_key(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
+Location = tuple[str | int, ...]  # a value's place in Settings, as pydantic's errors give it
+
+
 def _apply_env(
-    server: dict[str, Any], models: list[dict[str, Any]], environ: Mapping[str, str]
-) -> None:
+    server: dict[str, Any],
+    models: list[dict[str, Any]],
+    llm_models: list[dict[str, Any]],
+    environ: Mapping[str, str],
+) -> dict[Location, str]:
+    """Apply FERRY_* variables; returns the variable behind each value it set."""
+    sources: dict[Location, str] = {}
     for field in Settings.model_fields:
-        if field not in ("models", "llm_models") and f"FERRY_{field.upper()}" in environ:
-            value = environ[f"FERRY_{field.upper()}"]
-            if field in ("cors_allow_origins", "priority_keys"):
-                server[field] = value.split(",")
-            elif field == "api_keys":  # name=key,name=key
-                pairs = [pair.split("=", 1) for pair in value.split(",")]
-                if any(len(pair) != 2 for pair in pairs):
-                    raise ValueError("FERRY_API_KEYS: comma-separated name=key pairs")
-                server[field] = dict(pairs)
-            else:
-                server[field] = value
-    for model in models:
-        # FERRY_MODEL__<NAME>__BATCHING__MAX_BATCH_SIZE: each further `__` enters a table.
-        prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"
-        for key, value in environ.items():
-            if key.startswith(prefix):
-                *tables, field = key[len(prefix) :].lower().split("__")
+        key = f"FERRY_{field.upper()}"
+        if field in ("models", "llm_models") or key not in environ:
+            continue
+        value = environ[key]
+        if field == "api_keys":  # name=key,name=key
+            pairs = [pair.split("=", 1) for pair in value.split(",")]
+            if any(len(pair) != 2 for pair in pairs):
+                raise SettingsError(f"{key}: comma-separated name=key pairs")
+            server[field] = dict(pairs)
+        else:
+            server[field] = _env_value(key, value, _field_types([Settings], [field]))
+        sources[(field,)] = key
+    for table, cls, entries in (
+        ("models", ModelSettings, models),
+        ("llm_models", LLMSettings, llm_models),
+    ):
+        for index, model in enumerate(entries):
+            # FERRY_MODEL__<NAME>__BATCHING__MAX_BATCH_SIZE: each further `__` enters a table.
+            prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"
+            for key, value in environ.items():
+                if not key.startswith(prefix):
+                    continue
+                path = key[len(prefix) :].lower().split("__")
+                *tables, field = path
                 target = model
-                for table in tables:
-                    target = target.setdefault(table, {})
-                target[field] = value.split(",") if field == "outputs" else value
+                for name in tables:
+                    target = target.setdefault(name, {})
+                target[field] = _env_value(key, value, _field_types([cls], path))
+                sources[(table, index, *path)] = key
+    return sources
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a field's annotation allows, unions and Annotated unwrapped."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return [member for arg in get_args(annotation) for member in _members(arg)]
+    return [annotation]
+
+
+def _is_model(member: Any) -> bool:
+    return isinstance(member, type) and issubclass(member, BaseModel)
+
+
+def _field_types(classes: Sequence[Any], path: Sequence[str]) -> list[Any]:
+    """The types a key's value may take (`path`: its tables, then its field); [] when no class
+    has it (pydantic then names the unknown key)."""
+    name, rest = path[0], path[1:]
+    found = [
+        m
+        for c in classes
+        if name in c.model_fields
+        for m in _members(c.model_fields[name].annotation)
+    ]
+    if not rest:
+        return found
+    return _field_types([m for m in found if _is_model(m)], rest)
+
+
+def _is_sequence(member: Any) -> bool:
+    return (get_origin(member) or member) in (tuple, list)
+
+
+def _env_value(key: str, text: str, allowed: Sequence[Any]) -> Any:
+    """An environment variable's text as its field takes it: JSON for a list, tuple, table or
+    model (`[]`, `{"a": 1}`, `null`), comma-separated items for a list or tuple alone; any
+    other text as given (pydantic casts numbers, booleans and paths)."""
+    if not any(
+        _is_sequence(m) or _is_model(m) or get_origin(m) is dict or m is dict for m in allowed
+    ):
+        return text
+    if text.lstrip()[:1] in ("[", "{") or text.strip() == "null":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{key}: not valid JSON ({exc})") from None
+    if all(_is_sequence(m) for m in allowed if m is not type(None)):
+        return [item.strip() for item in text.split(",")] if text.strip() else []
+    return text
+
+
+def _name_variables(exc: ValidationError, sources: Mapping[Location, str]) -> SettingsError | None:
+    """The errors, each named by the variable that set its value; None if none came from one."""
+    lines, named = [], False
+    for error in exc.errors():
+        where = error["loc"]
+        key = next((k for at, k in sources.items() if _within(at, where)), None)
+        place = ".".join(map(str, where))
+        lines.append(f"{key} ({place}): {error['msg']}" if key else f"{place}: {error['msg']}")
+        named |= key is not None
+    if not named:
+        return None
+    return SettingsError("invalid settings:\n  " + "\n  ".join(lines))
+
+
+def _within(at: Location, where: Location) -> bool:
+    """Whether an error's location is the value set at `at` (a discriminated union adds its tag
+    to the location: backend.onnxruntime.sessions for backend.sessions)."""
+    if where[: len(at[:2])] != at[:2]:
+        return False
+    rest = iter(where[2:])
+    return all(part in rest for part in at[2:])

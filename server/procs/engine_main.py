@@ -78,7 +78,7 @@ class EngineServer:
             socket, wire.to_engine, wire.frame_count, self._receive, routed=True
         )
         logger.info("engine process %d serving %s", os.getpid(), self._address)
-        keep_gc_off_serving_path(self._metrics)
+        gc_watch = keep_gc_off_serving_path(self._metrics)
         if on_ready is not None:
             on_ready()
         report = asyncio.create_task(self._report())
@@ -89,6 +89,7 @@ class EngineServer:
         await self.registry.close(self._settings.drain_timeout_s)  # encoders drain, then engines
         self._socket.close()
         self._context.term()
+        gc_watch.remove()  # before the loop closes
 
     def _send(
         self, peer: bytes, header: wire.ToApi, frames: Sequence[memoryview | bytes] = ()

@@ -39,6 +39,9 @@ def api_main(settings: Settings, sock: socket.socket, address: str, parent: int)
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains
     # the API processes before it stops the engine.
     os.setpgrp()
+    # Received inheritable (SCM_RIGHTS): the processes this one starts (grammar checkers,
+    # started by uvloop, which keeps every fd not marked close-on-exec) would hold the port.
+    sock.set_inheritable(False)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -6,6 +6,7 @@ import contextlib
 import json
 import signal
 import socket
+import struct
 import time
 from urllib.parse import urlsplit
 
@@ -176,3 +177,17 @@ def test_a_request_sent_while_the_server_was_stopped_past_the_keep_alive_timeout
         assert status_of(read_response(sock)) == 200
     finally:
         sock.close()
+
+
+def test_an_idle_keep_alive_connection_reset_by_its_client_leaves_no_traceback(server):
+    """A reset (not a FIN) skipped uvicorn's keep-alive cancel: the timer fired on the closed
+    socket a timeout later and logged an uncaught ValueError (fileno -1)."""
+    sock = connect(server.url)
+    sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(read_response(sock)) == 200  # now idle, kept alive
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # linger 0: a reset
+    time.sleep(3 * LIMITS["keep_alive_timeout_s"])  # the timer's time, and some
+    assert predict_ok(server.url)
+    log = server.log()
+    assert "ValueError" not in log and "Traceback" not in log, log[-4000:]

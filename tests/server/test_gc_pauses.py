@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import sys
 import threading
 
 import pytest
@@ -85,3 +87,24 @@ def test_a_serving_process_froze_its_heap_and_times_its_collections(kserve):
     # A start-up heap is ~100k objects (FastAPI, pydantic, NumPy, ONNX Runtime, the app).
     assert metric_value(text, "ferry_gc_frozen_objects") > 20_000
     assert metric_value(text, "ferry_gc_pause_seconds_count", generation="0") > 0
+
+
+def test_a_collection_after_the_serving_loop_closed_raises_nothing(metrics, monkeypatch):
+    """Interpreter shutdown collects after uvicorn's loop is closed: that collection used to
+    print `RuntimeError: Event loop is closed` from this callback at every stop."""
+    unraisable: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda hook: unraisable.append(hook.exc_value))
+    watch = GcPauseWatch(metrics)
+
+    async def serving() -> None:
+        watch.install()
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(serving())
+    loop.close()
+    try:
+        gc.collect(2)
+    finally:
+        watch.remove()
+    assert unraisable == []
+    assert _pauses(metrics, "2") == 1  # noted, and observed by remove's flush

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from tests.llm.grammars import chained_defs, gbnf_chain, lark_chain
 from tests.server.conftest import API_SERVERS
 from tests.support.liveness import LivenessProbe
 from tests.support.llm_configs import tiny_llm_config
-from tests.support.server_processes import pids
+from tests.support.server_processes import descendants, holds, listening_socket, pids
 
 OPEN_BOUNDS = {
     "grammar_max_chars": 10**7,
@@ -154,3 +155,17 @@ def test_a_prompt_too_long_is_refused_without_freezing_the_server(server, client
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == "messages"
     probe.assert_lively()
+
+
+def test_grammar_checker_processes_do_not_hold_the_listening_socket(server, client):
+    """A checker holding it would keep the port bound (and accepting into a queue nobody reads)
+    after the server is gone. Behind api_servers = 2 the socket an API process received was
+    inheritable, and the checkers it started (those replaced after a crash too) kept it."""
+    listening = listening_socket(server)
+    checkers = [
+        pid
+        for pid in descendants(server.pid)
+        if b"ferry.llm.grammar_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert checkers
+    assert [pid for pid in checkers if holds(pid, listening)] == []

@@ -1,3 +1,7 @@
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,3 +175,54 @@ def test_api_keys_name_tenants_and_priority_keys_must_name_one_of_them():
     ):
         with pytest.raises(ValueError, match=named):  # pydantic's ValidationError is one
             load_settings(environ=bad)
+
+
+def test_list_tuple_and_table_fields_take_json_from_the_environment(tmp_path):
+    prefix = "FERRY_MODEL__ALL_MINILM_L6_V2__"
+    environ = {
+        f"{prefix}PAD_AXES": "[]",
+        f"{prefix}PAD_VALUES": '{"attention_mask": -1}',
+        f"{prefix}LABELS": '{"label": ["no", "yes"]}',
+        f"{prefix}PREPROCESS__MEAN": "[0.5, 0.5, 0.5]",
+        f"{prefix}PREPROCESS__STD": "0.25,0.25,0.25",
+        "FERRY_PRIORITY_LEVELS": "[0, 5]",
+        "FERRY_CORS_ALLOW_ORIGINS": "https://a.example, https://b.example",
+    }
+    settings = load_settings(write(tmp_path, TOML), environ=environ)
+    (model,) = settings.models
+    assert model.pad_axes == ()  # padding along no axis, not "every named one" (None)
+    assert model.pad_values == {"attention_mask": -1.0}
+    assert model.labels == {"label": ("no", "yes")}
+    assert model.preprocess is not None
+    assert (model.preprocess.mean, model.preprocess.std) == ((0.5,) * 3, (0.25,) * 3)
+    assert settings.priority_levels == (0, 5)
+    assert settings.cors_allow_origins == ("https://a.example", "https://b.example")
+    unset = load_settings(write(tmp_path, TOML), environ={f"{prefix}PAD_AXES": "null"})
+    assert unset.models[0].pad_axes is None
+    # Text stays text: a path is never read as JSON.
+    path = load_settings(write(tmp_path, TOML), environ={f"{prefix}PATH": "[weird]/m"})
+    assert path.models[0].path == Path("[weird]/m")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("FERRY_MODEL__ALL_MINILM_L6_V2__PAD_AXES", "[1]", "PAD_AXES (models.0.pad_axes.0)"),
+        ("FERRY_MODEL__ALL_MINILM_L6_V2__PAD_VALUES", "{oops", "PAD_VALUES: not valid JSON"),
+        ("FERRY_MODEL__ALL_MINILM_L6_V2__PAD_AXIS", "[]", "PAD_AXIS (models.0.pad_axis)"),
+        ("FERRY_MODEL__ALL_MINILM_L6_V2__BACKEND__SESSIONS", "many", "SESSIONS (models.0.backend"),
+        ("FERRY_PORT", "-1", "FERRY_PORT (port)"),
+    ],
+)
+def test_a_value_the_settings_refuse_is_named_by_its_variable(tmp_path, key, value, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
+        load_settings(write(tmp_path, TOML), environ={key: value})
+
+
+def test_ferry_serve_says_which_variable_is_wrong_without_a_traceback(tmp_path):
+    environ = {**os.environ, "FERRY_MODEL__ALL_MINILM_L6_V2__PAD_AXES": "[1]"}
+    command = [sys.executable, "-m", "ferry", "serve", "--config", str(write(tmp_path, TOML))]
+    done = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "FERRY_MODEL__ALL_MINILM_L6_V2__PAD_AXES (models.0.pad_axes.0)" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -73,3 +73,15 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(api_servers):
         while server.process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         assert server.process.returncode == 0
+
+
+@pytest.mark.parametrize("api_servers", API_SERVERS)
+def test_a_stop_leaves_no_traceback_in_the_log(api_servers):
+    """The collection at interpreter exit ran the GC pause callback on the closed event loop:
+    `RuntimeError: Event loop is closed` at every stop (in each API and engine process)."""
+    with ferry_server([default_model_config()], server={"api_servers": api_servers}) as server:
+        reply = httpx.post(f"{server.url}/predict", json={"inputs": "hello"}, timeout=30)
+        assert reply.status_code == 200
+        assert server.stop() == 0
+        log = server.log()
+    assert "Event loop is closed" not in log and "Traceback" not in log, log[-4000:]

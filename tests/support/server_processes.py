@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -74,3 +75,36 @@ def api_process_of(server, client_port: int) -> int | None:
             except OSError:  # closed meanwhile
                 continue
     return None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process below `pid` (children first, then theirs)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        for child in map(int, children):
+            found += [child, *descendants(child)]
+    return found
+
+
+def listening_socket(server) -> str:
+    """The server's listening TCP socket as /proc's fd links name it (`socket:[inode]`)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            fields = row.split()  # sl, local address, remote address, state (0A: LISTEN), ...
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                return f"socket:[{fields[9]}]"
+    raise LookupError(f"nothing listens on port {port}")
+
+
+def holds(pid: int, link: str) -> bool:
+    """Whether process `pid` has an open fd on `link` (as `listening_socket` names one)."""
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(fd) == link:
+                return True
+    return False
