@@ -114,7 +114,7 @@ class EncoderValidation:
                 list(inputs.texts), inputs.truncate, pairs
             )
         except TextRejected as exc:
-            raise InvalidInput(item_field(field, exc.index, count), exc.message) from None
+            raise InvalidInput(_rejected_field(inputs, exc), exc.message) from None
         _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)
         return (
             tokenized.input_ids,
@@ -153,6 +153,17 @@ class EncoderValidation:
                 f"the answer would be about {estimate // 2**20} MiB; at most {limit // 2**20} MiB "
                 "per response (ask for fewer items or outputs)",
             )
+
+
+def _rejected_field(inputs: Texts, exc: TextRejected) -> str:
+    """The text at fault as the route names it: a pair's first text by the route's own field
+    for it, without an index when every pair has the same one (a query)."""
+    count = len(inputs.texts)
+    if not exc.first:
+        return item_field(inputs.field, exc.index, count)
+    field = inputs.first_field or inputs.field
+    shared = len({id(text) for text in inputs.texts}) == 1
+    return field if shared else item_field(field, exc.index, count)
 
 
 def _count(inputs: EncoderInputs) -> int:

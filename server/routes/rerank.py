@@ -116,12 +116,16 @@ def _model(call: HotCall, name: str | None) -> EncoderModel:
 
 
 async def _scores(
-    call: HotCall, model: EncoderModel, firsts: list[str], seconds: Texts, priority: int
+    call: HotCall,
+    model: EncoderModel,
+    firsts: list[str],
+    seconds: Texts,
+    priority: int,
+    first_field: str = "query",
 ) -> PairScores:
     """Every pair scored through the model's batcher."""
-    return await score_pairs(
-        call.app_state.encoder, model, firsts, seconds, call.disconnected(), priority
-    )
+    encoder, gone = call.app_state.encoder, call.disconnected()
+    return await score_pairs(encoder, model, firsts, seconds, gone, priority, first_field)
 
 
 def _usage(tokens: int) -> dict[str, int]:
@@ -195,7 +199,8 @@ async def score(call: HotCall) -> Reply:
         raise InvalidInput("text_1", "the input list is empty")
     firsts, seconds = _score_pairs(body)
     check_firsts("text_1", firsts, _max_chars(call))
-    result = await _scores(call, model, firsts, Texts(seconds, "text_2"), body.priority)
+    seconds_texts = Texts(seconds, "text_2")
+    result = await _scores(call, model, firsts, seconds_texts, body.priority, "text_1")
     return json_reply(
         {
             "id": f"score-{uuid.uuid4().hex}",
