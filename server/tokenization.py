@@ -166,8 +166,8 @@ class TextTokenizer:
         the ids `encode_batch` of the pairs gives, without tokenizing the query per pair."""
         assert job.pairs is not None
         firsts = list(dict.fromkeys(job.texts))  # distinct, in order
-        tokens = self._exact.encode_batch(firsts, add_special_tokens=False)
-        encoded = dict(zip(firsts, tokens, strict=True))
+        alone = self._exact.encode_batch(firsts, add_special_tokens=False)
+        encoded = dict(zip(firsts, alone, strict=True))
         for text, encoding in encoded.items():
             if len(encoding.ids) < self._pair_room:
                 continue  # room for a second text's token at least
