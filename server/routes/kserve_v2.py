@@ -166,7 +166,9 @@ async def infer(call: HotCall) -> Reply:
     header_length = call.header(HEADER_LENGTH.lower().encode())
     if is_graph(model):
         return await infer_plain(call, model, header_length.decode() if header_length else None)
-    header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
+    length = header_length.decode() if header_length else None
+    # Off the event loop when large: its JSON, and the refusal of JSON that is broken.
+    header, tensors = await decoded(len(call.body), partial(decode_request, call.body, length))
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     asked = request_priority(parameters(header).get("priority", ABSENT))

@@ -23,6 +23,7 @@ from ferry.server.pair_scoring import (
     score_pairs,
 )
 from ferry.server.replies import Reply, json_reply
+from ferry.server.request_bodies import parse_body
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 
@@ -138,7 +139,7 @@ def _max_chars(call: HotCall) -> int:
 
 
 async def tei_rerank(call: HotCall) -> Reply:
-    body = TeiRerankRequest.model_validate_json(call.body)
+    body = await parse_body(TeiRerankRequest, call.body)
     model = _model(call, body.model)
     check_firsts("query", [body.query], _max_chars(call))
     texts = body.texts
@@ -154,7 +155,7 @@ async def tei_rerank(call: HotCall) -> Reply:
 
 
 async def rerank(call: HotCall) -> Reply:
-    body = RerankRequest.model_validate_json(call.body)
+    body = await parse_body(RerankRequest, call.body)
     model = _model(call, body.model)
     check_firsts("query", [body.query], _max_chars(call))
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
@@ -193,7 +194,7 @@ def _score_pairs(body: ScoreRequest) -> tuple[list[str], list[str]]:
 
 
 async def score(call: HotCall) -> Reply:
-    body = ScoreRequest.model_validate_json(call.body)
+    body = await parse_body(ScoreRequest, call.body)
     model = _model(call, body.model)
     if not body.text_1:
         raise InvalidInput("text_1", "the input list is empty")

@@ -172,6 +172,16 @@ def test_bodies_that_are_not_json_name_the_field_they_break_in(client, path, bod
         assert error["param"] == param and "Invalid JSON" in error["message"], error
 
 
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_megabytes_of_newlines_are_refused_saying_where(client, reference, path):
+    """Issue 48: 4 MB of newlines is parsed and refused off the event loop (its line found by
+    counting blocks of the body, not newline by newline)."""
+    answer = post_raw(client, path, b"\n" * (4 * 2**20 - 1024))
+    assert 400 <= answer.status_code < 500, answer.text[:300]
+    assert "line 4193281" in answer.text, answer.text[:300]
+    assert_others_unharmed(client, reference)
+
+
 NAMED_BODIES = {
     "/predict": {"inputs": "x"},
     "/v1/embeddings": {"input": "x"},
