@@ -36,8 +36,8 @@ async def predict(call: HotCall) -> Reply:
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
             disconnected = call.disconnected()
-            answer = await predict_tensors(model, raw, disconnected, decide, len(call.body))
-            return json_reply(answer)
+            limit = call.app_state.settings.max_response_bytes
+            return await predict_tensors(model, raw, disconnected, decide, len(call.body), limit)
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
     body = await parse_body(PredictRequest, call.body)
     model = call.app_state.registry.get(body.model)
