@@ -133,6 +133,12 @@ BAD_INPUTS = [
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["a"] * 256, "n": 8}, "prompt"),
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["a", "b"], "n": 8}, "n"),
     ("/predict", {"inputs": "word " * 30_000}, "inputs"),
+    # Issue 48: echoed prompts' log probabilities are bounded (8 x 2,000 tokens x 21).
+    (
+        "/v1/completions",
+        {"model": TINY_LLM, "prompt": [[5] * 2000] * 8, "echo": True, "logprobs": 20},
+        "logprobs",
+    ),
     (
         "/predict",
         {"input_ids": [[101] * 256] * 256, "outputs": ["last_hidden_state"]},
