@@ -25,9 +25,19 @@ from ferry.batcher.queue import RequestQueue
 # before the deadline (0.9 let 11 of ~240 admitted requests of a real 1000-request burst answer
 # 504; on the virtual clock 0.85 absorbs batches 15 % slower than priced, at 0.87x served).
 ADMISSION_SHARE = 0.85
+# The share of a model's queue places one request may take: the rest stay for everyone else
+# (issue 48: one request of 32,768 rows, in 1,024 chunks, filled the whole queue, and small
+# clients saw 429s and a 5 s p99 until it drained).
+REQUEST_QUEUE_SHARE = 0.5
 # Lengths whose price is kept between refits (a request's length is bounded by the model's, but
 # a plain graph's element count is not): past this many the prices are computed afresh.
 PRICED_LENGTHS = 4096
+
+
+def request_places(limits: BatchLimits) -> int:
+    """The queue places (items, or a plain graph's chunks) one request may take; past them it
+    is invalid, not a 429 that no retry would lift."""
+    return max(1, int(limits.max_queue_size * REQUEST_QUEUE_SHARE))
 
 
 class Admission:

@@ -25,6 +25,8 @@ class Texts:
     truncate: bool = False
     # A cross-encoder's pairs: texts[i] with pairs[i], tokenized as one input with segment ids.
     pairs: Sequence[str] | None = None
+    # What the route calls the pairs' first texts (`query`); None: `field`.
+    first_field: str | None = None
 
 
 @dataclass(frozen=True)

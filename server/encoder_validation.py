@@ -12,6 +12,8 @@ from typing import cast
 
 import numpy as np
 
+from ferry.batcher import BatchLimits
+from ferry.batcher.admission import request_places
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import (
     MASK_FIELD,
@@ -60,7 +62,7 @@ class EncoderValidation:
         priority: int,
     ) -> ValidSequences:
         field, vocab_size = inputs.field, model.manifest.vocab_size
-        self._check_count(field, _count(inputs), model.settings.batching.max_queue_size)
+        self._check_count(field, _count(inputs), model.settings.batching)
         types: np.ndarray | None = None
         if isinstance(inputs, TokenArrays):
             ids, mask, types = inputs.input_ids, inputs.attention_mask, inputs.token_type_ids
@@ -114,7 +116,7 @@ class EncoderValidation:
                 list(inputs.texts), inputs.truncate, pairs
             )
         except TextRejected as exc:
-            raise InvalidInput(item_field(field, exc.index, count), exc.message) from None
+            raise InvalidInput(_rejected_field(inputs, exc), exc.message) from None
         _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)
         return (
             tokenized.input_ids,
@@ -123,18 +125,21 @@ class EncoderValidation:
             tokenized.lengths,
         )
 
-    def _check_count(self, field: str, count: int, queue_size: int) -> None:
+    def _check_count(self, field: str, count: int, batching: BatchLimits) -> None:
         if count == 0:
             raise InvalidInput(field, "the input list is empty")
         if count > self._limits.max_items_per_request:
             raise InvalidInput(
                 field, f"{count} items; at most {self._limits.max_items_per_request} per request"
             )
-        if count > queue_size:
-            # More than the model's whole queue holds: a 429 would promise a retry that cannot
-            # succeed (the batcher queues a request's items all or none).
+        places = request_places(batching)
+        if count > places:
+            # More than one request may hold of the model's queue: a 429 would promise a retry
+            # that cannot succeed (the batcher queues a request's items all or none).
             raise InvalidInput(
-                field, f"{count} items; this model's queue holds at most {queue_size}"
+                field,
+                f"{count} items; one request may take at most {places} of this model's "
+                f"{batching.max_queue_size} queue places",
             )
 
     def _check_response_size(
@@ -153,6 +158,17 @@ class EncoderValidation:
                 f"the answer would be about {estimate // 2**20} MiB; at most {limit // 2**20} MiB "
                 "per response (ask for fewer items or outputs)",
             )
+
+
+def _rejected_field(inputs: Texts, exc: TextRejected) -> str:
+    """The text at fault as the route names it: a pair's first text by the route's own field
+    for it, without an index when every pair has the same one (a query)."""
+    count = len(inputs.texts)
+    if not exc.first:
+        return item_field(inputs.field, exc.index, count)
+    field = inputs.first_field or inputs.field
+    shared = len({id(text) for text in inputs.texts}) == 1
+    return field if shared else item_field(field, exc.index, count)
 
 
 def _count(inputs: EncoderInputs) -> int:

@@ -165,8 +165,19 @@ class Failure:
     retry_after_s: float | None = None  # set when the table says a retry can succeed
 
 
+class Refused(Exception):
+    """A refusal whose Failure was decided where the request was read (a large body's, off
+    the event loop: server/request_bodies.py)."""
+
+    def __init__(self, decided: Failure) -> None:
+        super().__init__(decided.message)
+        self.failure = decided
+
+
 def failure(exc: BaseException, where: str = "") -> Failure:
     """The one table lookup: an exception (a pydantic ValidationError too) as a Failure."""
+    if isinstance(exc, Refused):
+        return exc.failure
     if isinstance(exc, ValidationError):
         return validation_failure(exc.errors())
     kind = next((k for cls, k in ERROR_TABLE if isinstance(exc, cls)), INTERNAL)

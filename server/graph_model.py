@@ -20,6 +20,7 @@ from typing_extensions import TypeIs
 from ferry.backends.batch_plan import BatchPlan
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import BatchLimits, TensorRows
+from ferry.batcher.admission import request_places
 from ferry.batcher.tensor_chunks import chunk_rows
 from ferry.server.errors import InvalidInput
 from ferry.server.image_inputs import ImageInputs
@@ -112,11 +113,13 @@ def check_chunks(
     if rows.rows == 1:  # a row is never split
         return
     size = chunk_rows(rows, limits)
-    if batchable and math.ceil(rows.rows / size) > limits.max_queue_size:
+    places = request_places(limits)  # a share of the queue: the rest is for other requests
+    if batchable and math.ceil(rows.rows / size) > places:
         raise InvalidInput(
             signature.input_names[0],
-            f"{rows.rows} rows go in chunks of {size}, more than the queue's "
-            f"{limits.max_queue_size} places",
+            f"{rows.rows} rows go in chunks of {size}, more than the {places} places one "
+            f"request may take of the queue's {limits.max_queue_size} (at most "
+            f"{places * size} rows)",
         )
 
 

@@ -57,9 +57,11 @@ async def score_pairs(
     seconds: Texts,
     disconnected: asyncio.Future[None] | None = None,
     priority: int = 0,
+    first_field: str | None = None,
 ) -> PairScores:
-    """`firsts[i]` with `seconds.texts[i]`, scored; `seconds` names the items in errors."""
-    pairs = Texts(firsts, seconds.field, seconds.truncate, pairs=seconds.texts)
+    """`firsts[i]` with `seconds.texts[i]`, scored; `seconds` names the items in errors, and
+    `first_field` the firsts (one query is tokenized once, however many documents)."""
+    pairs = Texts(firsts, seconds.field, seconds.truncate, seconds.texts, first_field)
     valid = await encoder.validate(model, pairs, ("logits",), None, priority)
     result = await encoder.run(model, valid, disconnected)
     return PairScores([float(row["logits"][0]) for row in result.rows], result.prompt_tokens)

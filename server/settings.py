@@ -193,6 +193,10 @@ class Settings(_Strict):
     # with "clamp" run at 0 and said so in the `ferry-priority-clamped` response header.
     priority_keys: tuple[str, ...] = ()
     priority_below_default: Literal["refuse", "clamp"] = "refuse"
+    # With keys set: names of the keys that may load and unload LoRA adapters at runtime
+    # (/v1/load_lora_adapter, /v1/unload_lora_adapter), or "*" for every key; others get 403.
+    # Without keys anyone may, as in vLLM. Adapters in this file are never unloaded by a client.
+    adapter_keys: tuple[str, ...] = ()
     api_key_protects_health: bool = False
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
@@ -247,9 +251,10 @@ class Settings(_Strict):
             raise ValueError("api_keys: every key must be non-empty")
         if len(set(keys.values())) != len(keys):
             raise ValueError("api_keys: two tenants share a key")
-        unknown = sorted(set(self.priority_keys) - set(keys) - {"*"})
-        if unknown:
-            raise ValueError(f"priority_keys names no configured key: {unknown}")
+        for field in ("priority_keys", "adapter_keys"):
+            unknown = sorted(set(getattr(self, field)) - set(keys) - {"*"})
+            if unknown:
+                raise ValueError(f"{field} names no configured key: {unknown}")
         return self
 
     @property

@@ -20,6 +20,8 @@ from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.image_inputs import json_images
 from ferry.server.large_bodies import decoded
+from ferry.server.replies import Reply, json_reply
+from ferry.server.response_size import check_response_size, written
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
 
@@ -60,9 +62,11 @@ async def predict_tensors(
     disconnected: asyncio.Future[None] | None,
     decide_priority: Callable[[int], int],
     body_bytes: int = 0,
-) -> dict[str, Any]:
+    max_response_bytes: int = 32 * 2**20,
+) -> Reply:
     """`decide_priority`: the caller's priority policy (server/tenancy.py) applied to the ask;
-    `body_bytes`, the request's size: a large one's tensors are typed off the event loop."""
+    `body_bytes`, the request's size: a large one's tensors are typed off the event loop. The
+    answer is refused past `max_response_bytes`, and a large one written off the loop."""
     body = TensorPredictRequest.model_validate(raw)
     outputs = model.select_outputs(body.outputs)
     try:
@@ -76,7 +80,12 @@ async def predict_tensors(
     result = await model.infer(
         rows, outputs, timeout_s=timeout_s, priority=priority, disconnected=disconnected
     )
-    return {"model": model.name, "outputs": answer_rows(model, result, outputs)}
+    size = check_response_size({name: result[name] for name in outputs}, max_response_bytes)
+    return await written(size, partial(_answer, model, result, outputs))
+
+
+def _answer(model: GraphModel, result: dict[str, np.ndarray], outputs: tuple[str, ...]) -> Reply:
+    return json_reply({"model": model.name, "outputs": answer_rows(model, result, outputs)})
 
 
 def answer_rows(

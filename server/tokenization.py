@@ -22,12 +22,14 @@ from tokenizers import Encoding, Tokenizer
 
 
 class TextRejected(Exception):
-    """A text the tokenizer cannot take; the caller names it (`index`) as its protocol does."""
+    """A text the tokenizer cannot take; the caller names it (`index`) as its protocol does.
+    `first`: a pair's first text (a query), named by the route's own field for it."""
 
-    def __init__(self, index: int, message: str) -> None:
+    def __init__(self, index: int, message: str, first: bool = False) -> None:
         super().__init__(message)
         self.index = index
         self.message = message
+        self.first = first
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,6 @@ class _Job:
     truncate: bool
     future: asyncio.Future[Tokenized]
     pairs: list[str] | None = None
-
-    @property
-    def inputs(self) -> list[str] | list[tuple[str, str]]:
-        return self.texts if self.pairs is None else list(zip(self.texts, self.pairs, strict=True))
 
 
 @dataclass
@@ -72,6 +70,8 @@ class TextTokenizer:
         self._truncating = Tokenizer.from_file(str(tokenizer_json))
         self._truncating.no_padding()
         self._truncating.enable_truncation(max_length=max_length)
+        # What a pair's two texts may hold together, after its special tokens ([CLS], [SEP]s).
+        self._pair_room = max_length - self._exact.num_special_tokens_to_add(True)
         self._executor: ThreadPoolExecutor | None = None
         self._waiting: list[_Job] = []
         self._draining = False
@@ -127,35 +127,70 @@ class TextTokenizer:
             self._draining = False
 
     def _encode_jobs(self, jobs: list[_Job]) -> list[_Outcome]:
-        """Worker thread: every valid job's inputs in one `encode_batch` per truncation mode
-        and kind (single texts or pairs)."""
+        """Worker thread: every valid job's single texts in one `encode_batch` per truncation
+        mode; pairs job by job (`_encode_pairs`)."""
         outcomes = [self._check(job) for job in jobs]
+        for i, job in enumerate(jobs):
+            if job.pairs is not None and not outcomes[i].error:
+                outcomes[i] = self._encode_pairs(job)
         for truncate in (False, True):
-            for paired in (False, True):
-                picked = [
-                    i
-                    for i, job in enumerate(jobs)
-                    if job.truncate is truncate
-                    and (job.pairs is not None) is paired
-                    and not outcomes[i].error
-                ]
-                inputs = [item for i in picked for item in jobs[i].inputs]
-                if not inputs:
-                    continue
-                encodings = (self._truncating if truncate else self._exact).encode_batch(inputs)
-                offset = 0
-                for i in picked:
-                    count = len(jobs[i].texts)
-                    outcomes[i] = _padded(encodings[offset : offset + count], paired)
-                    offset += count
+            picked = [
+                i
+                for i, job in enumerate(jobs)
+                if job.truncate is truncate and job.pairs is None and not outcomes[i].error
+            ]
+            inputs = [text for i in picked for text in jobs[i].texts]
+            if not inputs:
+                continue
+            encodings = (self._truncating if truncate else self._exact).encode_batch(inputs)
+            offset = 0
+            for i in picked:
+                count = len(jobs[i].texts)
+                outcomes[i] = _padded(encodings[offset : offset + count])
+                offset += count
         return outcomes
 
     def _encode_one(self, job: _Job) -> _Outcome:
         outcome = self._check(job)
         if outcome.error is not None:
             return outcome
-        encodings = (self._truncating if job.truncate else self._exact).encode_batch(job.inputs)
-        return _padded(encodings, job.pairs is not None)
+        if job.pairs is not None:
+            return self._encode_pairs(job)
+        encodings = (self._truncating if job.truncate else self._exact).encode_batch(job.texts)
+        return _padded(encodings)
+
+    def _encode_pairs(self, job: _Job) -> _Outcome:
+        """A cross-encoder's pairs, each distinct first text (a query sent with 256 documents)
+        tokenized once, refused or cut once, then joined with each second text's tokens by the
+        tokenizer's own post-processor (special tokens, segment ids, longest-first truncation):
+        the ids `encode_batch` of the pairs gives, without tokenizing the query per pair."""
+        assert job.pairs is not None
+        firsts = list(dict.fromkeys(job.texts))  # distinct, in order
+        alone = self._exact.encode_batch(firsts, add_special_tokens=False)
+        encoded = dict(zip(firsts, alone, strict=True))
+        for text, encoding in encoded.items():
+            if len(encoding.ids) < self._pair_room:
+                continue  # room for a second text's token at least
+            if not job.truncate:
+                index = job.texts.index(text)
+                tokens, most = len(encoding.ids), self._pair_room - 1
+                message = (
+                    f"text is {tokens} tokens long; with its pair this model takes at most "
+                    f"{most} (send truncate=true to cut it)"
+                )
+                return _Outcome(error=TextRejected(index, message, first=True))
+            encoded[text] = self._cut(text, encoding)
+        seconds = self._exact.encode_batch(list(job.pairs), add_special_tokens=False)
+        joiner = self._truncating if job.truncate else self._exact
+        pairs = zip(job.texts, seconds, strict=True)
+        return _padded([joiner.post_process(encoded[f], s) for f, s in pairs], paired=True)
+
+    def _cut(self, text: str, encoding: Encoding) -> Encoding:
+        """A first text cut to the pair's room, once: longest-first truncation never keeps more
+        of it, so the pairs come out as from the whole text. Re-encoded from its characters up
+        to that token (not `Encoding.truncate`, whose overflow every pair would copy)."""
+        end = encoding.offsets[self._pair_room - 1][1]
+        return self._exact.encode(text[:end], add_special_tokens=False)
 
     def token_ids(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """One text's ids, as the model sees them (no truncation), for /tokenize."""

@@ -12,6 +12,7 @@ in-stream as a `data:` error event (same error table as HTTP answers) followed b
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -129,10 +130,16 @@ class OpenAIServing:
             request, served or self.resolve(request.model), self.grammars, run_as
         )
         results = await self._collect(plan)
-        choices = [
-            _completion_choice(request, plan, choice, result)
-            for choice, result in zip(plan.choices, results, strict=True)
-        ]
+
+        def render() -> list[CompletionChoice]:
+            return [
+                _completion_choice(request, plan, choice, result)
+                for choice, result in zip(plan.choices, results, strict=True)
+            ]
+
+        # Log probabilities are a decoded string per token and alternative: off the loop.
+        logprobs = request.logprobs is not None
+        choices = await asyncio.to_thread(render) if logprobs else render()
         usage = _usage(plan, results)
         return CompletionResponse(
             id=plan.response_id, model=plan.served.name, choices=choices, usage=usage

@@ -13,6 +13,7 @@ from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, json_reply
+from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 from ferry.server.tenancy import call_priority
 
@@ -70,7 +71,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
 
 
 async def create_embeddings(call: HotCall) -> Reply:
-    body = EmbeddingRequest.model_validate_json(call.body)
+    body = await parse_body(EmbeddingRequest, call.body)
     registry = call.app_state.registry
     model = registry.get(body.model)
     call.state["model_name"] = model.name

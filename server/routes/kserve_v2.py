@@ -52,6 +52,7 @@ from ferry.server.kserve.tensor_codec import (
 )
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
+from ferry.server.response_size import check_response_size, written
 from ferry.server.tenancy import call_priority
 
 logger = logging.getLogger(__name__)
@@ -166,17 +167,20 @@ async def infer(call: HotCall) -> Reply:
     header_length = call.header(HEADER_LENGTH.lower().encode())
     if is_graph(model):
         return await infer_plain(call, model, header_length.decode() if header_length else None)
-    header, tensors = decode_request(call.body, header_length.decode() if header_length else None)
+    length = header_length.decode() if header_length else None
+    # Off the event loop when large: its JSON, and the refusal of JSON that is broken.
+    header, tensors = await decoded(len(call.body), partial(decode_request, call.body, length))
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     asked = request_priority(parameters(header).get("priority", ABSENT))
     priority = call_priority(call, asked)
+    strings = check_classified(classified, _rows(tensors))
     outputs = await infer_tensors(
         model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )
     datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
-    outputs = classification.apply(outputs, classified)
-    return encode_response(model.name, header.get("id"), outputs, binary, datatypes)
+    answer = partial(_answer, model.name, header.get("id"), outputs, binary, datatypes, classified)
+    return await written(strings * CLASSIFIED_BYTES, answer)
 
 
 async def infer_plain(call: HotCall, model: GraphModel, header_length: str | None) -> Reply:
@@ -185,6 +189,7 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
     plain = await decoded(len(body), partial(read_plain, body, header_length, model))
     header, tensors, wanted, binary, classified = plain
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
+    strings = check_classified(classified, _rows(tensors))
     rows = await prepare(model, tensors)
     result = await model.infer(rows, wanted, priority=priority, disconnected=call.disconnected())
     outputs = {name: result[name] for name in wanted}  # in the order asked for
@@ -192,8 +197,52 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
         name: "BYTES" if name in classified else model.signature.output(name).datatype
         for name in outputs
     }
+    limit = call.app_state.settings.max_response_bytes
+    unclassified = {name: value for name, value in outputs.items() if name not in classified}
+    size = check_response_size(unclassified, limit, binary) + strings * CLASSIFIED_BYTES
+    answer = partial(_answer, model.name, header.get("id"), outputs, binary, datatypes, classified)
+    return await written(size, answer)
+
+
+# Top-k strings ("value:index:label") one request may ask for, k times its rows: each is
+# formatted in Python, ~1.5 us apiece (issue 48: k = 1000 over 2048 rows held the loop 3-5 s).
+MAX_CLASSIFIED = 65_536
+CLASSIFIED_BYTES = 32  # a string's bytes in the answer, about
+
+
+def check_classified(plans: dict[str, classification.Classification], rows: int) -> int:
+    """The top-k strings the request asks for, refused past MAX_CLASSIFIED before any work,
+    naming the output."""
+    total = 0
+    for name, plan in plans.items():
+        strings = plan.count * (rows if plan.batched else 1)
+        total += strings
+        if total > MAX_CLASSIFIED:
+            raise InvalidInput(
+                name,
+                f"classification {plan.count} over {rows} rows is {total} strings with the "
+                f"outputs before it; at most {MAX_CLASSIFIED} per request (ask for a smaller k "
+                "or send fewer rows)",
+            )
+    return total
+
+
+def _rows(tensors: dict[str, np.ndarray]) -> int:
+    """The request's rows: the first axis of its inputs (the largest, if they differ)."""
+    return max((int(t.shape[0]) for t in tensors.values() if t.ndim), default=1)
+
+
+def _answer(
+    model: str,
+    request_id: Any,
+    outputs: dict[str, np.ndarray],
+    binary: set[str],
+    datatypes: dict[str, str],
+    classified: dict[str, classification.Classification],
+) -> Reply:
+    """Classified, then written: off the loop for a large answer."""
     outputs = classification.apply(outputs, classified)
-    return encode_response(model.name, header.get("id"), outputs, binary, datatypes)
+    return encode_response(model, request_id, outputs, binary, datatypes)
 
 
 # A plain graph's request: header, tensors, outputs, binary outputs, classifications.

@@ -1,7 +1,9 @@
 """POST /v1/load_lora_adapter and /v1/unload_lora_adapter, with vLLM's names and bodies.
 
-Behind the API key like every inference route. A runtime load reads only from inside an LLM
-model's configured `adapter_dir` (symlinks resolved), and the adapter goes on that model.
+Behind the API key like every inference route, and with keys set only for those named in
+`adapter_keys`. A runtime load reads only from inside an LLM model's configured `adapter_dir`
+(symlinks resolved), and the adapter goes on that model. An adapter the config file names is
+the operator's: no client unloads it (it could not be loaded back from outside `adapter_dir`).
 """
 
 from __future__ import annotations
@@ -13,15 +15,16 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ferry.llm.errors import InvalidAdapter, shown_name
+from ferry.server.errors import Forbidden
 from ferry.server.schemas import error_responses
-from ferry.server.settings import LLMSettings
+from ferry.server.settings import LLMSettings, Settings
 
 router = APIRouter()
 PATH_MAX, NAME_MAX = 4096, 255  # Linux's (limits.h), in bytes; checked as the client sent them
 
 # vLLM answers these with a plain-text sentence; errors stay in the one JSON error shape.
 RESPONSES = {
-    **error_responses(400, 401, 404, 415, 503),
+    **error_responses(400, 401, 403, 404, 415, 503),
     200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Done"},
 }
 
@@ -43,9 +46,10 @@ class UnloadLoRAAdapterRequest(BaseModel):
 
 @router.post("/v1/load_lora_adapter", responses=RESPONSES)
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
+    settings = request.app.state.settings
+    check_adapter_right(settings, getattr(request.state, "tenant", None))
     if body.load_inplace:
         raise InvalidAdapter("load_inplace", "load_inplace is not supported: unload, then load.")
-    settings = request.app.state.settings
     if len(body.lora_name) > settings.max_adapter_name_chars:
         raise InvalidAdapter(
             "lora_name",
@@ -61,13 +65,33 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
 async def unload_lora_adapter(
     body: UnloadLoRAAdapterRequest, request: Request
 ) -> PlainTextResponse:
+    settings = request.app.state.settings
+    check_adapter_right(settings, getattr(request.state, "tenant", None))
     if body.lora_int_id is not None:  # Ferry numbers loads itself; a given id cannot be honoured
         raise InvalidAdapter("lora_int_id", "lora_int_id is not supported: give lora_name.")
+    if any(body.lora_name in model.adapters for model in settings.llm_models):
+        raise Forbidden(
+            "lora_name",
+            f"adapter {shown_name(body.lora_name)!r} is configured in the server's config file; "
+            "a client cannot unload it",
+        )
     # Returns once the requests in flight on the adapter finished and it is freed.
     await request.app.state.registry.unload_adapter(body.lora_name)
     # Its name came from a request: its series go with it (the README's label promise).
     request.app.state.metrics.forget_model(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def check_adapter_right(settings: Settings, tenant: str | None) -> None:
+    """With API keys set, only the keys `adapter_keys` names (or all, "*") load and unload
+    adapters: one is a model every tenant's requests may run on (403 otherwise)."""
+    if not settings.tenant_keys or "*" in settings.adapter_keys:
+        return
+    if tenant not in settings.adapter_keys:
+        raise Forbidden(
+            "lora_name",
+            f"API key {tenant!r} may not load or unload LoRA adapters (adapter_keys)",
+        )
 
 
 def adapter_source(lora_path: str, models: tuple[LLMSettings, ...]) -> tuple[str, Path]:

@@ -18,6 +18,7 @@ from ferry.server.openai.protocol import (
 )
 from ferry.server.registry import ServedModel
 from ferry.server.replies import Reply, Stream, json_reply
+from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import error_responses
 from ferry.server.tenancy import run_as
 
@@ -70,7 +71,7 @@ def check_text(call: HotCall, field: str, text: str) -> None:
 
 
 async def chat_completions(call: HotCall) -> Reply | Stream:
-    body = ChatCompletionRequest.model_validate_json(call.body)
+    body = await parse_body(ChatCompletionRequest, call.body)
     serving = call.app_state.openai
     texts = [m.text for m in body.messages]
     served = resolve_and_bound(call, body.model, "messages", texts, len(body.messages))
@@ -83,7 +84,7 @@ async def chat_completions(call: HotCall) -> Reply | Stream:
 
 
 async def completions(call: HotCall) -> Reply | Stream:
-    body = CompletionRequest.model_validate_json(call.body)
+    body = await parse_body(CompletionRequest, call.body)
     serving = call.app_state.openai
     prompts = body.prompts()
     served = resolve_and_bound(call, body.model, "prompt", prompts, len(prompts))

@@ -8,6 +8,7 @@ from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
 from ferry.server.replies import Reply, Stream
+from ferry.server.request_bodies import parse_body
 from ferry.server.routes.openai_chat import (
     ERRORS,
     STREAM_DOC,
@@ -19,7 +20,7 @@ from ferry.server.tenancy import DEFAULT_PRIORITY, run_as
 
 
 async def responses(call: HotCall) -> Reply | Stream:
-    body = ResponsesRequest.model_validate_json(call.body)
+    body = await parse_body(ResponsesRequest, call.body)
     serving = call.app_state.openai
     texts = body.texts()
     served = resolve_and_bound(call, body.model, "input", texts, len(texts))

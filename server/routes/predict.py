@@ -15,6 +15,7 @@ from ferry.server.image_predict import image_media, predict_image
 from ferry.server.large_bodies import decoded
 from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
+from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
 from ferry.server.tenancy import call_priority
 from ferry.server.tensor_predict import predict_tensors
@@ -35,10 +36,10 @@ async def predict(call: HotCall) -> Reply:
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
             disconnected = call.disconnected()
-            answer = await predict_tensors(model, raw, disconnected, decide, len(call.body))
-            return json_reply(answer)
+            limit = call.app_state.settings.max_response_bytes
+            return await predict_tensors(model, raw, disconnected, decide, len(call.body), limit)
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
-    body = PredictRequest.model_validate_json(call.body)
+    body = await parse_body(PredictRequest, call.body)
     model = call.app_state.registry.get(body.model)
     call.state["model_name"] = model.name
     outputs = model.outputs.select(body.outputs)

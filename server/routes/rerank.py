@@ -23,6 +23,7 @@ from ferry.server.pair_scoring import (
     score_pairs,
 )
 from ferry.server.replies import Reply, json_reply
+from ferry.server.request_bodies import parse_body
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
 
@@ -116,12 +117,16 @@ def _model(call: HotCall, name: str | None) -> EncoderModel:
 
 
 async def _scores(
-    call: HotCall, model: EncoderModel, firsts: list[str], seconds: Texts, priority: int
+    call: HotCall,
+    model: EncoderModel,
+    firsts: list[str],
+    seconds: Texts,
+    priority: int,
+    first_field: str = "query",
 ) -> PairScores:
     """Every pair scored through the model's batcher."""
-    return await score_pairs(
-        call.app_state.encoder, model, firsts, seconds, call.disconnected(), priority
-    )
+    encoder, gone = call.app_state.encoder, call.disconnected()
+    return await score_pairs(encoder, model, firsts, seconds, gone, priority, first_field)
 
 
 def _usage(tokens: int) -> dict[str, int]:
@@ -134,7 +139,7 @@ def _max_chars(call: HotCall) -> int:
 
 
 async def tei_rerank(call: HotCall) -> Reply:
-    body = TeiRerankRequest.model_validate_json(call.body)
+    body = await parse_body(TeiRerankRequest, call.body)
     model = _model(call, body.model)
     check_firsts("query", [body.query], _max_chars(call))
     texts = body.texts
@@ -150,7 +155,7 @@ async def tei_rerank(call: HotCall) -> Reply:
 
 
 async def rerank(call: HotCall) -> Reply:
-    body = RerankRequest.model_validate_json(call.body)
+    body = await parse_body(RerankRequest, call.body)
     model = _model(call, body.model)
     check_firsts("query", [body.query], _max_chars(call))
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
@@ -189,13 +194,14 @@ def _score_pairs(body: ScoreRequest) -> tuple[list[str], list[str]]:
 
 
 async def score(call: HotCall) -> Reply:
-    body = ScoreRequest.model_validate_json(call.body)
+    body = await parse_body(ScoreRequest, call.body)
     model = _model(call, body.model)
     if not body.text_1:
         raise InvalidInput("text_1", "the input list is empty")
     firsts, seconds = _score_pairs(body)
     check_firsts("text_1", firsts, _max_chars(call))
-    result = await _scores(call, model, firsts, Texts(seconds, "text_2"), body.priority)
+    seconds_texts = Texts(seconds, "text_2")
+    result = await _scores(call, model, firsts, seconds_texts, body.priority, "text_1")
     return json_reply(
         {
             "id": f"score-{uuid.uuid4().hex}",

@@ -13,6 +13,7 @@ from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.model_tokenizers import model_tokenizer
 from ferry.server.openai.protocol import ChatMessageParam, template_messages
 from ferry.server.replies import Reply, json_reply
+from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import error_responses
 
 ERRORS = error_responses(401, 404, 413, 415, 422, 503)
@@ -58,7 +59,7 @@ class DetokenizeResponse(BaseModel):
 
 
 async def tokenize(call: HotCall) -> Reply:
-    body = TokenizeRequest.model_validate_json(call.body)
+    body = await parse_body(TokenizeRequest, call.body)
     tokenizer = model_tokenizer(call.app_state.registry, body.model)
     call.state["model_name"] = tokenizer.name
     limit = call.app_state.settings.max_chars_per_text
@@ -88,7 +89,7 @@ async def tokenize(call: HotCall) -> Reply:
 
 
 async def detokenize(call: HotCall) -> Reply:
-    body = DetokenizeRequest.model_validate_json(call.body)
+    body = await parse_body(DetokenizeRequest, call.body)
     tokenizer = model_tokenizer(call.app_state.registry, body.model)
     call.state["model_name"] = tokenizer.name
     tokenizer.check_ids("tokens", body.tokens)

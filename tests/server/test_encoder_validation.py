@@ -64,13 +64,14 @@ async def test_each_rule_names_its_field_and_says_why(runtime, ids, mask, field,
 
 async def test_more_items_than_the_model_s_queue_holds_are_invalid_not_a_429(runtime, monkeypatch):
     # A 429 would tell the client to retry what can never be queued (all items or none).
-    small_queue = replace(runtime.settings.batching, max_queue_size=2)
+    # Nor more than half of it (issue 48): the other half stays for other clients.
+    small_queue = replace(runtime.settings.batching, max_queue_size=4)
     monkeypatch.setattr(
         runtime, "settings", runtime.settings.model_copy(update={"batching": small_queue})
     )
     assert await refusal(runtime, lists([[101, 102]] * 3)) == (
         "input_ids",
-        "3 items; this model's queue holds at most 2",
+        "3 items; one request may take at most 2 of this model's 4 queue places",
     )
     assert (
         len((await VALIDATION.validate(runtime, lists([[101, 102]] * 2), EMBEDDING)).lengths) == 2

@@ -133,6 +133,12 @@ BAD_INPUTS = [
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["a"] * 256, "n": 8}, "prompt"),
     ("/v1/completions", {"model": TINY_LLM, "prompt": ["a", "b"], "n": 8}, "n"),
     ("/predict", {"inputs": "word " * 30_000}, "inputs"),
+    # Issue 48: echoed prompts' log probabilities are bounded (8 x 2,000 tokens x 21).
+    (
+        "/v1/completions",
+        {"model": TINY_LLM, "prompt": [[5] * 2000] * 8, "echo": True, "logprobs": 20},
+        "logprobs",
+    ),
     (
         "/predict",
         {"input_ids": [[101] * 256] * 256, "outputs": ["last_hidden_state"]},
@@ -170,6 +176,16 @@ def test_bodies_that_are_not_json_name_the_field_they_break_in(client, path, bod
         assert error.startswith(f"{param}: request is not valid JSON"), error
     else:
         assert error["param"] == param and "Invalid JSON" in error["message"], error
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_megabytes_of_newlines_are_refused_saying_where(client, reference, path):
+    """Issue 48: 4 MB of newlines is parsed and refused off the event loop (its line found by
+    counting blocks of the body, not newline by newline)."""
+    answer = post_raw(client, path, b"\n" * (4 * 2**20 - 1024))
+    assert 400 <= answer.status_code < 500, answer.text[:300]
+    assert "JSON" in answer.text and "line" in answer.text, answer.text[:300]
+    assert_others_unharmed(client, reference)
 
 
 NAMED_BODIES = {

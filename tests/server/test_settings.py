@@ -169,6 +169,7 @@ def test_api_keys_name_tenants_and_priority_keys_must_name_one_of_them():
     assert settings.priority_keys == ("bob",) and settings.priority_below_default == "refuse"
     for bad, named in (
         ({"FERRY_PRIORITY_KEYS": "carol"}, "priority_keys names no configured key"),
+        ({"FERRY_ADAPTER_KEYS": "carol"}, "adapter_keys names no configured key"),
         ({"FERRY_API_KEYS": "alice=k1,bob=k1"}, "two tenants share a key"),
         ({"FERRY_API_KEYS": "alice="}, "every key must be non-empty"),
         ({"FERRY_API_KEYS": "alice"}, "comma-separated name=key pairs"),

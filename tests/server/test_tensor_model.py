@@ -614,12 +614,18 @@ def _values(value):
     return list(value.values()) if isinstance(value, dict) else value
 
 
-def test_a_request_more_chunks_than_the_queue_holds_is_a_4xx_naming_the_input(server):
-    feeds = chunked_request("gb_chunked", rows=3 * 8 + 1)
+@pytest.mark.parametrize("rows", [3 * 8 + 1, 3 * 4 + 1])
+def test_a_request_more_chunks_than_half_the_queue_is_a_4xx_naming_the_input(server, rows):
+    """More chunks than the queue holds can never run; more than half of it (issue 48) would
+    leave other clients only 429s while it drains."""
+    feeds = chunked_request("gb_chunked", rows=rows)
     reply = infer(server, "gb_chunked", [kserve_input("X", feeds["X"])])
     assert reply.status_code == 422, reply.text
-    assert reply.json()["error"].startswith("X: 25 rows go in chunks of 3, more than the queue")
-    assert infer(server, "gb_chunked", [kserve_input("X", feeds["X"][:24])]).status_code == 200
+    assert reply.json()["error"].startswith(
+        f"X: {rows} rows go in chunks of 3, more than the 4 places one request may take of the "
+        "queue's 8 (at most 12 rows)"
+    )
+    assert infer(server, "gb_chunked", [kserve_input("X", feeds["X"][:12])]).status_code == 200
 
 
 # -- classification (Triton's extension) ---------------------------------------------------------

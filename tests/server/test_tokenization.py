@@ -106,3 +106,69 @@ def test_a_pair_with_an_empty_second_text_is_refused_by_its_index(tokenizer):
 def test_a_missing_tokenizer_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "tokenizer.json")):
         TextTokenizer(tmp_path / "tokenizer.json", max_length=16)
+
+
+QUERY = "when does the ferry leave the harbour for the island " * 4  # over 16 tokens
+DOCUMENTS = ["at noon", "the first boat leaves at seven and the last at nine", "never"]
+
+
+@pytest.mark.parametrize("query", ["a short query", QUERY])
+def test_truncated_pairs_are_what_the_tokenizer_makes_of_each_whole_pair(tokenizer, query):
+    """The query is cut once, before pairing: the ids are still those of each pair truncated
+    whole (longest first), as `encode_batch` of the pairs gives them."""
+    truncating = Tokenizer.from_file(str(TOKENIZER_JSON))
+    truncating.no_padding()
+    truncating.enable_truncation(max_length=16)
+    tokenized = tokenizer.encode([query] * 3, truncate=True, pairs=DOCUMENTS)
+    for row, document in enumerate(DOCUMENTS):
+        want = truncating.encode(query, document)
+        length = tokenized.lengths[row]
+        assert tokenized.input_ids[row, :length].tolist() == want.ids
+        assert tokenized.token_type_ids[row, :length].tolist() == want.type_ids
+
+
+class CountingTokenizer(TextTokenizer):
+    """Counts the characters handed to the `tokenizers` library, by either of its tokenizers."""
+
+    def __init__(self) -> None:
+        super().__init__(TOKENIZER_JSON, max_length=16)
+        self.characters = 0
+        self._exact, self._truncating = self._spy(self._exact), self._spy(self._truncating)
+
+    def _spy(self, tokenizer: Tokenizer):
+        counting = self
+
+        class Spy:
+            def __getattr__(self, name):
+                return getattr(tokenizer, name)
+
+            def encode_batch(self, inputs, add_special_tokens=True):
+                texts = [t for item in inputs for t in ((item,) if isinstance(item, str) else item)]
+                counting.characters += sum(len(text) for text in texts)
+                return tokenizer.encode_batch(inputs, add_special_tokens=add_special_tokens)
+
+            def encode(self, text, add_special_tokens=True):
+                counting.characters += len(text)
+                return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+        return Spy()
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_one_query_over_many_documents_is_tokenized_once(truncate):
+    """Issue 48: a 100k-character query over 256 documents was tokenized 256 times."""
+    counting = CountingTokenizer()
+    query = "ferry " * 1000
+    documents = [f"document {i}" for i in range(64)]
+    try:
+        counting.encode([query] * 64, truncate=truncate, pairs=documents)
+    except TextRejected as exc:
+        assert not truncate and exc.first and "truncate=true" in exc.message
+        # Refused on the query alone: no document was tokenized.
+        assert counting.characters == len(query)
+    else:
+        assert truncate
+        # The query once, and its cut (16 tokens' worth) once; each document once.
+        assert counting.characters < 2 * len(query) + sum(len(d) for d in documents)
+    finally:
+        counting.close()

@@ -181,3 +181,19 @@ def iris_graph() -> Path:
     import onnxruntime
 
     return Path(onnxruntime.__file__).parent / "datasets" / "logreg_iris.onnx"
+
+
+def tiled(path: Path, times: int = 1000) -> Path:
+    """x [N, 4] FP32 -> y [N, 4 * times]: an answer `times` larger than its request."""
+    repeats = helper.make_tensor("repeats", TensorProto.INT64, [2], [1, times])
+    nodes = [
+        helper.make_node("Constant", [], ["r"], value=repeats),
+        helper.make_node("Tile", ["x", "r"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiled",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4 * times])],
+    )
+    return _save(graph, path)

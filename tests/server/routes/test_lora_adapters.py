@@ -22,6 +22,7 @@ from tests.support.server_processes import gone, pids, ready, wait_until
 
 KEY = "lora-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+GUEST = {"Authorization": "Bearer guest-key"}  # a key without adapter_keys' right
 REFERENCE = json.loads((ADAPTERS_DIR / "greedy_reference.json").read_text())
 
 
@@ -46,7 +47,12 @@ def server(request, adapter_dir):
     with ferry_server(
         models=[],
         llm_models=[llm],
-        env={"FERRY_API_KEY": KEY},
+        # `api_key` is the tenant "default", the one key allowed to change adapters.
+        env={
+            "FERRY_API_KEY": KEY,
+            "FERRY_API_KEYS": "guest=guest-key",
+            "FERRY_ADAPTER_KEYS": "default",
+        },
         server={"api_servers": request.param},  # 2: loads and unloads cross to the engine
     ) as handle:
         yield handle
@@ -190,12 +196,41 @@ def test_bad_unloads_are_refused(server):
     assert post(server, "/v1/unload_lora_adapter", {"lora_name": "nope"}).status_code == 404
 
 
+def test_a_configured_adapter_cannot_be_unloaded_by_a_client(client, server):
+    """Issue 48: an adapter of the config file is the operator's; unloaded, no client could
+    load it back (its path is outside adapter_dir)."""
+    response = post(server, "/v1/unload_lora_adapter", {"lora_name": "zen"})
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["param"] == "lora_name" and "config file" in error["message"]
+    assert chat(client, "zen").choices[0].message.content == reference_text("zen", 0)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/load_lora_adapter", {"lora_name": "shout", "lora_path": "shout/shout.onnx_adapter"}),
+        ("/v1/unload_lora_adapter", {"lora_name": "zen"}),
+        ("/v1/unload_lora_adapter", {"lora_name": "shout"}),
+    ],
+)
+def test_a_key_without_the_adapter_right_changes_no_adapter(client, server, path, body):
+    """Issue 48: with keys set, only `adapter_keys` load and unload adapters."""
+    response = post(server, path, body, headers=GUEST)
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert error["param"] == "lora_name" and "adapter_keys" in error["message"]
+    assert {m.id for m in client.models.list().data} == {TINY_LLM, "zen"}
+
+
 # Only API processes have an engine process to restart; a single process ends whole.
 @pytest.mark.parametrize("server", [2], indirect=True, ids=["api2"])
 def test_an_engine_restart_keeps_the_adapters_loaded_and_unloaded_at_runtime(client, server):
     shout = {"lora_name": "shout", "lora_path": "shout/shout.onnx_adapter"}
+    calm = {"lora_name": "calm", "lora_path": "zen/zen.onnx_adapter"}
     assert post(server, "/v1/load_lora_adapter", shout).status_code == 200
-    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "zen"}).status_code == 200
+    assert post(server, "/v1/load_lora_adapter", calm).status_code == 200
+    assert post(server, "/v1/unload_lora_adapter", {"lora_name": "calm"}).status_code == 200
     (engine,) = pids(server, "engine")
     os.kill(engine, signal.SIGKILL)
     wait_until(lambda: pids(server, "engine") not in ([], [engine]), what="a new engine")
@@ -203,15 +238,10 @@ def test_an_engine_restart_keeps_the_adapters_loaded_and_unloaded_at_runtime(cli
     try:
         assert chat(client, "shout", 2).choices[0].message.content == reference_text("shout", 2)
         with pytest.raises(openai.NotFoundError):
-            chat(client, "zen")
-        assert {m.id for m in client.models.list().data} == {TINY_LLM, "shout"}
+            chat(client, "calm")
+        assert {m.id for m in client.models.list().data} == {TINY_LLM, "zen", "shout"}
     finally:  # as the module's other tests expect: zen served, shout not
         post(server, "/v1/unload_lora_adapter", {"lora_name": "shout"})
-        post(
-            server,
-            "/v1/load_lora_adapter",
-            {"lora_name": "zen", "lora_path": "zen/zen.onnx_adapter"},
-        )
 
 
 @pytest.mark.parametrize("server", [2], indirect=True, ids=["api2"])
@@ -229,8 +259,11 @@ def test_a_load_after_an_api_process_exited_waits_for_no_answer_from_it(server):
 
 
 def test_unload_while_streaming_lets_the_stream_finish(client, server):
+    # A copy of zen loaded at runtime: the configured one is not a client's to unload.
+    calm = {"lora_name": "calm", "lora_path": "zen/zen.onnx_adapter"}
+    assert post(server, "/v1/load_lora_adapter", calm).status_code == 200
     body = {
-        "model": "zen",
+        "model": "calm",
         "messages": REFERENCE["zen"]["cases"][0]["messages"],
         "max_tokens": 300,
         "temperature": 0,
@@ -244,7 +277,7 @@ def test_unload_while_streaming_lets_the_stream_finish(client, server):
         seen = [next(events) for _ in range(6)]  # streaming has begun
         worker = threading.Thread(
             target=lambda: unload.append(
-                post(server, "/v1/unload_lora_adapter", {"lora_name": "zen"})
+                post(server, "/v1/unload_lora_adapter", {"lora_name": "calm"})
             )
         )
         worker.start()
@@ -260,4 +293,4 @@ def test_unload_while_streaming_lets_the_stream_finish(client, server):
     assert text.startswith(reference_text("zen", 0))
     assert unload and unload[0].status_code == 200
     with pytest.raises(openai.NotFoundError):
-        chat(client, "zen")
+        chat(client, "calm")

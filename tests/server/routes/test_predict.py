@@ -184,7 +184,7 @@ def test_models_health_and_docs(server):
 def test_full_queue_answers_429_with_retry_after_and_loses_nothing():
     config = default_model_config(
         backend={"sessions": 1},
-        batching={"max_batch_size": 1, "max_queue_size": 4, "dispatch_when_idle": False},
+        batching={"max_batch_size": 1, "max_queue_size": 8, "dispatch_when_idle": False},
     )
     with ferry_server([config]) as handle:
         bodies = [{"input_ids": [random_ids(250)] * 4} for _ in range(24)]

@@ -22,6 +22,7 @@ DOCUMENTS = [
     "a ferry",
 ]
 RERANKER = "reranker"
+LONG_QUERY = "ferry " * 16_000  # 96k characters: under max_chars_per_text, over any model
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,12 @@ def test_concurrent_reranks_batch_and_each_equals_transformers(server, transform
         ("/predict", {"inputs": [["q", "d"], [" ", "d"]]}, 422, "inputs[1]"),
         ("/predict", {"inputs": [["q", "d"], ["q", ""]]}, 422, "inputs[1]"),
         ("/predict", {"inputs": [["q", "d", "e"]]}, 422, None),
+        # Issue 48: a query too long for any pair is refused on its own tokens, before a
+        # document is tokenized, and named as the route names it.
+        ("/rerank", {"query": LONG_QUERY, "texts": ["a"] * 256}, 422, "query"),
+        ("/v1/rerank", {"query": LONG_QUERY, "documents": ["a", "b"]}, 400, "query"),
+        ("/v1/score", {"text_1": LONG_QUERY, "text_2": ["a", "b"]}, 400, "text_1"),
+        ("/v1/score", {"text_1": ["q", LONG_QUERY], "text_2": ["a", "b"]}, 400, "text_1[1]"),
     ],
 )
 def test_wrong_fields_are_refused_naming_them(server, path, body, status, field):
@@ -208,3 +215,10 @@ def test_wrong_fields_are_refused_naming_them(server, path, body, status, field)
     assert response.status_code == status, response.text
     if field is not None:
         assert response.json()["error"]["param"] == field, response.json()
+
+
+def test_a_long_query_with_truncate_is_cut_once_and_served(server):
+    body = {"model": RERANKER, "query": LONG_QUERY, "texts": DOCUMENTS, "truncate": True}
+    response = post(server, "/rerank", body)
+    assert response.status_code == 200, response.text
+    assert sorted(rank["index"] for rank in response.json()) == list(range(len(DOCUMENTS)))
