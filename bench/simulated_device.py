@@ -120,6 +120,7 @@ class SimulatedDevice:
         self.times = times
         self.stats = DeviceStats()
         self._lock = threading.Lock()
+        self._writing = threading.Lock()  # two streams may both see a new maximum
         self._executor = ThreadPoolExecutor(times.streams, thread_name_prefix="sim-stream")
 
     async def run(self, rows: int, padded_tokens: int) -> None:
@@ -147,13 +148,14 @@ class SimulatedDevice:
     def write_stats(self) -> None:
         if self.times.stats_file is None:
             return
-        with self._lock:
-            text = json.dumps(asdict(self.stats))
         path = Path(self.times.stats_file)
         # Written whole, then renamed: a reader never sees half a file.
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        partial.write_text(text)
-        partial.replace(path)
+        with self._writing:
+            with self._lock:  # the counters as of now, the last writer the newest
+                text = json.dumps(asdict(self.stats))
+            partial.write_text(text)
+            partial.replace(path)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
