@@ -16,10 +16,11 @@ ferry_batch_size_requests histogram) and the most batches the device had in flig
 
 Short (8-16 tokens) and mixed (8-128) text, 64 and 256 clients, one request per text, closed
 loop, the load generator on the same cores as the servers. Both servers stay up and each step
-runs on one right after the other. About 60 s by default; on a shared 2-core box the figures
+runs in rounds on one then the other, the order alternating; the verdict lists each round's
+ratio, so the noise is in view. About 60 s by default; on a shared 2-core box the figures
 move between runs, so read the ratios of one run.
 
-python -m ferry.bench.accelerator [--seconds 3] [--warmup 1] [--clients 64,256]
+python -m ferry.bench.accelerator [--seconds 4] [--rounds 2] [--warmup 1] [--clients 64,256]
                                   [--api-servers 1] [--launch-ms 1.5 --fixed-ms 1 ...]
 """
 
@@ -39,6 +40,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ferry.bench.gpu_ceiling import sorted_batches_throughput
 from ferry.bench.inputs import token_sequences
+from ferry.bench.interleaved import block_order, pooled
+from ferry.bench.loadgen import LoadResult
 from ferry.bench.multiload import run_load_processes
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, FerryProcess, ferry_server
 from ferry.bench.simulated_device import DeviceStats, DeviceTimes, SimulatedEncoderBackend
@@ -61,6 +64,7 @@ class Config:
     max_batch_size: int = 128
     max_batch_tokens: int = 16384
     api_servers: int = 1
+    rounds: int = 2  # each step's seconds cut into this many rounds, the order alternating
 
 
 @dataclass
@@ -68,6 +72,7 @@ class Results:
     steps: dict[tuple[str, str, int], Step] = field(default_factory=dict)  # (server, set, clients)
     mean_batch: dict[tuple[str, int], float] = field(default_factory=dict)  # simulated, measured
     max_in_flight: int = 0
+    round_ratios: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # sim / null
     ceilings: dict[tuple[str, int], float] = field(default_factory=dict)  # seq/s
     failed: dict[str, str] = field(default_factory=dict)
 
@@ -109,8 +114,9 @@ def batch_totals(metrics: str) -> tuple[float, float]:
 
 
 def measure(config: Config, results: Results, work: Path) -> None:
-    """Both servers up at once, each step run on one then the other: a shared box's load drifts
-    over a minute, and the ratio of two steps seconds apart suffers it least."""
+    """Both servers up at once; each step is cut into rounds sent to one then the other, who goes
+    first alternating (bench/interleaved.py), and pooled: a shared box's load drifts over a
+    minute, and rounds seconds apart on both sides suffer it least."""
     with contextlib.ExitStack() as stack:
         servers: dict[str, FerryProcess] = {}
         for name in (SIMULATED, NULL):
@@ -124,14 +130,7 @@ def measure(config: Config, results: Results, work: Path) -> None:
         for set_name, inputs in config.sets.items():
             bodies = [predict_body(ids) for ids in inputs]
             for clients in config.clients:
-                for name, ferry in servers.items():
-                    step, mean = measure_step(config, ferry, bodies, clients)
-                    results.steps[(name, set_name, clients)] = step
-                    if name == SIMULATED and mean is not None:
-                        results.mean_batch[(set_name, clients)] = mean
-                    progress(
-                        f"  {name}, {set_name}, {clients} clients: {step.throughput:.0f} req/s"
-                    )
+                measure_step(config, results, servers, (set_name, clients), bodies)
     stats_file = stats_path(work, SIMULATED)
     if stats_file.exists():
         results.max_in_flight = DeviceStats.read(stats_file).max_in_flight
@@ -142,16 +141,42 @@ def stats_path(work: Path, name: str) -> Path:
 
 
 def measure_step(
-    config: Config, ferry: FerryProcess, bodies: list[dict], clients: int
-) -> tuple[Step, float | None]:
-    """One step's figures and the mean batch size Ferry formed in it."""
-    if config.warmup_s:
-        run_load_processes(None, 1, ferry.url, bodies, clients, config.warmup_s)
-    rows, batches = batch_totals(ferry.metrics())
-    load = run_load_processes(None, 1, ferry.url, bodies, clients, config.seconds)
-    rows_after, batches_after = batch_totals(ferry.metrics())
-    mean = (rows_after - rows) / (batches_after - batches) if batches_after > batches else None
-    return Step.from_load(clients, load), mean
+    config: Config,
+    results: Results,
+    servers: dict[str, FerryProcess],
+    step: tuple[str, int],
+    bodies: list[dict],
+) -> None:
+    """One input set at one client count on every server: warm-up, then the rounds."""
+    set_name, clients = step
+    round_s = config.seconds / config.rounds
+    for ferry in servers.values():
+        if config.warmup_s:
+            run_load_processes(None, 1, ferry.url, bodies, clients, config.warmup_s)
+    rounds: dict[str, list[LoadResult]] = {name: [] for name in servers}
+    batched = {name: (0.0, 0.0) for name in servers}  # (requests, batches) in measured rounds
+    for index in range(config.rounds):
+        for name in block_order(index, list(servers)):
+            ferry = servers[name]
+            rows, batches = batch_totals(ferry.metrics())
+            rounds[name].append(run_load_processes(None, 1, ferry.url, bodies, clients, round_s))
+            rows_after, batches_after = batch_totals(ferry.metrics())
+            total_rows, total_batches = batched[name]
+            batched[name] = (
+                total_rows + rows_after - rows,
+                total_batches + batches_after - batches,
+            )
+    for name, loads in rounds.items():
+        done = results.steps[(name, set_name, clients)] = pooled(loads, clients)
+        progress(f"  {name}, {set_name}, {clients} clients: {done.throughput:.0f} req/s")
+    rows, batches = batched.get(SIMULATED, (0.0, 0.0))
+    if batches:
+        results.mean_batch[step] = rows / batches
+    if SIMULATED in rounds and NULL in rounds:
+        results.round_ratios[step] = [
+            a.throughput / b.throughput if b.throughput else 0.0
+            for a, b in zip(rounds[SIMULATED], rounds[NULL], strict=True)
+        ]
 
 
 async def device_ceilings(config: Config) -> dict[tuple[str, int], float]:
@@ -216,7 +241,9 @@ def verdicts(config: Config, results: Results) -> list[str]:
                 continue
             share = simulated.throughput / null.throughput
             verdict = "met" if share >= TARGET_VS_NULL else "MISSED"
-            out.append(f"  {set_name}/{clients}: {share:.2f}x null -> {verdict}")
+            spread = results.round_ratios.get((set_name, clients), [])
+            each = f" (rounds: {', '.join(f'{r:.2f}' for r in spread)})" if spread else ""
+            out.append(f"  {set_name}/{clients}: {share:.2f}x null{each} -> {verdict}")
     return out
 
 
@@ -234,7 +261,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=3.0, help="Per measured step.")
+    parser.add_argument("--seconds", type=float, default=4.0, help="Per measured step.")
+    parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds per step.")
     parser.add_argument("--warmup", type=float, default=1.0, help="Seconds before each step.")
     parser.add_argument("--clients", default="64,256", help="Comma-separated client counts.")
     parser.add_argument("--requests", type=int, default=2000, help="Distinct bodies per set.")
@@ -259,6 +287,7 @@ def config_from(args: argparse.Namespace) -> Config:
         device=DeviceTimes(args.launch_ms, args.fixed_ms, args.per_token_us, args.streams),
         max_batch_size=args.max_batch_size,
         api_servers=args.api_servers,
+        rounds=max(1, args.rounds),
     )
 
 
@@ -277,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
         f" (most in flight seen: {results.max_in_flight})"
     )
     print(
-        f"{config.seconds:g} s per step after {config.warmup_s:g} s of warm-up, closed loop, one"
-        f" load process, api_servers = {config.api_servers}, max_batch_size {config.max_batch_size}"
+        f"{config.seconds:g} s per step in {config.rounds} alternating rounds after"
+        f" {config.warmup_s:g} s of warm-up, closed loop, one load process,"
+        f" api_servers = {config.api_servers}, max_batch_size {config.max_batch_size}"
     )
     print(report(config, results))
     print(f"\ntotal {time.perf_counter() - began:.0f}s")

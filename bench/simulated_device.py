@@ -107,7 +107,9 @@ class DeviceStats:
 
 def hold_gil(seconds: float) -> None:
     """Busy Python bytecode: the thread keeps the GIL, as launching kernels from Python does
-    (a sleep would release it and hide exactly the cost this backend exists to show)."""
+    (a sleep would release it and hide exactly the cost this backend exists to show). Python
+    still hands the GIL to a waiting thread every switch interval (5 ms): a launch longer than
+    that is shared with the event loop, as real launch code in Python is."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass

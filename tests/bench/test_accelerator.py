@@ -106,9 +106,10 @@ def test_report_gives_both_ratios_and_the_verdict():
     results.steps[(NULL, "short", 64)] = Step(64, 1000, 1000.0, 1.0, 2.0, {200: 1000})
     results.ceilings[("short", 64)] = 9000.0
     results.mean_batch[("short", 64)] = 12.5
+    results.round_ratios[("short", 64)] = [0.8, 1.0]
     text = report(config, results)
     assert " 0.90x    0.10x  12.5" in text
-    assert "short/64: 0.90x null -> met" in text
+    assert "short/64: 0.90x null (rounds: 0.80, 1.00) -> met" in text
 
 
 async def _answers(url: str, bodies: list[dict]) -> list[httpx.Response]:
