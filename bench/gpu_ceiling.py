@@ -35,13 +35,18 @@ async def backend_ceilings(
     await backend.start()
     try:
         return {
-            name: await _throughput(backend, inputs, batch_size) for name, inputs in sets.items()
+            name: await sorted_batches_throughput(backend, inputs, batch_size)
+            for name, inputs in sets.items()
         }
     finally:
         await backend.close()
 
 
-async def _throughput(backend: Backend, inputs: list[list[int]], batch_size: int) -> float:
+async def sorted_batches_throughput(
+    backend: Backend, inputs: list[list[int]], batch_size: int
+) -> float:
+    """Sequences per second: `inputs` sorted by length, cut into batches of `batch_size`, as many
+    in flight as the backend runs at once, back to back."""
     ordered = sorted(inputs, key=len)
     batches = [
         pad_batch([TokenSequence.from_ids(ids) for ids in ordered[i : i + batch_size]])

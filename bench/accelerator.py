@@ -1,0 +1,319 @@
+"""Ferry on a simulated accelerator against its own front end's ceiling, ratios from one run.
+
+Issue 43's question, asked on the CPU box: with a device that launches like a GPU (the GIL held
+per batch) and runs like one (the GIL released, two streams), is Ferry's front end the limit?
+Three figures per input set and client count:
+  ferry simulated device   Ferry with the text encoder on bench/simulated_device.py
+  ferry null backend       Ferry whose backend answers at once (bench/null_backend.py): the most
+                           its front end serves on this box, whatever the device
+  device ceiling           the simulated device alone, in this process: the same inputs sorted by
+                           length (the least padding any batcher reaches), in batches of the
+                           client count (capped at max_batch_size: no more rows can be waiting),
+                           as many in flight as it has streams, back to back, no HTTP
+and the ratios: simulated / null (issue 43's target: >= 0.9x) and simulated / device ceiling.
+Beside Ferry on the simulated device: its mean batch size in the measured step (from its own
+ferry_batch_size_requests histogram) and the most batches the device had in flight.
+
+Short (8-16 tokens) and mixed (8-128) text, 64 and 256 clients, one request per text, closed
+loop, the load generator on the same cores as the servers. Both servers stay up and each step
+runs in rounds on one then the other, the order alternating; the verdict lists each round's
+ratio, so the noise is in view. About 60 s by default; on a shared 2-core box the figures
+move between runs, so read the ratios of one run.
+
+python -m ferry.bench.accelerator [--seconds 4] [--rounds 2] [--warmup 1] [--clients 64,256]
+                                  [--api-servers 1] [--launch-ms 1.5 --fixed-ms 1 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ferry.bench.gpu_ceiling import sorted_batches_throughput
+from ferry.bench.inputs import token_sequences
+from ferry.bench.interleaved import block_order, pooled
+from ferry.bench.loadgen import LoadResult
+from ferry.bench.multiload import run_load_processes
+from ferry.bench.server_process import DEFAULT_MODEL_DIR, FerryProcess, ferry_server
+from ferry.bench.simulated_device import DeviceStats, DeviceTimes, SimulatedEncoderBackend
+from ferry.bench.sweep import Step
+from ferry.bench.targets import predict_body
+
+SIMULATED, NULL, CEILING = "ferry simulated device", "ferry null backend", "device ceiling"
+MODULES = {SIMULATED: "ferry.bench.simulated_device", NULL: "ferry.bench.null_backend"}
+TARGET_VS_NULL = 0.9
+BATCH_METRIC = "ferry_batch_size_requests"
+
+
+@dataclass(frozen=True)
+class Config:
+    seconds: float
+    warmup_s: float
+    clients: tuple[int, ...]
+    sets: dict[str, list[list[int]]]
+    device: DeviceTimes
+    max_batch_size: int = 128
+    max_batch_tokens: int = 16384
+    api_servers: int = 1
+    rounds: int = 2  # each step's seconds cut into this many rounds, the order alternating
+
+
+@dataclass
+class Results:
+    steps: dict[tuple[str, str, int], Step] = field(default_factory=dict)  # (server, set, clients)
+    mean_batch: dict[tuple[str, int], float] = field(default_factory=dict)  # simulated, measured
+    max_in_flight: int = 0
+    round_ratios: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # sim / null
+    ceilings: dict[tuple[str, int], float] = field(default_factory=dict)  # seq/s
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def model_config(config: Config) -> dict:
+    return {
+        "name": "m",
+        "path": str(DEFAULT_MODEL_DIR),  # its tokenizer and manifest; the backend is replaced
+        "backend": {"kind": "onnxruntime", "sessions": 2},
+        "batching": {
+            "max_batch_size": config.max_batch_size,
+            "max_batch_tokens": config.max_batch_tokens,
+            "max_queue_size": 4096,
+        },
+    }
+
+
+@contextlib.contextmanager
+def server(name: str, config: Config, stats_file: Path) -> Iterator[FerryProcess]:
+    device = replace(config.device, stats_file=str(stats_file))
+    with ferry_server(
+        [model_config(config)],
+        {"api_servers": config.api_servers},
+        env=device.to_env(),
+        module=MODULES[name],
+    ) as ferry:
+        yield ferry
+
+
+def batch_totals(metrics: str) -> tuple[float, float]:
+    """(requests batched, batches) so far, from Ferry's batch-size histogram."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            suffix = sample.name.removeprefix(BATCH_METRIC)
+            if suffix in totals and sample.name.startswith(BATCH_METRIC):
+                totals[suffix] += sample.value
+    return totals["_sum"], totals["_count"]
+
+
+def measure(config: Config, results: Results, work: Path) -> None:
+    """Both servers up at once; each step is cut into rounds sent to one then the other, who goes
+    first alternating (bench/interleaved.py), and pooled: a shared box's load drifts over a
+    minute, and rounds seconds apart on both sides suffer it least."""
+    with contextlib.ExitStack() as stack:
+        servers: dict[str, FerryProcess] = {}
+        for name in (SIMULATED, NULL):
+            progress(f"starting {name} ...")
+            try:
+                servers[name] = stack.enter_context(server(name, config, stats_path(work, name)))
+            # Broad on purpose: one server that fails must not end the comparison.
+            except Exception as exc:
+                results.failed[name] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+                progress(f"{name}: failed: {results.failed[name]}")
+        for set_name, inputs in config.sets.items():
+            bodies = [predict_body(ids) for ids in inputs]
+            for clients in config.clients:
+                measure_step(config, results, servers, (set_name, clients), bodies)
+    stats_file = stats_path(work, SIMULATED)
+    if stats_file.exists():
+        results.max_in_flight = DeviceStats.read(stats_file).max_in_flight
+
+
+def stats_path(work: Path, name: str) -> Path:
+    return work / f"{name.replace(' ', '-')}.json"
+
+
+def measure_step(
+    config: Config,
+    results: Results,
+    servers: dict[str, FerryProcess],
+    step: tuple[str, int],
+    bodies: list[dict],
+) -> None:
+    """One input set at one client count on every server: warm-up, then the rounds."""
+    set_name, clients = step
+    round_s = config.seconds / config.rounds
+    for ferry in servers.values():
+        if config.warmup_s:
+            run_load_processes(None, 1, ferry.url, bodies, clients, config.warmup_s)
+    rounds: dict[str, list[LoadResult]] = {name: [] for name in servers}
+    batched = {name: (0.0, 0.0) for name in servers}  # (requests, batches) in measured rounds
+    for index in range(config.rounds):
+        for name in block_order(index, list(servers)):
+            ferry = servers[name]
+            rows, batches = batch_totals(ferry.metrics())
+            rounds[name].append(run_load_processes(None, 1, ferry.url, bodies, clients, round_s))
+            rows_after, batches_after = batch_totals(ferry.metrics())
+            total_rows, total_batches = batched[name]
+            batched[name] = (
+                total_rows + rows_after - rows,
+                total_batches + batches_after - batches,
+            )
+    for name, loads in rounds.items():
+        done = results.steps[(name, set_name, clients)] = pooled(loads, clients)
+        progress(f"  {name}, {set_name}, {clients} clients: {done.throughput:.0f} req/s")
+    rows, batches = batched.get(SIMULATED, (0.0, 0.0))
+    if batches:
+        results.mean_batch[step] = rows / batches
+    if SIMULATED in rounds and NULL in rounds:
+        results.round_ratios[step] = [
+            a.throughput / b.throughput if b.throughput else 0.0
+            for a, b in zip(rounds[SIMULATED], rounds[NULL], strict=True)
+        ]
+
+
+async def device_ceilings(config: Config) -> dict[tuple[str, int], float]:
+    """The simulated device alone (no server): sorted batches of each client count's size."""
+    backend = SimulatedEncoderBackend(replace(config.device, stats_file=None))
+    try:
+        return {
+            (set_name, clients): await sorted_batches_throughput(
+                backend, inputs, min(clients, config.max_batch_size)
+            )
+            for set_name, inputs in config.sets.items()
+            for clients in config.clients
+        }
+    finally:
+        await backend.close()
+
+
+def report(config: Config, results: Results) -> str:
+    head = (
+        f"{'':24s} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} {'x null':>6}"
+        f" {'x device':>8}  batch"
+    )
+    lines = []
+    for set_name, inputs in config.sets.items():
+        lengths = [len(s) for s in inputs]
+        for clients in config.clients:
+            lines += [
+                f"\n== {set_name} ({min(lengths)}-{max(lengths)} tokens), {clients} clients ==",
+                head,
+            ]
+            null = results.steps.get((NULL, set_name, clients))
+            ceiling = results.ceilings.get((set_name, clients))
+            for name in (SIMULATED, NULL):
+                step = results.steps.get((name, set_name, clients))
+                if step is None:
+                    lines.append(f"{name:24s} failed: {results.failed.get(name, '?')}")
+                    continue
+                mean = results.mean_batch.get((set_name, clients))
+                batch = f"  {mean:.1f}" if name == SIMULATED and mean else ""
+                lines.append(
+                    f"{name:24s} {step.throughput:8.0f} {step.p50_ms:7.1f} {step.p99_ms:7.1f}"
+                    f" {step.errors:>6} {ratio(step.throughput, null)}"
+                    f" {ratio(step.throughput, ceiling):>8}{batch}"
+                )
+            if ceiling is not None:
+                lines.append(
+                    f"{CEILING:24s} {ceiling:8.0f}  seq/s, batches of "
+                    f"{min(clients, config.max_batch_size)} sorted"
+                )
+    lines.append("\n" + "\n".join(verdicts(config, results)))
+    return "\n".join(lines)
+
+
+def verdicts(config: Config, results: Results) -> list[str]:
+    out = [f"target: ferry on the simulated device >= {TARGET_VS_NULL}x its null backend"]
+    for set_name in config.sets:
+        for clients in config.clients:
+            simulated = results.steps.get((SIMULATED, set_name, clients))
+            null = results.steps.get((NULL, set_name, clients))
+            if simulated is None or null is None or not null.throughput:
+                out.append(f"  {set_name}/{clients}: no figure")
+                continue
+            share = simulated.throughput / null.throughput
+            verdict = "met" if share >= TARGET_VS_NULL else "MISSED"
+            spread = results.round_ratios.get((set_name, clients), [])
+            each = f" (rounds: {', '.join(f'{r:.2f}' for r in spread)})" if spread else ""
+            out.append(f"  {set_name}/{clients}: {share:.2f}x null{each} -> {verdict}")
+    return out
+
+
+def ratio(value: float, other: Step | float | None) -> str:
+    base = other.throughput if isinstance(other, Step) else other
+    return f"{value / base:5.2f}x" if base else "     -"
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    defaults = DeviceTimes()
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--seconds", type=float, default=4.0, help="Per measured step.")
+    parser.add_argument("--rounds", type=int, default=2, help="Alternating rounds per step.")
+    parser.add_argument("--warmup", type=float, default=1.0, help="Seconds before each step.")
+    parser.add_argument("--clients", default="64,256", help="Comma-separated client counts.")
+    parser.add_argument("--requests", type=int, default=2000, help="Distinct bodies per set.")
+    parser.add_argument("--api-servers", type=int, default=1)
+    parser.add_argument("--max-batch-size", type=int, default=128)
+    parser.add_argument("--launch-ms", type=float, default=defaults.launch_ms, help="GIL held.")
+    parser.add_argument("--fixed-ms", type=float, default=defaults.fixed_ms)
+    parser.add_argument("--per-token-us", type=float, default=defaults.per_token_us)
+    parser.add_argument("--streams", type=int, default=defaults.streams)
+    return parser.parse_args(argv)
+
+
+def config_from(args: argparse.Namespace) -> Config:
+    return Config(
+        seconds=args.seconds,
+        warmup_s=args.warmup,
+        clients=tuple(int(c) for c in args.clients.split(",")),
+        sets={  # the GPU benchmark's sets (bench/gpu.py), so the figures compare
+            "short": token_sequences(args.requests, 8, 16, seed=1),
+            "mixed": token_sequences(args.requests, 8, 128, seed=0),
+        },
+        device=DeviceTimes(args.launch_ms, args.fixed_ms, args.per_token_us, args.streams),
+        max_batch_size=args.max_batch_size,
+        api_servers=args.api_servers,
+        rounds=max(1, args.rounds),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = config_from(parse_args(argv))
+    began = time.perf_counter()
+    results = Results()
+    progress("device ceiling (in process) ...")
+    results.ceilings = asyncio.run(device_ceilings(config))
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(config, results, Path(tmp))
+    device = config.device
+    print(
+        f"simulated device: {device.launch_ms:g} ms of GIL per batch, then {device.fixed_ms:g} ms"
+        f" + {device.per_token_us:g} us per padded token without it, {device.streams} streams"
+        f" (most in flight seen: {results.max_in_flight})"
+    )
+    print(
+        f"{config.seconds:g} s per step in {config.rounds} alternating rounds after"
+        f" {config.warmup_s:g} s of warm-up, closed loop, one load process,"
+        f" api_servers = {config.api_servers}, max_batch_size {config.max_batch_size}"
+    )
+    print(report(config, results))
+    print(f"\ntotal {time.perf_counter() - began:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
