@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 HELLO_EVERY_S = 0.25
 GAUGE_EVERY_S = 0.25  # how often the unanswered bytes are written to their gauge
 WINDOW_RETRY_AFTER_S = 1.0
+# What tells that the engine read a request (a tuple: isinstance on `A | B` builds a union).
+ANSWERS = (wire.Row, wire.Failed, wire.Reply)
 ENGINE_GONE = "the engine process stopped; it is being restarted"
 Row = dict[str, np.ndarray]
 CallResult = bool | tuple[str, ...] | None
@@ -321,7 +323,7 @@ class EngineClient:
 
     def _handle(self, message: wire.ToApi, frames: list[memoryview]) -> None:
         future: asyncio.Future[Any] | None  # a row's or a call's
-        if isinstance(message, wire.Row | wire.Failed | wire.Reply):
+        if isinstance(message, ANSWERS):
             # Whatever became of its request here (expired, cancelled): the engine has read it.
             self.unanswered_bytes -= self._unanswered.pop(message.rid, 0)
         if isinstance(message, wire.Row):
