@@ -132,6 +132,13 @@ class FerryMetrics:
         self.in_flight = new.gauge(
             "ferry_in_flight_requests", "HTTP requests being handled now.", ("endpoint",)
         )
+        # Written by the API processes only (api_servers > 1): their sum.
+        self.engine_unanswered = new.gauge(
+            "ferry_engine_unanswered_bytes",
+            "Bytes of requests the API processes sent to the engine process that it has not "
+            "answered yet; past engine_window_bytes (per API process) new requests get a 429.",
+            (),
+        )
         self.queue_wait = new.histogram(
             "ferry_queue_wait_seconds",
             "Time a request waited in the batcher's queue, by priority level.",

@@ -224,6 +224,13 @@ class Settings(_Strict):
     # this long (stopped, or its event loop blocked), readiness turns 503 and the LLM streams
     # waiting on it end with a 503.
     engine_heartbeat_timeout_s: float = Field(default=5.0, gt=0)
+    # With api_servers > 1: the bytes of requests (tokens, tensors) each API process may have
+    # sent to the engine process and not had answered. Past it, new requests are refused at once
+    # with a 429 and Retry-After, so that an engine that is stuck (or far behind) cannot fill an
+    # API process's memory with requests that have timed out (what is sent cannot be taken
+    # back). Raise it when a model's queue holds more than this, in bytes, at once; a request
+    # larger than the window is sent when nothing else is unanswered.
+    engine_window_bytes: int = Field(default=256 * 2**20, ge=0)
     # LoRA adapter names become model names and metric label values: bounded (their count is
     # each model's max_adapters).
     max_adapter_name_chars: int = Field(default=64, ge=1, le=1024)

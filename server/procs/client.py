@@ -8,6 +8,13 @@ alive but silent: each encoder or plain-graph request's deadline is kept here to
 deadline, whatever the engine does), and once the engine has sent nothing (its periodic Stats
 included) for `heartbeat_timeout_s`, readiness turns 503 and every stream and call waiting on it
 fails with a 503 (EngineStalled).
+
+What a request sends cannot be taken back once handed to ZMQ (its high-water marks are off):
+while the engine does not read, the bytes stay queued in this process, past the request's 504.
+So each request's bytes are counted until the engine answers it (rows, a failure, or the Reply
+to a Cancel), and once `window_bytes` are unanswered new requests are refused at once (429,
+QueueFull) instead of queueing more: this process's memory stays bounded whatever the engine
+does. The engine's death clears the count (a new engine has none of that work).
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ from typing import Any
 
 import numpy as np
 import zmq
+from prometheus_client import Gauge
 
 from ferry.batcher import TensorRows, TokenSequence
-from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed
+from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed, QueueFull
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
 from ferry.server.procs import wire
@@ -33,15 +41,31 @@ from ferry.server.procs.loop_socket import LoopSocket
 
 logger = logging.getLogger(__name__)
 HELLO_EVERY_S = 0.25
+GAUGE_EVERY_S = 0.25  # how often the unanswered bytes are written to their gauge
+WINDOW_RETRY_AFTER_S = 1.0
+# What tells that the engine read a request (a tuple: isinstance on `A | B` builds a union).
+ANSWERS = (wire.Row, wire.Failed, wire.Reply)
 ENGINE_GONE = "the engine process stopped; it is being restarted"
 Row = dict[str, np.ndarray]
 CallResult = bool | tuple[str, ...] | None
 
 
 class EngineClient:
-    def __init__(self, address: str, heartbeat_timeout_s: float) -> None:
+    def __init__(
+        self,
+        address: str,
+        heartbeat_timeout_s: float,
+        window_bytes: int,
+        unanswered_gauge: Gauge | None = None,
+    ) -> None:
         self._address = address
         self._heartbeat_timeout_s = heartbeat_timeout_s
+        self._window_bytes = window_bytes
+        # Per request id, the bytes sent to the engine that it has not answered yet; their sum.
+        self._unanswered: dict[int, int] = {}
+        self.unanswered_bytes = 0
+        # Written off the request path (a gauge write costs more than the dict's insert).
+        self._gauge = unanswered_gauge
         self._heard = 0.0  # time.monotonic() of the engine's latest message
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
@@ -89,6 +113,8 @@ class EngineClient:
             asyncio.create_task(self._greet()),
             asyncio.create_task(self._watch_silence()),
         ]
+        if self._gauge is not None:
+            self._tasks.append(asyncio.create_task(self._report_unanswered(self._gauge)))
         await self._connected.wait()
         assert self.info is not None
         return self.info
@@ -144,14 +170,25 @@ class EngineClient:
         frames: Sequence[bytes | memoryview],
         deadline_s: float | None,
     ) -> list[asyncio.Future[Row]]:
-        """Sent, and `count` futures resolved by the engine's Rows (or Failed) for `rid`."""
+        """Sent, and `count` futures resolved by the engine's Rows (or Failed) for `rid`.
+        Refused (QueueFull) while the window is full; one request larger than the window is
+        sent when nothing else is unanswered."""
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in range(count)]
         if not self.alive:
             for future in futures:
                 future.set_exception(BatcherClosed(ENGINE_GONE))
             return futures
+        size = sum(map(len, frames))  # bytes, or memoryviews cast to bytes ("B")
+        if self.unanswered_bytes and self.unanswered_bytes + size > self._window_bytes:
+            raise QueueFull(
+                WINDOW_RETRY_AFTER_S,
+                f"{self.unanswered_bytes} bytes of requests sent to the engine process are "
+                f"not answered yet (engine_window_bytes = {self._window_bytes}); retry later",
+            )
         self._rows[rid] = futures
+        self._unanswered[rid] = size
+        self.unanswered_bytes += size
         self._send(header, frames)
 
         def cancelled(future: asyncio.Future[Row]) -> None:
@@ -169,7 +206,8 @@ class EngineClient:
     def _expire_at(self, rid: int, futures: list[asyncio.Future[Row]], timeout_s: float) -> None:
         """The deadline holds here even if the engine never answers (stopped, its loop stuck).
         No Cancel: the engine keeps the same deadline and drops the work itself (counted there
-        as `deadline`, not `cancelled`); its late rows find no request and are dropped."""
+        as `deadline`, not `cancelled`); its late rows find no request and are dropped. The
+        request's bytes stay unanswered until then."""
 
         def expire() -> None:
             if self._rows.get(rid) is futures:
@@ -285,6 +323,9 @@ class EngineClient:
 
     def _handle(self, message: wire.ToApi, frames: list[memoryview]) -> None:
         future: asyncio.Future[Any] | None  # a row's or a call's
+        if isinstance(message, ANSWERS):
+            # Whatever became of its request here (expired, cancelled): the engine has read it.
+            self.unanswered_bytes -= self._unanswered.pop(message.rid, 0)
         if isinstance(message, wire.Row):
             futures = self._rows.get(message.rid)
             if futures is not None:
@@ -377,6 +418,14 @@ class EngineClient:
             if self.alive and not self.responsive and (self._streams or self._replies):
                 self._engine_stalled()
 
+    async def _report_unanswered(self, gauge: Gauge) -> None:
+        shown = -1
+        while True:
+            if self.unanswered_bytes != shown:
+                shown = self.unanswered_bytes
+                gauge.set(shown)
+            await asyncio.sleep(GAUGE_EVERY_S)
+
     def _engine_stalled(self) -> None:
         logger.error(
             "engine process silent for %.1f s: failing %d streams and calls",
@@ -399,6 +448,9 @@ class EngineClient:
         self._connected.clear()
         self._unwatch()
         self.stats = None
+        # Nothing of it will be answered: a new engine reads and drops what was sent to the old.
+        self._unanswered.clear()
+        self.unanswered_bytes = 0
         rows, self._rows = self._rows, {}
         future: asyncio.Future[Any]  # a row's, then a call's
         for futures in rows.values():

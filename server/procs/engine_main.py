@@ -118,6 +118,7 @@ class EngineServer:
             self._start(peer, message)
         elif isinstance(message, wire.Cancel):
             self._cancel((peer, message.rid))
+            self._send(peer, wire.Reply(message.rid))  # the API process counts it answered
         elif isinstance(message, wire.Call):
             task = asyncio.create_task(self._call(peer, message))
             self._calls.add(task)

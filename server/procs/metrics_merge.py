@@ -5,9 +5,10 @@ Every process (API and engine) writes its series to memory-mapped files in one d
 `--api-server-count`. Counters and histograms are summed across processes by prometheus_client;
 gauges carry a `pid` label there, which is summed away here, so every family keeps exactly the
 labels of a single-process server (the dashboards and alerts read the same series). Each gauge
-has one writer: `ferry_in_flight_requests` is the sum of the API processes' own, the batch and
-engine gauges are written by the engine process only. The supervisor deletes a dead process's
-gauge files, so a killed process's in-flight count leaves with it.
+has one writer: `ferry_in_flight_requests` and `ferry_engine_unanswered_bytes` are the sums of
+the API processes' own, the batch and engine gauges are written by the engine process only. The
+supervisor deletes a dead process's gauge files, so a killed process's in-flight count leaves
+with it.
 """
 
 from __future__ import annotations

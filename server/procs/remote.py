@@ -23,6 +23,7 @@ import numpy as np
 from ferry.backends.batch_plan import UNSTARTED, BatchPlan
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import TensorRows
+from ferry.batcher.errors import QueueFull
 from ferry.llm.base import EngineStats, GenerationDelta
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.server.encoder import gather_results
@@ -82,6 +83,10 @@ class _EngineModel:
     def count_invalid(self) -> None:
         self._metrics.rejections.labels(self.name, "invalid").inc()
 
+    def count_refused(self) -> None:
+        """Refused here: the engine's window of unanswered bytes is full (client.py)."""
+        self._metrics.rejections.labels(self.name, "queue_full").inc()
+
     def _deadline_s(self, timeout_s: float | None) -> float:
         # Admission is the engine's (its batcher's queue and limits); the deadline is kept on
         # both sides: here it holds even when the engine is stuck.
@@ -113,14 +118,18 @@ class RemoteModelRuntime(_EngineModel):
         self.outputs = ModelOutputs(self.settings, self.manifest, self.backend, model.widths)
 
     def submit(self, valid: ValidSequences) -> list[asyncio.Future[dict[str, np.ndarray]]]:
-        return self._client.submit(
-            self.name,
-            valid.sequences(),
-            valid.timeout_s,
-            self.outputs.for_backend(valid.outputs),
-            valid.priority,
-            deadline_s=self._deadline_s(valid.timeout_s),
-        )
+        try:
+            return self._client.submit(
+                self.name,
+                valid.sequences(),
+                valid.timeout_s,
+                self.outputs.for_backend(valid.outputs),
+                valid.priority,
+                deadline_s=self._deadline_s(valid.timeout_s),
+            )
+        except QueueFull:
+            self.count_refused()
+            raise
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
         # The cost model lives in the engine process, which checks the same floor on Submit.
@@ -194,9 +203,13 @@ class RemoteTensorModel(_EngineModel):
         self, rows: TensorRows, outputs: Sequence[str], **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         timeout_s, priority, disconnected = infer_options(options)
-        future = self._client.submit_tensors(
-            self.name, rows, timeout_s, tuple(outputs), priority, self._deadline_s(timeout_s)
-        )
+        try:
+            future = self._client.submit_tensors(
+                self.name, rows, timeout_s, tuple(outputs), priority, self._deadline_s(timeout_s)
+            )
+        except QueueFull:
+            self.count_refused()
+            raise
         (result,) = await gather_results([future], disconnected)
         return result
 

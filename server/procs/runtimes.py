@@ -47,6 +47,10 @@ async def build_runtimes(
 
     # A killed supervisor: drain and stop, as on SIGTERM.
     on_parent_exit(engine.supervisor_pid, lambda: os.kill(os.getpid(), signal.SIGTERM))
-    return await connect(
-        settings, EngineClient(engine.address, settings.engine_heartbeat_timeout_s), metrics
+    client = EngineClient(
+        engine.address,
+        settings.engine_heartbeat_timeout_s,
+        settings.engine_window_bytes,
+        metrics.engine_unanswered,
     )
+    return await connect(settings, client, metrics)

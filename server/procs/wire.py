@@ -104,6 +104,9 @@ class SubmitTensors(msgspec.Struct, tag=True):
 
 
 class Cancel(msgspec.Struct, tag=True):
+    """Drop request `rid` (or stop generation `rid`); answered by a Reply, which tells the API
+    process the request's bytes were read (rows made before it may still come)."""
+
     rid: int
 
 
