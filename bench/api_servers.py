@@ -14,8 +14,12 @@ own, so read the ratios of one run, and the projection rather than the raw rate.
 `--real` serves the real model instead (ONNX Runtime on the same cores: what the split costs or
 gains where the model needs the CPU), `--lengths 8,128` for mixed inputs.
 
+`--replicas` reads the levels as `replicas` instead: N whole servers on one port, no engine
+process. The API column is then the replicas' CPU a request, and the capacity that of the
+cores they can use (min(N, cores) x 1000 / API ms).
+
 python -m ferry.bench.api_servers [--levels 1,2] [--duration 10] [--concurrency 64] [--cores 16]
-                                  [--real] [--lengths 8,16]
+                                  [--real] [--lengths 8,16] [--replicas]
 """
 
 from __future__ import annotations
@@ -47,17 +51,20 @@ def process_roles(pid: int) -> dict[int, str]:
 
 @dataclass(frozen=True)
 class Level:
-    api_servers: int
+    api_servers: int  # or replicas, where `replicas`
     throughput: float
     engine_loop_ms: float
     engine_process_ms: float
     api_ms: float
+    replicas: bool = False
 
     def capacity(self, cores: int) -> float:
         """Requests per second the split sustains on `cores` cores, by the CPU it spent."""
         engine_bound = 1000 / self.engine_loop_ms if self.engine_loop_ms else float("inf")
         if self.api_servers == 1:  # one process: its loop does everything
             return engine_bound
+        if self.replicas:  # each replica's loop does everything for its share
+            return min(self.api_servers, cores) * 1000 / self.api_ms
         return min(engine_bound, (cores - 1) * 1000 / self.api_ms)
 
     def row(self, cores: int) -> str:
@@ -68,36 +75,45 @@ class Level:
 
 
 def _cpu(pids: dict[str, list[int]]) -> tuple[float, float, float]:
-    engine = pids["engine"][0]
+    engine = pids["engine"][0] if pids["engine"] else None  # none with replicas
     return (
-        thread_cpu_s(engine),
-        process_cpu_s(engine),
+        thread_cpu_s(engine) if engine else 0.0,
+        process_cpu_s(engine) if engine else 0.0,
         sum(process_cpu_s(p) for p in pids["api"]),
     )
 
 
 def measure(
-    level: int, bodies: list[dict], duration_s: float, concurrency: int, real: bool = False
+    level: int,
+    bodies: list[dict],
+    duration_s: float,
+    concurrency: int,
+    real: bool = False,
+    replicas: bool = False,
 ) -> Level:
     model = default_model_config(batching={"max_batch_size": 64, "max_queue_size": 4096})
     module = "ferry" if real else "ferry.bench.null_backend"
-    with ferry_server([model], server={"api_servers": level}, module=module) as server:
+    layout = {"replicas" if replicas else "api_servers": level}
+    with ferry_server([model], server=layout, module=module) as server:
         assert server.pid is not None
         if level == 1:
             pids = {"engine": [server.pid], "api": []}
         else:
+            children = level if replicas else level + 1
             deadline = time.monotonic() + 60
-            while len(roles := process_roles(server.pid)) < level + 1:
-                assert time.monotonic() < deadline, "API processes did not start"
+            while len(roles := process_roles(server.pid)) < children:
+                assert time.monotonic() < deadline, "the server's processes did not start"
                 time.sleep(0.1)
             pids = {r: [p for p, v in roles.items() if v == r] for r in ("engine", "api")}
+            if replicas:  # every replica is a whole server: its CPU goes in the API column
+                pids["api"] = [p for p, v in roles.items() if v == "replica"]
         asyncio.run(run_load(server.url, bodies, concurrency, duration_s=min(2.0, duration_s)))
         before = _cpu(pids)
         result = asyncio.run(run_load(server.url, bodies, concurrency, duration_s=duration_s))
         after = _cpu(pids)
     n = max(result.statuses.get(200, 0), 1)
     loop, process, api = ((a - b) * 1000 / n for a, b in zip(after, before, strict=True))
-    return Level(level, result.throughput, loop, process, api)
+    return Level(level, result.throughput, loop, process, api, replicas)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -109,7 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--real", action="store_true", help="the real model, not the null one")
     parser.add_argument("--lengths", default="8,16", help="token lengths: min,max")
+    parser.add_argument(
+        "--replicas", action="store_true", help="the levels are replicas, not api_servers"
+    )
     args = parser.parse_args(argv)
+    setting = "replicas" if args.replicas else "api_servers"
     low, high = (int(x) for x in args.lengths.split(","))
     bodies = [{"input_ids": ids} for ids in token_sequences(2000, low, high, args.seed)]
     levels = [int(x) for x in args.levels.split(",")]
@@ -118,15 +138,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.concurrency} clients, "
         f"{args.duration:g} s per level; CPU ms per request; capacity on {args.cores} cores"
     )
-    print("api_servers     req/s  engine loop ms  engine proc ms    API ms  capacity r/s")
+    print(f"{setting:>11}     req/s  engine loop ms  engine proc ms    API ms  capacity r/s")
     results = []
     for level in levels:
-        results.append(measure(level, bodies, args.duration, args.concurrency, args.real))
+        results.append(
+            measure(level, bodies, args.duration, args.concurrency, args.real, args.replicas)
+        )
         print(results[-1].row(args.cores), flush=True)
     base = results[0]
     for result in results[1:]:
         print(
-            f"api_servers {result.api_servers} / {base.api_servers}: "
+            f"{setting} {result.api_servers} / {base.api_servers}: "
             f"throughput x{result.throughput / base.throughput:.2f}, "
             f"projected capacity x{result.capacity(args.cores) / base.capacity(args.cores):.2f}"
         )

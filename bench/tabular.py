@@ -11,10 +11,11 @@ JSON on every server, so the load generator cannot tell them apart:
 Prints req/s and p50/p99 of each, Ferry's ratios to each peer, and the CPU Ferry's event-loop
 thread spent per request, all from one run.
 
-    python -m ferry.bench.tabular [--duration 15] [--clients 64] [--api-servers 1]
+    python -m ferry.bench.tabular [--duration 15] [--clients 64] [--api-servers 1] [--replicas 1]
 
-`--api-servers N` runs Ferry as N API processes in front of one engine process; its CPU per
-request is then that of the whole process tree (no one event loop to single out).
+`--api-servers N` runs Ferry as N API processes in front of one engine process, `--replicas N`
+as N whole servers on one port (each its own model, batcher and sessions); its CPU per request
+is then that of the whole process tree (no one event loop to single out).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def bodies(rows: np.ndarray) -> list[dict]:
 
 
 def ferry_process(
-    model: Path, work: Path, name: str = MODEL, api_servers: int = 1
+    model: Path, work: Path, name: str = MODEL, api_servers: int = 1, replicas: int = 1
 ) -> ManagedProcess:
     port = free_port()
     command = [sys.executable, "-m", "ferry", "serve", "--model", f"{name}={model}"]
@@ -82,7 +83,11 @@ def ferry_process(
         work / "ferry.log",
         http_ok(f"http://127.0.0.1:{port}/health/ready"),
         url=f"http://127.0.0.1:{port}",
-        env={**os.environ, "FERRY_API_SERVERS": str(api_servers)},
+        env={
+            **os.environ,
+            "FERRY_API_SERVERS": str(api_servers),
+            "FERRY_REPLICAS": str(replicas),
+        },
     )
 
 
@@ -186,14 +191,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--api-servers", type=int, default=1, help="Ferry's API processes (api_servers)."
     )
+    parser.add_argument("--replicas", type=int, default=1, help="Ferry's replicas (replicas).")
     args = parser.parse_args(argv)
-    tree = args.api_servers > 1  # the CPU of every process: no one event loop
+    tree = args.api_servers > 1 or args.replicas > 1  # every process's CPU: no one event loop
     with tempfile.TemporaryDirectory(prefix="ferry-tabular-") as tmp:
         work = Path(tmp)
         model, rows = export_model(work / "model")
         payloads = bodies(rows)
         results: dict[str, LoadResult] = {}
-        with running(ferry_process(model, work, api_servers=args.api_servers)) as ferry:
+        process = ferry_process(model, work, api_servers=args.api_servers, replicas=args.replicas)
+        with running(process) as ferry:
             before = CpuSample.of(ferry.pid or 0, tree)
             results["ferry"] = measure(ferry.url, payloads, args.clients, args.duration)
             cpu = CpuPerRequest.between(
@@ -206,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["triton"] = measure(triton_url, payloads, args.clients, args.duration)
     print(
         f"tabular: breast-cancer gradient boosting, 1 row/request, {args.clients} clients, "
-        f"ferry with {args.api_servers} API process(es)"
+        f"ferry with {args.api_servers} API process(es), {args.replicas} replica(s)"
     )
     for name, result in results.items():
         print(line(name, result))

@@ -22,6 +22,7 @@ from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
+from ferry.server.procs.replicas import ReplicaRole
 from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.routes import (
@@ -59,10 +60,15 @@ async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gR
     )
 
 
-def create_app(settings: Settings, engine: EngineConnection | None = None) -> FastAPI:
+def create_app(
+    settings: Settings,
+    engine: EngineConnection | None = None,
+    replica: ReplicaRole | None = None,
+) -> FastAPI:
     """`engine`: an API process's (`api_servers > 1`), whose models run in the engine process;
-    None serves them here."""
-    metrics = FerryMetrics(metrics_registry(engine), priority_levels=settings.priority_levels)
+    None serves them here. `replica`: one of `replicas > 1` whole servers on one port."""
+    shared = engine is not None or replica is not None  # /metrics: every process's series
+    metrics = FerryMetrics(metrics_registry(shared), priority_levels=settings.priority_levels)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,9 +81,13 @@ def create_app(settings: Settings, engine: EngineConnection | None = None) -> Fa
         await registry.start()
         logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
+        if replica is not None:
+            replica.started()
         try:
             yield
         finally:
+            if replica is not None:
+                replica.stopping()
             app.state.drain.begin()
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
@@ -96,6 +106,7 @@ def create_app(settings: Settings, engine: EngineConnection | None = None) -> Fa
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.drain = DrainState()
+    app.state.replica = replica
     app.state.started_at = int(time.time())
     app.state.encoder = EncoderServing(settings)
     app.state.priority_policy = PriorityPolicy(

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ferry.server.settings import Settings
 
 
 def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,9 +78,25 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if settings.api_servers > 1:
+    logging.getLogger(__name__).info("ferry: %s", layout(settings))
+    if settings.api_servers > 1 or settings.replicas > 1:
         from ferry.server.procs.supervisor import run
 
         return run(settings)
     serve(create_app(settings), settings)
     return 0
+
+
+def layout(settings: Settings) -> str:
+    """Which processes serve, and why, for the start-up log."""
+    if settings.replicas > 1:
+        return (
+            f"{settings.replicas} replicas on one port (replicas = {settings.replicas}): whole "
+            "servers, each with its own models and batchers; no process hop per request"
+        )
+    if settings.api_servers > 1:
+        return (
+            f"{settings.api_servers} API processes in front of one engine process "
+            f"(api_servers = {settings.api_servers}): the models are held once"
+        )
+    return "one process (replicas = 1, api_servers = 1)"

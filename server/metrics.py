@@ -13,7 +13,7 @@ import functools
 import operator
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -51,6 +51,8 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 PER_MODEL = ("model",)  # the label set of most series
+# How a gauge's values from several processes are joined (prometheus_client's modes).
+MultiprocessMode = Literal["all", "min", "mostrecent"]
 
 
 class _Declare:
@@ -64,8 +66,19 @@ class _Declare:
     def counter(self, name: str, documentation: str, labels: Sequence[str] = PER_MODEL) -> Counter:
         return Counter(name, documentation, labels, registry=self._registry)
 
-    def gauge(self, name: str, documentation: str, labels: Sequence[str] = PER_MODEL) -> Gauge:
-        return Gauge(name, documentation, labels, registry=self._registry)
+    def gauge(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = PER_MODEL,
+        across_processes: MultiprocessMode = "all",
+    ) -> Gauge:
+        """`across_processes`: how /metrics joins the processes' values (`api_servers`,
+        `replicas`): "all" is summed (metrics_merge.py); "min" or "mostrecent" for a state that
+        every replica holds its own copy of."""
+        return Gauge(
+            name, documentation, labels, registry=self._registry, multiprocess_mode=across_processes
+        )
 
     def histogram(
         self,
@@ -185,6 +198,7 @@ class FerryMetrics:
             "Learned batch cost: seconds = fixed + per_request*n + per_token*n*L "
             "+ per_token_squared*n*L^2 + batch_tokens_squared*(n*L)^2.",
             ("model", "term"),
+            across_processes="mostrecent",  # each replica learns its own: one of them, not a sum
         )
         self.cost_error = new.histogram(
             "ferry_cost_model_error_ratio",
@@ -192,7 +206,9 @@ class FerryMetrics:
             buckets=(*RATIO_BUCKETS, 1.5, 2.0, 5.0),
         )
         self.model_ready = new.gauge(
-            "ferry_model_ready", "1 when the model is loaded, warm and its backend healthy."
+            "ferry_model_ready",
+            "1 when the model is loaded, warm and its backend healthy (in every replica).",
+            across_processes="min",
         )
 
         # Per process (server/gc_pauses.py); with API processes, summed over all of them.

@@ -231,6 +231,11 @@ class Settings(_Strict):
     # back). Raise it when a model's queue holds more than this, in bytes, at once; a request
     # larger than the window is sent when nothing else is unanswered.
     engine_window_bytes: int = Field(default=256 * 2**20, ge=0)
+    # Full server processes on one port (server/procs/replicas.py), each with its own models,
+    # batchers and backends: no process hop per request, every model held N times. For models
+    # small enough to copy (tabular, small CNNs, encoders on the CPU); not with api_servers, nor
+    # with llm_models (refused at start). 1: one process.
+    replicas: int = Field(default=1, ge=1, le=64)
     # LoRA adapter names become model names and metric label values: bounded (their count is
     # each model's max_adapters).
     max_adapter_name_chars: int = Field(default=64, ge=1, le=1024)
@@ -247,6 +252,23 @@ class Settings(_Strict):
             raise ValueError(f"model names must be unique, got {names}")
         if self.default_model and self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not among {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> Settings:
+        if self.replicas > 1 and self.api_servers > 1:
+            raise ValueError(
+                f"replicas = {self.replicas} and api_servers = {self.api_servers}: two layouts, "
+                "set one of them (replicas: whole servers on one port, each with its own models; "
+                "api_servers: API processes in front of one engine process)"
+            )
+        if self.replicas > 1 and self.llm_models:
+            names = ", ".join(m.name for m in self.llm_models)
+            raise ValueError(
+                f"replicas = {self.replicas} would load every LLM (llm_models: {names}) "
+                f"{self.replicas} times: serve LLMs with replicas = 1, or with api_servers to "
+                "spread their front end over cores"
+            )
         return self
 
     @model_validator(mode="after")

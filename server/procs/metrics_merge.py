@@ -6,9 +6,12 @@ Every process (API and engine) writes its series to memory-mapped files in one d
 gauges carry a `pid` label there, which is summed away here, so every family keeps exactly the
 labels of a single-process server (the dashboards and alerts read the same series). Each gauge
 has one writer: `ferry_in_flight_requests` and `ferry_engine_unanswered_bytes` are the sums of
-the API processes' own, the batch and engine gauges are written by the engine process only. The
-supervisor deletes a dead process's gauge files, so a killed process's in-flight count leaves
-with it.
+the API processes' own, the batch and engine gauges are written by the engine process only. With
+`replicas` every replica writes every gauge: the sums are the server's (in flight, queued, queue
+capacity), and the gauges of a state that each replica holds a copy of are declared with their
+own rule instead (`ferry_model_ready`: the least of them, so 1 only where every replica has the
+model; the cost model's coefficients: the most recent replica's). The supervisor deletes a dead
+process's gauge files, so a killed process's in-flight count leaves with it.
 """
 
 from __future__ import annotations

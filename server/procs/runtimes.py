@@ -29,9 +29,10 @@ class EngineConnection:
     supervisor_pid: int
 
 
-def metrics_registry(engine: EngineConnection | None) -> CollectorRegistry | None:
+def metrics_registry(shared: bool) -> CollectorRegistry | None:
+    """`shared`: a process that answers /metrics for all (an API process, a replica)."""
     path = os.environ.get(MULTIPROC_ENV)
-    return MergedRegistry(path) if engine is not None and path else None
+    return MergedRegistry(path) if shared and path else None
 
 
 async def build_runtimes(

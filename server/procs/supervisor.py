@@ -1,10 +1,13 @@
-"""`api_servers = N`: start one engine process and N API processes, replace any that dies.
+"""`api_servers = N`: start one engine process and N API processes, replace any that dies;
+`replicas = N`: N whole servers, no engine process (replicas.py).
 
 As vLLM's `--api-server-count`: the listening socket is created here and handed to every API
 process (spawned, so no state is inherited but the socket), which accept from it in turn; the
 gRPC port is bound by each with SO_REUSEPORT (grpcio's default). SIGTERM drains every API process
 (each answers 503 to new work while its accepted requests finish), then stops the engine; the
 supervisor exits 0. A second signal is passed on (the API processes then stop at once).
+Replicas are started, replaced and drained as API processes are; one that dies before any was
+ever ready stops the server with status 1, as an engine that cannot start does.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 from ferry.server.procs import run_dir
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
+from ferry.server.procs.replicas import ReplicaRole, replica_main
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -83,7 +87,14 @@ class Supervisor:
         # to start (bad model, bad config): the server stops with status 1, no restart loop.
         self._engine_ready = self._context.Event()
         self._engine_was_ready = False
-        self._apis: list[BaseProcess | None] = [None] * settings.api_servers
+        # With replicas: one flag per replica, 1 while it serves (ReplicaRole); None: API processes.
+        self._serving = (
+            self._context.RawArray("b", settings.replicas) if settings.replicas > 1 else None
+        )
+        self._replica_was_ready = False
+        count = settings.api_servers if self._serving is None else settings.replicas
+        # The API processes, or the replicas: the processes that accept from the socket.
+        self._apis: list[BaseProcess | None] = [None] * count
         self._signals = 0
 
     def run(self) -> int:
@@ -93,11 +104,12 @@ class Supervisor:
         # Started before any child, so that it does not inherit a child's FERRY_PROCESS.
         resource_tracker.ensure_running()
         try:
-            self._start_engine()
+            if self._serving is None:
+                self._start_engine()
             for index in range(len(self._apis)):
                 self._start_api(index)
             status = self._watch()
-            if status:  # the engine never started: the API processes never served, end them
+            if status:  # the engine (a replica) never started: the others never served, end them
                 for process in self._apis:
                     if process is not None:
                         process.kill()
@@ -131,15 +143,23 @@ class Supervisor:
         logger.info("engine process %d started", self._engine.pid)
 
     def _start_api(self, index: int) -> None:
-        process = self._context.Process(
-            target=api_main,
-            args=(self._settings, self._sock, self._address, os.getpid()),
-            name=f"ferry-api-{index}",
-        )
-        with _role("api"):
+        if self._serving is not None:
+            role = ReplicaRole(index, self._serving, os.getpid())
+            process = self._context.Process(
+                target=replica_main, args=(self._settings, self._sock, role), name=f"ferry-{index}"
+            )
+        else:
+            process = self._context.Process(
+                target=api_main,
+                args=(self._settings, self._sock, self._address, os.getpid()),
+                name=f"ferry-api-{index}",
+            )
+        kind = "replica" if self._serving is not None else "api"
+        with _role(kind):
             process.start()
         self._apis[index] = process
-        logger.info("API process %d started (%d of %d)", process.pid, index + 1, len(self._apis))
+        what = "replica" if kind == "replica" else "API process"
+        logger.info("%s %d started (%d of %d)", what, process.pid, index + 1, len(self._apis))
 
     def _watch(self) -> int:
         """Until a signal: replace whatever dies. Returns the exit status."""
@@ -148,6 +168,8 @@ class Supervisor:
             connection.wait([p.sentinel for p in children], timeout=POLL_S)
             if self._signals:
                 break
+            if self._serving is not None:  # seen while it serves: a later death restarts it
+                self._replica_was_ready |= any(self._serving)
             engine = self._engine
             if engine is not None and not engine.is_alive():
                 self._reap(engine)
@@ -164,11 +186,26 @@ class Supervisor:
             for index, process in enumerate(self._apis):
                 if process is not None and not process.is_alive():
                     self._reap(process)
-                    logger.error(
-                        "API process %d died (%s): restarting", process.pid, process.exitcode
-                    )
+                    if self._serving is not None and not self._replica_died(index, process):
+                        return 1
+                    what = "API process" if self._serving is None else "replica"
+                    logger.error("%s %d died (%s): restarting", what, process.pid, process.exitcode)
                     self._start_api(index)
         return 0
+
+    def _replica_died(self, index: int, process: BaseProcess) -> bool:
+        """Whether to start another in its place: not when no replica was ever ready (a bad
+        model or config fails them all: status 1, no restart loop)."""
+        assert self._serving is not None
+        ready = bool(self._serving[index])
+        self._serving[index] = 0  # the others' readiness turns 503 until its successor serves
+        self._replica_was_ready |= ready
+        if not self._replica_was_ready:
+            logger.error("a replica failed to start (status %s)", process.exitcode)
+            return False
+        if not ready:
+            time.sleep(RESTART_BACKOFF_S)
+        return True
 
     def _reap(self, process: BaseProcess) -> None:
         process.join()

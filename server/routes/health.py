@@ -26,14 +26,16 @@ async def ready(request: Request) -> JSONResponse:
     state = request.app.state
     models = state.registry.readiness()
     models_ready = all(models.values()) and await state.registry.ready()
+    body: dict[str, object] = {"models": models}
+    if state.replica is not None:  # `replicas > 1`: the server is ready when every replica is
+        serving, replicas = state.replica.count()
+        models_ready = models_ready and serving == replicas
+        body["replicas"] = {"ready": serving, "total": replicas}
     draining = state.drain.draining
     ok = models_ready and not draining
     status = "ready" if ok else ("draining" if draining else "starting")
     return JSONResponse(
-        {
-            "status": status,
-            "models": models,
-        },
+        {"status": status, **body},
         status_code=200 if ok else 503,
         headers=None if ok else {"Retry-After": "1"},
     )

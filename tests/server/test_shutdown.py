@@ -10,8 +10,14 @@ import httpx
 import pytest
 
 from ferry.bench.server_process import default_model_config, ferry_server
-from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
+
+# Every layout drains alike: one process, API processes in front of an engine, replicas.
+LAYOUTS = [
+    pytest.param({"api_servers": 1}, id="api1"),
+    pytest.param({"api_servers": 2}, id="api2"),
+    pytest.param({"replicas": 2}, id="replicas2"),
+]
 
 
 async def _fire(url: str, count: int) -> list[int | str]:
@@ -34,14 +40,15 @@ async def _in_flight(client: httpx.AsyncClient) -> float:
     return metric_value(text, "ferry_in_flight_requests", endpoint="/predict")
 
 
-@pytest.mark.parametrize("api_servers", API_SERVERS)
-def test_sigterm_drains_in_flight_requests_then_exits_zero(api_servers):
-    """With API processes: each drains, then the engine stops, and the server exits 0."""
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sigterm_drains_in_flight_requests_then_exits_zero(layout):
+    """With API processes: each drains, then the engine stops, and the server exits 0; with
+    replicas, each drains."""
     # A deadline far off: admission must not refuse (429) what a slow, busy host would finish.
     config = default_model_config(
         backend={"sessions": 1}, batching={"max_batch_size": 4}, timeout_s=600
     )
-    settings = {"drain_timeout_s": 60, "api_servers": api_servers}
+    settings = {"drain_timeout_s": 60, **layout}
     with ferry_server([config], server=settings) as server:
 
         async def scenario() -> tuple[list[int | str], float, list[int], str | None]:
@@ -75,11 +82,11 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(api_servers):
         assert server.process.returncode == 0
 
 
-@pytest.mark.parametrize("api_servers", API_SERVERS)
-def test_a_stop_leaves_no_traceback_in_the_log(api_servers):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stop_leaves_no_traceback_in_the_log(layout):
     """The collection at interpreter exit ran the GC pause callback on the closed event loop:
     `RuntimeError: Event loop is closed` at every stop (in each API and engine process)."""
-    with ferry_server([default_model_config()], server={"api_servers": api_servers}) as server:
+    with ferry_server([default_model_config()], server=layout) as server:
         reply = httpx.post(f"{server.url}/predict", json={"inputs": "hello"}, timeout=30)
         assert reply.status_code == 200
         assert server.stop() == 0

@@ -1,4 +1,5 @@
-"""A running server's processes (`api_servers = N`): which child is which, and waiting on them."""
+"""A running server's processes (`api_servers = N`, `replicas = N`): which child is which, and
+waiting on them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ READY_TIMEOUT_S = 90.0
 
 
 def roles(pid: int) -> dict[int, str]:
-    """The server's living children by FERRY_PROCESS (engine / api)."""
+    """The server's living children by FERRY_PROCESS (engine / api / replica)."""
     found = {}
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         try:
@@ -56,9 +57,9 @@ def gone(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def api_process_of(server, client_port: int) -> int | None:
-    """The API process holding the server's end of the loopback connection from `client_port`
-    (the API processes accept from one socket, whichever is first)."""
+def api_process_of(server, client_port: int, role: str = "api") -> int | None:
+    """The API process (or replica: `role`) holding the server's end of the loopback connection
+    from `client_port` (they accept from one socket, whichever is first)."""
     server_port = int(server.url.rsplit(":", 1)[1])
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -67,7 +68,7 @@ def api_process_of(server, client_port: int) -> int | None:
             local, remote = (int(address.rsplit(":", 1)[1], 16) for address in fields[1:3])
             if (local, remote) == (server_port, client_port):
                 inodes.add(f"socket:[{fields[9]}]")
-    for pid in pids(server, "api"):
+    for pid in pids(server, role):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
             try:
                 if os.readlink(fd) in inodes:

@@ -1,0 +1,67 @@
+"""`replicas = N`: N whole servers on one port, each with its own models, batchers and backends.
+
+For models small enough to hold N times (tabular, small CNNs, encoders on the CPU): each replica
+parses, batches and runs its own requests, so the front end spreads over N cores with no process
+hop per request (`api_servers` pays one: every request crosses to the one engine process). The
+supervisor (supervisor.py) starts them as it starts API processes: spawned, handed the one
+listening socket, replaced when one dies, drained on SIGTERM. Their metrics merge on /metrics as
+the API processes' do (metrics_merge.py).
+
+Readiness is the server's, not a replica's: a replica answers /health/ready with 200 only while
+every replica serves. Each marks itself in a flag shared with all (`ReplicaRole`) once its models
+are started, and clears it as it stops; the supervisor clears a dead one's.
+
+LLM engines are refused with replicas (settings.py): an LLM is large, and N copies of its weights
+and KV cache would rarely fit where one does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from ferry.server.settings import Settings
+
+
+@dataclass(frozen=True)
+class ReplicaRole:
+    """A replica's place in the server: its index, every replica's serving flag (a shared
+    byte array, one per replica: 1 while it serves) and the supervisor that started it."""
+
+    index: int
+    serving: Any  # multiprocessing's RawArray("b", N), written by each replica and the supervisor
+    supervisor_pid: int
+
+    def started(self) -> None:
+        """Models started: this replica serves. Stops (drains) when the supervisor is killed."""
+        from ferry.server.procs.parent import on_parent_exit
+
+        on_parent_exit(self.supervisor_pid, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self.serving[self.index] = 1
+
+    def stopping(self) -> None:
+        self.serving[self.index] = 0
+
+    def count(self) -> tuple[int, int]:
+        """(replicas serving, replicas)."""
+        flags = self.serving[:]
+        return sum(flags), len(flags)
+
+
+def replica_main(settings: Settings, sock: socket.socket, role: ReplicaRole) -> None:
+    """A replica process: the usual app and its own models, on the supervisor's socket."""
+    # As an API process (supervisor.api_main): its own process group, the socket not inherited
+    # by the processes it starts.
+    os.setpgrp()
+    sock.set_inheritable(False)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from ferry.server.app import create_app
+    from ferry.server.serve import serve
+
+    serve(create_app(settings, replica=role), settings, sockets=[sock])
