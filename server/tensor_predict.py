@@ -20,6 +20,7 @@ from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.image_inputs import json_images
 from ferry.server.large_bodies import decoded
+from ferry.server.model_outputs import distinct
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
 from ferry.server.tensor_inputs import json_tensor, records_tensors
 
@@ -64,7 +65,7 @@ async def predict_tensors(
     """`decide_priority`: the caller's priority policy (server/tenancy.py) applied to the ask;
     `body_bytes`, the request's size: a large one's tensors are typed off the event loop."""
     body = TensorPredictRequest.model_validate(raw)
-    outputs = model.select_outputs(body.outputs)
+    outputs = distinct(model.select_outputs(body.outputs))
     try:
         tensors = await decoded(body_bytes, partial(request_tensors, model, body.inputs))
     except InvalidInput:
