@@ -30,6 +30,10 @@ CHANNELS = 3  # decoded images are converted to RGB
 # Past this, an image is refused from its header, before a pixel is decoded (a PNG of a few
 # kilobytes can claim gigapixels).
 MAX_PIXELS = 40_000_000
+# Nor may a side be longer than JPEG's own limit, or the longer side more than this many times
+# the shorter: a PNG of 100 x 399,000 (5.5 KB) took 1.3-1.6 GB to decode and resize.
+MAX_SIDE = 65_535
+MAX_ASPECT_RATIO = 64.0
 
 Triple = tuple[float, float, float]
 
@@ -53,12 +57,16 @@ class ImagePreprocess(BaseModel):
     resample: Literal["bilinear", "bicubic", "nearest"] = "bilinear"  # Pillow's resize filter
     # An image whose header claims more pixels is refused before it is decoded.
     max_pixels: int = Field(default=MAX_PIXELS, ge=1)
+    # Nor any whose header claims a longer side, or a longer side / shorter side past this.
+    max_side: int = Field(default=MAX_SIDE, ge=1)
+    max_aspect_ratio: float = Field(default=MAX_ASPECT_RATIO, ge=1)
     # Decoding threads (Pillow releases the GIL while it decodes and resizes); None: one a core.
     workers: int | None = Field(default=None, ge=1, le=256)
 
     def to_metadata(self) -> str:
         """The `ferry.preprocess` entry: the fields that describe the model, not the server."""
-        return json.dumps(self.model_dump(exclude={"workers", "max_pixels"}, exclude_none=True))
+        server = {"workers", "max_pixels", "max_side", "max_aspect_ratio"}
+        return json.dumps(self.model_dump(exclude=server, exclude_none=True))
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,8 @@ class ImagePlan:
     shift: np.ndarray  # per channel: -mean / std
     resample: str
     max_pixels: int
+    max_side: int
+    max_aspect_ratio: float
     workers: int | None
 
 
@@ -164,6 +174,8 @@ def plan(spec: ImagePreprocess, signature: Signature) -> ImagePlan:
         shift=(-np.array(spec.mean, dtype=np.float32) / std).astype(np.float32),
         resample=spec.resample,
         max_pixels=spec.max_pixels,
+        max_side=spec.max_side,
+        max_aspect_ratio=spec.max_aspect_ratio,
         workers=spec.workers,
     )
 

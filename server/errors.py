@@ -49,6 +49,11 @@ class InvalidInput(Exception):
         self.message = message
 
 
+class TooManyItems(InvalidInput):
+    """More items in one request than the server ever takes at once: a 413 naming the field
+    (not a 429, which says a retry may succeed)."""
+
+
 class UnknownModel(Exception):
     field = "model"
 
@@ -118,6 +123,7 @@ class ErrorKind:
 
 # The one table: exception class -> status and error type. First match wins (subclasses first).
 ERROR_TABLE: tuple[tuple[type[Exception], ErrorKind], ...] = (
+    (TooManyItems, ErrorKind(413, "invalid_request_error")),
     (InvalidInput, ErrorKind(422, "invalid_request_error")),
     (MalformedRequest, ErrorKind(400, "invalid_request_error")),
     # nginx's status for a client that closed the connection first; nobody reads the body.

@@ -3,7 +3,8 @@
 As torchvision's Resize + CenterCrop + ToTensor + Normalize: the shorter side resized to the
 plan's `resize` (the longer one truncated in proportion), the centre cropped, values scaled and
 normalised per channel. Only JPEG and PNG are opened, and an image whose header claims more
-than `max_pixels` is refused before a pixel is decoded. Every refusal names the request's item.
+than `max_pixels`, a side longer than `max_side` or a longer side over `max_aspect_ratio` times
+the shorter is refused before a pixel is decoded. Every refusal names the request's item.
 """
 
 from __future__ import annotations
@@ -43,12 +44,7 @@ def decode_image(item: object, plan: ImagePlan, where: str) -> np.ndarray:
     data = encoded_bytes(item, where)
     try:
         with Image.open(io.BytesIO(data), formats=FORMATS) as image:
-            width, height = image.size
-            if width * height > plan.max_pixels:
-                raise InvalidInput(
-                    where,
-                    f"the image is {width}x{height}, more than max_pixels ({plan.max_pixels})",
-                )
+            _check_size(image.size, plan, where)
             rgb = image.convert("RGB")  # decodes (the GIL released), drops alpha, expands palettes
     except UnidentifiedImageError:
         raise InvalidInput(where, "not a JPEG or PNG image") from None
@@ -62,6 +58,26 @@ def decode_image(item: object, plan: ImagePlan, where: str) -> np.ndarray:
     if plan.layout == "NCHW":
         values = values.transpose(2, 0, 1)
     return np.ascontiguousarray(values, dtype=plan.dtype)
+
+
+def _check_size(size: tuple[int, int], plan: ImagePlan, where: str) -> None:
+    """The header's size within the plan's bounds: a few bytes of PNG can claim any size, and
+    a long thin one is resized to a long side of `resize` times its aspect ratio."""
+    width, height = size
+    if width * height > plan.max_pixels:
+        raise InvalidInput(
+            where, f"the image is {width}x{height}, more than max_pixels ({plan.max_pixels})"
+        )
+    if max(size) > plan.max_side:
+        raise InvalidInput(
+            where, f"the image is {width}x{height}, a side longer than max_side ({plan.max_side})"
+        )
+    if max(size) > plan.max_aspect_ratio * max(min(size), 1):
+        raise InvalidInput(
+            where,
+            f"the image is {width}x{height}, its longer side more than max_aspect_ratio "
+            f"({plan.max_aspect_ratio:g}) times the shorter",
+        )
 
 
 def _resized_centre(image: Image.Image, plan: ImagePlan) -> Image.Image:

@@ -4,7 +4,8 @@ A request may send the image input as encoded images, one per row (KServe BYTES,
 in JSON, a raw `image/*` body), or as the graph's own tensor, which passes through. Each image
 is decoded in a worker thread: Pillow releases the GIL while it decodes and resizes, so the
 event loop keeps running, and images of any size come out the crop's shape and batch together.
-Images waiting for a worker are bounded by the model's queue size: past it, 429 at once.
+Images waiting for a worker are bounded by the model's queue size: past it, 429 at once; a
+request of more images than that could never fit, a 413.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ferry.backends.image_spec import ImagePlan, declared, manifest_preprocess, 
 from ferry.backends.tensor_signature import Signature
 from ferry.backends.thread_priority import lower_this_thread
 from ferry.batcher.errors import QueueFull
-from ferry.server.errors import InvalidInput
+from ferry.server.errors import InvalidInput, TooManyItems
 from ferry.server.image_decode import decode_image
 from ferry.server.settings import ModelSettings
 
@@ -76,6 +77,12 @@ class ImageInputs:
         flat = items.reshape(-1)
         if not len(flat):
             raise InvalidInput(name, "needs at least one image")
+        if len(flat) > self._max_pending:
+            raise TooManyItems(
+                name,
+                f"{len(flat)} images; the model decodes at most {self._max_pending} at once "
+                "(its max_queue_size)",
+            )
         if self._pending + len(flat) > self._max_pending:
             raise QueueFull(RETRY_AFTER_S, "the model's image decoders are full; retry later")
         loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ process's stand-in (server/procs/remote.py) from what the engine process reports
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,6 +25,15 @@ CLASS_OUTPUTS = ("label", "probabilities")
 SCORE_OUTPUTS = ("score",)
 DERIVED_OUTPUTS = (*CLASS_OUTPUTS, *SCORE_OUTPUTS)
 HEAD_TASKS = ("classification", "rerank")
+
+
+def distinct(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Checked output names, each asked for once: copies add nothing to an answer but its size
+    (400,000 of one froze the event loop rendering them)."""
+    if len(set(names)) != len(names):
+        twice = next(name for name, count in Counter(names).items() if count > 1)
+        raise InvalidInput("outputs", f"output {twice!r} is asked for more than once")
+    return names
 
 
 class BackendInfo(Protocol):
@@ -90,7 +100,7 @@ class ModelOutputs:
                 )
             named.append(name)
         if named:
-            return tuple(named)
+            return distinct(tuple(named))
         return tuple(choices) if tensors else self.defaults
 
     def for_backend(self, names: Sequence[str]) -> frozenset[str]:

@@ -20,6 +20,7 @@ from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import GraphModel, prepare
 from ferry.server.image_inputs import json_images
 from ferry.server.large_bodies import decoded
+from ferry.server.model_outputs import distinct
 from ferry.server.replies import Reply, json_reply
 from ferry.server.response_size import check_response_size, written
 from ferry.server.schemas import MIN_TIMEOUT_MS, Priority
@@ -68,7 +69,7 @@ async def predict_tensors(
     `body_bytes`, the request's size: a large one's tensors are typed off the event loop. The
     answer is refused past `max_response_bytes`, and a large one written off the loop."""
     body = TensorPredictRequest.model_validate(raw)
-    outputs = model.select_outputs(body.outputs)
+    outputs = distinct(model.select_outputs(body.outputs))
     try:
         tensors = await decoded(body_bytes, partial(request_tensors, model, body.inputs))
     except InvalidInput:

@@ -42,7 +42,7 @@ from ferry.server.kserve.model_config import (
     model_metadata,
 )
 from ferry.server.kserve.statistics import model_statistics
-from ferry.server.kserve.tensor_codec import decode_grpc_tensors, tensor_blob
+from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.tenancy import CLAMPED_HEADER
@@ -99,8 +99,9 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors = {}
+    room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):
-        name, shape = tensor.name, list(tensor.shape)
+        name, shape = tensor.name, checked_shape(tensor.name, list(tensor.shape), room)
         if tensor.datatype != "BYTES" and tensor.datatype not in INT_TYPES:
             raise InvalidInput(
                 name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"

@@ -24,6 +24,7 @@ from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import GraphModel, is_graph
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
+from ferry.server.model_outputs import distinct
 from ferry.server.schemas import PRIORITY_MAX, PRIORITY_MIN
 
 
@@ -156,7 +157,7 @@ def request_priority(value: object = ABSENT) -> int:
 def output_names(model: EncoderModel | GraphModel, names: Sequence[str | None]) -> tuple[str, ...]:
     """The requested outputs, checked; all of the model's tensors when none are asked for."""
     if is_graph(model):
-        return model.select_outputs(names, tensors=True)
+        return distinct(model.select_outputs(names, tensors=True))
     return model.outputs.select(names, tensors=True)
 
 

@@ -1,6 +1,7 @@
 """KServe v2 tensors of any datatype for a plain graph: request inputs read, outputs written.
 
-Each input is checked against the graph (its name, then its datatype) before its data is read;
+Each input is checked against the graph (its name, then its datatype) and its shape against the
+data the request could carry, before its data is read;
 JSON data goes through the same typed check as /predict (tensor_inputs.py), binary data must be
 exactly the bytes its shape and datatype take. Outputs go back in the graph's datatypes (FP16
 as JSON numbers too); a ZipMap output is its [N, C] FP32 tensor.
@@ -19,7 +20,7 @@ from ferry.backends import bfloat16
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.kserve.infer import deserialize_bytes
-from ferry.server.tensor_inputs import typed_array, typed_tensor
+from ferry.server.tensor_inputs import MAX_DIMS, typed_array, typed_tensor
 
 
 def parameters(entry: dict[str, Any]) -> dict[str, Any]:
@@ -29,6 +30,35 @@ def parameters(entry: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def binary_data_size(name: str, spec: dict[str, Any]) -> int | None:
+    """An input's `parameters.binary_data_size`: None when absent, else its bytes (an integer,
+    as Triton takes it: a string or a list is refused naming the input)."""
+    size = parameters(spec).get("binary_data_size")
+    if size is None:
+        return None
+    if type(size) is not int or size < 0:
+        raise InvalidInput(
+            name, f"parameters.binary_data_size must be a count of bytes, got {size!r:.40}"
+        )
+    return size
+
+
+def checked_shape(name: str, shape: list[int], room: int) -> list[int]:
+    """`shape`, refused before anything is allocated for it: a negative dimension, more than
+    MAX_DIMS axes, or more values than `room` (what the request sent: a value takes at least a
+    byte, in JSON as in binary) could hold. A zero dimension counts as one: numpy cannot even
+    describe [2**63, 0]."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(name, f"shape has {len(shape)} dimensions, more than {MAX_DIMS}")
+    if any(d < 0 for d in shape):
+        raise InvalidInput(name, f"shape {shape} has a negative dimension")
+    if math.prod(d or 1 for d in shape) > room:
+        raise InvalidInput(
+            name, f"shape {shape} holds more values than the request's {room} bytes can carry"
+        )
+    return shape
+
+
 def decode_tensors(
     header: dict[str, Any], body: bytes, offset: int, signature: Signature
 ) -> dict[str, np.ndarray]:
@@ -36,14 +66,11 @@ def decode_tensors(
     the graph's datatype in the request's shape."""
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        name, shape, datatype = input_spec(spec)
+        name, shape, datatype = input_spec(spec, len(body))
         want = _known_input(signature, tensors, name, datatype)
-        if any(d < 0 for d in shape):
-            raise InvalidInput(name, f"shape {shape} has a negative dimension")
         count = math.prod(shape)
-        binary_size = parameters(spec).get("binary_data_size")
-        if binary_size is not None:
-            size = int(binary_size)
+        size = binary_data_size(name, spec)
+        if size is not None:
             chunk = body[offset : offset + size]
             offset += size
             if len(chunk) != size:
@@ -130,9 +157,11 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors: dict[str, np.ndarray] = {}
+    room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):
-        name, shape, datatype = tensor.name, list(tensor.shape), tensor.datatype
+        name, datatype = tensor.name, tensor.datatype
         want = _known_input(signature, tensors, name, datatype)
+        shape = checked_shape(name, list(tensor.shape), room)
         count = math.prod(shape)
         used = [field.name for field, _ in tensor.contents.ListFields()]
         if raw:
@@ -159,12 +188,14 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
     return tensors
 
 
-def input_spec(spec: dict[str, Any]) -> tuple[str, list[int], str]:
-    """An input's name, shape and datatype from the request header's entry for it."""
+def input_spec(spec: dict[str, Any], room: int) -> tuple[str, list[int], str]:
+    """An input's name, shape and datatype from the request header's entry for it; `room`: the
+    body's bytes, which the shape's values must fit in."""
     try:
-        return spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
+        name, shape, datatype = spec["name"], [int(d) for d in spec["shape"]], spec["datatype"]
     except (KeyError, TypeError, ValueError):
         raise MalformedRequest("each input needs 'name', 'shape' and 'datatype'") from None
+    return name, checked_shape(str(name), shape, room), datatype
 
 
 def _known_input(

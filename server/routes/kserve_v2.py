@@ -44,6 +44,7 @@ from ferry.server.kserve.model_config import (
 )
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
+    binary_data_size,
     decode_tensors,
     input_spec,
     parameters,
@@ -305,13 +306,13 @@ def decode_request(
     header, offset = read_header(body, header_length)
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        name, shape, datatype = input_spec(spec)
+        name, shape, datatype = input_spec(spec, len(body))
         if datatype not in (*INT_TYPES, "BYTES"):
             message = f"datatype must be INT64 (token ids) or BYTES (text), got {datatype}"
             raise InvalidInput(name, message)
-        binary_size = parameters(spec).get("binary_data_size")
+        binary_size = binary_data_size(name, spec)
         if datatype == "BYTES":
-            size_bytes = int(binary_size or 0)
+            size_bytes = binary_size or 0
             tensors[name] = bytes_input(spec, body[offset : offset + size_bytes], shape)
             offset += size_bytes
             continue
@@ -320,8 +321,8 @@ def decode_request(
             raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
         try:
             if binary_size is not None:
-                chunk = body[offset : offset + int(binary_size)]
-                offset += int(binary_size)
+                chunk = body[offset : offset + binary_size]
+                offset += binary_size
                 array = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<"))
             else:
                 array = int_data(name, datatype, spec["data"])

@@ -84,3 +84,30 @@ def test_an_image_too_large_is_refused_from_its_header():
     data = images.encoded(0)  # 640 x 427
     with pytest.raises(InvalidInput, match="640x427, more than max_pixels"):
         decode_image(data, image_plan(max_pixels=640 * 427 - 1), "x")
+
+
+@pytest.mark.parametrize(
+    ("make", "width", "height", "says"),
+    [
+        (images.png_header, 1, 40_000_000, "1x40000000, a side longer than max_side"),
+        (images.png_header, 39_000_000, 1, "39000000x1, a side longer than max_side"),
+        (images.png_header, 1, 39_000_000, "1x39000000, a side longer than max_side"),
+        (images.blank_png, 100, 399_000, "100x399000, a side longer than max_side"),
+        (images.png_header, 70_000, 500, "a side longer than max_side"),
+        (images.blank_png, 100, 6_401, r"100x6401, its longer side more than max_aspect_ratio \("),
+        (images.blank_png, 6_401, 100, "its longer side more than max_aspect_ratio"),
+    ],
+)
+def test_a_long_or_thin_image_is_refused_from_its_header(make, width, height, says):
+    # A long side times the resize makes the resized image (256 x 1,021,440 for the 100 x
+    # 399,000 one, ~1 GB); a bomb's header claims pixels its bytes never hold.
+    with pytest.raises(InvalidInput, match=says) as refused:
+        decode_image(make(width, height), image_plan(), "pixels[2]")
+    assert refused.value.field == "pixels[2]"
+
+
+def test_the_side_and_aspect_bounds_are_configurable():
+    data = images.blank_png(100, 6_401)
+    assert decode_image(data, image_plan(max_aspect_ratio=65), "x").shape == (3, 32, 32)
+    with pytest.raises(InvalidInput, match=r"max_side \(6400\)"):
+        decode_image(data, image_plan(max_aspect_ratio=65, max_side=6_400), "x")

@@ -286,7 +286,9 @@ def test_encoded_images_come_one_per_row(server, session, shape, status):
     np.testing.assert_allclose(answer, alone(session, encoded), rtol=1e-4, atol=1e-4)
 
 
-def test_more_images_than_the_queue_holds_are_refused_at_once(server):
+def test_more_images_than_the_queue_ever_holds_are_a_413_naming_the_input(server):
+    # No retry could lift it: not a 429.
     reply = send(server, "base64", "configured", [images.encoded(i) for i in range(QUEUE + 1)])
-    assert reply.status_code == 429 and "Retry-After" in reply.headers
-    assert "image decoders are full" in reply.json()["error"]["message"]
+    assert reply.status_code == 413 and "Retry-After" not in reply.headers
+    error = reply.json()["error"]
+    assert error["param"] == "pixel_values" and "decodes at most 4 at once" in error["message"]

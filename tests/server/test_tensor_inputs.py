@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -140,3 +142,44 @@ def test_long_and_nested_json_numbers_are_read_as_item_by_item(datatype, data):
     array = typed_tensor("x", datatype, spec.dtype, data)
     assert array.dtype == expected.dtype == spec.dtype
     assert array.shape == expected.shape and np.array_equal(array, expected)
+
+
+def deep(levels: int) -> list:
+    data: list = [1.0]
+    for _ in range(levels - 1):
+        data = [data]
+    return data
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "BOOL", "BYTES"])
+@pytest.mark.parametrize("levels", [33, 65, 900])  # numpy's own limit is 64
+def test_lists_nested_past_the_axis_bound_are_refused_naming_the_input(datatype, levels):
+    spec = TensorSpec("x", datatype, ("N",))
+    with pytest.raises(InvalidInput, match="nested more than 32 deep") as error:
+        typed_tensor("x", datatype, spec.dtype, deep(levels))
+    assert error.value.field == "x"
+
+
+def test_lists_nested_to_the_axis_bound_are_read():
+    assert typed_tensor("x", "FP32", np.dtype(np.float32), deep(32)).shape == (1,) * 32
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        ["a" * 10_000] + [""] * 5_000,
+        [0.5, *[""] * 5_000, "a" * 10_000],  # a number first: no sample of the first item
+        [[0.5] * 2, ["", "a" * 10_000]] * 2_500,
+        [[0.5, 0.5], "a" * 10_000, *[[0.5, 0.5]] * 5_000],  # a string a level up
+    ],
+)
+def test_strings_sent_for_numbers_are_refused_before_any_array_is_built(data):
+    # numpy's inference would make them an items x longest-string array (200 MB here).
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidInput, match=r"must be numbers|rectangular"):
+            typed_tensor("x", "FP32", np.dtype(np.float32), data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak

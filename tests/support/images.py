@@ -98,3 +98,26 @@ def tiny_cnn(path: Path, declare: bool = True, spatial: tuple = (SIZE, SIZE)) ->
     onnx.checker.check_model(model)
     onnx.save(model, path)
     return path
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG of a few dozen bytes whose header claims `width` x `height` (grey, 8 bits) and
+    whose one IDAT holds almost nothing: what a decompression bomb's header looks like."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + data))
+        return struct.pack(">I", len(data)) + kind + data + crc
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    idat = zlib.compress(b"\0" * 100)
+    chunks = chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunks
+
+
+def blank_png(width: int, height: int) -> bytes:
+    """A real black PNG (grey) of `width` x `height`: a long thin one compresses to little."""
+    buffer = io.BytesIO()
+    Image.new("L", (width, height)).save(buffer, "PNG")
+    return buffer.getvalue()
