@@ -60,7 +60,7 @@ class ImagePreprocess(BaseModel):
     # Nor any whose header claims a longer side, or a longer side / shorter side past this.
     max_side: int = Field(default=MAX_SIDE, ge=1)
     max_aspect_ratio: float = Field(default=MAX_ASPECT_RATIO, ge=1)
-    # Decoding threads (Pillow releases the GIL while it decodes and resizes); None: one a core.
+    # Decoding processes; None: one fewer than the cores (at least one), the loop keeps one.
     workers: int | None = Field(default=None, ge=1, le=256)
 
     def to_metadata(self) -> str:

@@ -5,11 +5,11 @@
   unbatched server (bench/unbatched_tensor_server.py: a session of one thread per core, as many
   pool threads, orjson), the same bodies to both;
 - JPEGs of mixed sizes (scikit-learn's sample photos cropped from 97 x 97 to 427 x 640) sent as
-  BYTES (base64) and decoded by Ferry in its worker threads, while a thread polls /health/live
+  BYTES (base64) and decoded by Ferry in its worker processes, while a thread polls /health/live
   every 10 ms: its slowest answers tell whether the event loop stalled. The same poll on the
   idle server, and under the FP32 load (no decoding), tells the machine's own share;
 - without HTTP: the gaps between 1 ms ticks of an event loop while Ferry's image decoder
-  decodes those JPEGs 64 at a time in its threads, and while the loop decodes them itself.
+  decodes those JPEGs 64 at a time in its workers, and while the loop decodes them itself.
 
     python -m ferry.bench.images [--duration 10] [--clients 64]
 """
@@ -110,7 +110,7 @@ class LivePoll:
 
 async def loop_gaps(jpegs: list[bytes], model: Path, pooled: bool) -> list[float]:
     """The event loop's gaps (ms) between 1 ms ticks while Ferry's image decoder decodes every
-    JPEG 64 at a time: in its threads (`pooled`), or inline on the loop (the counterfactual)."""
+    JPEG 64 at a time: in its workers (`pooled`), or inline on the loop (the counterfactual)."""
     import onnxruntime as ort
 
     from ferry.backends.image_spec import declared, plan

@@ -48,6 +48,10 @@ class InvalidInput(Exception):
         self.field = field
         self.message = message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in an image decoding process (server/image_inputs.py) and pickled back.
+        return (type(self), (self.field, self.message))
+
 
 class TooManyItems(InvalidInput):
     """More items in one request than the server ever takes at once: a 413 naming the field

@@ -1,20 +1,26 @@
-"""An image model's encoded inputs decoded into its graph's tensor, in a pool off the event loop.
+"""An image model's encoded inputs decoded into its graph's tensor, in worker processes.
 
 A request may send the image input as encoded images, one per row (KServe BYTES, base64 strings
 in JSON, a raw `image/*` body), or as the graph's own tensor, which passes through. Each image
-is decoded in a worker thread: Pillow releases the GIL while it decodes and resizes, so the
-event loop keeps running, and images of any size come out the crop's shape and batch together.
-Images waiting for a worker are bounded by the model's queue size: past it, 429 at once; a
-request of more images than that could never fit, a 413.
+is decoded in a worker process (server/image_decode.py's pure function; the row comes back
+pickled), so base64, Pillow and numpy's normalisation hold neither the event loop's GIL nor,
+by default, every core: `preprocess.workers` defaults to one fewer than the cores this process
+may run on (at least one), which leaves the loop a core. Images of any size come out the crop's
+shape and batch together. Images waiting for a worker are bounded by the model's queue size:
+past it, 429 at once; a request of more images than that could never fit, a 413. A worker that
+dies (a crash, the OOM killer) fails the requests it held with a 500 and the pool is replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
@@ -22,7 +28,7 @@ import numpy as np
 from ferry.backends.image_spec import ImagePlan, declared, manifest_preprocess, plan
 from ferry.backends.tensor_signature import Signature
 from ferry.backends.thread_priority import lower_this_thread
-from ferry.batcher.errors import QueueFull
+from ferry.batcher.errors import InferenceFailed, QueueFull
 from ferry.server.errors import InvalidInput, TooManyItems
 from ferry.server.image_decode import decode_image
 from ferry.server.settings import ModelSettings
@@ -34,18 +40,15 @@ RETRY_AFTER_S = 1.0
 class ImageInputs:
     def __init__(self, plan: ImagePlan, model: str, max_pending: int, niceness: int = 0) -> None:
         self.plan = plan
-        self.workers = plan.workers or os.cpu_count() or 1
-        self._pool = ThreadPoolExecutor(
-            self.workers,
-            thread_name_prefix=f"images-{model}",
-            initializer=lower_this_thread,  # the event loop first (backends/thread_priority.py)
-            initargs=(niceness,),
-        )
+        self.workers = plan.workers or default_workers()
+        self._model = model
+        self._niceness = niceness
+        self._pool = self._new_pool()
         self._max_pending = max_pending
         self._pending = 0
         logger.info(
             "%s: decoding JPEG and PNG for input %r (shorter side %d, crop %dx%d, %s %s) "
-            "in %d threads",
+            "in %d worker processes",
             model,
             plan.input,
             plan.resize,
@@ -55,6 +58,21 @@ class ImageInputs:
             plan.datatype,
             self.workers,
         )
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        pool = ProcessPoolExecutor(
+            self.workers,
+            mp_context=_context(),
+            initializer=lower_this_thread,  # the event loop first (backends/thread_priority.py)
+            initargs=(self._niceness,),
+        )
+        pool.submit(int)  # the workers start now, not on the first request
+        return pool
+
+    @property
+    def pids(self) -> set[int]:
+        """The decoding processes now running."""
+        return set(self._pool._processes or {})
 
     @property
     def input(self) -> str:
@@ -85,23 +103,56 @@ class ImageInputs:
             )
         if self._pending + len(flat) > self._max_pending:
             raise QueueFull(RETRY_AFTER_S, "the model's image decoders are full; retry later")
-        loop = asyncio.get_running_loop()
         self._pending += len(flat)
+        pool = self._pool
         try:
             rows = await asyncio.gather(
                 *(
-                    loop.run_in_executor(
-                        self._pool, decode_image, item, self.plan, _where(name, items, i)
+                    asyncio.wrap_future(
+                        pool.submit(decode_image, item, self.plan, _where(name, items, i))
                     )
                     for i, item in enumerate(flat)
                 )
             )
+        except BrokenProcessPool:
+            self._replace(pool)
+            raise InferenceFailed("the image decoder stopped while decoding this request") from None
         finally:
             self._pending -= len(flat)
         return np.stack(rows)
 
+    def _replace(self, broken: ProcessPoolExecutor) -> None:
+        """A new pool for one whose worker died; the requests it held have failed."""
+        if broken is not self._pool:  # replaced already, by a request it failed before
+            return
+        logger.warning("%s: an image decoding process died; starting new ones", self._model)
+        broken.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def default_workers() -> int:
+    """One fewer than the cores this process may run on, at least one: the loop keeps a core."""
+    return max(1, available_cores() - 1)
+
+
+def available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):  # a container's or taskset's share, not the host's
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _context() -> BaseContext:
+    """Workers forked from a server process that imported only the decoder, where the platform
+    has one: never forked from this threaded process, and started in milliseconds, not the
+    second a fresh interpreter takes to import numpy and Pillow."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["ferry.server.image_decode"])
+    return context
 
 
 def _where(name: str, items: np.ndarray, index: int) -> str:
