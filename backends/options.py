@@ -36,10 +36,10 @@ class OnnxRuntimeOptions(_Placement):
     spin_threads: bool = False
     # One more session, with every core, for a batch that runs alone (low-load latency).
     solo_session: bool = True
-    # A plain graph's inference and image-decoding threads run this much nicer than the event
-    # loop (Linux), which then gets a core first when it has work. 0: one priority. Nice is
-    # relative within a cgroup (a container), but on a host shared with other processes the
-    # workers also yield to those (bench.variable_length on the shared box: 10 lost to 0).
+    # A plain graph's inference threads and image-decoding processes run this much nicer than
+    # the event loop (Linux), which then gets a core first when it has work. 0: one priority.
+    # Nice is relative within a cgroup (a container), but on a host shared with other processes
+    # the workers also yield to those (bench.variable_length on the shared box: 10 lost to 0).
     worker_niceness: int = Field(default=0, ge=0, le=19)
 
 
