@@ -24,7 +24,7 @@ import asyncio
 import fcntl
 import struct
 import termios
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
@@ -170,7 +170,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _request_id(self) -> bytes:
         """The id of a request whose head was read (a body that timed out), else a new one."""
-        sent = _sent_id(self.cycle.scope) if self.cycle is not None else b""
+        sent = _sent_id(self.cycle.scope["headers"]) if self.cycle is not None else b""
         return request_ids.from_client(sent)
 
     def _refuse(self, reason: RefusalReason, error: Exception) -> None:
@@ -196,8 +196,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def _sent_id(scope: dict[str, Any]) -> bytes:
-    return next((v for k, v in scope["headers"] if k == request_ids.HEADER), b"")
+def _sent_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    return next((v for k, v in headers if k == request_ids.HEADER), b"")
 
 
 def _unread_bytes(transport: asyncio.Transport) -> int:
