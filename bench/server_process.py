@@ -80,6 +80,7 @@ def ferry_server(
     llm_models: list[dict[str, Any]] | None = None,
     module: str = "ferry",  # another entry point with ferry's CLI (bench.null_backend)
     args: Sequence[str] = (),  # more `ferry serve` arguments (--model PATH)
+    log_level: str = "warning",
 ) -> Iterator[FerryProcess]:
     with tempfile.TemporaryDirectory() as tmp:
         config = write_config(
@@ -88,7 +89,9 @@ def ferry_server(
             server,
             llm_models,
         )
-        handle = FerryProcess(config, Path(tmp) / "server.log", module, env, args=args)
+        handle = FerryProcess(
+            config, Path(tmp) / "server.log", module, env, args=args, log_level=log_level
+        )
         with running(handle, ready_timeout_s):
             yield handle
 
@@ -106,11 +109,12 @@ class FerryProcess(ManagedProcess):
         launcher: Sequence[str] | None = None,
         cwd: Path = REPO,
         args: Sequence[str] = (),
+        log_level: str = "warning",
     ) -> None:
         port = free_port()
         command = [*(launcher or (sys.executable, "-m", module)), "serve", "--config", str(config)]
         command += args
-        command += ["--port", str(port), "--log-level", "warning"]
+        command += ["--port", str(port), "--log-level", log_level]
         api_key = (env or {}).get("FERRY_API_KEY")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         url = f"http://127.0.0.1:{port}"

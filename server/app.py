@@ -160,6 +160,7 @@ def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
             outer,
             allow_origins=list(settings.cors_allow_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
+            expose_headers=["X-Request-Id"],
         )
     return outer

@@ -58,6 +58,7 @@ def model_argument(spec: str) -> dict[str, str]:
 
 def _serve(args: argparse.Namespace) -> int:
     from ferry.server.app import create_app
+    from ferry.server.logs import configure_logging
     from ferry.server.serve import serve
     from ferry.server.settings import load_settings
 
@@ -75,9 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # pydantic's ValidationError, a bad file or variable: no traceback
         raise SystemExit(f"ferry serve: {exc}") from None
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     logging.getLogger(__name__).info("ferry: %s", layout(settings))
     if settings.api_servers > 1 or settings.replicas > 1:
         from ferry.server.procs.supervisor import run

@@ -24,12 +24,13 @@ import asyncio
 import fcntl
 import struct
 import termios
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ferry.server import request_ids
 from ferry.server.coalesced_writes import CoalescedWrites
 from ferry.server.dialects import FERRY
 from ferry.server.disconnect import DISCONNECTED
@@ -167,6 +168,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         reason: RefusalReason = "body_timeout" if body else "header_timeout"
         self._refuse(reason, RequestTimeout(f"the {what} did not arrive in time"))
 
+    def _request_id(self) -> bytes:
+        """The id of a request whose head was read (a body that timed out), else a new one."""
+        sent = _sent_id(self.cycle.scope["headers"]) if self.cycle is not None else b""
+        return request_ids.from_client(sent)
+
     def _refuse(self, reason: RefusalReason, error: Exception) -> None:
         """Answer, count and close; a request already handed to the app sees a disconnect.
         No route is known yet: the answer is in Ferry's own (OpenAI-shaped) dialect."""
@@ -181,12 +187,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             b"content-type: " + reply.content_type,
             b"content-length: %d" % len(reply.body),
             b"connection: close",
+            request_ids.HEADER + b": " + self._request_id(),
             *(name + b": " + value for name, value in reply.headers),
         ]
         # Only if no response has started on this connection: never two heads in one stream.
         if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
             self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + reply.body)
         self.transport.close()
+
+
+def _sent_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    return next((v for k, v in headers if k == request_ids.HEADER), b"")
 
 
 def _unread_bytes(transport: asyncio.Transport) -> int:

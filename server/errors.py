@@ -197,6 +197,10 @@ def failure(exc: BaseException, where: str = "") -> Failure:
         logger.error("unhandled error on %s", where or "?", exc_info=exc)
         return Failure(INTERNAL.status, INTERNAL.type, "internal server error")
     message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    if kind.status == 500:
+        # A model failed this request: said here, where the request's id is known (the batch's
+        # own warning is logged outside any one request).
+        logger.warning("%s answered %d: %s", where or "?", kind.status, message)
     retry_after_s = getattr(exc, "retry_after_s", 1.0) if kind.retry_after else None
     return Failure(kind.status, kind.type, message, getattr(exc, "field", None), retry_after_s)
 

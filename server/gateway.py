@@ -1,4 +1,5 @@
-"""The one ASGI middleware: API key, drain, body limit and request metrics, then the hot routes.
+"""The one ASGI middleware: request id, API key, drain, body limit and request metrics, then the
+hot routes.
 
 A stack of middlewares costs a coroutine frame, a `send` wrapper and a scope walk per layer per
 request; on a 2-core box the event loop's CPU is taken from the cores the model needs. So every
@@ -22,6 +23,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ferry.server import request_ids
 from ferry.server.dialects import ErrorDialect, sse_error
 from ferry.server.disconnect import CancelOnDisconnect
 from ferry.server.drain import DrainState
@@ -88,10 +90,13 @@ class Gateway:
             scope = {**scope, "method": "GET"}
         path: str = scope["path"]
         state = scope.setdefault("state", {})
+        # Every log line of this request carries its id, and every answer (refusals too) says it.
+        request_id = request_ids.from_client(_header(scope, request_ids.HEADER))
+        bound = request_ids.current.set(request_id.decode("ascii"))
         # Only after routing is the endpoint known; in-flight is counted by path group before.
         in_flight = self._in_flight[in_flight_group(path)]
         in_flight.inc()
-        response = _ResponseWatch(send, state)
+        response = _ResponseWatch(send, state, request_id)
         endpoint = UNMATCHED
         try:
             endpoint = await self._handle(scope, receive, response, path, state)
@@ -101,6 +106,7 @@ class Gateway:
             # from the request: no client can grow or break /metrics.
             model = state.get("model_name", "")
             record_request(self._metrics, model, endpoint, response.status, started)
+            request_ids.current.reset(bound)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict[str, Any]
@@ -214,13 +220,15 @@ class Gateway:
 
 
 class _ResponseWatch:
-    """`send`, remembering the status and whether (and how) the response has begun."""
+    """`send`, remembering the status and whether (and how) the response has begun, and adding
+    the request id's header (and a clamped priority's) to the response's."""
 
-    __slots__ = ("_send", "_state", "finished", "started", "status", "streaming")
+    __slots__ = ("_request_id", "_send", "_state", "finished", "started", "status", "streaming")
 
-    def __init__(self, send: Send, state: dict[str, Any]) -> None:
+    def __init__(self, send: Send, state: dict[str, Any], request_id: bytes) -> None:
         self._send = send
         self._state = state  # the request's: a clamped priority is said in a header
+        self._request_id = request_id
         self.status = 500
         self.started = False
         self.streaming = False
@@ -234,10 +242,11 @@ class _ResponseWatch:
                 name == b"content-type" and value.startswith(b"text/event-stream")
                 for name, value in message.get("headers", ())
             )
+            headers = [*message.get("headers", ()), (request_ids.HEADER, self._request_id)]
             clamped = self._state.get("priority_clamped")
             if clamped is not None:
-                headers = [*message.get("headers", ()), (CLAMPED_HEADER, str(clamped).encode())]
-                message = {**message, "headers": headers}
+                headers.append((CLAMPED_HEADER, str(clamped).encode()))
+            message = {**message, "headers": headers}
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
         await self._send(message)

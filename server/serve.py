@@ -81,6 +81,9 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        # uvicorn's loggers write through the process's handler (server/logs.py): one format,
+        # and the request id on its access log.
+        log_config=None,
         access_log=settings.access_log,
         # X-Forwarded-For only matters to the access log; it costs every request otherwise.
         proxy_headers=settings.access_log,

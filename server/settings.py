@@ -163,6 +163,9 @@ class Settings(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # "json": one JSON object a line (time, level, logger, message, request_id, exc_info), for
+    # Ferry's and uvicorn's loggers alike (server/logs.py).
+    log_format: Literal["text", "json"] = "text"
     # Per-request bounds, checked before any work (see the README's limits table).
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_items_per_request: int = Field(default=256, ge=1)

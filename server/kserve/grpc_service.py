@@ -43,6 +43,7 @@ from ferry.server.kserve.model_config import (
 )
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
+from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.tenancy import CLAMPED_HEADER
@@ -169,6 +170,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> Any:
         """The HTTP gateway's key, drain and metrics around one call (by its declaration in the
         route table), then the error mapping; `handler` gets the caller's tenant."""
+        bind_grpc(context)  # the request id: for this call's log lines, in its trailing metadata
         route = GRPC_ROUTES[method]
         started, status, counted = time.perf_counter(), 200, False
         drain = self.state.drain
@@ -186,7 +188,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             status = error.status
             code, details, trailers = grpc_status(error)
             if trailers:
-                context.set_trailing_metadata(trailers)
+                context.set_trailing_metadata((*context.trailing_metadata(), *trailers))
             await context.abort(code, details)
         finally:
             if counted:
@@ -267,7 +269,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             decided = self.state.priority_policy.apply(asked, tenant)
             if decided.clamped_from is not None:  # said, as the HTTP header says it
                 clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
-                context.set_trailing_metadata((clamped,))
+                context.set_trailing_metadata((*context.trailing_metadata(), clamped))
             if is_graph(model):
                 return await infer_plain(model, request, decided.priority)
             wanted = output_names(model, [o.name for o in request.outputs])

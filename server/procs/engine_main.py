@@ -25,6 +25,7 @@ from ferry.llm.errors import EngineDead
 from ferry.server.errors import UnknownModel
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.llm_engines import build_llm_engines
+from ferry.server.logs import configure_logging
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
@@ -418,9 +419,7 @@ def engine_main(
     journal_path: Path,
 ) -> None:
     """The engine process's entry (multiprocessing spawn target)."""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -17,13 +17,13 @@ and KV cache would rarely fit where one does.
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import socket
 from dataclasses import dataclass
 from typing import Any
 
+from ferry.server.logs import configure_logging
 from ferry.server.settings import Settings
 
 
@@ -58,9 +58,7 @@ def replica_main(settings: Settings, sock: socket.socket, role: ReplicaRole) -> 
     # by the processes it starts.
     os.setpgrp()
     sock.set_inheritable(False)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     from ferry.server.app import create_app
     from ferry.server.serve import serve
 

@@ -26,6 +26,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from ferry.server.logs import configure_logging
 from ferry.server.procs import run_dir
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
 from ferry.server.procs.replicas import ReplicaRole, replica_main
@@ -46,9 +47,7 @@ def api_main(settings: Settings, sock: socket.socket, address: str, parent: int)
     # Received inheritable (SCM_RIGHTS): the processes this one starts (grammar checkers,
     # started by uvloop, which keeps every fd not marked close-on-exec) would hold the port.
     sock.set_inheritable(False)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings.log_level, settings.log_format)
     from ferry.server.app import create_app
     from ferry.server.procs.runtimes import EngineConnection
     from ferry.server.serve import serve

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import struct
@@ -103,11 +104,13 @@ def test_a_body_that_never_arrives_is_cut_off(server):
     sock = connect(server.url)
     sock.sendall(
         b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"X-Request-Id: slow-body\r\n"
         b"Content-Length: 20000\r\n\r\n" + b'{"inputs": "' + b"a" * 100
     )
     answer = read_until_closed(sock)
     sock.close()
     assert status_of(answer) == 408
+    assert b"\r\nx-request-id: slow-body\r\n" in answer  # the request's own id, read with its head
     assert predict_ok(server.url)
     assert refused(server, "body_timeout") == before + 1
 
@@ -127,6 +130,7 @@ def test_oversized_request_heads_get_431(server, headers):
     answer = read_until_closed(sock)
     sock.close()
     assert status_of(answer) == 431
+    assert re.search(rb"\r\nx-request-id: [0-9a-f]{32}\r\n", answer)  # made: no head was read
     assert predict_ok(server.url)
     assert refused(server, "header_too_large") == before + 1
     error = json.loads(answer.partition(b"\r\n\r\n")[2])["error"]  # the one error body shape
