@@ -293,7 +293,7 @@ async def infer_plain(
 ) -> service_pb2.ModelInferResponse:
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
     `priority` after the policy (server/tenancy.py)."""
-    wanted = model.select_outputs([o.name for o in request.outputs], tensors=True)
+    wanted = output_names(model, [o.name for o in request.outputs])
     classified = classifications(request, model)
     rows = await prepare(model, decode_grpc_tensors(request, model.signature))
     result = await model.infer(rows, wanted, priority=priority)

@@ -366,16 +366,17 @@ def requested_outputs(
     if not isinstance(specs, list):
         raise MalformedRequest("'outputs' must be a list of {name} objects")
     names: list[Any] = []  # raw JSON names: output_names checks them
-    binary: set[str] = set()
+    binary: list[bool] = []
     for spec in specs:
         if not isinstance(spec, dict):  # e.g. [null]: refused, not read as a dict
             raise MalformedRequest("'outputs' must be a list of {name} objects", "outputs")
-        name: Any = spec.get("name")  # raw JSON: output_names checks it
-        names.append(name)
-        if all_binary or parameters(spec).get("binary_data", False):
-            binary.add(name)
+        names.append(spec.get("name"))
+        binary.append(all_binary or bool(parameters(spec).get("binary_data", False)))
     checked = output_names(model, names)
-    return checked, binary if specs else (set(checked) if all_binary else set())
+    if not specs:
+        return checked, set(checked) if all_binary else set()
+    # Only checked names go in a set (a name of [] is not hashable).
+    return checked, {name for name, wanted in zip(checked, binary, strict=True) if wanted}
 
 
 def classifications(
