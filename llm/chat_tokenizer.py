@@ -108,13 +108,13 @@ class ChatTokenizer:
             if not found:
                 continue  # the template left this message out
             ids += self.encode(before)
-            ids += self._as_text.encode(message["content"], add_special_tokens=False).ids
+            ids += _ids(self._as_text, message["content"])
             rest = after
         return ids + self.encode(rest)
 
     def encode(self, text: str) -> list[int]:
         # Special tokens in the rendered template are real tokens; the template adds no BOS itself.
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        return _ids(self._tokenizer, text)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -135,6 +135,13 @@ class ChatTokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size()
+
+
+def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`tokenizer.encode(text).ids` without special tokens, through `encode_batch`, which releases
+    the GIL while it runs (`encode` holds it: 8 ms for 30k characters, the event loop stalled).
+    Prompts are encoded in a worker thread, so the loop runs meanwhile."""
+    return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def _token_text(value: Any) -> str | None:

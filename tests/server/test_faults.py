@@ -26,6 +26,9 @@ def server(tmp_path_factory):
         "name": NAME,
         "path": str(folder),
         "infer_timeout_s": INFER_TIMEOUT_S,
+        # Its slow token stalls the whole batch (a ReduceMax over every row), which Ferry finds
+        # and would serve one request at a time: the batch is what these tests are about.
+        "accept_neighbour_dependence": True,
         "backend": {"kind": "onnxruntime", "sessions": 2},
         # Hold each batch open long enough that concurrent requests share it. The fairness
         # window is off: it would close the batch to requests arriving more than about half a
