@@ -43,6 +43,10 @@ logger = logging.getLogger(__name__)
 HELLO_EVERY_S = 0.25
 GAUGE_EVERY_S = 0.25  # how often the unanswered bytes are written to their gauge
 WINDOW_RETRY_AFTER_S = 1.0
+# The engine holds each request's deadline too and answers when it passes (or refuses one it
+# can never meet, a 422): its answer comes first unless it is stuck. Without this grace, a 1 ms
+# deadline expired here before the engine's 422 could cross back, a 504 instead.
+EXPIRY_GRACE_S = 0.05
 # What tells that the engine read a request (a tuple: isinstance on `A | B` builds a union).
 ANSWERS = (wire.Row, wire.Failed, wire.Reply)
 ENGINE_GONE = "the engine process stopped; it is being restarted"
@@ -216,7 +220,7 @@ class EngineClient:
                 if not future.done():
                     future.set_exception(DeadlineExceeded("the request's deadline passed"))
 
-        timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+        timer = asyncio.get_running_loop().call_later(timeout_s + EXPIRY_GRACE_S, expire)
 
         def settled(_: asyncio.Future[Row]) -> None:
             if all(f.done() for f in futures):
