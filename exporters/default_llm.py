@@ -30,6 +30,11 @@ FINGERPRINT_PROMPTS = (
     "What is the largest planet in our solar system?",
 )
 FINGERPRINT_TOKENS = 24
+# Only a reply's first tokens must agree: k-quant's float reductions round differently on another
+# CPU (this AVX2 box against the AVX-512 one that recorded the file), and a flipped near-tie
+# further on (token 10 and 19 of two replies here) is the same model. Other weights differ by the
+# first few tokens.
+AGREED_TOKENS = 8
 _HASHED_FILES = ("model.onnx", "model.onnx.data", "tokenizer.json", "genai_config.json")
 
 
@@ -71,7 +76,7 @@ def fingerprint_changes(expected: dict, actual: dict) -> list[str]:
     changes = []
     for prompt, want in expected["greedy"].items():
         got = actual["greedy"].get(prompt, {"ids": [], "text": ""})
-        if got["ids"] != want["ids"]:
+        if got["ids"][:AGREED_TOKENS] != want["ids"][:AGREED_TOKENS]:
             pairs = zip(want["ids"], got["ids"], strict=False)
             at = next(
                 (i for i, (a, b) in enumerate(pairs) if a != b),
