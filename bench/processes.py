@@ -74,7 +74,7 @@ class ManagedProcess:
         self.poll_s = poll_s  # between readiness probes
         self.process: subprocess.Popen | None = None
 
-    def start(self, timeout_s: float = 60.0) -> ManagedProcess:
+    def start(self, timeout_s: float = 180.0) -> ManagedProcess:
         # A file, not a pipe: nobody reads a pipe while a benchmark runs, and a full one blocks.
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -129,7 +129,7 @@ class ManagedProcess:
 
 
 @contextlib.contextmanager
-def running(process: ManagedProcess, timeout_s: float = 60.0) -> Iterator[ManagedProcess]:
+def running(process: ManagedProcess, timeout_s: float = 180.0) -> Iterator[ManagedProcess]:
     """Start `process`, yield it once ready, stop it after (also when starting fails)."""
     with process:
         yield process.start(timeout_s)

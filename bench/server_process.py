@@ -76,7 +76,9 @@ def ferry_server(
     models: list[dict[str, Any]] | None = None,
     server: dict[str, Any] | None = None,
     env: dict[str, str] | None = None,
-    ready_timeout_s: float = 60.0,
+    # An upper bound only (ready returns at once): a box busy with other work starts a server
+    # of many models in over a minute.
+    ready_timeout_s: float = 180.0,
     llm_models: list[dict[str, Any]] | None = None,
     module: str = "ferry",  # another entry point with ferry's CLI (bench.null_backend)
     args: Sequence[str] = (),  # more `ferry serve` arguments (--model PATH)

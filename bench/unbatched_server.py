@@ -95,7 +95,7 @@ def _session(model: Path, device: Device):
 def unbatched_server(
     model: Path,
     sessions: int | None = None,
-    ready_timeout_s: float = 60.0,
+    ready_timeout_s: float = 180.0,
     device: Device = "cpu",
 ) -> Iterator[ManagedProcess]:
     """Run the peer as its own uvicorn process on a free loopback port."""

@@ -378,7 +378,9 @@ def near_valid(draw, model: str, binary: bool = False) -> tuple[dict[str, list],
 
 
 FUZZ = settings(
-    max_examples=150,
+    # Per model and process mode: the two modes and the models together draw about a thousand
+    # bodies a run, and each fresh clone draws new ones.
+    max_examples=60,
     deadline=None,
     suppress_health_check=[
         HealthCheck.function_scoped_fixture,
