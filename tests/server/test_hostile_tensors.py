@@ -378,8 +378,7 @@ def near_valid(draw, model: str, binary: bool = False) -> tuple[dict[str, list],
 
 
 FUZZ = settings(
-    # Per model and process mode: the two modes and the models together draw about a thousand
-    # bodies a run, and each fresh clone draws new ones.
+    # Per fuzzer and process mode: 360 bodies a run in all, and each fresh clone draws new ones.
     max_examples=60,
     deadline=None,
     suppress_health_check=[
