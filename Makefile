@@ -27,7 +27,8 @@ test: setup model
 	$(VENV)/bin/mypy
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) -m ferry.bench.triton_env
-	$(PY) -m pytest -q
+	# The slowest 30 printed at the end: the suite must stay under 25 minutes on a fresh clone.
+	$(PY) -m pytest -q --durations=30
 
 # The unit tier alone (tests/conftest.py marks each test unit, integration or system): no server
 # process, nothing installed beyond the venv and the default models.
