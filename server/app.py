@@ -26,6 +26,7 @@ from ferry.server.procs.replicas import ReplicaRole
 from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.routes import (
+    console,
     embeddings,
     health,
     kserve_v2,
@@ -117,6 +118,8 @@ def create_app(
         module.register_routes(app.router, hot)
     for router in ROUTERS:
         app.include_router(router)
+    if settings.console:
+        app.include_router(console.router)
     return app
 
 
