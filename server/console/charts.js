@@ -45,6 +45,16 @@ export function drawChart(canvas, times, series, { windowS, now, unit = "" }) {
       drawing = true;
     });
     ctx.stroke();
+    // A point with no neighbour draws no line: a dot, so that one reading still shows.
+    ctx.fillStyle = ctx.strokeStyle;
+    points.forEach((value, i) => {
+      const alone = (j) => j < 0 || j >= points.length || points[j] === null || !Number.isFinite(points[j]);
+      if (value !== null && Number.isFinite(value) && alone(i - 1) && alone(i + 1)) {
+        ctx.beginPath();
+        ctx.arc(x(times[i]), y(value), 2, 0, 2 * Math.PI);
+        ctx.fill();
+      }
+    });
   });
   const first = series[0] || [];
   const drawn = first.filter((v) => v !== null && Number.isFinite(v));

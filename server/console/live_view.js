@@ -221,9 +221,11 @@ function renderRefusals(body) {
     const earlier = minuteAgo.body.connections_refused[reason] || 0;
     rows.push(["(connections)", reason, total - earlier, total]);
   }
+  const refused = rows.filter((cells) => cells[3] > 0);
+  if (!refused.length) refused.push(["none so far", "", "", ""]);
   const tbody = document.querySelector("#refusals tbody");
   tbody.replaceChildren(
-    ...rows.map((cells) => {
+    ...refused.map((cells) => {
       const tr = document.createElement("tr");
       cells.forEach((value, i) => {
         const td = document.createElement("td");

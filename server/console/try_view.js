@@ -225,12 +225,21 @@ function probabilityRows(target, probabilities) {
 
 function showOutputs(target, outputs) {
   const row = outputs[0] || {};
-  const probabilities = row.probabilities || Object.values(row).find(isClassMap);
+  const probabilities = row.probabilities || Object.values(row).find(isClassMap) || softmax(row.logits);
   if (probabilities) return probabilityRows(target, probabilities);
   const pre = document.createElement("pre");
   pre.className = "code";
   pre.textContent = JSON.stringify(row, null, 2);
   target.replaceChildren(pre);
+}
+
+// A classifier graph's logits as probabilities by class index.
+function softmax(logits) {
+  if (!Array.isArray(logits) || !logits.every((v) => typeof v === "number")) return null;
+  const top = Math.max(...logits);
+  const exp = logits.map((v) => Math.exp(v - top));
+  const total = exp.reduce((a, b) => a + b, 0);
+  return Object.fromEntries(exp.map((v, i) => [`class ${i}`, v / total]));
 }
 
 function isClassMap(value) {

@@ -14,23 +14,33 @@ from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import sync_playwright
 
-from ferry.bench.server_process import DEFAULT_LLM, DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.bench.server_process import (
+    DEFAULT_LLM,
+    DEFAULT_MODEL,
+    default_model_config,
+    ferry_server,
+)
+from tests.support import images, plain_graphs
 from tests.support.llm_configs import default_llm_config
-
-playwright_api = pytest.importorskip("playwright.sync_api")
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build"
 WAIT_MS = 30_000
+IMAGE, TABULAR = "cnn", "tabular"
 CLIENTS = 16  # concurrent /predict clients: more than the two sessions run at once
 
 
 @pytest.fixture(scope="module")
-def server(default_model_dir, default_llm_dir):
+def server(default_model_dir, default_llm_dir, tmp_path_factory):
+    graphs = tmp_path_factory.mktemp("graphs")
+    image_model = images.tiny_cnn(graphs / "cnn.onnx")  # declares its preprocessing
+    tabular_model = plain_graphs.breast_cancer(graphs / "tabular.onnx", "logistic_regression")
     with ferry_server(
         [default_model_config(batching={"max_queue_delay_s": 0.005})],
         llm_models=[default_llm_config()],
-        ready_timeout_s=180,  # both models load and calibrate on a shared 2-core box
+        args=["--model", f"{IMAGE}={image_model}", "--model", f"{TABULAR}={tabular_model}"],
+        ready_timeout_s=180,  # the models load and calibrate on a shared 2-core box
     ) as handle:
         yield handle
 
@@ -40,7 +50,7 @@ def browser() -> Iterator[object]:
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.fail("chromium missing: `make test` runs tools/install_chromium.sh")
-    with playwright_api.sync_playwright() as driver:
+    with sync_playwright() as driver:
         # As root (CI) Chromium's sandbox cannot start; the page is our own.
         launched = driver.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         yield launched
@@ -78,7 +88,7 @@ def card(page, view: str, model: str):
 def test_the_page_is_the_servers_own_and_lists_every_model_live(page):
     response = page.request.get(page.url)
     assert "default-src 'self'" in response.headers["content-security-policy"]
-    for model in (DEFAULT_MODEL, DEFAULT_LLM):
+    for model in (DEFAULT_MODEL, DEFAULT_LLM, IMAGE, TABULAR):
         card(page, "live", model).wait_for(timeout=WAIT_MS)
     assert page.locator("#status").inner_text().startswith("updated")
 
@@ -96,6 +106,37 @@ def test_what_is_served_shows_signatures_limits_and_curl(page):
     assert "/v1/chat/completions" in chat.locator("pre").inner_text()
     assert "context" in chat.locator("table.facts").inner_text()
     shot(page, "served")
+
+
+def test_the_batch_chart_moves_under_concurrent_load(page, server):
+    page.get_by_role("tab", name="Live").click()
+    batch = card(page, "live", DEFAULT_MODEL).locator("canvas[data-chart=batch]")
+    assert batch.get_attribute("data-max") in (None, "")  # no batch yet, nothing drawn
+    stop = threading.Event()
+
+    def client(index: int) -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            while not stop.is_set():
+                text = f"Request {index} of the load test, a sentence to embed."
+                http.post("/predict", json={"inputs": [text]}).raise_for_status()
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        running = [pool.submit(client, i) for i in range(CLIENTS)]
+        try:
+            # Requests joining batches: a second's mean batch size above one request.
+            page.wait_for_function(
+                """(canvas) => Number(canvas.dataset.max || 0) > 1""",
+                arg=batch.element_handle(),
+                timeout=WAIT_MS,
+            )
+            page.wait_for_timeout(2000)  # a few more readings for the screenshot
+        finally:
+            stop.set()
+        for future in running:
+            future.result()
+    rps = card(page, "live", DEFAULT_MODEL).locator("canvas[data-chart=rps]")
+    assert float(rps.get_attribute("data-max")) > 0
+    shot(page, "live")
 
 
 def test_a_chat_streams_an_answer(page):
@@ -123,31 +164,37 @@ def test_a_chat_streams_an_answer(page):
     shot(page, "chat")
 
 
-def test_the_batch_chart_moves_under_concurrent_load(page, server):
-    page.get_by_role("tab", name="Live").click()
-    batch = card(page, "live", DEFAULT_MODEL).locator("canvas[data-chart=batch]")
-    assert batch.get_attribute("data-max") in (None, "")  # no batch yet, nothing drawn
-    stop = threading.Event()
+def test_two_sentences_are_compared(page):
+    page.get_by_role("tab", name="Try a model").click()
+    page.select_option("#try-model", DEFAULT_MODEL)
+    page.locator("#form-embedding").get_by_role("button", name="Compare").click()
+    result = page.locator("#embedding-result[data-cosine]")
+    result.wait_for(timeout=WAIT_MS)
+    assert 0.3 < float(result.get_attribute("data-cosine")) < 1  # two sentences alike
+    assert "384 dimensions" in result.inner_text()
 
-    def client(index: int) -> None:
-        with httpx.Client(base_url=server.url, timeout=30) as http:
-            while not stop.is_set():
-                text = f"Request {index} of the load test, a sentence to embed."
-                http.post("/predict", json={"inputs": [text]}).raise_for_status()
 
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        running = [pool.submit(client, i) for i in range(CLIENTS)]
-        try:
-            # Requests joining batches: a second's mean batch size above one request.
-            page.wait_for_function(
-                """(canvas) => Number(canvas.dataset.max || 0) > 1""",
-                arg=batch.element_handle(),
-                timeout=WAIT_MS,
-            )
-        finally:
-            stop.set()
-        for future in running:
-            future.result()
-    rps = card(page, "live", DEFAULT_MODEL).locator("canvas[data-chart=rps]")
-    assert float(rps.get_attribute("data-max")) > 0
-    shot(page, "live")
+def test_an_uploaded_image_is_classified(page):
+    page.select_option("#try-model", IMAGE)
+    form = page.locator("#form-image")
+    form.locator("[name=image]").set_input_files(
+        files=[{"name": "photo.png", "mimeType": "image/png", "buffer": images.encoded(0, "PNG")}]
+    )
+    form.get_by_role("button", name="Classify").click()
+    page.locator("#image-result table").wait_for(timeout=WAIT_MS)
+    classes = page.locator("#image-result table tr")
+    assert classes.count() == images.CLASSES  # the logits as probabilities, one row a class
+
+
+def test_a_row_goes_to_a_tabular_model(page):
+    page.select_option("#try-model", TABULAR)
+    form = page.locator("#form-tensor")
+    row = form.locator("#tensor-inputs input")
+    row.wait_for(timeout=WAIT_MS)
+    row.fill(str(plain_graphs.breast_cancer_rows()[0].tolist()))
+    form.get_by_role("button", name="Predict").click()
+    probabilities = page.locator("#tensor-result table")
+    probabilities.wait_for(timeout=WAIT_MS)
+    labels = [cell.inner_text() for cell in probabilities.locator("tr td:first-child").all()]
+    assert sorted(labels) == ["0", "1"]
+    shot(page, "tabular")
