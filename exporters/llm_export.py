@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from ferry.exporters.genai_builder import builder_args
-from ferry.server.progress import Progress
+from ferry.server.progress import Progress, on_terminal
 
 Precision = Literal["int4", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("int4", "fp32")
@@ -71,7 +71,11 @@ def architecture(hf_dir: Path) -> str:
 def gguf_to_hf(gguf_file: Path, hf_out: Path) -> Path:
     """Dequantize a GGUF file into a float32 Hugging Face folder (weights, tokenizer, template)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    if not on_terminal(sys.stderr):
+        # Its per-tensor bars redrawn into a log: Ferry's line for the step says it instead.
+        transformers_logging.disable_progress_bar()
     if not gguf_file.is_file():
         raise ExportError(f"{gguf_file} is not a file")
     folder, name = str(gguf_file.parent), gguf_file.name

@@ -43,7 +43,7 @@ def load(url: str, clients: int, seconds: float) -> None:
 def main() -> None:
     llm = {"name": DEFAULT_LLM, "engine": "ortgenai", "path": str(DEFAULT_LLM_DIR)}
     with (
-        ferry_server([default_model_config()], llm_models=[llm], ready_timeout_s=180) as server,
+        ferry_server([default_model_config()], llm_models=[llm], ready_timeout_s=400) as server,
         sync_playwright() as driver,
     ):
         browser = driver.chromium.launch(
