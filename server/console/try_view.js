@@ -67,7 +67,13 @@ function showForm() {
     const honoured = new Set((entry.limits && entry.limits.sampling_options) || []);
     $("form-chat").repetition_penalty.disabled = !honoured.has("repetition_penalty");
   }
-  if (entry && entry.kind === "tensor") tensorFields(entry.name);
+  if (entry && entry.kind === "tensor") tensorFields(entry.name).catch(showError);
+}
+
+function showError(error) {
+  if (error.name === "AbortError") return;
+  $("try-error").textContent = error.message;
+  $("try-error").hidden = false;
 }
 
 function guarded(handler) {
@@ -77,9 +83,7 @@ function guarded(handler) {
     try {
       await handler(event.target);
     } catch (error) {
-      if (error.name === "AbortError") return;
-      $("try-error").textContent = error.message;
-      $("try-error").hidden = false;
+      showError(error);
     }
   };
 }
