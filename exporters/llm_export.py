@@ -32,8 +32,10 @@ Verify = Callable[[Path], None]  # a check of the built folder; raises to fail t
 _UNSUPPORTED_MARK = "is not currently supported"
 
 
-# Each step's share of an export's time (SmolLM2-135M on 2 cores: ~20 s to dequantize, ~60 s
-# to build, ~5 s of checks, ~15 s of parity), so that the ETA is right from the first step.
+# Each step's expected share of an export's time, so that the ETA holds from the first step.
+# Rough, not measured as a whole: the builder (a child process importing torch and converting
+# every layer) is most of it; dequantizing a small GGUF (with transformers' import) and the
+# parity report come next; the checks are seconds.
 WEIGHTS = {"dequantize": 2.0, "build": 6.0, "check": 0.5, "verify": 1.5}
 
 
