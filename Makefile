@@ -19,6 +19,8 @@ serve: setup model
 test: setup model
 	# Prometheus and promtool (Debian's package) for the dashboard and alert tests.
 	bash tools/install_prometheus.sh
+	# Headless Chromium (Debian's package) for the console's browser test (Playwright drives it).
+	bash tools/install_chromium.sh
 	# Triton's perf_analyzer (from the tritonclient 2.50 wheel) for the client tests.
 	bash tools/install_perf_analyzer.sh
 	# Docker engine, Compose v1 and debootstrap (Debian's packages) for the compose stack test.

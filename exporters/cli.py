@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from ferry.exporters.vision_cli import add_vision_command
+from ferry.server.progress import Progress
+
+FINGERPRINT_WEIGHT = 0.5  # the default LLM's fingerprint against an export's ~10 (llm_export)
 
 
 def add_export_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -181,17 +181,10 @@ def _add_batching_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-queue-delay-s", type=float, default=None)
 
 
-@contextmanager
-def step(label: str) -> Iterator[None]:
-    """The progress of a long step: its name at once, its duration when it ends."""
-    print(f"{label} ...", end="", flush=True, file=sys.stderr)
-    started = time.perf_counter()
-    try:
-        yield
-    except BaseException:
-        print(" failed", file=sys.stderr)
-        raise
-    print(f" done ({time.perf_counter() - started:.1f}s)", file=sys.stderr)
+def export_progress(kind: str, total: float) -> Progress:
+    """`ferry export KIND`'s progress on stderr: a bar with an ETA on a terminal, a line per
+    step elsewhere (results go to stdout once it is closed)."""
+    return Progress(f"ferry export {kind}", total)
 
 
 def _report(report) -> int:
@@ -206,45 +199,61 @@ def _export_default(args: argparse.Namespace) -> int:
 
 
 def _export_llm(args: argparse.Namespace) -> int:
+    from ferry.exporters.llm_export import export_weight
+
+    total = export_weight(args.gguf is not None, args.parity_tokens > 0)
+    with export_progress("llm", total) as progress:
+        outcome = _convert_llm(args, progress)
+    return _said(outcome)
+
+
+def _convert_llm(args: argparse.Namespace, progress: Progress) -> tuple[int, list[str]]:
+    """(exit status, what to print): run inside the progress, said after it."""
     from ferry.exporters.llm_export import ExportError, export_llm
 
-    source = args.gguf or args.hf
     hf_dir = args.hf or args.hf_out or args.out.with_name(args.out.name + "-hf")
     reports: list[str] = []
     try:
-        checks = " and checking greedy parity" if args.parity_tokens > 0 else ""
-        with step(f"converting {source} to onnxruntime-genai {args.precision}{checks}"):
-            out = export_llm(
-                args.out,
-                args.precision,
-                gguf=args.gguf,
-                hf=args.hf,
-                hf_out=args.hf_out,
-                verify=lambda built: reports.append(_llm_parity(hf_dir, built, args)),
-            )
+        out = export_llm(
+            args.out,
+            args.precision,
+            gguf=args.gguf,
+            hf=args.hf,
+            hf_out=args.hf_out,
+            verify=lambda built: reports.append(_llm_parity(hf_dir, built, args)),
+            progress=progress,
+        )
     except ExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}")
-    for report in filter(None, reports):
-        print(report)
-    return 0
+        return 2, [f"error: {exc}"]
+    return 0, [f"wrote {out}", *filter(None, reports)]
+
+
+def _said(outcome: tuple[int, list[str]]) -> int:
+    status, lines = outcome
+    for line in lines:
+        print(line, file=sys.stderr if status else sys.stdout)
+    return status
 
 
 def _export_default_llm(args: argparse.Namespace) -> int:
-    from ferry.exporters.default_llm import default_llm_source
+    from ferry.exporters.default_llm import default_llm_source, fingerprint
+    from ferry.exporters.llm_export import export_weight
 
     args.gguf, args.hf = default_llm_source(), None
-    done = _export_llm(args)
-    return done or _check_default_llm(args.out, args.write_fingerprint)
+    total = export_weight(True, args.parity_tokens > 0) + FINGERPRINT_WEIGHT
+    actual: dict[str, object] = {}
+    with export_progress("default-llm", total) as progress:
+        outcome = _convert_llm(args, progress)
+        if outcome[0] == 0:
+            with progress.step("fingerprint (greedy replies to fixed prompts)", FINGERPRINT_WEIGHT):
+                actual = fingerprint(args.out)
+    return _said(outcome) or _check_default_llm(args.out, actual, args.write_fingerprint)
 
 
-def _check_default_llm(out: Path, write: bool) -> int:
+def _check_default_llm(out: Path, actual: dict[str, object], write: bool) -> int:
     """The default model must be the same model on every machine (the lock fixes the tools)."""
-    from ferry.exporters.default_llm import FINGERPRINT_FILE, fingerprint, fingerprint_changes
+    from ferry.exporters.default_llm import FINGERPRINT_FILE, fingerprint_changes
 
-    with step("fingerprint (greedy replies to fixed prompts)"):
-        actual = fingerprint(out)
     if write:
         FINGERPRINT_FILE.write_text(json.dumps(actual, indent=2, ensure_ascii=False) + "\n")
         print(f"wrote {FINGERPRINT_FILE}")
@@ -310,14 +319,16 @@ def _export_sklearn(args: argparse.Namespace) -> int:
 
     estimator = sklearn_export.load_estimator(args.estimator)
     rows = sklearn_export.load_rows(args.sample, getattr(estimator, "feature_names_in_", ()))
-    try:
-        with step("converting with skl2onnx"):
-            graph = sklearn_export.export(estimator, rows, args.out)
-    except sklearn_export.Unconvertible as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    with step(f"comparing on {len(rows)} sample rows"):
-        report = sklearn_export.parity(estimator, graph, rows, args.tolerance)
+    with export_progress("sklearn", 2) as progress:
+        try:
+            with progress.step("converting with skl2onnx"):
+                graph = sklearn_export.export(estimator, rows, args.out)
+        except sklearn_export.Unconvertible as exc:
+            progress.close()
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        with progress.step(f"comparing on {len(rows)} sample rows"):
+            report = sklearn_export.parity(estimator, graph, rows, args.tolerance)
     print(f"wrote {graph}")
     print(report.describe())
     return 0 if report.ok else 1
@@ -328,14 +339,15 @@ def _export_optimize(args: argparse.Namespace) -> int:
     from ferry.backends.onnx_graph_ops import read_graph_ops
     from ferry.exporters import quantize
 
-    with step(f"converting to {args.precision}"):
-        if args.precision == "int8":
-            model = quantize.quantize_int8(args.model_dir, args.out, not args.per_tensor)
-        else:
-            model = quantize.convert_fp16(args.model_dir, args.out)
-    with step("measuring accuracy and speed on sample sentences"):
-        feeds = quantize.sample_batch(args.model_dir)
-        comparison = quantize.compare(args.model_dir / "model.onnx", model, feeds)
+    with export_progress("optimize", 2) as progress:
+        with progress.step(f"converting to {args.precision}"):
+            if args.precision == "int8":
+                model = quantize.quantize_int8(args.model_dir, args.out, not args.per_tensor)
+            else:
+                model = quantize.convert_fp16(args.model_dir, args.out)
+        with progress.step("measuring accuracy and speed on sample sentences"):
+            feeds = quantize.sample_batch(args.model_dir)
+            comparison = quantize.compare(args.model_dir / "model.onnx", model, feeds)
     print(f"wrote {model}")
     print(comparison.describe())
     mixing = neighbour_dependent_nodes(read_graph_ops(model))
@@ -355,7 +367,10 @@ def _export_tensorrt(args: argparse.Namespace) -> int:
     max_length = args.max_length or ModelManifest.read(args.model_dir).max_length
     profile = derive_profile(_batching(args).max_batch_size, max_length)
     try:
-        with step(f"building TensorRT plan (profile {profile})"):
+        with (
+            export_progress("tensorrt", 1) as progress,
+            progress.step(f"building TensorRT plan (profile {profile})"),
+        ):
             plan = build_plan(args.model_dir / "model.onnx", args.out, profile, not args.no_fp16)
     except NoGpu as exc:
         print(exc, file=sys.stderr)
@@ -367,7 +382,10 @@ def _export_tensorrt(args: argparse.Namespace) -> int:
 def _export_triton(args: argparse.Namespace) -> int:
     from ferry.exporters.triton_repo import write_repository
 
-    with step(f"writing the {args.flavour} model to {args.repository}"):
+    with (
+        export_progress("triton", 1) as progress,
+        progress.step(f"writing the {args.flavour} model to {args.repository}"),
+    ):
         folder = write_repository(
             args.model_dir,
             args.repository,

@@ -11,22 +11,42 @@ Build-time only: needs the `export` extra (torch, transformers, gguf, onnxruntim
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Literal
 
 from ferry.exporters.genai_builder import builder_args
+from ferry.server.progress import Progress, on_terminal
 
 Precision = Literal["int4", "fp32"]
 PRECISIONS: tuple[Precision, ...] = ("int4", "fp32")
 Verify = Callable[[Path], None]  # a check of the built folder; raises to fail the export
 # The builder says this of an architecture it has no converter for.
 _UNSUPPORTED_MARK = "is not currently supported"
+
+
+# Each step's expected share of an export's time, so that the ETA holds from the first step.
+# Rough, not measured as a whole: the builder (a child process importing torch and converting
+# every layer) is most of it; dequantizing a small GGUF (with transformers' import) and the
+# parity report come next; the checks are seconds.
+WEIGHTS = {"dequantize": 2.0, "build": 6.0, "check": 0.5, "verify": 1.5}
+
+
+def export_weight(gguf: bool, verify: bool) -> float:
+    """The total weight of export_llm's steps."""
+    weight = WEIGHTS["build"] + WEIGHTS["check"]
+    return weight + (WEIGHTS["dequantize"] if gguf else 0) + (WEIGHTS["verify"] if verify else 0)
+
+
+def _step(progress: Progress | None, what: str, kind: str) -> AbstractContextManager[None]:
+    return progress.step(what, WEIGHTS[kind]) if progress is not None else contextlib.nullcontext()
 
 
 class ExportError(Exception):
@@ -53,7 +73,11 @@ def architecture(hf_dir: Path) -> str:
 def gguf_to_hf(gguf_file: Path, hf_out: Path) -> Path:
     """Dequantize a GGUF file into a float32 Hugging Face folder (weights, tokenizer, template)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
+    if not on_terminal(sys.stderr):
+        # Its per-tensor bars redrawn into a log: Ferry's line for the step says it instead.
+        transformers_logging.disable_progress_bar()
     if not gguf_file.is_file():
         raise ExportError(f"{gguf_file} is not a file")
     folder, name = str(gguf_file.parent), gguf_file.name
@@ -76,16 +100,23 @@ def gguf_to_hf(gguf_file: Path, hf_out: Path) -> Path:
 
 
 def build_genai(
-    hf_dir: Path, out: Path, precision: Precision, verify: Verify | None = None
+    hf_dir: Path,
+    out: Path,
+    precision: Precision,
+    verify: Verify | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """onnxruntime-genai's builder on a Hugging Face folder (CPU), in a child process so that
     its memory is freed after; an architecture it cannot convert is an UnsupportedArchitecture.
     `verify` (the parity report) runs on the built folder before it becomes `out`."""
-    return build_genai_all([(hf_dir, out)], precision, verify)[0]
+    return build_genai_all([(hf_dir, out)], precision, verify, progress)[0]
 
 
 def build_genai_all(
-    jobs: Sequence[tuple[Path, Path]], precision: Precision, verify: Verify | None = None
+    jobs: Sequence[tuple[Path, Path]],
+    precision: Precision,
+    verify: Verify | None = None,
+    progress: Progress | None = None,
 ) -> list[Path]:
     """`build_genai` on each (Hugging Face folder, out) with one builder process: its imports are
     most of a small model's export time. One failure fails them all and leaves no `out`."""
@@ -98,13 +129,16 @@ def build_genai_all(
     for partial in partials:
         shutil.rmtree(partial, ignore_errors=True)
     try:
-        _run_builder([hf_dir for hf_dir, _ in jobs], partials, precision, archs)
+        with _step(progress, f"onnxruntime-genai's builder ({precision})", "build"):
+            _run_builder([hf_dir for hf_dir, _ in jobs], partials, precision, archs)
         for (hf_dir, _), partial, arch in zip(jobs, partials, archs, strict=True):
-            check_output(partial)
-            check_attention_windows(partial, hf_dir, arch)
-            smoke_run(partial, arch)
+            with _step(progress, "checking it runs as Ferry serves it", "check"):
+                check_output(partial)
+                check_attention_windows(partial, hf_dir, arch)
+                smoke_run(partial, arch)
             if verify is not None:
-                verify(partial)
+                with _step(progress, "greedy parity against transformers", "verify"):
+                    verify(partial)
     except BaseException:
         for partial in partials:
             shutil.rmtree(partial, ignore_errors=True)
@@ -255,12 +289,15 @@ def export_llm(
     hf: Path | None = None,
     hf_out: Path | None = None,
     verify: Verify | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """Export from exactly one of `gguf` or `hf`; a GGUF's float32 folder goes to `hf_out`
-    (kept: the parity report and LoRA training read it), or next to `out` when not given."""
+    (kept: the parity report and LoRA training read it), or next to `out` when not given.
+    `progress` (of total `export_weight(...)`) is told as each step ends."""
     if (gguf is None) == (hf is None):
         raise ExportError("give exactly one of a GGUF file or a Hugging Face folder")
     if gguf is not None:
-        hf = gguf_to_hf(gguf, hf_out or out.with_name(out.name + "-hf"))
+        with _step(progress, f"dequantizing {gguf.name} to float32", "dequantize"):
+            hf = gguf_to_hf(gguf, hf_out or out.with_name(out.name + "-hf"))
     assert hf is not None
-    return build_genai(hf, out, precision, verify)
+    return build_genai(hf, out, precision, verify, progress)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+# Build (torch's import is most of it), export to ONNX, compare with torch: ResNet-18 at 224 took
+# 19.8 s, 10.5 s and 5.9 s on a busy 2-core box.
+VISION_WEIGHTS = (3.0, 2.0, 1.0)
+
 
 def add_vision_command(kinds: argparse._SubParsersAction) -> None:
     vision = kinds.add_parser(
@@ -43,19 +47,21 @@ def add_vision_command(kinds: argparse._SubParsersAction) -> None:
 
 def _export_vision(args: argparse.Namespace) -> int:
     from ferry.exporters import vision_export
-    from ferry.exporters.cli import step
+    from ferry.exporters.cli import export_progress
 
     if args.arch != "resnet18" and (args.num_classes or args.width):
         raise SystemExit("ferry export vision: --num-classes and --width are resnet18's only")
     spec = vision_export.preprocess(args.size, args.resize)
-    with step(f"building {args.arch}"):
-        model = vision_export.build(
-            args.arch, args.num_classes or 1000, args.width or 64, args.weights, args.seed
-        )
-    with step("exporting to ONNX"):
-        graph = vision_export.export(model, spec, args.out)
-    with step("comparing with torch"):
-        report = vision_export.parity(model, graph, args.size, args.tolerance, args.seed)
+    with export_progress("vision", sum(VISION_WEIGHTS)) as progress:
+        build, export, compare = VISION_WEIGHTS
+        with progress.step(f"building {args.arch}", build):
+            model = vision_export.build(
+                args.arch, args.num_classes or 1000, args.width or 64, args.weights, args.seed
+            )
+        with progress.step("exporting to ONNX", export):
+            graph = vision_export.export(model, spec, args.out)
+        with progress.step("comparing with torch", compare):
+            report = vision_export.parity(model, graph, args.size, args.tolerance, args.seed)
     print(f"wrote {graph}")
     print(f"preprocessing: {spec.to_metadata()}")
     print(report.describe())

@@ -24,8 +24,11 @@ from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
 from ferry.server.procs.replicas import ReplicaRole
 from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
+from ferry.server.progress import loading_progress
+from ferry.server.registry import ModelRegistry
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.routes import (
+    console,
     embeddings,
     health,
     kserve_v2,
@@ -60,6 +63,15 @@ async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gR
     )
 
 
+async def start_models(registry: ModelRegistry, loads_here: bool) -> None:
+    """Start every model, with progress where they load (not in an API process)."""
+    if not loads_here:
+        await registry.start()
+        return
+    with loading_progress(registry.loads()) as progress:
+        await registry.start(progress)
+
+
 def create_app(
     settings: Settings,
     engine: EngineConnection | None = None,
@@ -78,7 +90,7 @@ def create_app(
         observer = LLMMetricsObserver(metrics)
         app.state.openai = OpenAIServing(registry, observer=observer, grammars=grammars)
         metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
-        await registry.start()
+        await start_models(registry, loads_here=engine is None)
         logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
         if replica is not None:
@@ -117,6 +129,8 @@ def create_app(
         module.register_routes(app.router, hot)
     for router in ROUTERS:
         app.include_router(router)
+    if settings.console:
+        app.include_router(console.router)
     return app
 
 

@@ -4,7 +4,8 @@ adapters loaded on them. One place answers "what is `name`?", with one unknown-m
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from ferry.server.graph_model import GraphModel
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import plain_graph
 from ferry.server.model_runtime import ModelRuntime
+from ferry.server.progress import Progress
 from ferry.server.settings import Settings
 from ferry.server.tensor_model import TensorModel
 
@@ -133,12 +135,19 @@ class ModelRegistry:
 
     # -- lifecycle --------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        await asyncio.gather(
-            *(model.start() for model in self.models.values()),
-            *(model.start() for model in self.tensors.values()),
-            *(engine.start() for engine in self.llms.values()),
-        )
+    def loads(self) -> int:
+        """How many models start() loads (adapters come with their engine)."""
+        return len(self.models) + len(self.tensors) + len(self.llms)
+
+    async def start(self, progress: Progress | None = None) -> None:
+        """Load every model at once; `progress` is told as each one is ready (where they load:
+        not in an API process, whose stand-ins only connect)."""
+        starts = {
+            **{name: model.start() for name, model in self.models.items()},
+            **{name: model.start() for name, model in self.tensors.items()},
+            **{name: engine.start() for name, engine in self.llms.items()},
+        }
+        await asyncio.gather(*(_told(name, start, progress) for name, start in starts.items()))
 
     async def ready(self) -> bool:
         """Every encoder loaded and its backend healthy (KServe's server readiness)."""
@@ -161,6 +170,13 @@ class ModelRegistry:
             return_exceptions=True,
         )
         await asyncio.gather(*(e.close() for e in self.llms.values()), return_exceptions=True)
+
+
+async def _told(name: str, start: Awaitable[None], progress: Progress | None) -> None:
+    started = time.monotonic()
+    await start
+    if progress is not None:
+        progress.advance(1, f"{name} ready", time.monotonic() - started)
 
 
 def local_models(

@@ -122,6 +122,11 @@ ROUTES: tuple[Route, ...] = (
     _get("/docs", DOCS, FERRY, needs_key=False),
     _get("/docs/oauth2-redirect", DOCS, FERRY, needs_key=False),
     _get("/redoc", DOCS, FERRY, needs_key=False),
+    # The console's page and files (routes/console.py) are open, as the docs are; its reading of
+    # the metrics, and every API it calls, need the key.
+    _get("/console", DOCS, FERRY, needs_key=False),
+    _get("/console/live", METADATA, FERRY),
+    _get("/console/{name}", DOCS, FERRY, needs_key=False),
     # KServe v2 over gRPC (kserve/grpc_service.py), through the same key, drain and metrics.
     _grpc("ServerLive", HEALTH, needs_key=False),
     _grpc("ServerReady", HEALTH, needs_key=False),

@@ -203,6 +203,10 @@ class Settings(_Strict):
     api_key_protects_health: bool = False
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
+    # The console at /console: live batching charts, a playground for every served model and
+    # their signatures (docs/observability.md). Its page is open; what it shows comes from
+    # routes behind the API key, which it asks for.
+    console: bool = True
     max_tokens_per_request: int = Field(default=65536, ge=1)
     # Grammars (response_format, guided_*, tools) are checked off the event loop, in
     # `grammar_workers` processes that a crash or a timeout costs nothing but a 400; each

@@ -32,6 +32,7 @@ from ferry.server.procs.adapter_journal import AdapterJournal, restore
 from ferry.server.procs.llm_admission import Tickets
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
+from ferry.server.progress import loading_progress
 from ferry.server.registry import ModelRegistry, local_models
 from ferry.server.settings import Settings
 from ferry.server.tensor_model import TensorModel
@@ -71,7 +72,8 @@ class EngineServer:
         self._socket: LoopSocket | None = None
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
-        await self.registry.start()
+        with loading_progress(self.registry.loads()) as progress:
+            await self.registry.start(progress)
         await self._restore_adapters()  # before the socket: no API process sees the old set
         socket = self._context.socket(zmq.ROUTER)
         socket.bind(self._address)

@@ -1,4 +1,5 @@
-"""tools/install_docker.sh, tools/install_prometheus.sh and tools/docker_base_image.sh: strict
+"""tools/install_docker.sh, tools/install_prometheus.sh, tools/install_chromium.sh and
+tools/docker_base_image.sh: strict
 bash that never waits on stdin, each installer a no-op once what it checks for is there
 (test_docker_stack.py runs the Docker ones for real)."""
 
@@ -23,6 +24,7 @@ INSTALLERS = {
         ("prometheus", "promtool", "docker-compose"),
         ("prometheus", "docker-compose"),
     ),
+    "tools/install_chromium.sh": (("chromium",), ("chromium",)),
 }
 SCRIPTS = [*INSTALLERS, "tools/docker_base_image.sh"]
 

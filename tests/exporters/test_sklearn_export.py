@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -42,7 +43,18 @@ def test_the_export_matches_predict_proba_and_says_so(
     out = tmp_path / "model.onnx"
     argv = ["export", "sklearn", "--estimator", str(estimator_file), "--sample", str(sample_file)]
     assert main([*argv, "--out", str(out)]) == 0
-    report = capsys.readouterr().out
+    said = capsys.readouterr()
+    report = said.out
+    # Not on a terminal: a line per step on stderr, with its share of the work and the time left.
+    steps = said.err.splitlines()
+    assert re.fullmatch(
+        r"ferry export sklearn: converting with skl2onnx in [\d.]+s \(50%, about [\d.]+s left\)",
+        steps[0],
+    )
+    assert re.fullmatch(
+        r"ferry export sklearn: comparing on 100 sample rows in [\d.]+s \(100%\)", steps[1]
+    )
+    assert len(steps) == 2 and "\r" not in said.err
     assert "parity on 100 rows against predict_proba" in report
     assert "labels equal to predict: 100/100" in report and "  ok" in report
     session = ort.InferenceSession(str(out))

@@ -25,7 +25,14 @@ def metadata(path) -> dict:
 def test_resnet18_at_224_matches_torch_and_declares_imagenet_preprocessing(tmp_path, capsys):
     out = tmp_path / "resnet18.onnx"
     assert main(["export", "vision", "--out", str(out)]) == 0
-    report = capsys.readouterr().out
+    said = capsys.readouterr()
+    report = said.out
+    steps = [line.partition(" in ")[0] for line in said.err.splitlines()]
+    assert steps == [
+        "ferry export vision: building resnet18",
+        "ferry export vision: exporting to ONNX",
+        "ferry export vision: comparing with torch",
+    ]
     assert "parity on 4 random images against torch" in report and "  ok" in report
     session = ort.InferenceSession(str(out))
     (pixels,) = session.get_inputs()

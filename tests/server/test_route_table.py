@@ -41,6 +41,8 @@ OPEN_HTTP = {
     "/docs",
     "/docs/oauth2-redirect",
     "/redoc",
+    "/console",
+    "/console/{name}",
 }
 OPEN_GRPC = {"ServerLive", "ServerReady"}
 
