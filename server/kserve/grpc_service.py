@@ -38,7 +38,12 @@ from ferry.server.kserve.infer import (
 )
 from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
-from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
+from ferry.server.kserve.tensor_codec import (
+    check_raw_alone,
+    checked_shape,
+    decode_grpc_tensors,
+    tensor_blob,
+)
 from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
@@ -78,13 +83,11 @@ def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str
 CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
 
 
-def check_contents(tensor: Any, raw: bool) -> None:
+def check_contents(tensor: Any) -> None:
     """Typed contents only in the field of the tensor's datatype (Triton's rule): INT64 data
     sent as fp32_contents or bool_contents is refused, not read as an empty tensor."""
     used = [field.name for field, _ in tensor.contents.ListFields()]
     expected = CONTENTS_FIELD[tensor.datatype]
-    if raw and used:
-        raise InvalidInput(tensor.name, "send raw_input_contents or typed contents, not both")
     wrong = [f for f in used if f != expected]
     if wrong:
         raise InvalidInput(
@@ -94,6 +97,7 @@ def check_contents(tensor: Any, raw: bool) -> None:
 
 def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
     raw = list(request.raw_input_contents)
+    check_raw_alone(request)
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors = {}
@@ -104,7 +108,7 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
             raise InvalidInput(
                 name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
             )
-        check_contents(tensor, bool(raw))
+        check_contents(tensor)
         if tensor.datatype == "BYTES":
             array = (
                 deserialize_bytes(raw[index], name)
