@@ -199,3 +199,29 @@ def test_answers_are_plain_unless_accepted(http):
             headers={"accept-encoding": accept, "content-type": "application/json"},
         )
         assert "content-encoding" not in reply.headers
+
+
+# -- trace and log settings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v2/trace/setting", "/v2/models/simple/trace/setting"])
+def test_trace_settings_read_off_and_stay_off(http, path):
+    assert http.get(path).json()["trace_level"] == ["OFF"]
+    assert http.post(path, json={}).json()["trace_level"] == ["OFF"]
+    assert http.post(path, json={"trace_level": ["OFF"], "trace_rate": None}).status_code == 200
+    on = http.post(path, json={"trace_level": ["TIMESTAMPS"]})
+    assert on.status_code == 422
+    assert on.json()["error"].startswith("trace_level: Ferry does not trace requests")
+
+
+def test_an_unknown_models_trace_settings_are_404(http):
+    assert http.get("/v2/models/nope/trace/setting").status_code == 404
+
+
+def test_log_settings_read_the_log_level_and_cannot_change(triton_models, http):
+    settings = http.get("/v2/logging").json()
+    assert (settings["log_warning"], settings["log_info"]) == (True, False)  # "warning"
+    assert http.post("/v2/logging", json=settings).json() == settings
+    changed = http.post("/v2/logging", json={"log_verbose_level": 1})
+    assert changed.status_code == 422
+    assert changed.json()["error"].startswith("log_verbose_level: Ferry's logging is set at start")
