@@ -225,3 +225,20 @@ def test_log_settings_read_the_log_level_and_cannot_change(triton_models, http):
     changed = http.post("/v2/logging", json={"log_verbose_level": 1})
     assert changed.status_code == 422
     assert changed.json()["error"].startswith("log_verbose_level: Ferry's logging is set at start")
+
+
+def inference_count(client, model: str) -> int:
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    return int(stats["inference_count"])
+
+
+def test_inference_count_counts_rows_as_triton_does(triton_models):
+    """Triton: +8 for a request of 8 rows."""
+    with triton_http.InferenceServerClient(triton_models.http_address) as client:
+        before = inference_count(client, "simple_int8")
+        rows = np.ones((8, 16), dtype=np.int8)
+        inputs = [triton_http.InferInput(n, [8, 16], "INT8") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(rows)
+        client.infer("simple_int8", inputs)
+        assert inference_count(client, "simple_int8") - before == 8
