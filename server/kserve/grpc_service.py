@@ -330,6 +330,25 @@ def _authorization(context: grpc.aio.ServicerContext) -> list[bytes]:
     return [str(value).encode() for name, value in metadata if name == "authorization"]
 
 
+def answer_unsupported_calls(servicer: InferenceServicer) -> None:
+    """Each call of the service Ferry does not serve answers UNIMPLEMENTED, naming it, with one
+    log line: the generated base raises NotImplementedError, which grpc logs with a traceback
+    on every call."""
+    base = service_pb2_grpc.GRPCInferenceServiceServicer
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        if getattr(type(servicer), method.name) is getattr(base, method.name):
+            setattr(servicer, method.name, _unsupported(method.name))
+
+
+def _unsupported(name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        logger.info("gRPC %s is not supported by Ferry: answered UNIMPLEMENTED", name)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not supported by Ferry")
+
+    return refuse
+
+
 async def start_grpc_server(
     state: Any, host: str, port: int, max_message_bytes: int
 ) -> grpc.aio.Server:
@@ -340,7 +359,9 @@ async def start_grpc_server(
             ("grpc.max_send_message_length", -1),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), server)
+    servicer = InferenceServicer(state)
+    answer_unsupported_calls(servicer)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot bind the gRPC port {host}:{port}")
     await server.start()

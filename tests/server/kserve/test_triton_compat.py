@@ -242,3 +242,13 @@ def test_inference_count_counts_rows_as_triton_does(triton_models):
             tensor.set_data_from_numpy(rows)
         client.infer("simple_int8", inputs)
         assert inference_count(client, "simple_int8") - before == 8
+
+
+def test_an_unsupported_grpc_call_is_unimplemented_without_a_traceback(triton_models, stub):
+    for _ in range(2):
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.LogSettings(service_pb2.LogSettingsRequest())
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert refused.value.details() == "LogSettings is not supported by Ferry"
+    log = triton_models.log_path.read_text()
+    assert "NotImplementedError" not in log and "Traceback" not in log
