@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
@@ -252,3 +253,40 @@ def test_an_unsupported_grpc_call_is_unimplemented_without_a_traceback(triton_mo
         assert refused.value.details() == "LogSettings is not supported by Ferry"
     log = triton_models.log_path.read_text()
     assert "NotImplementedError" not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("model", ["simple_identity", "onnx_zero_1_object", "onnx_zero_1_float32"])
+def test_identity_answers_are_each_requests_own_under_16_clients(triton_models, model):
+    """Triton's identity models, each variable axis named apart: 16 clients at once, rows and
+    lengths all different, every answer the request itself."""
+    rng = np.random.default_rng(7)
+    strings = "BYTES" if model != "onnx_zero_1_float32" else "FP32"
+
+    def request(i: int) -> np.ndarray:
+        rows, width = int(rng.integers(1, 4)), int(rng.integers(1, 12))
+        if strings == "BYTES":
+            data = np.array(
+                [
+                    [f"{i}-{r}-{c}" * int(rng.integers(1, 5)) for c in range(width)]
+                    for r in range(rows)
+                ],
+                dtype=object,
+            )
+        else:
+            data = rng.standard_normal((rows, width)).astype(np.float32)
+        return data
+
+    def send(data: np.ndarray) -> np.ndarray:
+        with triton_http.InferenceServerClient(triton_models.http_address) as client:
+            tensor = triton_http.InferInput("INPUT0", list(data.shape), strings)
+            tensor.set_data_from_numpy(data)
+            answer = client.infer(model, [tensor]).as_numpy("OUTPUT0")
+        return answer.astype(object) if strings == "BYTES" else answer
+
+    requests = [request(i) for i in range(64)]
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(send, requests))
+    for sent, got in zip(requests, answers, strict=True):
+        if strings == "BYTES":
+            sent = np.vectorize(lambda s: s.encode())(sent).astype(object)
+        assert got.shape == sent.shape and (got == sent).all()
