@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from ferry.bench.server_process import DEFAULT_LLM_DIR, DEFAULT_MODEL_DIR
-from tests.support.triton_example_models import triton_server
 
 
 @pytest.fixture(scope="session")
@@ -30,6 +29,8 @@ def triton_models(tmp_path_factory):
     """Ferry serving the models of Triton's example clients and qa tests over HTTP and gRPC
     (`.http_address`, `.grpc_address`: host:port, what the clients take as `-u`); one for the
     session (fourteen models take a while to start), which no test may change."""
+    from tests.support.triton_example_models import triton_server  # onnx, only when used
+
     with triton_server(tmp_path_factory.mktemp("triton_models")) as handle:
         yield handle
 
