@@ -290,3 +290,22 @@ def test_identity_answers_are_each_requests_own_under_16_clients(triton_models, 
         if strings == "BYTES":
             sent = np.vectorize(lambda s: s.encode())(sent).astype(object)
         assert got.shape == sent.shape and (got == sent).all()
+
+
+def test_a_chunked_raw_binary_request_is_served(http):
+    """Triton's raw form (the body one input's bytes), sent chunked without Content-Length,
+    as qa's test_content_encoding_chunked_manually means to."""
+    values = np.arange(8, dtype=np.float32)
+
+    def chunks():
+        yield values[:3].tobytes()
+        yield values[3:].tobytes()
+
+    reply = http.post(
+        "/v2/models/onnx_zero_1_float32/infer",
+        content=chunks(),
+        headers={"inference-header-content-length": "0"},
+    )
+    assert reply.status_code == 200, reply.text
+    header = int(reply.headers["inference-header-content-length"])
+    assert reply.content[header:] == values.tobytes()
