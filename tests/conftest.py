@@ -25,6 +25,17 @@ def default_llm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def triton_models(tmp_path_factory):
+    """Ferry serving the models of Triton's example clients and qa tests over HTTP and gRPC
+    (`.http_address`, `.grpc_address`: host:port, what the clients take as `-u`); one for the
+    session (fourteen models take a while to start), which no test may change."""
+    from tests.support.triton_example_models import triton_server  # onnx, only when used
+
+    with triton_server(tmp_path_factory.mktemp("triton_models")) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="session")
 def reference_session(default_model_dir: Path):
     """Plain in-process ONNX Runtime: the ground truth every served result is compared with."""
     import onnxruntime as ort
