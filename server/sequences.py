@@ -289,9 +289,7 @@ class SequenceBatcher:
         for name, kind in self.settings.controls.items():
             spec = self._controls[name]
             if kind == "corrid":
-                value: object = turn.sequence.id
-                if spec.datatype == "BYTES":
-                    value = str(value).encode()
+                value: object = turn.sequence.id  # a string id as str: what ONNX Runtime reads
             else:
                 value = values[kind]
             filled[name] = np.full(_one_row(spec), value, dtype=spec.dtype)
