@@ -187,7 +187,13 @@ def string_dyna_sequence(path: Path) -> Path:
 
 SEQUENCE_FLAGS = ("START", "END", "READY")
 # Triton's configs of the sequence models (their control_input and strategy).
-SEQUENCE = {"controls": {"START": "start", "READY": "ready"}, "strategy": "direct"}
+# Idle 10 s rather than Triton's default 1 s: a stalled shared machine must not end a sequence
+# between two of a client's requests (the idle rule is tested with a clock of its own).
+SEQUENCE = {
+    "controls": {"START": "start", "READY": "ready"},
+    "strategy": "direct",
+    "max_sequence_idle_s": 10.0,
+}
 DYNA_SEQUENCE = {
     "controls": {"START": "start", "END": "end", "READY": "ready", "CORRID": "corrid"},
     "strategy": "oldest",
