@@ -55,6 +55,7 @@ from ferry.server.kserve.tensor_codec import (
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
+from ferry.server.sequences import SequenceFlags
 from ferry.server.tenancy import call_priority
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ async def infer(call: HotCall) -> Reply:
     header, tensors = await decoded(len(call.body), partial(decode_request, call.body, length))
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
-    refuse_sequence(model.name, {"sequence": sequence_flags(parameters(header).get)})
+    refuse_sequence(model.name, {"sequence": http_sequence(header)})
     asked = request_priority(parameters(header).get("priority", ABSENT))
     priority = call_priority(call, asked)
     strings = check_classified(classified, _rows(tensors))
@@ -192,7 +193,7 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
     plain = await decoded(len(body), partial(read_plain, body, header_length, model))
     header, tensors, wanted, binary, classified = plain
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
-    sequence = sequence_flags(parameters(header).get)
+    sequence = http_sequence(header)
     strings = check_classified(classified, _rows(tensors))
     rows = await prepare(model, tensors)
     result = await model.infer(
@@ -268,13 +269,19 @@ def read_plain(body: bytes, header_length: str | None, model: GraphModel) -> Pla
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     request_priority(parameters(header).get("priority", ABSENT))  # a bad one refused first
-    sequence_flags(parameters(header).get)
+    http_sequence(header)
     tensors = decode_tensors(header, body, size, model.signature)
     for spec in header["inputs"]:
         # Freed here, not on the event loop when the request ends: an image's 150,528 float
         # objects take ~1 ms to free.
         spec.pop("data", None)
     return header, tensors, wanted, binary, classified
+
+
+def http_sequence(header: dict[str, Any]) -> SequenceFlags | None:
+    """The request's sequence parameters (server/kserve/sequence_parameters.py)."""
+    sent = parameters(header)
+    return sequence_flags(lambda name: sent.get(name, ABSENT))
 
 
 def register_routes(router: APIRouter, hot: HotRoutes) -> None:

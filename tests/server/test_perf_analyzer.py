@@ -27,6 +27,7 @@ from ferry.bench.server_process import (
 )
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
+from tests.support.triton_example_models import triton_server
 
 PERF_ANALYZER = REPO / ".perf_analyzer" / "perf_analyzer"
 # Short count windows, any spread accepted: the test checks the protocol, not the speed.
@@ -84,12 +85,16 @@ def server(tabular):
         yield handle
 
 
-def perf_analyzer(tmp_path: Path, data: dict, *args: str) -> str:
-    data_file = tmp_path / "data.json"
-    data_file.write_text(json.dumps(data))
+def perf_analyzer(tmp_path: Path, data: dict | None, *args: str) -> str:
+    """A short measurement (`data` None: perf_analyzer's own random inputs)."""
+    inputs = []
+    if data is not None:
+        data_file = tmp_path / "data.json"
+        data_file.write_text(json.dumps(data))
+        inputs = [f"--input-data={data_file}"]
     env = {**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER.parent / "lib")}
     run = subprocess.run(
-        [str(PERF_ANALYZER), f"--input-data={data_file}", *MEASURE, *args],
+        [str(PERF_ANALYZER), *inputs, *MEASURE, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -150,3 +155,33 @@ def test_openai_chat(server, tmp_path):
         *("--async", "-u", server.url.removeprefix("http://")),
     )
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+
+
+@pytest.fixture(scope="module")
+def triton_sequences(tmp_path_factory):
+    """Ferry serving three of Triton's example models (tests/support/triton_example_models.py)."""
+    directory = tmp_path_factory.mktemp("triton_models")
+    with triton_server(directory, ("simple", "simple_sequence", "simple_dyna_sequence")) as handle:
+        yield handle
+
+
+# Triton's `simple` over a gRPC stream, and its sequence models, whose requests perf_analyzer
+# sends as sequences (sequence_id, start, end) since their config has sequence_batching.
+@pytest.mark.parametrize(
+    ("model", "protocol", "streaming"),
+    [
+        ("simple", "grpc", True),
+        ("simple_sequence", "grpc", True),
+        ("simple_dyna_sequence", "grpc", True),
+        ("simple_sequence", "grpc", False),
+        ("simple_sequence", "http", False),
+    ],
+)
+def test_triton_models_and_sequences(triton_sequences, tmp_path, model, protocol, streaming):
+    server = triton_sequences
+    url = server.grpc_address if protocol == "grpc" else server.http_address
+    args = ["-m", model, "-i", protocol, "-u", url, *(["--streaming"] if streaming else [])]
+    output = perf_analyzer(tmp_path, None, *args)
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+    count = re.search(r"Server:\s+Inference count: (\d+)", output)
+    assert count and int(count.group(1)) >= 10, output

@@ -183,7 +183,7 @@ async def test_an_idle_sequence_is_ended_and_its_next_request_refused():
     clock.now = 1.9
     await step(sequences, model, SequenceFlags(4), 1)  # within the idle time: goes on
     clock.now = 4.0
-    with pytest.raises(InvalidInput, match="sequence 4 .* must specify the START flag"):
+    with pytest.raises(InvalidInput, match=r"sequence 4 .* must specify the START flag"):
         sequences.admit(SequenceFlags(4))
 
 
