@@ -48,8 +48,8 @@ class ImplicitState(_Strict):
     sequence's previous request (zeros, in the input's shape with its dynamic axes 1, on the
     sequence's first request)."""
 
-    input: str = Field(min_length=1)
-    output: str = Field(min_length=1)
+    input: str = Field(min_length=1)  # the graph input the server fills (clients never send it)
+    output: str = Field(min_length=1)  # the graph output kept for the sequence's next request
 
 
 class SequenceBatching(_Strict):
@@ -71,6 +71,7 @@ class SequenceBatching(_Strict):
     # datatype) and corrid (the sequence id: an integer input takes an integer id, a BYTES one
     # a string id).
     controls: dict[str, SequenceControl] = Field(default_factory=dict)
+    # Implicit state: input/output pairs the server keeps per sequence (Triton's `state`).
     state: tuple[ImplicitState, ...] = ()
 
     @model_validator(mode="after")

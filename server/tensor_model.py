@@ -216,6 +216,10 @@ class TensorModel:
         config = self.settings.sequence_batching
         if config is None:
             return
+        if self.images is not None:
+            # Decoding images suspends before a request is admitted to its sequence, which
+            # would let a gRPC stream's requests overtake each other (server/sequences.py).
+            raise ValueError(f"model {self.name!r}: sequence_batching takes no preprocess")
         graph = self.graph_signature
         check_sequence_names(self.name, config, graph, self.settings.batch_axis)
         limits = self.settings.batching
