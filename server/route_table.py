@@ -57,6 +57,9 @@ class Route:
     # False: open without the key, unless a setting protects its class (health, metrics).
     needs_key: bool = True
     media: tuple[str, ...] = ()  # the body's accepted media types; () for routes without one
+    # Answers compressed when the client accepts gzip or deflate (Triton's HTTP compression;
+    # request bodies may come compressed to any route: server/content_encoding.py).
+    compress: bool = False
 
     @property
     def drained(self) -> bool:
@@ -72,9 +75,14 @@ def _get(path: str, kind: RouteClass, dialect: ErrorDialect, *, needs_key: bool 
 
 
 def _post(
-    path: str, kind: RouteClass, dialect: ErrorDialect, media: tuple[str, ...] = JSON_BODY
+    path: str,
+    kind: RouteClass,
+    dialect: ErrorDialect,
+    media: tuple[str, ...] = JSON_BODY,
+    *,
+    compress: bool = False,
 ) -> Route:
-    return Route(path, frozenset({"POST"}), kind, dialect, media=media)
+    return Route(path, frozenset({"POST"}), kind, dialect, media=media, compress=compress)
 
 
 def _grpc(method: str, kind: RouteClass, *, needs_key: bool = True) -> Route:
@@ -96,8 +104,14 @@ ROUTES: tuple[Route, ...] = (
     _post("/v1/chat/completions", INFERENCE, OPENAI),
     _post("/v1/completions", INFERENCE, OPENAI),
     _post("/v1/responses", INFERENCE, OPENAI),
-    _post("/v2/models/{name}/infer", INFERENCE, KSERVE, TENSOR_BODY),
-    _post("/v2/models/{name}/versions/{version}/infer", INFERENCE, KSERVE, TENSOR_BODY),
+    _post("/v2/models/{name}/infer", INFERENCE, KSERVE, TENSOR_BODY, compress=True),
+    _post(
+        "/v2/models/{name}/versions/{version}/infer",
+        INFERENCE,
+        KSERVE,
+        TENSOR_BODY,
+        compress=True,
+    ),
     _get("/v1/models", METADATA, OPENAI),
     _get("/v1/models/{model_id:path}", METADATA, OPENAI),
     _get("/v2", METADATA, KSERVE),

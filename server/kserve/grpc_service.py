@@ -29,6 +29,7 @@ from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
 from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
 from ferry.server.kserve import classification
+from ferry.server.kserve.extensions import SERVED as EXTENSIONS
 from ferry.server.kserve.infer import (
     ABSENT,
     deserialize_bytes,
@@ -36,15 +37,11 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import (
-    EXTENSIONS,
-    VERSION,
-    model_config,
-    model_metadata,
-)
+from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
+from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
@@ -237,7 +234,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            model = self.state.registry.find(request.name)
+            model = find_model(self.state.registry, request.name, request.version)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
@@ -245,7 +242,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         response = service_pb2.ServerMetadataResponse(
-            name="ferry",
+            name=self.state.settings.kserve_server_name,
             version=__version__,
             extensions=EXTENSIONS,
         )
@@ -253,7 +250,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            metadata = model_metadata(self.state.registry.find(request.name))
+            model = find_model(self.state.registry, request.name, request.version)
+            metadata = model_metadata(model)
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
             return json_format.ParseDict(metadata, response, ignore_unknown_fields=True)
@@ -262,7 +260,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            config = model_config(self.state.registry.find(request.name))
+            config = model_config(find_model(self.state.registry, request.name, request.version))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 
@@ -272,7 +270,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         async def run(_: str | None) -> Any:
             registry = self.state.registry
             every = [*registry.models, *registry.tensors]
-            names = [registry.find(request.name).name] if request.name else every
+            names = (
+                [find_model(registry, request.name, request.version).name]
+                if request.name
+                else every
+            )
             stats = model_statistics(self.state.metrics.registry, names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
@@ -324,7 +326,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def _infer(
         self, request: Any, context: grpc.aio.ServicerContext, tenant: str | None
     ) -> service_pb2.ModelInferResponse:
-        model = self.state.registry.find(request.model_name)
+        model = find_model(self.state.registry, request.model_name, request.model_version)
         asked = request_priority(_parameter(request.parameters, "priority"))
         decided = self.state.priority_policy.apply(asked, tenant)
         if decided.clamped_from is not None:  # said, as the HTTP header says it

@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ferry.server.kserve.model_config import VERSION
+from ferry.server.kserve.versions import VERSION
 
 NS = 1_000_000_000
 

@@ -27,6 +27,7 @@ from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_seque
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
+from ferry.server.kserve.extensions import SERVED as EXTENSIONS
 from ferry.server.kserve.infer import (
     ABSENT,
     INT_TYPES,
@@ -36,12 +37,7 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import (
-    EXTENSIONS,
-    VERSION,
-    model_config,
-    model_metadata,
-)
+from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
@@ -52,6 +48,7 @@ from ferry.server.kserve.tensor_codec import (
     tensor_blob,
     tensor_json,
 )
+from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
@@ -88,8 +85,8 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _model(request: Request, name: str) -> EncoderModel | GraphModel:
-    model: EncoderModel | GraphModel = request.app.state.registry.find(name)
-    return model
+    """The model `name`, at the version its path names (`/versions/{version}`), if it does."""
+    return find_model(request.app.state.registry, name, request.path_params.get("version"))
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -108,11 +105,11 @@ async def ready(request: Request) -> JSONResponse:
 
 
 @router.get("")
-async def server_metadata() -> dict[str, Any]:
+async def server_metadata(request: Request) -> dict[str, Any]:
     return {
-        "name": "ferry",
+        "name": request.app.state.settings.kserve_server_name,
         "version": __version__,
-        "extensions": EXTENSIONS,
+        "extensions": list(EXTENSIONS),
     }
 
 
@@ -165,7 +162,7 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    model = call.app_state.registry.find(call.params["name"])
+    model = find_model(call.app_state.registry, call.params["name"], call.params.get("version"))
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
     if is_graph(model):

@@ -299,7 +299,10 @@ def triton_server(
     `http_address` and `grpc_address` (host:port, as Triton's clients take `-u`)."""
     grpc_port = free_port()
     configs = model_configs(write_models(directory, names))
-    with ferry_server(configs, server={"grpc_port": grpc_port, **server}) as handle:
+    # Triton's health-metadata examples check the server's name.
+    server = {"grpc_port": grpc_port, "kserve_server_name": "triton", **server}
+    # Thirteen models to load and calibrate, on a shared CI machine.
+    with ferry_server(configs, server=server, ready_timeout_s=180) as handle:
         handle.http_address = handle.url.removeprefix("http://")  # type: ignore[attr-defined]
         handle.grpc_address = f"127.0.0.1:{grpc_port}"  # type: ignore[attr-defined]
         yield handle
