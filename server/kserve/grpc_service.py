@@ -295,6 +295,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         Each request's task is created in arrival order and reaches its model's sequence
         admission before its first suspension (server/sequences.py), so the requests of one
         sequence on one stream keep their order."""
+        await self._open_stream(context)
         answers: asyncio.Queue[Any] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
@@ -322,6 +323,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         finally:  # the client went away: its requests' work goes too
             for task in (reader, *running):
                 task.cancel()
+
+    async def _open_stream(self, context: grpc.aio.ServicerContext) -> None:
+        """A stream without the key, or opened while draining, is refused as a whole, with the
+        status a unary call gets (each request is checked again as it comes)."""
+        route = GRPC_ROUTES["ModelStreamInfer"]
+        try:
+            self._policy.tenant(route, lambda: _authorization(context))
+            self._policy.admit(route)
+        except Exception as exc:
+            code, details, _ = grpc_status(failure(exc, route.path))
+            await context.abort(code, details)
 
     async def _infer(
         self, request: Any, context: grpc.aio.ServicerContext, tenant: str | None
