@@ -85,6 +85,13 @@ def _post(
     return Route(path, frozenset({"POST"}), kind, dialect, media=media, compress=compress)
 
 
+def _settings(path: str) -> Route:
+    """KServe settings read (GET) and updated (POST, JSON, whatever type tritonclient gives
+    it: none from .http, application/octet-stream from .http.aio)."""
+    methods = frozenset({"GET", "POST"})
+    return Route(path, methods, RouteClass.METADATA, KSERVE, media=TENSOR_BODY)
+
+
 def _grpc(method: str, kind: RouteClass, *, needs_key: bool = True) -> Route:
     return Route(f"{GRPC_SERVICE}/{method}", frozenset({GRPC}), kind, KSERVE, needs_key)
 
@@ -125,6 +132,10 @@ ROUTES: tuple[Route, ...] = (
     # A model's readiness names a model: behind the key, and refused once draining (HTTP, gRPC).
     _get("/v2/models/{name}/ready", METADATA, KSERVE),
     _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
+    # Trace and log settings: read, and updated only to what Ferry does (kserve/trace_settings).
+    _settings("/v2/trace/setting"),
+    _settings("/v2/models/{name}/trace/setting"),
+    _settings("/v2/logging"),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
     _get("/health/live", HEALTH, FERRY, needs_key=False),

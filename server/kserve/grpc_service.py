@@ -40,7 +40,12 @@ from ferry.server.kserve.infer import (
 from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.statistics import model_statistics
-from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
+from ferry.server.kserve.tensor_codec import (
+    check_raw_alone,
+    checked_shape,
+    decode_grpc_tensors,
+    tensor_blob,
+)
 from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
@@ -81,13 +86,11 @@ def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str
 CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
 
 
-def check_contents(tensor: Any, raw: bool) -> None:
+def check_contents(tensor: Any) -> None:
     """Typed contents only in the field of the tensor's datatype (Triton's rule): INT64 data
     sent as fp32_contents or bool_contents is refused, not read as an empty tensor."""
     used = [field.name for field, _ in tensor.contents.ListFields()]
     expected = CONTENTS_FIELD[tensor.datatype]
-    if raw and used:
-        raise InvalidInput(tensor.name, "send raw_input_contents or typed contents, not both")
     wrong = [f for f in used if f != expected]
     if wrong:
         raise InvalidInput(
@@ -97,6 +100,7 @@ def check_contents(tensor: Any, raw: bool) -> None:
 
 def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
     raw = list(request.raw_input_contents)
+    check_raw_alone(request)
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors = {}
@@ -107,7 +111,7 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
             raise InvalidInput(
                 name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
             )
-        check_contents(tensor, bool(raw))
+        check_contents(tensor)
         if tensor.datatype == "BYTES":
             array = (
                 deserialize_bytes(raw[index], name)
@@ -420,6 +424,25 @@ def _authorization(context: grpc.aio.ServicerContext) -> list[bytes]:
     return [str(value).encode() for name, value in metadata if name == "authorization"]
 
 
+def answer_unsupported_calls(servicer: InferenceServicer) -> None:
+    """Each call of the service Ferry does not serve answers UNIMPLEMENTED, naming it, with one
+    log line: the generated base raises NotImplementedError, which grpc logs with a traceback
+    on every call."""
+    base = service_pb2_grpc.GRPCInferenceServiceServicer
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        if getattr(type(servicer), method.name) is getattr(base, method.name):
+            setattr(servicer, method.name, _unsupported(method.name))
+
+
+def _unsupported(name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        logger.info("gRPC %s is not supported by Ferry: answered UNIMPLEMENTED", name)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not supported by Ferry")
+
+    return refuse
+
+
 async def start_grpc_server(
     state: Any, host: str, port: int, max_message_bytes: int
 ) -> grpc.aio.Server:
@@ -430,7 +453,9 @@ async def start_grpc_server(
             ("grpc.max_send_message_length", -1),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), server)
+    servicer = InferenceServicer(state)
+    answer_unsupported_calls(servicer)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot bind the gRPC port {host}:{port}")
     await server.start()

@@ -38,6 +38,7 @@ from ferry.server.kserve.infer import (
     request_priority,
 )
 from ferry.server.kserve.model_config import model_config, model_metadata
+from ferry.server.kserve.raw_request import RAW_HEADER_LENGTH, raw_request
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
@@ -47,6 +48,12 @@ from ferry.server.kserve.tensor_codec import (
     parameters,
     tensor_blob,
     tensor_json,
+)
+from ferry.server.kserve.trace_settings import (
+    log_settings,
+    trace_settings,
+    update_log_settings,
+    update_trace_settings,
 )
 from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.large_bodies import decoded
@@ -153,6 +160,49 @@ async def model_ready(name: str, request: Request) -> Response:
     ok = not request.app.state.drain.draining and await model.healthy()
     headers = None if ok else NOT_READY_HEADERS
     return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503, headers)
+
+
+# -- trace and log settings (what Ferry can honour of them: kserve/trace_settings.py) --------
+
+
+@router.get("/trace/setting")
+@router.get("/models/{name}/trace/setting", include_in_schema=False)
+async def get_trace_settings(request: Request) -> dict[str, Any]:
+    _traced_model(request)
+    return trace_settings()
+
+
+@router.post("/trace/setting", responses=error_docs(400, 404, 422))
+@router.post("/models/{name}/trace/setting", include_in_schema=False)
+async def update_trace(request: Request) -> dict[str, Any]:
+    _traced_model(request)
+    return update_trace_settings(await _json_body(request))
+
+
+@router.get("/logging")
+async def get_log_settings(request: Request) -> dict[str, Any]:
+    return log_settings(request.app.state.settings.log_level)
+
+
+@router.post("/logging", responses=error_docs(400, 422))
+async def update_logging(request: Request) -> dict[str, Any]:
+    update = await _json_body(request)
+    return update_log_settings(update, request.app.state.settings.log_level)
+
+
+def _traced_model(request: Request) -> None:
+    """A model's trace settings are the server's; the model must be served all the same."""
+    name = request.path_params.get("name")
+    if name is not None:
+        _model(request, name)
+
+
+async def _json_body(request: Request) -> Any:
+    body = await request.body()
+    try:
+        return orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"request is not valid JSON: {exc}") from None
 
 
 # -- infer ------------------------------------------------------------------------------------
@@ -262,7 +312,11 @@ PlainRequest = tuple[
 def read_plain(body: bytes, header_length: str | None, model: GraphModel) -> PlainRequest:
     """A plain graph's request read and checked in one go (one hop to a worker thread for a
     large body): its header, tensors, outputs, binary outputs and classifications."""
-    header, size = read_header(body, header_length)
+    if header_length == RAW_HEADER_LENGTH:  # Triton's raw form: the body is the one input
+        header, body = raw_request(model, body)
+        size = 0
+    else:
+        header, size = read_header(body, header_length)
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     request_priority(parameters(header).get("priority", ABSENT))  # a bad one refused first

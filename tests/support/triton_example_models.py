@@ -202,6 +202,25 @@ DYNA_SEQUENCE = {
 }
 
 
+def image_classifier(path: Path) -> Path:
+    """preprocess_inception_ensemble's stand-in: INPUT [N, 3, 224, 224] FP32 -> OUTPUT
+    [N, 1000], the channel means times a fixed matrix; Ferry's image preprocessing (declared in
+    its settings) takes the encoded images Triton's ensemble decodes with DALI."""
+    weights = np.random.default_rng(1).standard_normal((3, IMAGE_CLASSES)).astype(np.float32)
+    nodes = [
+        helper.make_node("ReduceMean", ["INPUT"], ["means"], axes=[2, 3], keepdims=0),
+        helper.make_node("Constant", [], ["w"], value=numpy_tensor("w", weights)),
+        helper.make_node("MatMul", ["means", "w"], ["OUTPUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "preprocess_inception_ensemble",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", IMAGE_CLASSES])],
+    )
+    return _save(graph, path)
+
+
 def numpy_tensor(name: str, array: np.ndarray) -> TensorProto:
     return onnx.numpy_helper.from_array(array, name)
 
@@ -253,6 +272,11 @@ MODELS = (
             },
             "batching": {"max_queue_delay_s": 0.01},
         },
+    ),
+    TritonModel(
+        "preprocess_inception_ensemble",
+        image_classifier,
+        settings={"labels": {"OUTPUT": IMAGE_LABELS}, "preprocess": {"resize": 224}},
     ),
     TritonModel(
         "densenet_onnx",
