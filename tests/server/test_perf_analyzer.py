@@ -27,7 +27,6 @@ from ferry.bench.server_process import (
 )
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
-from tests.support.triton_example_models import triton_server
 
 PERF_ANALYZER = REPO / ".perf_analyzer" / "perf_analyzer"
 # Short count windows, any spread accepted: the test checks the protocol, not the speed.
@@ -157,14 +156,6 @@ def test_openai_chat(server, tmp_path):
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
 
 
-@pytest.fixture(scope="module")
-def triton_sequences(tmp_path_factory):
-    """Ferry serving three of Triton's example models (tests/support/triton_example_models.py)."""
-    directory = tmp_path_factory.mktemp("triton_models")
-    with triton_server(directory, ("simple", "simple_sequence", "simple_dyna_sequence")) as handle:
-        yield handle
-
-
 # Triton's `simple` over a gRPC stream, and its sequence models, whose requests perf_analyzer
 # sends as sequences (sequence_id, start, end) since their config has sequence_batching.
 @pytest.mark.parametrize(
@@ -177,8 +168,8 @@ def triton_sequences(tmp_path_factory):
         ("simple_sequence", "http", False),
     ],
 )
-def test_triton_models_and_sequences(triton_sequences, tmp_path, model, protocol, streaming):
-    server = triton_sequences
+def test_triton_models_and_sequences(triton_models, tmp_path, model, protocol, streaming):
+    server = triton_models
     url = server.grpc_address if protocol == "grpc" else server.http_address
     args = ["-m", model, "-i", protocol, "-u", url, *(["--streaming"] if streaming else [])]
     output = perf_analyzer(tmp_path, None, *args)

@@ -15,16 +15,13 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from tests.support.triton_example_models import triton_server
-
-MODELS = ("simple", "simple_sequence", "simple_string_dyna_sequence")
 PROTOCOLS = {"http": triton_http, "grpc": triton_grpc}
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with triton_server(tmp_path_factory.mktemp("triton_models"), MODELS) as handle:
-        yield handle
+@pytest.fixture
+def served(triton_models):
+    """The session's server of Triton's example models (tests/conftest.py)."""
+    return triton_models
 
 
 @pytest.fixture(params=sorted(PROTOCOLS))
