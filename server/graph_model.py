@@ -24,8 +24,9 @@ from ferry.batcher.admission import request_places
 from ferry.batcher.tensor_chunks import chunk_rows
 from ferry.server.errors import InvalidInput
 from ferry.server.image_inputs import ImageInputs
+from ferry.server.sequences import SEQUENCE_ID, SequenceFlags
 from ferry.server.served_model import ServedModel
-from ferry.server.settings import ModelSettings
+from ferry.server.settings import ModelSettings, SequenceBatching
 from ferry.server.tensor_inputs import valid_rows
 
 
@@ -46,7 +47,13 @@ class GraphModel(ServedModel, Protocol):
     @property
     def backend(self) -> GraphBackend: ...
     @property
-    def signature(self) -> Signature: ...
+    def signature(self) -> Signature:
+        """What clients send and see (without the inputs a sequence batcher fills)."""
+
+    @property
+    def graph_signature(self) -> Signature:
+        """The graph's own: every input its batches hold."""
+
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
         """A ZipMap output's classes, in the order of its [N, C] tensor's columns."""
@@ -131,6 +138,7 @@ class InferOptions(TypedDict, total=False):
     timeout_s: float | None
     priority: int
     disconnected: asyncio.Future[None] | None
+    sequence: SequenceFlags | None  # its place in a sequence (a stateful graph's)
 
 
 def infer_options(
@@ -138,6 +146,49 @@ def infer_options(
 ) -> tuple[float | None, int, asyncio.Future[None] | None]:
     """(timeout_s, priority, disconnected) of an infer() call, defaults where it gave none."""
     return options.get("timeout_s"), options.get("priority", 0), options.get("disconnected")
+
+
+def refuse_sequence(model: str, options: InferOptions) -> None:
+    """A sequence_id sent to a graph without sequence batching: refused, not ignored."""
+    if options.get("sequence") is not None:
+        raise InvalidInput(
+            SEQUENCE_ID,
+            f"model '{model}' is not a stateful model (it has no sequence_batching): send "
+            "no sequence_id",
+        )
+
+
+def check_one_row(model: str, rows: TensorRows, batchable: bool) -> None:
+    """Triton's sequence batcher takes one row a request (each row is a sequence's step)."""
+    if batchable and rows.rows != 1:
+        raise InvalidInput(
+            "inputs",
+            f"inference request to model '{model}' must specify batch-size 1 due to "
+            f"requirements of sequence batcher (got {rows.rows} rows)",
+        )
+
+
+def check_sequence_names(
+    model: str, config: SequenceBatching, graph: Signature, batch_axis: int
+) -> None:
+    """At start: the controls and state name the graph's own inputs and outputs."""
+    for name in (*config.controls, *(s.input for s in config.state)):
+        if name not in graph.input_names:
+            raise ValueError(
+                f"model {model!r}: sequence_batching names input {name!r}, which is not among "
+                f"its inputs {list(graph.input_names)}"
+            )
+    for state in config.state:
+        if state.output not in graph.output_names:
+            raise ValueError(
+                f"model {model!r}: sequence_batching.state names output {state.output!r}, "
+                f"which is not among its outputs {list(graph.output_names)}"
+            )
+    if batch_axis != 0:
+        raise ValueError(f"model {model!r}: sequence_batching needs its rows on axis 0")
+    left = set(graph.input_names) - set(config.controls) - {s.input for s in config.state}
+    if not left:
+        raise ValueError(f"model {model!r}: sequence_batching fills every input of the graph")
 
 
 def graph_rows(

@@ -161,6 +161,7 @@ ROUTES: tuple[Route, ...] = (
     _grpc("ModelConfig", METADATA),
     _grpc("ModelStatistics", METADATA),
     _grpc("ModelInfer", INFERENCE),
+    _grpc("ModelStreamInfer", INFERENCE),
 )
 
 

@@ -40,6 +40,53 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+SequenceControl = Literal["start", "end", "ready", "corrid"]
+
+
+class ImplicitState(_Strict):
+    """Triton's implicit state: a graph input the server fills with the graph output of the
+    sequence's previous request (zeros, in the input's shape with its dynamic axes 1, on the
+    sequence's first request)."""
+
+    input: str = Field(min_length=1)  # the graph input the server fills (clients never send it)
+    output: str = Field(min_length=1)  # the graph output kept for the sequence's next request
+
+
+class SequenceBatching(_Strict):
+    """A stateful graph's sequence batching, as Triton's `sequence_batching` section
+    (server/sequences.py): requests carry `sequence_id` (and `sequence_start`, `sequence_end`),
+    each sequence's requests run one at a time in their order, and the control inputs and
+    implicit state are filled by the server (clients do not send them)."""
+
+    # oldest: requests of different sequences batch, oldest first, with up to
+    # max_candidate_sequences sequences in progress; direct: each sequence holds one of
+    # max_batch_size x sessions slots. Others wait in a backlog for a sequence to end.
+    strategy: Literal["oldest", "direct"] = "oldest"
+    # oldest: sequences in progress at once, per session (Triton's, default max_batch_size).
+    max_candidate_sequences: int | None = Field(default=None, ge=1)
+    # A sequence with no request for this long is ended; its next request must START again
+    # (Triton's max_sequence_idle_microseconds, default 1 s).
+    max_sequence_idle_s: float = Field(default=1.0, gt=0)
+    # Graph inputs the server fills, by name: start, end, ready (1 or 0 in the input's
+    # datatype) and corrid (the sequence id: an integer input takes an integer id, a BYTES one
+    # a string id).
+    controls: dict[str, SequenceControl] = Field(default_factory=dict)
+    # Implicit state: input/output pairs the server keeps per sequence (Triton's `state`).
+    state: tuple[ImplicitState, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_names(self) -> SequenceBatching:
+        inputs = [*self.controls, *(s.input for s in self.state)]
+        if len(inputs) != len(set(inputs)):
+            raise ValueError(f"an input is named twice among controls and state: {inputs}")
+        kinds = list(self.controls.values())
+        if len(kinds) != len(set(kinds)):
+            raise ValueError(f"a control kind is given to two inputs: {self.controls}")
+        if self.max_candidate_sequences is not None and self.strategy != "oldest":
+            raise ValueError("max_candidate_sequences is the oldest strategy's")
+        return self
+
+
 class ModelSettings(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
     # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
@@ -79,6 +126,9 @@ class ModelSettings(_Strict):
     # A plain graph's image preprocessing (decode, resize, crop, normalise), over what the
     # graph's `ferry.preprocess` metadata declares (backends/image_spec.py).
     preprocess: ImagePreprocess | None = None
+    # A stateful plain graph's sequence batching (Triton's `sequence_batching`); unset: each
+    # request stands alone, and one carrying a sequence_id is refused.
+    sequence_batching: SequenceBatching | None = None
     # The batcher's limits, with its own defaults; how many batches run at once is the
     # backend's to say (ONNX Runtime sessions, Triton concurrency), so it is not set here.
     batching: BatchLimits = BatchLimits()
@@ -278,6 +328,17 @@ class Settings(_Strict):
                 f"replicas = {self.replicas} would load every LLM (llm_models: {names}) "
                 f"{self.replicas} times: serve LLMs with replicas = 1, or with api_servers to "
                 "spread their front end over cores"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sequences(self) -> Settings:
+        """A sequence's state lives in one process: every request of it must reach that one."""
+        stateful = [m.name for m in self.models if m.sequence_batching is not None]
+        if stateful and (self.api_servers > 1 or self.replicas > 1):
+            raise ValueError(
+                f"models {stateful} have sequence_batching, whose sequences live in one "
+                "process: serve them with api_servers = 1 and replicas = 1"
             )
         return self
 

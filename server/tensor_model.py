@@ -7,6 +7,7 @@ start from its signature and nodes (backends/batch_plan.py).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -37,15 +38,19 @@ from ferry.server.graph_model import (
     GRAPH_TASK,
     InferOptions,
     check_chunks,
+    check_one_row,
+    check_sequence_names,
     class_count,
     graph_limits,
     graph_outputs,
     graph_values,
     infer_options,
     plan_rows,
+    refuse_sequence,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
+from ferry.server.sequences import SequenceBatcher
 from ferry.server.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
@@ -72,13 +77,21 @@ class TensorModel:
         self._padded: frozenset[str] = frozenset()  # the dynamic axes requests pad along
         self._default_outputs: tuple[str, ...] = ()  # /predict's when a request names none
         self.images: ImageInputs | None = None  # its preprocessing, when it declares one
-        self._signature: Signature | None = None  # the graph's, with the image input marked
+        self._graph: Signature | None = None  # the graph's, with the image input marked
+        self._signature: Signature | None = None  # what clients send: without filled inputs
+        self.sequences: SequenceBatcher | None = None  # a stateful graph's (sequences.py)
         self.batch_plan = UNSTARTED  # decided at start (backends/batch_plan.py)
         self.ready = False
 
     @property
     def signature(self) -> Signature:
-        return self._signature or self.backend.signature
+        """What clients see and send: the graph's, less the inputs the server fills."""
+        return self._signature or self.graph_signature
+
+    @property
+    def graph_signature(self) -> Signature:
+        """The graph's own (what its batches hold), with the image input marked."""
+        return self._graph or self.backend.signature
 
     @property
     def padded_axes(self) -> frozenset[str]:
@@ -97,7 +110,8 @@ class TensorModel:
     async def start(self) -> None:
         await self.backend.start()
         self._start_images()
-        signature = self.signature
+        self._start_sequences()
+        signature = self.graph_signature
         unknown = set(self.settings.pad_values) - set(signature.input_names)
         if unknown:
             raise ValueError(
@@ -146,6 +160,8 @@ class TensorModel:
         )
         self._metrics.queue_capacity.labels(self.name).set(self.settings.batching.max_queue_size)
         self.batcher.start()
+        if self.sequences is not None:
+            self.sequences.start()
         self.ready = True
         self._metrics.model_ready.labels(self.name).set(1)
 
@@ -174,7 +190,7 @@ class TensorModel:
         # a batch, since padding an image's height or width changes its answers.
         images = self.signature.input(self.images.input) if self.images is not None else None
         plan = plan_batching(
-            self.signature,
+            self.graph_signature,
             ops,
             pad_axes=settings.pad_axes,
             mask_inputs=settings.mask_inputs,
@@ -192,7 +208,30 @@ class TensorModel:
         graph = self.backend.signature
         self.images = image_inputs(self.settings, self.backend.metadata, graph)
         if self.images is not None:
-            self._signature = replace(graph, images=frozenset({self.images.input}))
+            self._graph = replace(graph, images=frozenset({self.images.input}))
+
+    def _start_sequences(self) -> None:
+        """A stateful graph's sequence batcher; clients then see the graph without the inputs
+        it fills."""
+        config = self.settings.sequence_batching
+        if config is None:
+            return
+        if self.images is not None:
+            # Decoding images suspends before a request is admitted to its sequence, which
+            # would let a gRPC stream's requests overtake each other (server/sequences.py).
+            raise ValueError(f"model {self.name!r}: sequence_batching takes no preprocess")
+        graph = self.graph_signature
+        check_sequence_names(self.name, config, graph, self.settings.batch_axis)
+        limits = self.settings.batching
+        per_session = limits.max_batch_size if graph.batchable else 1
+        if config.strategy == "oldest" and config.max_candidate_sequences is not None:
+            per_session = config.max_candidate_sequences
+        slots = per_session * self.backend.max_concurrency
+        self.sequences = SequenceBatcher(self.name, config, graph, slots)
+        filled = self.sequences.filled_inputs
+        self._signature = replace(
+            graph, inputs=tuple(s for s in graph.inputs if s.name not in filled)
+        )
 
     async def _run_rows_moved(self, batch: TensorBatch) -> dict[str, np.ndarray]:
         """A batch stacked along axis 0, run in the graph's layout (batch_axis > 0)."""
@@ -202,7 +241,7 @@ class TensorModel:
 
     def _layout(self) -> TensorLayout:
         padded = self._padded
-        signature = self.batch_plan.rows_signature or self.signature  # rows first
+        signature = self.batch_plan.rows_signature or self.graph_signature  # rows first
         inputs = {
             s.name: {i: a for i, a in s.axis_names().items() if a in padded}
             for s in signature.inputs
@@ -213,7 +252,7 @@ class TensorModel:
         }
         pad_values = {  # a BF16 input holds bits: its pad value as the bits of that number
             name: int(bfloat16.from_float32(value))
-            if self.signature.input(name).datatype == "BF16"
+            if self.graph_signature.input(name).datatype == "BF16"
             else value
             for name, value in self.settings.pad_values.items()
         }
@@ -225,6 +264,8 @@ class TensorModel:
     def validate(self, tensors: Mapping[str, np.ndarray]) -> TensorRows:
         try:
             rows = plan_rows(self.signature, self.batch_plan, tensors)
+            if self.sequences is not None:
+                check_one_row(self.name, rows, self.batchable)
             self._check_chunks(rows)
         except InvalidInput:
             self.count_invalid()
@@ -246,6 +287,27 @@ class TensorModel:
         """A validated request's outputs, its rows on the first axis, through the batcher; one
         of more rows than a batch takes goes in chunks (tensor_chunks.py)."""
         timeout_s, priority, disconnected = infer_options(options)
+        if self.sequences is None:
+            refuse_sequence(self.name, options)
+        else:  # admitted here, before any suspension: arrival order is the sequence's order
+            turn = self.sequences.admit(options.get("sequence"))
+
+            async def run(tensors: Mapping[str, np.ndarray], wanted: tuple[str, ...]) -> Any:
+                filled = plan_rows(self.graph_signature, self.batch_plan, tensors)
+                return await self._infer_rows(filled, wanted, timeout_s, priority, disconnected)
+
+            deadline = self.settings.timeout_s if timeout_s is None else timeout_s
+            return await self.sequences.run(turn, rows.tensors, tuple(outputs), deadline, run)
+        return await self._infer_rows(rows, outputs, timeout_s, priority, disconnected)
+
+    async def _infer_rows(
+        self,
+        rows: TensorRows,
+        outputs: Sequence[str],
+        timeout_s: float | None,
+        priority: int,
+        disconnected: asyncio.Future[None] | None,
+    ) -> dict[str, np.ndarray]:
         assert self.batcher is not None, "infer before start"
         whole = rows.rows == 1 or not self.batchable  # a row is never split
         chunks = [rows] if whole else split_rows(rows, chunk_rows(rows, self.batcher.limits))
@@ -263,6 +325,8 @@ class TensorModel:
 
     async def close(self, drain_timeout_s: float) -> None:
         self.ready = False
+        if self.sequences is not None:
+            await self.sequences.close()
         self._metrics.model_ready.labels(self.name).set(0)
         if self.batcher is not None:
             await self.batcher.close(drain_timeout_s)

@@ -13,4 +13,5 @@ SERVED: tuple[str, ...] = (
     "classification",  # outputs as top-k "value:index:label" strings
     "model_configuration",  # GET /v2/models/{name}/config
     "statistics",  # GET /v2/models/{name}/stats
+    "sequence",  # sequence_id/start/end for stateful models, and ModelStreamInfer
 )

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -26,7 +27,7 @@ from ferry import __version__
 from ferry.server.dialects import kserve_message
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
-from ferry.server.graph_model import GraphModel, is_graph, prepare
+from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
 from ferry.server.kserve import classification
 from ferry.server.kserve.extensions import SERVED as EXTENSIONS
 from ferry.server.kserve.infer import (
@@ -37,6 +38,7 @@ from ferry.server.kserve.infer import (
     request_priority,
 )
 from ferry.server.kserve.model_config import model_config, model_metadata
+from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
     check_raw_alone,
@@ -48,6 +50,7 @@ from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
+from ferry.server.sequences import SequenceFlags
 from ferry.server.tenancy import CLAMPED_HEADER
 
 logger = logging.getLogger(__name__)
@@ -169,8 +172,24 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         handler: Callable[[str | None], Awaitable[Any]],
         model_name: str = "",
     ) -> Any:
+        """`_guarded`, its failure aborting the call with its status code."""
+        outcome = await self._guarded(method, context, handler, model_name)
+        if isinstance(outcome, Failure):
+            code, details, trailers = grpc_status(outcome)
+            if trailers:
+                context.set_trailing_metadata((*context.trailing_metadata(), *trailers))
+            await context.abort(code, details)
+        return outcome
+
+    async def _guarded(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext,
+        handler: Callable[[str | None], Awaitable[Any]],
+        model_name: str = "",
+    ) -> Any:
         """The HTTP gateway's key, drain and metrics around one call (by its declaration in the
-        route table), then the error mapping; `handler` gets the caller's tenant."""
+        route table); `handler` gets the caller's tenant. Its answer, or the Failure it raised."""
         bind_grpc(context)  # the request id: for this call's log lines, in its trailing metadata
         route = GRPC_ROUTES[method]
         started, status, counted = time.perf_counter(), 200, False
@@ -187,10 +206,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except Exception as exc:
             error = failure(exc, route.path)
             status = error.status
-            code, details, trailers = grpc_status(error)
-            if trailers:
-                context.set_trailing_metadata((*context.trailing_metadata(), *trailers))
-            await context.abort(code, details)
+            return error
         finally:
             if counted:
                 drain.leave()
@@ -269,40 +285,118 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return await self._call("ModelStatistics", context, run, request.name)
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def run(tenant: str | None) -> Any:
-            model = find_model(self.state.registry, request.model_name, request.model_version)
-            asked = request_priority(_parameter(request.parameters, "priority"))
-            decided = self.state.priority_policy.apply(asked, tenant)
-            if decided.clamped_from is not None:  # said, as the HTTP header says it
-                clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
-                context.set_trailing_metadata((*context.trailing_metadata(), clamped))
-            if is_graph(model):
-                return await infer_plain(model, request, decided.priority)
-            wanted = output_names(model, [o.name for o in request.outputs])
-            classified = classifications(request, model)
-            # A cancelled call (client gone) cancels this task, and with it the queued work.
-            outputs = await infer_tensors(
-                model,
-                self.state.encoder,
-                decode_inputs(request),
-                wanted,
-                priority=decided.priority,
-            )
-            datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
-            return encode_outputs(request, classification.apply(outputs, classified), datatypes)
+        return await self._call(
+            "ModelInfer", context, partial(self._infer, request, context), request.model_name
+        )
 
-        return await self._call("ModelInfer", context, run, request.model_name)
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[service_pb2.ModelStreamInferResponse]:
+        """Triton's bidirectional stream: each request runs as it arrives, its answer (or its
+        error, in `error_message`: the stream goes on) is sent as soon as it is ready, so
+        answers may come in another order than their requests (clients match them by `id`).
+
+        Each request's task is created in arrival order and reaches its model's sequence
+        admission before its first suspension (server/sequences.py), so the requests of one
+        sequence on one stream keep their order."""
+        await self._open_stream(context)
+        answers: asyncio.Queue[Any] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def answer(request: Any) -> None:
+            handler = partial(self._infer, request, context)
+            outcome = await self._guarded("ModelStreamInfer", context, handler, request.model_name)
+            answers.put_nowait(stream_response(request, outcome))
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.create_task(answer(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:  # the client has sent all: answer the rest, then end the stream
+                    await asyncio.wait(set(running))
+            finally:
+                answers.put_nowait(STREAM_END)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await answers.get()) is not STREAM_END:
+                yield response
+            await reader  # a failure reading the stream is the call's
+        finally:  # the client went away: its requests' work goes too
+            for task in (reader, *running):
+                task.cancel()
+
+    async def _open_stream(self, context: grpc.aio.ServicerContext) -> None:
+        """A stream without the key, or opened while draining, is refused as a whole, with the
+        status a unary call gets (each request is checked again as it comes)."""
+        route = GRPC_ROUTES["ModelStreamInfer"]
+        try:
+            self._policy.tenant(route, lambda: _authorization(context))
+            self._policy.admit(route)
+        except Exception as exc:
+            code, details, _ = grpc_status(failure(exc, route.path))
+            await context.abort(code, details)
+
+    async def _infer(
+        self, request: Any, context: grpc.aio.ServicerContext, tenant: str | None
+    ) -> service_pb2.ModelInferResponse:
+        model = find_model(self.state.registry, request.model_name, request.model_version)
+        asked = request_priority(_parameter(request.parameters, "priority"))
+        decided = self.state.priority_policy.apply(asked, tenant)
+        if decided.clamped_from is not None:  # said, as the HTTP header says it
+            clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
+            context.set_trailing_metadata((*context.trailing_metadata(), clamped))
+        sequence = sequence_flags(partial(_parameter, request.parameters))
+        if is_graph(model):
+            return await infer_plain(model, request, decided.priority, sequence)
+        refuse_sequence(model.name, {"sequence": sequence})
+        wanted = output_names(model, [o.name for o in request.outputs])
+        classified = classifications(request, model)
+        # A cancelled call (client gone) cancels this task, and with it the queued work.
+        outputs = await infer_tensors(
+            model,
+            self.state.encoder,
+            decode_inputs(request),
+            wanted,
+            priority=decided.priority,
+        )
+        datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
+        return encode_outputs(request, classification.apply(outputs, classified), datatypes)
+
+
+STREAM_END = object()  # the stream's last answer has been queued
+FINAL_RESPONSE = "triton_final_response"
+
+
+def stream_response(request: Any, outcome: Any) -> service_pb2.ModelStreamInferResponse:
+    """One stream answer: the response, or the error in `error_message` (Triton's form, which
+    tritonclient hands to the callback as an InferenceServerException), with the request's id."""
+    if isinstance(outcome, Failure):
+        response = service_pb2.ModelInferResponse(
+            model_name=request.model_name, model_version=VERSION, id=request.id
+        )
+        message = service_pb2.ModelStreamInferResponse(
+            error_message=kserve_message(outcome), infer_response=response
+        )
+    else:
+        message = service_pb2.ModelStreamInferResponse(infer_response=outcome)
+    if _parameter(request.parameters, "triton_enable_empty_final_response") is True:
+        # Every answer of a model that is not decoupled is its request's last.
+        message.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+    return message
 
 
 async def infer_plain(
-    model: GraphModel, request: Any, priority: int
+    model: GraphModel, request: Any, priority: int, sequence: SequenceFlags | None = None
 ) -> service_pb2.ModelInferResponse:
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
-    `priority` after the policy (server/tenancy.py)."""
+    `priority` after the policy (server/tenancy.py), `sequence` a stateful graph's."""
     wanted = output_names(model, [o.name for o in request.outputs])
     classified = classifications(request, model)
     rows = await prepare(model, decode_grpc_tensors(request, model.signature))
-    result = await model.infer(rows, wanted, priority=priority)
+    result = await model.infer(rows, wanted, priority=priority, sequence=sequence)
     outputs = classification.apply({name: result[name] for name in wanted}, classified)
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype

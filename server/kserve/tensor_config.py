@@ -13,6 +13,7 @@ from ferry.backends.image_spec import CHANNELS, IMAGE_DATATYPES
 from ferry.backends.tensor_signature import CONFIG_TYPES, TensorSpec
 from ferry.server.graph_model import GraphModel, rows_first
 from ferry.server.kserve.versions import VERSION
+from ferry.server.settings import SequenceBatching
 
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX Runtime model
 
@@ -99,7 +100,10 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
             for rule in plan.axes
         },
     }
-    if model.batchable:  # along any axis
+    sequences = settings.sequence_batching
+    if sequences is not None:
+        config["sequence_batching"] = sequence_config(model, sequences)
+    elif model.batchable:  # along any axis
         config["dynamic_batching"] = {
             "max_queue_delay_microseconds": round(limits.max_queue_delay_s * 1_000_000),
             "default_queue_policy": {
@@ -109,3 +113,55 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
             },
         }
     return config
+
+
+CONTROL_KINDS = {
+    "start": "CONTROL_SEQUENCE_START",
+    "end": "CONTROL_SEQUENCE_END",
+    "ready": "CONTROL_SEQUENCE_READY",
+    "corrid": "CONTROL_SEQUENCE_CORRID",
+}
+
+
+def sequence_config(model: GraphModel, sequences: SequenceBatching) -> dict[str, Any]:
+    """Triton's `sequence_batching` section, from the settings and the graph's own inputs (a
+    flag's false/true values in the input's kind; CORRID's datatype the input's)."""
+    graph = model.graph_signature
+    limits = model.settings.batching
+    strategy: dict[str, Any] = {
+        "max_queue_delay_microseconds": round(limits.max_queue_delay_s * 1_000_000)
+    }
+    if sequences.strategy == "oldest":
+        per_session = sequences.max_candidate_sequences or max(1, limits.max_batch_size)
+        strategy["max_candidate_sequences"] = per_session
+    controls = []
+    for name, kind in sequences.controls.items():
+        spec = graph.input(name)
+        control: dict[str, Any] = {"kind": CONTROL_KINDS[kind]}
+        if kind == "corrid":
+            control["data_type"] = CONFIG_TYPES[spec.datatype]
+        else:
+            control[_false_true(spec.datatype)] = [0, 1]
+        controls.append({"name": name, "control": [control]})
+    skip = 1 if rows_first(model) else 0
+    return {
+        "max_sequence_idle_microseconds": round(sequences.max_sequence_idle_s * 1_000_000),
+        sequences.strategy: strategy,
+        "control_input": controls,
+        "state": [
+            {
+                "input_name": state.input,
+                "output_name": state.output,
+                "data_type": CONFIG_TYPES[graph.input(state.input).datatype],
+                "dims": graph.input(state.input).metadata_shape()[skip:],
+            }
+            for state in sequences.state
+        ],
+    }
+
+
+def _false_true(datatype: str) -> str:
+    """The field of Triton's Control that holds a flag input's values."""
+    if datatype == "BOOL":
+        return "bool_false_true"
+    return "fp32_false_true" if datatype.startswith("FP") else "int32_false_true"

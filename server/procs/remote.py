@@ -38,6 +38,7 @@ from ferry.server.graph_model import (
     graph_outputs,
     infer_options,
     plan_rows,
+    refuse_sequence,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
@@ -162,6 +163,10 @@ class RemoteTensorModel(_EngineModel):
         return self._info.signature
 
     @property
+    def graph_signature(self) -> Signature:
+        return self._info.signature  # no stateful graph here (settings refuse it)
+
+    @property
     def class_keys(self) -> Mapping[str, list[Any]]:
         return self._client.classes.get(self.name, self._info.class_keys)
 
@@ -203,6 +208,7 @@ class RemoteTensorModel(_EngineModel):
         self, rows: TensorRows, outputs: Sequence[str], **options: Unpack[InferOptions]
     ) -> dict[str, np.ndarray]:
         timeout_s, priority, disconnected = infer_options(options)
+        refuse_sequence(self.name, options)  # stateful graphs are served in one process
         try:
             future = self._client.submit_tensors(
                 self.name, rows, timeout_s, tuple(outputs), priority, self._deadline_s(timeout_s)

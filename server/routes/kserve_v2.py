@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from ferry import __version__
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
-from ferry.server.graph_model import GraphModel, is_graph, prepare
+from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
@@ -39,6 +39,7 @@ from ferry.server.kserve.infer import (
 )
 from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.raw_request import RAW_HEADER_LENGTH, raw_request
+from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
     binary_data_size,
@@ -58,6 +59,7 @@ from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
+from ferry.server.sequences import SequenceFlags
 from ferry.server.tenancy import call_priority
 
 logger = logging.getLogger(__name__)
@@ -220,6 +222,7 @@ async def infer(call: HotCall) -> Reply:
     header, tensors = await decoded(len(call.body), partial(decode_request, call.body, length))
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
+    refuse_sequence(model.name, {"sequence": http_sequence(header)})
     asked = request_priority(parameters(header).get("priority", ABSENT))
     priority = call_priority(call, asked)
     strings = check_classified(classified, _rows(tensors))
@@ -237,9 +240,12 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
     plain = await decoded(len(body), partial(read_plain, body, header_length, model))
     header, tensors, wanted, binary, classified = plain
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
+    sequence = http_sequence(header)
     strings = check_classified(classified, _rows(tensors))
     rows = await prepare(model, tensors)
-    result = await model.infer(rows, wanted, priority=priority, disconnected=call.disconnected())
+    result = await model.infer(
+        rows, wanted, priority=priority, disconnected=call.disconnected(), sequence=sequence
+    )
     outputs = {name: result[name] for name in wanted}  # in the order asked for
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype
@@ -314,12 +320,19 @@ def read_plain(body: bytes, header_length: str | None, model: GraphModel) -> Pla
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     request_priority(parameters(header).get("priority", ABSENT))  # a bad one refused first
+    http_sequence(header)
     tensors = decode_tensors(header, body, size, model.signature)
     for spec in header["inputs"]:
         # Freed here, not on the event loop when the request ends: an image's 150,528 float
         # objects take ~1 ms to free.
         spec.pop("data", None)
     return header, tensors, wanted, binary, classified
+
+
+def http_sequence(header: dict[str, Any]) -> SequenceFlags | None:
+    """The request's sequence parameters (server/kserve/sequence_parameters.py)."""
+    sent = parameters(header)
+    return sequence_flags(lambda name: sent.get(name, ABSENT))
 
 
 def register_routes(router: APIRouter, hot: HotRoutes) -> None:

@@ -84,12 +84,16 @@ def server(tabular):
         yield handle
 
 
-def perf_analyzer(tmp_path: Path, data: dict, *args: str) -> str:
-    data_file = tmp_path / "data.json"
-    data_file.write_text(json.dumps(data))
+def perf_analyzer(tmp_path: Path, data: dict | None, *args: str) -> str:
+    """A short measurement (`data` None: perf_analyzer's own random inputs)."""
+    inputs = []
+    if data is not None:
+        data_file = tmp_path / "data.json"
+        data_file.write_text(json.dumps(data))
+        inputs = [f"--input-data={data_file}"]
     env = {**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER.parent / "lib")}
     run = subprocess.run(
-        [str(PERF_ANALYZER), f"--input-data={data_file}", *MEASURE, *args],
+        [str(PERF_ANALYZER), *inputs, *MEASURE, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -150,3 +154,25 @@ def test_openai_chat(server, tmp_path):
         *("--async", "-u", server.url.removeprefix("http://")),
     )
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+
+
+# Triton's `simple` over a gRPC stream, and its sequence models, whose requests perf_analyzer
+# sends as sequences (sequence_id, start, end) since their config has sequence_batching.
+@pytest.mark.parametrize(
+    ("model", "protocol", "streaming"),
+    [
+        ("simple", "grpc", True),
+        ("simple_sequence", "grpc", True),
+        ("simple_dyna_sequence", "grpc", True),
+        ("simple_sequence", "grpc", False),
+        ("simple_sequence", "http", False),
+    ],
+)
+def test_triton_models_and_sequences(triton_models, tmp_path, model, protocol, streaming):
+    server = triton_models
+    url = server.grpc_address if protocol == "grpc" else server.http_address
+    args = ["-m", model, "-i", protocol, "-u", url, *(["--streaming"] if streaming else [])]
+    output = perf_analyzer(tmp_path, None, *args)
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+    count = re.search(r"Server:\s+Inference count: (\d+)", output)
+    assert count and int(count.group(1)) >= 10, output

@@ -147,9 +147,14 @@ async def answers(http, route: Route, headers: dict[str, str]):
 async def call(target: str, name: str, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
     async with grpc.aio.insecure_channel(target) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        request = getattr(service_pb2, f"{name}Request")()
         try:
-            await getattr(stub, name)(request, metadata=metadata, timeout=30)
+            if name == "ModelStreamInfer":  # a stream: its status comes once it is read
+                stream = stub.ModelStreamInfer(iter(()), metadata=metadata, timeout=30)
+                async for _ in stream:
+                    pass
+            else:
+                request = getattr(service_pb2, f"{name}Request")()
+                await getattr(stub, name)(request, metadata=metadata, timeout=30)
         except grpc.aio.AioRpcError as error:
             return error.code()
         return grpc.StatusCode.OK

@@ -227,3 +227,26 @@ def test_ferry_serve_says_which_variable_is_wrong_without_a_traceback(tmp_path):
     assert done.returncode == 1
     assert "FERRY_MODEL__ALL_MINILM_L6_V2__PAD_AXES (models.0.pad_axes.0)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+SEQUENCES = {"controls": {"START": "start", "CORRID": "corrid"}}
+
+
+@pytest.mark.parametrize(
+    ("sequences", "server", "message"),
+    [
+        ({"controls": {"A": "start", "B": "start"}}, {}, "a control kind is given to two"),
+        (
+            {**SEQUENCES, "state": [{"input": "START", "output": "S"}]},
+            {},
+            "an input is named twice",
+        ),
+        ({"strategy": "direct", "max_candidate_sequences": 4}, {}, "the oldest strategy's"),
+        (SEQUENCES, {"api_servers": 2}, "sequences live in one process"),
+        (SEQUENCES, {"replicas": 2}, "sequences live in one process"),
+    ],
+)
+def test_sequence_batching_settings_are_checked(sequences, server, message):
+    model = {"name": "m", "path": "/m.onnx", "sequence_batching": sequences}
+    with pytest.raises(ValidationError, match=message):
+        load_settings(environ={}, extra_models=[model], **server)

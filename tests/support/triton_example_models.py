@@ -16,6 +16,11 @@ check; Triton's `max_batch_size` becomes the model's `batching.max_batch_size`:
   fc6_1 [1000] with labels), unbatched; its scores are a fixed linear map of the channel means,
   not a trained network (the clients check the protocol, not the classes).
 - custom_identity_int32: memory_growth_test's model, INPUT0 [-1, -1] INT32 -> OUTPUT0.
+- simple_sequence, simple_dyna_sequence: Triton's own ONNX graphs, node for node (stateless:
+  OUTPUT = READY * (INPUT + START), the dyna one + END * CORRID), with their controls.
+- simple_string_dyna_sequence: qa's `dyna_sequence` backend with a string CORRID (an
+  accumulator: the sum of INPUT, restarted at START, + CORRID at END, in every element of
+  OUTPUT), as an ONNX graph keeping its sum in implicit state.
 
 Graph files are written once per session (`triton_models_dir`); `triton_server` serves them
 all on one process (module scoped, as the suites that use it start it once).
@@ -118,6 +123,85 @@ def densenet(path: Path) -> Path:
     return _save(graph, path)
 
 
+def _sequence(name: str, dyna: bool):
+    """Triton's docs/examples simple_sequence and simple_dyna_sequence graphs."""
+
+    def build(path: Path) -> Path:
+        controls = ["START", *(["END"] if dyna else []), "READY"]
+        nodes = [
+            helper.make_node("Identity", ["INPUT"], ["_INPUT"]),
+            helper.make_node("Add", ["_INPUT", "START"], ["add0"]),
+        ]
+        total = "add0"
+        if dyna:
+            nodes += [
+                helper.make_node("Cast", ["CORRID"], ["corrid"], to=INT32),
+                helper.make_node("Mul", ["END", "corrid"], ["mul0"]),
+                helper.make_node("Add", ["add0", "mul0"], ["sum0"]),
+            ]
+            total = "sum0"
+        nodes += [
+            helper.make_node("Mul", ["READY", total], ["CAST"]),
+            helper.make_node("Cast", ["CAST"], ["OUTPUT"], to=INT32),
+        ]
+        inputs = [helper.make_tensor_value_info(n, INT32, [None, 1]) for n in ["INPUT", *controls]]
+        if dyna:
+            inputs.append(helper.make_tensor_value_info("CORRID", TensorProto.UINT64, [None, 1]))
+        outputs = [helper.make_tensor_value_info("OUTPUT", INT32, [None, 1])]
+        return _save(helper.make_graph(nodes, name, inputs, outputs), path)
+
+    return build
+
+
+def string_dyna_sequence(path: Path) -> Path:
+    """qa's dyna_sequence accumulator with a string CORRID: the sum kept in implicit state."""
+    one = numpy_tensor("one", np.array(1, dtype=np.int32))
+    nodes = [
+        helper.make_node("Constant", [], ["one"], value=one),
+        helper.make_node("Constant", [], ["axis"], value=numpy_tensor("axis", np.array([1]))),
+        helper.make_node("ReduceSum", ["INPUT", "axis"], ["sum"], keepdims=1),
+        helper.make_node("Sub", ["one", "START"], ["going_on"]),
+        helper.make_node("Mul", ["INPUT_STATE", "going_on"], ["before"]),
+        helper.make_node("Add", ["before", "sum"], ["running"]),
+        helper.make_node("Cast", ["CORRID"], ["corrid"], to=INT32),
+        helper.make_node("Mul", ["END", "corrid"], ["at_end"]),
+        helper.make_node("Add", ["running", "at_end"], ["total"]),
+        helper.make_node("Mul", ["READY", "total"], ["OUTPUT_STATE"]),
+        helper.make_node("Shape", ["INPUT"], ["shape"]),
+        helper.make_node("Expand", ["OUTPUT_STATE", "shape"], ["OUTPUT"]),
+    ]
+    flags = [helper.make_tensor_value_info(n, INT32, ["batch", 1]) for n in SEQUENCE_FLAGS]
+    inputs = [
+        helper.make_tensor_value_info("INPUT", INT32, ["batch", "values"]),
+        *flags,
+        helper.make_tensor_value_info("CORRID", STRING, ["batch", 1]),
+        helper.make_tensor_value_info("INPUT_STATE", INT32, ["batch", 1]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("OUTPUT", INT32, ["batch", "values"]),
+        helper.make_tensor_value_info("OUTPUT_STATE", INT32, ["batch", 1]),
+    ]
+    graph = helper.make_graph(nodes, "simple_string_dyna_sequence", inputs, outputs)
+    return _save(graph, path)
+
+
+SEQUENCE_FLAGS = ("START", "END", "READY")
+# Triton's configs of the sequence models (their control_input and strategy).
+# Idle 10 s rather than Triton's default 1 s: a stalled shared machine must not end a sequence
+# between two of a client's requests (the idle rule is tested with a clock of its own).
+SEQUENCE = {
+    "controls": {"START": "start", "READY": "ready"},
+    "strategy": "direct",
+    "max_sequence_idle_s": 10.0,
+}
+DYNA_SEQUENCE = {
+    "controls": {"START": "start", "END": "end", "READY": "ready", "CORRID": "corrid"},
+    "strategy": "oldest",
+    "max_candidate_sequences": 1024,
+    "max_sequence_idle_s": 10.0,
+}
+
+
 def image_classifier(path: Path) -> Path:
     """preprocess_inception_ensemble's stand-in: INPUT [N, 3, 224, 224] FP32 -> OUTPUT
     [N, 1000], the channel means times a fixed matrix; Ferry's image preprocessing (declared in
@@ -165,6 +249,30 @@ MODELS = (
         "onnx_zero_1_object_1_element", _identity("onnx_zero_1_object_1_element", STRING, 1, [1])
     ),
     TritonModel("custom_identity_int32", _identity("custom_identity_int32", INT32, 1, [None])),
+    TritonModel(
+        "simple_sequence",
+        _sequence("simple_sequence", dyna=False),
+        settings={"sequence_batching": SEQUENCE},
+    ),
+    TritonModel(
+        "simple_dyna_sequence",
+        _sequence("simple_dyna_sequence", dyna=True),
+        settings={
+            "sequence_batching": DYNA_SEQUENCE,
+            "batching": {"max_queue_delay_s": 0.01},
+        },
+    ),
+    TritonModel(
+        "simple_string_dyna_sequence",
+        string_dyna_sequence,
+        settings={
+            "sequence_batching": {
+                **DYNA_SEQUENCE,
+                "state": [{"input": "INPUT_STATE", "output": "OUTPUT_STATE"}],
+            },
+            "batching": {"max_queue_delay_s": 0.01},
+        },
+    ),
     TritonModel(
         "preprocess_inception_ensemble",
         image_classifier,
