@@ -61,6 +61,7 @@ SYSTEM_MODULES = {
     "tests/deploy/test_live_llm_triton.py",
     "tests/deploy/test_prometheus_rules.py",
     "tests/server/test_perf_analyzer.py",
+    "tests/server/test_tracing_live.py",
     "tests/triton/test_predict_on_triton.py",
     "tests/triton/test_tensorrt_gpu.py",
 }
