@@ -34,8 +34,13 @@ def start_tracing(settings: Settings) -> Tracing | None:
         return None
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
-    from ferry.server.otel_tracing import Tracing
-
+    try:
+        from ferry.server.otel_tracing import Tracing
+    except ImportError as exc:
+        raise RuntimeError(
+            f"otlp_traces_endpoint is set but OpenTelemetry is not installed ({exc}): "
+            "pip install 'ferry[tracing]'"
+        ) from exc
     return Tracing(settings.otlp_traces_endpoint)
 
 

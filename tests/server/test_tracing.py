@@ -1,0 +1,116 @@
+"""Tracing in this process: the spans a batch and its members make (the SDK's in-memory exporter
+in place of OTLP; tests/server/test_tracing_live.py sends them to a real trace server), sampling,
+and the untraced path loading nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+from opentelemetry import trace as api
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from ferry.batcher import tracing as batcher_tracing
+from ferry.server.otel_tracing import Tracing
+from tests.batcher.manual_clock import ManualClock
+from tests.batcher.test_batcher import RecordingBackend, make, seq
+
+
+@pytest.fixture
+def exported(monkeypatch):
+    """A Tracing whose spans stay in memory, and its exporter."""
+
+    def build(sampler: str = "parentbased_always_on", arg: str | None = None):
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+        if arg is not None:
+            monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+        exporter = InMemorySpanExporter()
+        return Tracing("unused", SimpleSpanProcessor(exporter)), exporter
+
+    return build
+
+
+def caller(sampled: bool) -> dict[str, str]:
+    flags = "01" if sampled else "00"
+    return {"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"}
+
+
+async def submit_as(server, batcher, ids: tuple[int, ...]):
+    """Submit inside the request's span, as the gateway does."""
+    token = batcher_tracing.current.set(server.request)
+    try:
+        return batcher.submit([seq(*ids)])
+    finally:
+        batcher_tracing.current.reset(token)
+
+
+def by_name(spans, name: str):
+    return [s for s in spans if s.name == name]
+
+
+async def test_a_batch_is_one_span_linked_to_each_traced_member(exported):
+    tracing, exporter = exported()
+    clock = ManualClock()
+    batcher = make(RecordingBackend(), clock, dispatch_when_idle=False)
+    servers = [tracing.server_span("POST", caller(True), {}) for _ in range(3)]
+    futures = [
+        f
+        for s, ids in zip(servers, [(1, 2), (3,), (4, 5, 6)])
+        for f in await submit_as(s, batcher, ids)
+    ]
+    futures += batcher.submit([seq(7)])  # an untraced member of the same batch
+    await clock.run_until_done(asyncio.gather(*futures))
+    await batcher.close(1)
+    for server in servers:
+        server.finish("POST /predict", {}, failed=False)
+
+    spans = exporter.get_finished_spans()
+    (batch,) = by_name(spans, "ferry.batch")
+    assert batch.parent is None  # its own trace
+    linked = {link.context.span_id for link in batch.links}
+    assert linked == {s.span.get_span_context().span_id for s in servers}
+    assert batch.attributes["ferry.batch.size"] == 4
+    assert batch.attributes["ferry.batch.padded_length"] == 3
+    assert batch.attributes["ferry.batch.padding_ratio"] == pytest.approx(1 - 7 / 12)
+    (backend,) = by_name(spans, "ferry.backend")
+    assert backend.parent.span_id == batch.context.span_id
+    queues = by_name(spans, "ferry.queue")
+    assert len(queues) == 3  # the untraced member has none
+    for queue in queues:
+        assert [link.context.span_id for link in queue.links] == [batch.context.span_id]
+    assert len(by_name(spans, "ferry.admission")) == 3
+
+
+async def test_an_unsampled_request_makes_no_span_and_still_says_its_context(exported):
+    tracing, exporter = exported("parentbased_traceidratio", "1.0")
+    server = tracing.server_span("POST", caller(False), {})
+    assert server.request is None  # nothing for the batcher to record
+    assert server.traceresponse().endswith("-00")
+    assert server.trace_id() is None  # no exemplar points at a trace nobody kept
+    server.finish("POST /predict", {}, failed=False)
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_root_linked_to_a_sampled_span_is_sampled_whatever_the_ratio(exported):
+    tracing, exporter = exported("traceidratio", "0")
+    sampled = api.SpanContext(1, 2, True, api.TraceFlags(api.TraceFlags.SAMPLED))
+    kept = tracing.tracer.start_span("ferry.batch", links=[api.Link(sampled)])
+    dropped = tracing.tracer.start_span("ferry.batch")
+    assert kept.is_recording() and not dropped.is_recording()
+
+
+def test_a_server_without_tracing_never_loads_the_sdk():
+    code = (
+        "import sys\n"
+        "from ferry.server.app import create_app\n"
+        "from ferry.server.procs import engine_main\n"
+        "from ferry.server.settings import Settings\n"
+        "app = create_app(Settings())\n"
+        "assert app.state.tracing is None\n"
+        "assert not [m for m in sys.modules if m.startswith('opentelemetry.sdk')], 'SDK loaded'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
