@@ -58,7 +58,7 @@ async def test_a_batch_is_one_span_linked_to_each_traced_member(exported):
     servers = [tracing.server_span("POST", caller(True), {}) for _ in range(3)]
     futures = [
         f
-        for s, ids in zip(servers, [(1, 2), (3,), (4, 5, 6)])
+        for s, ids in zip(servers, [(1, 2), (3,), (4, 5, 6)], strict=False)
         for f in await submit_as(s, batcher, ids)
     ]
     futures += batcher.submit([seq(7)])  # an untraced member of the same batch
@@ -95,7 +95,7 @@ async def test_an_unsampled_request_makes_no_span_and_still_says_its_context(exp
 
 
 def test_a_root_linked_to_a_sampled_span_is_sampled_whatever_the_ratio(exported):
-    tracing, exporter = exported("traceidratio", "0")
+    tracing, _exporter = exported("traceidratio", "0")
     sampled = api.SpanContext(1, 2, True, api.TraceFlags(api.TraceFlags.SAMPLED))
     kept = tracing.tracer.start_span("ferry.batch", links=[api.Link(sampled)])
     dropped = tracing.tracer.start_span("ferry.batch")
