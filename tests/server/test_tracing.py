@@ -7,14 +7,19 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 from opentelemetry import trace as api
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.exposition import generate_latest
 
 from ferry.batcher import tracing as batcher_tracing
+from ferry.server.metrics import FerryMetrics
 from ferry.server.otel_tracing import Tracing
+from ferry.server.route_policy import record_request
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 
@@ -114,3 +119,14 @@ def test_a_server_without_tracing_never_loads_the_sdk():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_sampled_requests_trace_id_is_its_durations_exemplar():
+    metrics = FerryMetrics(CollectorRegistry())
+    record_request(metrics, "m", "/predict", 200, time.perf_counter(), "ab" * 16)
+    record_request(metrics, "m", "/predict", 200, time.perf_counter())  # untraced: none
+    exposed = generate_latest(metrics.registry).decode()
+    with_exemplar = [line for line in exposed.splitlines() if "# {" in line]
+    assert len(with_exemplar) == 1
+    assert f'trace_id="{"ab" * 16}"' in with_exemplar[0]
+    assert with_exemplar[0].startswith("ferry_request_duration_seconds_bucket")
