@@ -17,9 +17,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest
 
 from ferry.batcher import tracing as batcher_tracing
+from ferry.llm.base import SamplingSettings
 from ferry.server.metrics import FerryMetrics
+from ferry.server.openai.observer import NullObserver
 from ferry.server.otel_tracing import Tracing
 from ferry.server.route_policy import record_request
+from ferry.server.tracing import generation as traced_generation
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 
@@ -130,3 +133,34 @@ def test_a_sampled_requests_trace_id_is_its_durations_exemplar():
     assert len(with_exemplar) == 1
     assert f'trace_id="{"ab" * 16}"' in with_exemplar[0]
     assert with_exemplar[0].startswith("ferry_request_duration_seconds_bucket")
+
+
+def test_an_llm_request_has_the_genai_attributes_vllm_sets(exported):
+    tracing, exporter = exported()
+    server = tracing.server_span("POST", caller(True), {})
+    token = batcher_tracing.current.set(server.request)
+    try:
+        sampling = SamplingSettings(max_tokens=8, temperature=0.5, top_p=0.9)
+        generation = traced_generation(NullObserver(), "chat", "chatcmpl-1", sampling, 2)
+    finally:
+        batcher_tracing.current.reset(token)
+    assert generation is not None
+    generation.first_token(0.25)
+    generation.finished("stop", 12, 3, 0.5)
+    generation.finished("length", 12, 8, 0.75)  # the second choice of the same prompt
+    generation.end(None)
+
+    (span,) = by_name(exporter.get_finished_spans(), "ferry.generate")
+    assert span.parent.span_id == server.span.get_span_context().span_id
+    expected = {
+        "gen_ai.request.model": "chat",
+        "gen_ai.request.id": "chatcmpl-1",
+        "gen_ai.request.max_tokens": 8,
+        "gen_ai.request.n": 2,
+        "gen_ai.usage.input_tokens": 12,  # one prompt, billed once
+        "gen_ai.usage.output_tokens": 11,
+        "gen_ai.latency.time_to_first_token": 0.25,
+        "gen_ai.latency.e2e": 0.75,
+    }
+    assert {k: span.attributes[k] for k in expected} == expected
+    assert span.attributes["gen_ai.response.finish_reasons"] == ("stop", "length")
