@@ -25,6 +25,8 @@ test: setup model
 	bash tools/install_perf_analyzer.sh
 	# Docker engine, Compose v1 and debootstrap (Debian's packages) for the compose stack test.
 	bash tools/install_docker.sh
+	# The trace server the tracing tests read spans back from (MLflow, in .venv-traces).
+	bash tools/install_trace_server.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
@@ -87,6 +89,7 @@ lock: setup
 	$(LOCK_311) locks/dev.in -o locks/dev.txt
 	$(LOCK_311) --no-deps locks/nodeps.in -o locks/nodeps.txt
 	$(LOCK_311) locks/triton.in -o locks/triton.txt
+	$(LOCK_311) locks/trace-server.in -o locks/trace-server.txt
 	# pytriton's wheels are built for glibc 2.35 and later only.
 	$(LOCK) --python-version 3.11 --python-platform x86_64-manylinux_2_35 --no-deps \
 		locks/triton-nodeps.in -o locks/triton-nodeps.txt

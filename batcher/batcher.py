@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ferry.batcher import tracing
 from ferry.batcher.admission import Admission
 from ferry.batcher.collection import Collection
 from ferry.batcher.cost_model import BatchCostModel
@@ -144,7 +145,12 @@ class MicroBatcher:
         timeout_s = self._default_timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout_s is None else now + timeout_s
         costs = [self.admission.request_cost_s(seq.length) for seq in sequences]
-        self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
+        tracer = tracing.current.get()
+        if tracer is None:
+            self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
+        else:
+            with tracer.admission():
+                self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
         futures = []
         for seq, cost_s in zip(sequences, costs, strict=True):
             request = QueuedRequest(
@@ -155,6 +161,7 @@ class MicroBatcher:
                 outputs=outputs,
                 priority=priority,
                 cost_s=cost_s,
+                trace=None if tracer is None else tracer.queued(),
             )
             if deadline is not None:
                 request.expiry = clock.call_at(deadline, self._expire, request)
@@ -230,6 +237,8 @@ class MicroBatcher:
     def _forget(self, request: QueuedRequest) -> None:
         if request.expiry is not None:
             request.expiry.cancel()
+        if request.trace is not None:
+            request.trace.left()
         if self.queue.remove(request):
             self._observer.queue_depth(len(self.queue))
         if request.future.cancelled():

@@ -25,6 +25,7 @@ from ferry.batcher.observer import BatchObserver, FormedBatch
 from ferry.batcher.packing import Packing
 from ferry.batcher.queue import RequestQueue
 from ferry.batcher.request import QueuedRequest
+from ferry.batcher.tracing import BatchSpan, batch_span
 from ferry.batcher.types import Batch, Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
@@ -112,8 +113,13 @@ class Dispatch:
                 request.fail(InferenceFailed("the batch ended without a result"))
 
     async def _run_batch(self, batch: list[QueuedRequest]) -> None:
+        with batch_span(self.name, [r.trace for r in batch]) as span:
+            await self._run_traced(batch, span)
+
+    async def _run_traced(self, batch: list[QueuedRequest], span: BatchSpan) -> None:
         wanted = _wanted_outputs(batch)
         padded = self._packing.pack([r.sequence for r in batch], wanted)
+        span.formed(padded.size, padded.padded_length, padded.real_tokens, padded.padded_tokens)
         if not self._queue and len(self.running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)
         now = clock_or_loop(self._clock).time()
@@ -128,7 +134,8 @@ class Dispatch:
             )
         )
         try:
-            rows = await self._infer_rows(padded, sum(r.cost_s for r in batch))
+            with span.backend():
+                rows = await self._infer_rows(padded, sum(r.cost_s for r in batch))
         except BatchWideFailure as exc:
             for request in batch:
                 request.fail(exc)

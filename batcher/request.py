@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ferry.batcher.tensor_padding import TensorRows
+from ferry.batcher.tracing import QueueWait
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class QueuedRequest:
     # Its predicted share of the queue's work (admission's running sum), set when queued.
     cost_s: float = 0.0
     expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # Its wait's span when the request is traced (tracing.py); None: untraced.
+    trace: QueueWait | None = field(default=None, repr=False)
     # Its sequence's, read once here: the queue, the cost model and the policy read it several
     # times per batch formed.
     length: int = field(init=False)

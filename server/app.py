@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +43,7 @@ from ferry.server.routes import (
 )
 from ferry.server.settings import Settings
 from ferry.server.tenancy import PriorityPolicy
+from ferry.server.tracing import start_tracing
 
 logger = logging.getLogger(__name__)
 # What each route is (class, key, body types, dialect) is declared in route_table.py; these
@@ -106,6 +108,9 @@ def create_app(
             await registry.close(settings.drain_timeout_s)
             if grammar_pool is not None:
                 await grammar_pool.close()
+            if app.state.tracing is not None:
+                # Exports the spans still buffered (blocking: off the loop).
+                await asyncio.to_thread(app.state.tracing.shutdown)
 
     hot = HotRoutes()
     app = FerryAPI(
@@ -117,6 +122,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.tracing = start_tracing(settings)  # None: off, the SDK not imported
     app.state.drain = DrainState()
     app.state.replica = replica
     app.state.started_at = int(time.time())
@@ -167,6 +173,7 @@ def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
         drain=app.state.drain,
         hot=app.hot,
         state=app.state,
+        tracer=app.state.tracing,
     )
     if settings.cors_allow_origins:
         # Outside the gateway, so that hot routes' answers carry the CORS headers too.
@@ -174,7 +181,13 @@ def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
             outer,
             allow_origins=list(settings.cors_allow_origins),
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-Id"],
-            expose_headers=["X-Request-Id"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "X-Request-Id",
+                "Traceparent",
+                "Tracestate",
+            ],
+            expose_headers=["X-Request-Id", "Traceresponse"],
         )
     return outer

@@ -14,6 +14,7 @@ import numpy as np
 
 from ferry.batcher import BatchLimits
 from ferry.batcher.admission import request_places
+from ferry.server import tracing
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import (
     MASK_FIELD,
@@ -112,9 +113,10 @@ class EncoderValidation:
                 )
         pairs = None if inputs.pairs is None else list(inputs.pairs)
         try:
-            tokenized = await model.tokenizer.encode_async(
-                list(inputs.texts), inputs.truncate, pairs
-            )
+            with tracing.span("ferry.tokenize", **{"ferry.items": count}):
+                tokenized = await model.tokenizer.encode_async(
+                    list(inputs.texts), inputs.truncate, pairs
+                )
         except TextRejected as exc:
             raise InvalidInput(_rejected_field(inputs, exc), exc.message) from None
         _check_lengths(field, tokenized.lengths, model.manifest.max_length, texts=True)

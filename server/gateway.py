@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ferry.server import request_ids
+from ferry.batcher import tracing as batcher_tracing
+from ferry.server import request_ids, tracing
 from ferry.server.content_encoding import (
     accepted_encoding,
     compressed,
@@ -59,6 +60,10 @@ from ferry.server.route_table import (
 from ferry.server.settings import Settings
 from ferry.server.tenancy import CLAMPED_HEADER
 
+if TYPE_CHECKING:
+    from ferry.server.otel_tracing import ServerSpan, Tracing
+
+TRACERESPONSE = tracing.TRACERESPONSE.encode()
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 INFERENCE_HEADER = b"inference-header-content-length"  # KServe's binary tensor extension
 # Sent to a stream still running when the drain deadline passes, so that clients see an end.
@@ -75,8 +80,10 @@ class Gateway:
         drain: DrainState,
         hot: HotRoutes,
         state: object,
+        tracer: Tracing | None = None,
     ) -> None:
         self.app = app
+        self._tracing = tracer  # None: tracing is off
         self._metrics = metrics
         self._drain = drain
         self._policy = RoutePolicy(settings, drain)  # the key and drain rules gRPC applies too
@@ -100,10 +107,13 @@ class Gateway:
         # Every log line of this request carries its id, and every answer (refusals too) says it.
         request_id = request_ids.from_client(_header(scope, request_ids.HEADER))
         bound = request_ids.current.set(request_id.decode("ascii"))
+        server_span = None if self._tracing is None else self._server_span(scope, path, request_id)
+        if server_span is not None:
+            traced = batcher_tracing.current.set(server_span.request)
         # Only after routing is the endpoint known; in-flight is counted by path group before.
         in_flight = self._in_flight[in_flight_group(path)]
         in_flight.inc()
-        response = _ResponseWatch(send, state, request_id)
+        response = _ResponseWatch(send, state, request_id, server_span)
         endpoint = UNMATCHED
         try:
             endpoint = await self._handle(scope, receive, response, path, state)
@@ -112,8 +122,32 @@ class Gateway:
             # Label values come from the route table and the configured model names only, never
             # from the request: no client can grow or break /metrics.
             model = state.get("model_name", "")
-            record_request(self._metrics, model, endpoint, response.status, started)
+            trace_id = None
+            if server_span is not None:
+                trace_id = server_span.trace_id()
+                finished = {"http.route": endpoint, "http.response.status_code": response.status}
+                if model:
+                    finished["ferry.model"] = model
+                name = f"{scope['method']} {endpoint}"
+                server_span.finish(name, finished, response.status >= 500)
+                batcher_tracing.current.reset(traced)
+            record_request(self._metrics, model, endpoint, response.status, started, trace_id)
             request_ids.current.reset(bound)
+
+    def _server_span(self, scope: Scope, path: str, request_id: bytes) -> ServerSpan:
+        """The request's SERVER span, child of the caller's W3C `traceparent` if it sent one."""
+        assert self._tracing is not None
+        carrier = {
+            key.decode(): value.decode("latin-1")
+            for key, value in scope["headers"]
+            if key in tracing.TRACE_HEADER_BYTES
+        }
+        attributes = {
+            "http.request.method": scope["method"],
+            "url.path": path,
+            tracing.REQUEST_ID: request_id.decode("ascii"),
+        }
+        return self._tracing.server_span(scope["method"], carrier, attributes)
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: _ResponseWatch, path: str, state: dict[str, Any]
@@ -196,10 +230,11 @@ class Gateway:
         gone.add_done_callback(cancel)
         try:
             result = await route.handler(call)
-            if isinstance(result, Reply):
-                await send_reply(send, await _encoded(route, call, result))
-            else:
-                await send_stream(send, result)
+            with tracing.span("ferry.response"):
+                if isinstance(result, Reply):
+                    await send_reply(send, await _encoded(route, call, result))
+                else:
+                    await send_stream(send, result)
         except asyncio.CancelledError:
             if not gone.done():
                 raise
@@ -238,12 +273,17 @@ class _ResponseWatch:
     """`send`, remembering the status and whether (and how) the response has begun, and adding
     the request id's header (and a clamped priority's) to the response's."""
 
-    __slots__ = ("_request_id", "_send", "_state", "finished", "started", "status", "streaming")
+    __slots__ = ("_headers", "_send", "_state", "finished", "started", "status", "streaming")
 
-    def __init__(self, send: Send, state: dict[str, Any], request_id: bytes) -> None:
+    def __init__(
+        self, send: Send, state: dict[str, Any], request_id: bytes, span: ServerSpan | None
+    ) -> None:
         self._send = send
         self._state = state  # the request's: a clamped priority is said in a header
-        self._request_id = request_id
+        # Added to the answer's: the request id, and the server span's context when traced.
+        self._headers = [(request_ids.HEADER, request_id)]
+        if span is not None:
+            self._headers.append((TRACERESPONSE, span.traceresponse().encode()))
         self.status = 500
         self.started = False
         self.streaming = False
@@ -257,7 +297,7 @@ class _ResponseWatch:
                 name == b"content-type" and value.startswith(b"text/event-stream")
                 for name, value in message.get("headers", ())
             )
-            headers = [*message.get("headers", ()), (request_ids.HEADER, self._request_id)]
+            headers = [*message.get("headers", ()), *self._headers]
             clamped = self._state.get("priority_clamped")
             if clamped is not None:
                 headers.append((CLAMPED_HEADER, str(clamped).encode()))

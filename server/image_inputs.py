@@ -29,6 +29,7 @@ from ferry.backends.image_spec import ImagePlan, declared, manifest_preprocess, 
 from ferry.backends.tensor_signature import Signature
 from ferry.backends.thread_priority import lower_this_thread
 from ferry.batcher.errors import InferenceFailed, QueueFull
+from ferry.server import tracing
 from ferry.server.errors import InvalidInput, TooManyItems
 from ferry.server.image_decode import decode_image
 from ferry.server.settings import ModelSettings
@@ -83,7 +84,8 @@ class ImageInputs:
         items = tensors.get(self.input)
         if items is None or items.dtype != object:
             return tensors
-        return {**tensors, self.input: await self.decode(items)}
+        with tracing.span("ferry.image_decode", **{"ferry.items": len(items)}):
+            return {**tensors, self.input: await self.decode(items)}
 
     async def decode(self, items: np.ndarray) -> np.ndarray:
         name = self.input

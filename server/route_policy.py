@@ -59,8 +59,18 @@ def endpoint_label(route: Route | None) -> str:
 
 
 def record_request(
-    metrics: FerryMetrics, model: str, endpoint: str, status: int, started: float
+    metrics: FerryMetrics,
+    model: str,
+    endpoint: str,
+    status: int,
+    started: float,
+    trace_id: str | None = None,
 ) -> None:
-    """Count one answered request and its duration (`started`: its time.perf_counter())."""
+    """Count one answered request and its duration (`started`: its time.perf_counter()); a
+    sampled request's trace id is the duration's exemplar (OpenMetrics exposition), so that a
+    slow bucket on a dashboard links to a trace."""
     metrics.requests.labels(model, endpoint, str(status)).inc()
-    metrics.request_duration.labels(model, endpoint).observe(time.perf_counter() - started)
+    exemplar = None if trace_id is None else {"trace_id": trace_id}
+    metrics.request_duration.labels(model, endpoint).observe(
+        time.perf_counter() - started, exemplar
+    )

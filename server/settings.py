@@ -216,6 +216,11 @@ class Settings(_Strict):
     # "json": one JSON object a line (time, level, logger, message, request_id, exc_info), for
     # Ferry's and uvicorn's loggers alike (server/logs.py).
     log_format: Literal["text", "json"] = "text"
+    # OpenTelemetry traces (docs/observability.md): the OTLP endpoint spans go to, e.g.
+    # "http://collector:4318/v1/traces" (http/protobuf, the default) or "http://collector:4317"
+    # with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc; sampler, service name and exporter options
+    # from the standard OTEL_* variables. Empty: no tracing, and the SDK is not loaded.
+    otlp_traces_endpoint: str = ""
     # Per-request bounds, checked before any work (see the README's limits table).
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_items_per_request: int = Field(default=256, ge=1)

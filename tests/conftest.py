@@ -73,6 +73,7 @@ SYSTEM_MODULES = {
     "tests/deploy/test_prometheus_rules.py",
     "tests/server/test_console_browser.py",
     "tests/server/test_perf_analyzer.py",
+    "tests/server/test_tracing_live.py",
     "tests/triton/test_predict_on_triton.py",
     "tests/triton/test_tensorrt_gpu.py",
 }

@@ -78,6 +78,7 @@ def panel_json(panel: Panel, panel_id: int, x: int, y: int) -> dict:
                 "expr": expr,
                 "legendFormat": legend,
                 **({"format": "heatmap"} if panel.kind == "heatmap" else {}),
+                **({"exemplar": True} if panel.exemplars else {}),
             }
             for i, (legend, expr) in enumerate(panel.targets)
         ],

@@ -69,6 +69,9 @@ class Panel:
     width: int = 8
     description: str = ""
     extra: dict = field(default_factory=dict)
+    # Show the series' exemplars (a sampled request's trace id, Ferry's tracing): a slow point
+    # links to its trace through the data source's exemplarTraceIdDestinations.
+    exemplars: bool = False
 
 
 def quantiles(metric: str, selector: str, by: str = "") -> tuple[tuple[str, str], ...]:

@@ -99,7 +99,9 @@ OVERVIEW = (
         "Request latency",
         quantiles(REQUEST_DURATION, f"{M}, {SERVED}"),
         unit="s",
-        description="Time from request received to response sent.",
+        description="Time from request received to response sent. With tracing on, the dots are "
+        "exemplars: sampled requests, each linking to its trace.",
+        exemplars=True,
     ),
     Panel(
         "Queue wait",

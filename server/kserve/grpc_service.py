@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
@@ -24,6 +24,8 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from ferry import __version__
+from ferry.batcher import tracing as batcher_tracing
+from ferry.server import tracing
 from ferry.server.dialects import kserve_message
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
@@ -53,6 +55,9 @@ from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.sequences import SequenceFlags
 from ferry.server.tenancy import CLAMPED_HEADER
 
+if TYPE_CHECKING:
+    from ferry.server.otel_tracing import ServerSpan, Tracing
+
 logger = logging.getLogger(__name__)
 
 # Every status of the error table (the HTTP-only ones too, for completeness).
@@ -72,6 +77,7 @@ STATUS_CODES = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+SERVICE = "inference.GRPCInferenceService"
 INT_TYPES = {"INT64": ("<i8", "int64_contents"), "INT32": ("<i4", "int_contents")}
 
 
@@ -190,10 +196,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> Any:
         """The HTTP gateway's key, drain and metrics around one call (by its declaration in the
         route table); `handler` gets the caller's tenant. Its answer, or the Failure it raised."""
-        bind_grpc(context)  # the request id: for this call's log lines, in its trailing metadata
+        request_id = bind_grpc(context)  # for its log lines, in its trailing metadata
         route = GRPC_ROUTES[method]
         started, status, counted = time.perf_counter(), 200, False
         drain = self.state.drain
+        server_span = None
+        if self.state.tracing is not None:
+            server_span = _server_span(self.state.tracing, method, context, request_id)
+            traced = batcher_tracing.current.set(server_span.request)
         try:
             tenant = self._policy.tenant(route, lambda: _authorization(context))
             counted = self._policy.admit(route)
@@ -217,7 +227,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 model_name in registry.models or model_name in registry.tensors
             )
             model = model_name if served else ""
-            record_request(self.state.metrics, model, endpoint_label(route), status, started)
+            trace_id = None
+            if server_span is not None:
+                trace_id = server_span.trace_id()
+                finished: dict[str, str | int] = {"rpc.grpc.status_code": _code(status).value[0]}
+                if model:
+                    finished["ferry.model"] = model
+                server_span.finish(f"{SERVICE}/{method}", finished, status >= 500)
+                batcher_tracing.current.reset(traced)
+            record_request(
+                self.state.metrics, model, endpoint_label(route), status, started, trace_id
+            )
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:
@@ -416,6 +436,31 @@ def _parameter(parameters: Any, name: str) -> Any:
 
 async def _value(value: Any) -> Any:
     return value
+
+
+def _code(status: int) -> grpc.StatusCode:
+    return (
+        grpc.StatusCode.OK if status < 400 else STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+    )
+
+
+def _server_span(
+    tracer: Tracing, method: str, context: grpc.aio.ServicerContext, request_id: str
+) -> ServerSpan:
+    """The call's SERVER span, child of the caller's `traceparent` metadata if it sent one; its
+    context goes back in the trailing metadata's `traceresponse`."""
+    metadata = context.invocation_metadata() or ()
+    carrier = {str(k): str(v) for k, v in metadata if k in tracing.TRACE_HEADERS}
+    attributes = {
+        "rpc.system": "grpc",
+        "rpc.service": SERVICE,
+        "rpc.method": method,
+        tracing.REQUEST_ID: request_id,
+    }
+    span = tracer.server_span(f"{SERVICE}/{method}", carrier, attributes)
+    trailers = (*context.trailing_metadata(), (tracing.TRACERESPONSE, span.traceresponse()))
+    context.set_trailing_metadata(trailers)
+    return span
 
 
 def _authorization(context: grpc.aio.ServicerContext) -> list[bytes]:

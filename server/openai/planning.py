@@ -10,6 +10,7 @@ from typing import Any
 
 from ferry.llm.base import LLMEngine, SamplingSettings
 from ferry.llm.errors import InvalidPrompt, InvalidSampling, PromptTooLong
+from ferry.server import tracing
 from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.protocol import (
     ChatCompletionRequest,
@@ -76,7 +77,8 @@ async def plan_chat(
     native = getattr(tokenizer, "has_tool_format", False)
     messages = render_messages(request.chat_messages(), tools, native)
     template_tools = [tools.tools] if native and tools is not None else []
-    prompt_ids = await _encode_chat(tokenizer, served, messages, template_tools)
+    with tracing.span("ferry.tokenize"):
+        prompt_ids = await _encode_chat(tokenizer, served, messages, template_tools)
     sampling = request.to_sampling(served.engine.max_context_tokens)
     if guidance is not None:
         sampling = replace(sampling, guidance=guidance)

@@ -17,10 +17,11 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ferry.llm.base import FinishReason, GenerationDelta, TokenLogprob
 from ferry.llm.errors import EngineOverloaded
+from ferry.server import tracing
 from ferry.server.openai.admission import Admission, AdmitsGroups, Admitted
 from ferry.server.openai.chunks import StreamChunks, chat_chunks, completion_chunks
 from ferry.server.openai.grammars import Grammars
@@ -43,6 +44,9 @@ from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks, read_calls
 from ferry.server.registry import ModelRegistry, ServedModel
 from ferry.server.tenancy import RunAs
+
+if TYPE_CHECKING:
+    from ferry.server.otel_tracing import GenerationSpan
 
 
 @dataclass
@@ -163,10 +167,32 @@ class OpenAIServing:
         """A planned request's deltas, for renderers other than chat's (the Responses API)."""
         return self._generations(plan)
 
-    async def _generations(self, plan: Plan) -> Deltas:
+    def _generations(self, plan: Plan) -> Deltas:
         """Every choice's deltas tagged with its index; closing this aborts what still runs.
         All of the plan's generations are admitted at once, or none (EngineOverloaded)."""
-        observer = self._observer.for_model(plan.served.name)  # labels bound once per request
+        observer: GenerationObserver = self._observer.for_model(plan.served.name)
+        first = plan.choices[0]
+        span = tracing.generation(
+            observer, plan.served.name, plan.response_id, first.sampling, len(plan.choices)
+        )
+        if span is None:  # untraced: no layer between the engine and the renderer
+            return self._run_generations(plan, observer)
+        return self._traced_generations(plan, span)
+
+    async def _traced_generations(self, plan: Plan, span: GenerationSpan) -> Deltas:
+        """`_run_generations`, inside the request's generation span (GenAI attributes)."""
+        failed: BaseException | None = None
+        try:
+            async with aclosing(self._run_generations(plan, span)) as deltas:
+                async for item in deltas:
+                    yield item
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            span.end(failed)
+
+    async def _run_generations(self, plan: Plan, observer: GenerationObserver) -> Deltas:
         admitted = await self._admit(plan, observer)
         if plan.structured is not None:
             observer.structured(plan.structured)

@@ -36,6 +36,7 @@ from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed, QueueFull
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
+from ferry.server import tracing
 from ferry.server.procs import wire
 from ferry.server.procs.loop_socket import LoopSocket
 
@@ -147,7 +148,7 @@ class EngineClient:
         rid = next(self._ids)
         lengths, frames = wire.pack_sequences(sequences)
         names = None if outputs is None else tuple(sorted(outputs))
-        header = wire.Submit(rid, model, lengths, timeout_s, names, priority)
+        header = wire.Submit(rid, model, lengths, timeout_s, names, priority, tracing.carrier())
         return self._request(rid, len(sequences), header, frames, deadline_s)
 
     def submit_tensors(
@@ -162,7 +163,9 @@ class EngineClient:
         """A plain graph's validated request: one future, of the outputs asked for. The
         timeouts are as `submit`'s."""
         rid = next(self._ids)
-        header, frames = wire.pack_tensors(rid, model, rows, timeout_s, outputs, priority)
+        header, frames = wire.pack_tensors(
+            rid, model, rows, timeout_s, outputs, priority, tracing.carrier()
+        )
         (future,) = self._request(rid, 1, header, frames, deadline_s)
         return future
 
@@ -265,7 +268,16 @@ class EngineClient:
         queue: asyncio.Queue[GenerationDelta | BaseException] = asyncio.Queue()
         self._streams[rid] = queue
         message = wire.Generate(
-            rid, ticket, model, request_id, prompt_ids, sampling, adapter, priority, cache_salt
+            rid,
+            ticket,
+            model,
+            request_id,
+            prompt_ids,
+            sampling,
+            adapter,
+            priority,
+            cache_salt,
+            tracing.carrier(),
         )
         self._send(message)
         finished = False

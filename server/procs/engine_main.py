@@ -12,7 +12,8 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -20,6 +21,7 @@ from typing import cast
 import numpy as np
 import zmq
 
+from ferry.batcher import tracing as batcher_tracing
 from ferry.llm.base import GenerationDelta
 from ferry.llm.errors import EngineDead
 from ferry.server.errors import UnknownModel
@@ -36,6 +38,7 @@ from ferry.server.progress import loading_progress
 from ferry.server.registry import ModelRegistry, local_models
 from ferry.server.settings import Settings
 from ferry.server.tensor_model import TensorModel
+from ferry.server.tracing import start_tracing
 
 logger = logging.getLogger(__name__)
 STATS_EVERY_S = 0.25
@@ -70,6 +73,8 @@ class EngineServer:
         self._classes_told: dict[str, int] = {}  # per graph, its ZipMap outputs announced
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
+        # The engine's own spans (queue, batch, backend), in the traces API processes send.
+        self._tracing = start_tracing(settings)
 
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
         with loading_progress(self.registry.loads()) as progress:
@@ -92,6 +97,8 @@ class EngineServer:
         await self.registry.close(self._settings.drain_timeout_s)  # encoders drain, then engines
         self._socket.close()
         self._context.term()
+        if self._tracing is not None:
+            await asyncio.to_thread(self._tracing.shutdown)  # exports what is buffered
         gc_watch.remove()  # before the loop closes
 
     def _send(
@@ -185,7 +192,8 @@ class EngineServer:
             model = self.encoders[self.registry.get(message.model).name]  # the registry's 404
             if message.timeout_s is not None:  # the floor needs the cost model, which lives here
                 model.check_deadline(max(message.lengths), message.timeout_s)
-            futures = model.submit_rows(sequences, message.timeout_s, outputs, message.priority)
+            with self._traced(message.trace):
+                futures = model.submit_rows(sequences, message.timeout_s, outputs, message.priority)
         except Exception as exc:
             failed = wire.Failed(message.rid, -1, wire.error_to_wire(exc))
             self._send(peer, failed)
@@ -206,15 +214,29 @@ class EngineServer:
         rows = wire.unpack_tensors(message, frames)
         # A task, kept as the request's one future: a Cancel cancels it, and with it the
         # queued item (the model's own infer also puts a split request back together).
-        task = asyncio.ensure_future(
-            model.infer(
-                rows, message.outputs, timeout_s=message.timeout_s, priority=message.priority
+        with self._traced(message.trace):  # the task takes the context as it is now
+            task = asyncio.ensure_future(
+                model.infer(
+                    rows, message.outputs, timeout_s=message.timeout_s, priority=message.priority
+                )
             )
-        )
         key = (peer, message.rid)
         self._rows[key] = [task]
         task.add_done_callback(lambda _: self._tell_classes(model))  # before the answer
         task.add_done_callback(partial(self._row_done, key, 0))
+
+    @contextmanager
+    def _traced(self, carrier: dict[str, str]) -> Iterator[None]:
+        """The request's trace, sent by its API process, current while it is queued here."""
+        request = None if self._tracing is None or not carrier else self._tracing.remote(carrier)
+        if request is None:
+            yield
+            return
+        token = batcher_tracing.current.set(request)
+        try:
+            yield
+        finally:
+            batcher_tracing.current.reset(token)
 
     def _tell_classes(self, model: TensorModel) -> None:
         """ZipMap classes the graph learned since the API processes last heard (its Info was

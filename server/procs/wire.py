@@ -84,6 +84,9 @@ class Submit(msgspec.Struct, tag=True):
     timeout_s: float | None
     outputs: tuple[str, ...] | None
     priority: int
+    # The request's W3C trace context (traceparent, tracestate) when it is traced, so that the
+    # engine's spans join its trace; empty when untraced.
+    trace: dict[str, str] = {}
 
 
 class SubmitTensors(msgspec.Struct, tag=True):
@@ -101,6 +104,7 @@ class SubmitTensors(msgspec.Struct, tag=True):
     timeout_s: float | None
     outputs: tuple[str, ...]
     priority: int
+    trace: dict[str, str] = {}  # as Submit's
 
 
 class Cancel(msgspec.Struct, tag=True):
@@ -135,6 +139,7 @@ class Generate(msgspec.Struct, tag=True):
     adapter: str | None
     priority: int
     cache_salt: str | None = None
+    trace: dict[str, str] = {}  # as Submit's
 
 
 class Call(msgspec.Struct, tag=True):
@@ -325,6 +330,7 @@ def pack_tensors(
     timeout_s: float | None,
     outputs: tuple[str, ...],
     priority: int,
+    trace: dict[str, str],
 ) -> tuple[SubmitTensors, list[memoryview | bytes]]:
     dtypes, shapes, frames = pack_arrays(rows.tensors)
     header = SubmitTensors(
@@ -339,6 +345,7 @@ def pack_tensors(
         timeout_s,
         outputs,
         priority,
+        trace,
     )
     return header, frames
 

@@ -71,10 +71,14 @@ def test_a_plain_graphs_rows_cross_whatever_their_dtype_strings_included():
         "scalar": np.array(7, np.int8),
     }
     rows = TensorRows(tensors, 2, {"T": 2}, (("x:2", 3),))
-    header, frames = wire.pack_tensors(5, "g", rows, 0.5, ("y",), -3)
+    trace = {
+        "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"
+    }  # the request's, for the engine's spans
+    header, frames = wire.pack_tensors(5, "g", rows, 0.5, ("y",), -3, trace)
     (message,) = wire.to_engine.decode(wire.encoder.encode([header]))
     assert isinstance(message, wire.SubmitTensors) and wire.frame_count(message) == len(tensors)
     assert (message.outputs, message.timeout_s, message.priority) == (("y",), 0.5, -3)
+    assert message.trace == trace
     back = wire.unpack_tensors(message, [bytes(f) for f in frames])
     assert (back.rows, back.axis_sizes, back.shape_key) == (2, {"T": 2}, (("x:2", 3),))
     for name, value in tensors.items():
