@@ -21,7 +21,7 @@ from ferry.server.dialects import FERRY, KSERVE, OPENAI, ErrorDialect
 class RouteClass(enum.Enum):
     INFERENCE = "inference"  # the hot routes: the gateway dispatches them itself
     METADATA = "metadata"  # models, KServe server and model metadata, configuration, statistics
-    ADMIN = "admin"  # LoRA adapters
+    ADMIN = "admin"  # LoRA adapters, shared memory regions
     HEALTH = "health"
     METRICS = "metrics"
     DOCS = "docs"
@@ -36,6 +36,7 @@ OCTETS = "application/octet-stream"  # KServe's binary tensors (or Triton's head
 UNTYPED = ""  # no Content-Type at all: tritonclient.http sends none with JSON-only requests
 IMAGES = ("image/jpeg", "image/png")  # an image model's raw body on /predict (image_predict.py)
 JSON_BODY = (JSON,)
+OPTIONAL_JSON = (JSON, UNTYPED)  # tritonclient sends its JSON bodies without a Content-Type
 TENSOR_BODY = (JSON, OCTETS, UNTYPED)
 
 GRPC_SERVICE = "/inference.GRPCInferenceService"
@@ -111,6 +112,17 @@ ROUTES: tuple[Route, ...] = (
     # A model's readiness names a model: behind the key, and refused once draining (HTTP, gRPC).
     _get("/v2/models/{name}/ready", METADATA, KSERVE),
     _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
+    # Triton's shared memory extension: system regions (per tenant), CUDA answered unsupported.
+    _get("/v2/systemsharedmemory/status", METADATA, KSERVE),
+    _get("/v2/systemsharedmemory/region/{name}/status", METADATA, KSERVE),
+    _post("/v2/systemsharedmemory/region/{name}/register", ADMIN, KSERVE, OPTIONAL_JSON),
+    _post("/v2/systemsharedmemory/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
+    _post("/v2/systemsharedmemory/region/{name}/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
+    _get("/v2/cudasharedmemory/status", METADATA, KSERVE),
+    _get("/v2/cudasharedmemory/region/{name}/status", METADATA, KSERVE),
+    _post("/v2/cudasharedmemory/region/{name}/register", ADMIN, KSERVE, OPTIONAL_JSON),
+    _post("/v2/cudasharedmemory/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
+    _post("/v2/cudasharedmemory/region/{name}/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
     _get("/health/live", HEALTH, FERRY, needs_key=False),
@@ -131,6 +143,12 @@ ROUTES: tuple[Route, ...] = (
     _grpc("ModelConfig", METADATA),
     _grpc("ModelStatistics", METADATA),
     _grpc("ModelInfer", INFERENCE),
+    _grpc("SystemSharedMemoryStatus", METADATA),
+    _grpc("SystemSharedMemoryRegister", ADMIN),
+    _grpc("SystemSharedMemoryUnregister", ADMIN),
+    _grpc("CudaSharedMemoryStatus", METADATA),
+    _grpc("CudaSharedMemoryRegister", ADMIN),
+    _grpc("CudaSharedMemoryUnregister", ADMIN),
 )
 
 
