@@ -201,7 +201,7 @@ def measure(url: str, clients: int, duration_s: float, rounds: int) -> dict[str,
     results = {"binary HTTP": Result(), "shared memory": Result()}
     with shm_clients(url, clients, array) as by_shm:
         plans = {"binary HTTP": binary_clients(clients, array), "shared memory": by_shm}
-        for name, plan in plans.items():  # warm up both
+        for plan in plans.values():  # warm up both
             load(url, plan, min(duration_s, 1.0), expected)
         for _ in range(rounds):
             for name, plan in plans.items():
