@@ -368,8 +368,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
         return await self._call("SystemSharedMemoryUnregister", context, run)
 
+    # No CUDA region is ever registered (kserve/shared_memory.py): none listed, unregistering
+    # is a no-op, registering or asking for one is refused.
     async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._call("CudaSharedMemoryStatus", context, _cuda_unsupported)
+        if request.name:
+            return await self._call("CudaSharedMemoryStatus", context, _cuda_unsupported)
+        empty = service_pb2.CudaSharedMemoryStatusResponse()
+        return await self._call("CudaSharedMemoryStatus", context, lambda _: _value(empty))
 
     async def CudaSharedMemoryRegister(
         self, request: Any, context: grpc.aio.ServicerContext
@@ -379,7 +384,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def CudaSharedMemoryUnregister(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        return await self._call("CudaSharedMemoryUnregister", context, _cuda_unsupported)
+        empty = service_pb2.CudaSharedMemoryUnregisterResponse()
+        return await self._call("CudaSharedMemoryUnregister", context, lambda _: _value(empty))
 
 
 async def _cuda_unsupported(_: str | None) -> Any:

@@ -45,12 +45,22 @@ async def system_unregister(request: Request, name: str | None = None) -> Respon
     return JSONResponse({})
 
 
-@router.get(f"{CUDA}/status", responses=error_docs(400))
-@router.get(f"{CUDA}/region/{{name}}/status", include_in_schema=False)
-@router.post(f"{CUDA}/region/{{name}}/register", responses=error_docs(400))
-@router.post(f"{CUDA}/unregister", include_in_schema=False)
+# No CUDA region is ever registered: the status lists none and unregistering is a no-op (what
+# Triton's examples do first, to start clean); registering, or asking for a region, is refused.
+@router.get(f"{CUDA}/status")
+async def cuda_status() -> Response:
+    return JSONResponse([])
+
+
+@router.post(f"{CUDA}/unregister")
 @router.post(f"{CUDA}/region/{{name}}/unregister", include_in_schema=False)
-async def cuda_shared_memory() -> Response:
+async def cuda_unregister() -> Response:
+    return JSONResponse({})
+
+
+@router.get(f"{CUDA}/region/{{name}}/status", responses=error_docs(400))
+@router.post(f"{CUDA}/region/{{name}}/register", responses=error_docs(400))
+async def cuda_register() -> Response:
     raise NotSupported("cuda_shared_memory", CUDA_UNSUPPORTED)
 
 
