@@ -36,7 +36,9 @@ OCTETS = "application/octet-stream"  # KServe's binary tensors (or Triton's head
 UNTYPED = ""  # no Content-Type at all: tritonclient.http sends none with JSON-only requests
 IMAGES = ("image/jpeg", "image/png")  # an image model's raw body on /predict (image_predict.py)
 JSON_BODY = (JSON,)
-OPTIONAL_JSON = (JSON, UNTYPED)  # tritonclient sends its JSON bodies without a Content-Type
+# Any Content-Type, the body read as JSON: Triton ignores it, and its clients send none
+# (tritonclient.http) or libcurl's application/x-www-form-urlencoded (perf_analyzer).
+ANY_TYPE: tuple[str, ...] = ()
 TENSOR_BODY = (JSON, OCTETS, UNTYPED)
 
 GRPC_SERVICE = "/inference.GRPCInferenceService"
@@ -115,14 +117,14 @@ ROUTES: tuple[Route, ...] = (
     # Triton's shared memory extension: system regions (per tenant), CUDA answered unsupported.
     _get("/v2/systemsharedmemory/status", METADATA, KSERVE),
     _get("/v2/systemsharedmemory/region/{name}/status", METADATA, KSERVE),
-    _post("/v2/systemsharedmemory/region/{name}/register", ADMIN, KSERVE, OPTIONAL_JSON),
-    _post("/v2/systemsharedmemory/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
-    _post("/v2/systemsharedmemory/region/{name}/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
+    _post("/v2/systemsharedmemory/region/{name}/register", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/systemsharedmemory/unregister", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/systemsharedmemory/region/{name}/unregister", ADMIN, KSERVE, ANY_TYPE),
     _get("/v2/cudasharedmemory/status", METADATA, KSERVE),
     _get("/v2/cudasharedmemory/region/{name}/status", METADATA, KSERVE),
-    _post("/v2/cudasharedmemory/region/{name}/register", ADMIN, KSERVE, OPTIONAL_JSON),
-    _post("/v2/cudasharedmemory/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
-    _post("/v2/cudasharedmemory/region/{name}/unregister", ADMIN, KSERVE, OPTIONAL_JSON),
+    _post("/v2/cudasharedmemory/region/{name}/register", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/cudasharedmemory/unregister", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/cudasharedmemory/region/{name}/unregister", ADMIN, KSERVE, ANY_TYPE),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
     _get("/health/live", HEALTH, FERRY, needs_key=False),

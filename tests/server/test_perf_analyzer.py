@@ -76,7 +76,7 @@ def server(tabular):
     port = free_port()
     with ferry_server(
         [default_model_config()],
-        server={"grpc_port": port},
+        server={"grpc_port": port, "allow_client_shm": True},
         llm_models=[tiny_llm_config()],
         args=["--model", f"gb={tabular}"],
     ) as handle:
@@ -140,6 +140,25 @@ def test_fp32_rows_to_a_tabular_model(server, tabular, tmp_path, protocol):
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
     count = re.search(r"Server:\s+Inference count: (\d+)", output)
     assert count and int(count.group(1)) >= 10, output
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_system_shared_memory(server, tabular, tmp_path, protocol):
+    """`--shared-memory system`: perf_analyzer creates and registers its regions, every input
+    is read from one and every output written into one, each answer checked as above."""
+    url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
+    data = rows_with_answers(tabular, 8)
+    output = perf_analyzer(
+        tmp_path,
+        data,
+        *("-m", "gb", "-i", protocol, "-u", url, "--shared-memory=system"),
+        "--output-shared-memory-size=64",
+    )
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+    count = re.search(r"Server:\s+Inference count: (\d+)", output)
+    assert count and int(count.group(1)) >= 10, output
+    # Every region it used was unregistered at the end; none left behind (keys of its own).
+    assert not any(name.startswith("/") for name in os.listdir("/dev/shm") if "perf" in name)
 
 
 def test_openai_chat(server, tmp_path):
