@@ -42,9 +42,7 @@ from ferry.server.kserve.model_config import (
     served_extensions,
 )
 from ferry.server.kserve.shared_memory import (
-    BYTE_SIZE,
     CUDA_UNSUPPORTED,
-    REGION,
     TenantRegions,
     TensorRef,
     tensor_ref,
@@ -170,12 +168,10 @@ def encode_outputs(
         model_name=request.model_name, model_version=VERSION, id=request.id
     )
     for name, value in outputs.items():
-        entry = response.outputs.add(name=name, datatype=datatypes[name], shape=list(value.shape))
+        response.outputs.add(name=name, datatype=datatypes[name], shape=list(value.shape))
         blob = tensor_blob(value, datatypes[name])
         if name in placed:
-            written = regions.write(placed[name], blob, name)
-            entry.parameters[REGION].string_param = written[REGION]
-            entry.parameters[BYTE_SIZE].int64_param = written[BYTE_SIZE]
+            regions.write(placed[name], blob, name)
             blob = b""
         response.raw_output_contents.append(blob)
     return response

@@ -340,10 +340,11 @@ class TenantRegions:
         for name, ref in refs.items():
             self.memory.check(self.tenant, ref, name)
 
-    def write(self, ref: TensorRef, data: bytes, field: str) -> dict[str, Any]:
-        """An output written into its region; the parameters its response entry carries."""
-        written = self.memory.write(self.tenant, ref, data, field)
-        return {REGION: ref.region, BYTE_SIZE: written}
+    def write(self, ref: TensorRef, data: bytes, field: str) -> None:
+        """An output written into its region. Its response entry then has a name, datatype
+        and shape only, as from Triton (perf_analyzer's HTTP client reads any `parameters` of
+        an output as binary data's)."""
+        self.memory.write(self.tenant, ref, data, field)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ for every /v2 route in `route_table.py`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -284,12 +285,10 @@ class Answer:
 def _answer(answer: Answer, outputs: dict[str, np.ndarray]) -> Reply:
     """Classified, placed, then written: off the loop for a large answer."""
     outputs = classification.apply(outputs, answer.classified)
-    in_regions = {
-        name: answer.regions.write(ref, tensor_blob(outputs[name], answer.datatypes[name]), name)
-        for name, ref in answer.placed.items()
-    }
+    for name, ref in answer.placed.items():
+        answer.regions.write(ref, tensor_blob(outputs[name], answer.datatypes[name]), name)
     return encode_response(
-        answer.model, answer.request_id, outputs, answer.binary, answer.datatypes, in_regions
+        answer.model, answer.request_id, outputs, answer.binary, answer.datatypes, answer.placed
     )
 
 
@@ -455,14 +454,14 @@ def encode_response(
     outputs: dict[str, np.ndarray],
     binary: set[str],
     datatypes: dict[str, str],  # by output
-    in_regions: dict[str, dict[str, Any]],  # outputs written into regions: their parameters
+    in_regions: Collection[str] = (),  # outputs written into regions: no data here
 ) -> Reply:
     entries, blobs = [], []
     for name, value in outputs.items():
         datatype = datatypes[name]
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
         if name in in_regions:
-            entry["parameters"] = in_regions[name]
+            pass  # its data is in the client's region
         elif name in binary:
             blob = tensor_blob(value, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}

@@ -145,9 +145,11 @@ def test_fp32_rows_to_a_tabular_model(server, tabular, tmp_path, protocol):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_system_shared_memory(server, tabular, tmp_path, protocol):
     """`--shared-memory system`: perf_analyzer creates and registers its regions, every input
-    is read from one and every output written into one, each answer checked as above."""
+    is read from one and every output written into one. Its answers are not validated here:
+    perf_analyzer checks the response's own data, which an output in a region never has
+    (tests/clients/test_triton_shm.py checks the regions' answers)."""
     url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
-    data = rows_with_answers(tabular, 8)
+    data = {"data": rows_with_answers(tabular, 8)["data"]}
     output = perf_analyzer(
         tmp_path,
         data,
@@ -157,8 +159,6 @@ def test_system_shared_memory(server, tabular, tmp_path, protocol):
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
     count = re.search(r"Server:\s+Inference count: (\d+)", output)
     assert count and int(count.group(1)) >= 10, output
-    # Every region it used was unregistered at the end; none left behind (keys of its own).
-    assert not any(name.startswith("/") for name in os.listdir("/dev/shm") if "perf" in name)
 
 
 def test_openai_chat(server, tmp_path):
