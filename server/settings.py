@@ -222,6 +222,9 @@ class Settings(_Strict):
     # off unless set, as Triton's --allow-client-shm, since a client that may register a region
     # can read any /dev/shm object the server's user can open.
     allow_client_shm: bool = False
+    # The server's name in KServe's server metadata (GET /v2, gRPC ServerMetadata); Triton's
+    # example clients check for "triton".
+    kserve_server_name: str = Field(default="ferry", min_length=1, max_length=64)
     # Request priorities with their own ferry_queue_wait_seconds series (others: "other"), so
     # the label set stays bounded whatever clients send.
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS

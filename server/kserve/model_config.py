@@ -12,16 +12,7 @@ from typing import Any
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.graph_model import GraphModel, is_graph
 from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
-
-VERSION = "1"
-# The protocol extensions served (Triton's names), listed in the server metadata.
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
-SYSTEM_SHARED_MEMORY = "system_shared_memory"  # served when allow_client_shm is set
-
-
-def served_extensions(allow_client_shm: bool) -> list[str]:
-    return [*EXTENSIONS, *([SYSTEM_SHARED_MEMORY] if allow_client_shm else [])]
-
+from ferry.server.kserve.versions import VERSION
 
 # A UTF-8 text input, tokenized by the server: [batch] or [batch, 1] BYTES, one text per row.
 TEXT_INPUT = "text"

@@ -176,6 +176,20 @@ CONTENTS = {
 }
 
 
+def check_raw_alone(request: Any) -> None:
+    """Raw contents, or typed contents, never both in one request (Triton's rule, in its
+    words: its clients match them)."""
+    if not request.raw_input_contents:
+        return
+    for tensor in request.inputs:
+        if tensor.contents.ListFields():
+            raise InvalidInput(
+                tensor.name,
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{tensor.name}' for model '{request.model_name}'",
+            )
+
+
 def proto_parameters(parameters: Any) -> dict[str, Any]:
     """A protobuf map of InferParameter as plain values (whichever field each was sent in)."""
     values = {}
@@ -205,6 +219,7 @@ def decode_grpc_tensors(
     """A ModelInferRequest's inputs (raw contents, typed contents of the datatype's own field,
     or a shared memory region), checked against the graph as on HTTP."""
     refs, raw = grpc_regions(request)
+    check_raw_alone(request)
     tensors: dict[str, np.ndarray] = {}
     room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):
@@ -219,8 +234,6 @@ def decode_grpc_tensors(
             images = name in signature.images
             array = _binary(name, datatype, want.dtype, chunk, count, shape, raw=images)
         elif raw:
-            if used:
-                raise InvalidInput(name, "send raw_input_contents or typed contents, not both")
             array = _binary(
                 name, datatype, want.dtype, raw[index], count, shape, raw=name in signature.images
             )
