@@ -19,12 +19,18 @@ from ferry.server.drain import DrainState
 from ferry.server.encoder import EncoderServing
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
+from ferry.server.kserve.shared_memory import SharedMemory
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
 from ferry.server.procs.replicas import ReplicaRole
-from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
+from ferry.server.procs.runtimes import (
+    EngineConnection,
+    build_runtimes,
+    metrics_registry,
+    region_store,
+)
 from ferry.server.progress import loading_progress
 from ferry.server.registry import ModelRegistry
 from ferry.server.route_table import HTTP_ROUTES
@@ -39,6 +45,7 @@ from ferry.server.routes import (
     openai_responses,
     predict,
     rerank,
+    shared_memory,
     tokenize,
 )
 from ferry.server.settings import Settings
@@ -48,7 +55,13 @@ from ferry.server.tracing import start_tracing
 logger = logging.getLogger(__name__)
 # What each route is (class, key, body types, dialect) is declared in route_table.py; these
 # modules mount the handlers. The framework's routers:
-ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
+ROUTERS = (
+    models.router,
+    lora_adapters.router,
+    health.router,
+    kserve_v2.router,
+    shared_memory.router,
+)
 # Hot routes: registered with the gateway's dispatch (and documented in the framework's schema).
 HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
 
@@ -127,6 +140,7 @@ def create_app(
     app.state.replica = replica
     app.state.started_at = int(time.time())
     app.state.encoder = EncoderServing(settings)
+    app.state.shared_memory = SharedMemory(region_store(shared), settings.allow_client_shm)
     app.state.priority_policy = PriorityPolicy(
         settings.priority_keys, settings.priority_below_default
     )

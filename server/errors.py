@@ -102,6 +102,16 @@ class Forbidden(Exception):
         self.message = message
 
 
+class NotSupported(Exception):
+    """A part of a protocol Ferry does not serve (CUDA shared memory): a 400 naming the field,
+    UNIMPLEMENTED on gRPC, with what to use instead."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
 class MalformedRequest(Exception):
     """A body that is not the protocol's shape at all (not JSON, tensors that do not fit): 400.
     `field` names where, when that is known."""
@@ -146,6 +156,9 @@ class TooManyConnections(Exception):
         super().__init__("too many open connections; retry later")
 
 
+NOT_SUPPORTED = "not_supported_error"  # an error type the gRPC dialect answers UNIMPLEMENTED
+
+
 @dataclass(frozen=True)
 class ErrorKind:
     status: int
@@ -158,6 +171,7 @@ ERROR_TABLE: tuple[tuple[type[Exception], ErrorKind], ...] = (
     (TooManyItems, ErrorKind(413, "invalid_request_error")),
     (InvalidInput, ErrorKind(422, "invalid_request_error")),
     (MalformedRequest, ErrorKind(400, "invalid_request_error")),
+    (NotSupported, ErrorKind(400, NOT_SUPPORTED)),
     # nginx's status for a client that closed the connection first; nobody reads the body.
     (ClientDisconnected, ErrorKind(499, "cancelled_error")),
     (UnknownModel, ErrorKind(404, "not_found_error")),

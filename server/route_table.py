@@ -21,7 +21,7 @@ from ferry.server.dialects import FERRY, KSERVE, OPENAI, ErrorDialect
 class RouteClass(enum.Enum):
     INFERENCE = "inference"  # the hot routes: the gateway dispatches them itself
     METADATA = "metadata"  # models, KServe server and model metadata, configuration, statistics
-    ADMIN = "admin"  # LoRA adapters
+    ADMIN = "admin"  # LoRA adapters, shared memory regions
     HEALTH = "health"
     METRICS = "metrics"
     DOCS = "docs"
@@ -36,6 +36,9 @@ OCTETS = "application/octet-stream"  # KServe's binary tensors (or Triton's head
 UNTYPED = ""  # no Content-Type at all: tritonclient.http sends none with JSON-only requests
 IMAGES = ("image/jpeg", "image/png")  # an image model's raw body on /predict (image_predict.py)
 JSON_BODY = (JSON,)
+# Any Content-Type, the body read as JSON: Triton ignores it, and its clients send none
+# (tritonclient.http) or libcurl's application/x-www-form-urlencoded (perf_analyzer).
+ANY_TYPE: tuple[str, ...] = ()
 TENSOR_BODY = (JSON, OCTETS, UNTYPED)
 
 GRPC_SERVICE = "/inference.GRPCInferenceService"
@@ -132,6 +135,17 @@ ROUTES: tuple[Route, ...] = (
     # A model's readiness names a model: behind the key, and refused once draining (HTTP, gRPC).
     _get("/v2/models/{name}/ready", METADATA, KSERVE),
     _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
+    # Triton's shared memory extension: system regions (per tenant), CUDA answered unsupported.
+    _get("/v2/systemsharedmemory/status", METADATA, KSERVE),
+    _get("/v2/systemsharedmemory/region/{name}/status", METADATA, KSERVE),
+    _post("/v2/systemsharedmemory/region/{name}/register", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/systemsharedmemory/unregister", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/systemsharedmemory/region/{name}/unregister", ADMIN, KSERVE, ANY_TYPE),
+    _get("/v2/cudasharedmemory/status", METADATA, KSERVE),
+    _get("/v2/cudasharedmemory/region/{name}/status", METADATA, KSERVE),
+    _post("/v2/cudasharedmemory/region/{name}/register", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/cudasharedmemory/unregister", ADMIN, KSERVE, ANY_TYPE),
+    _post("/v2/cudasharedmemory/region/{name}/unregister", ADMIN, KSERVE, ANY_TYPE),
     # Trace and log settings: read, and updated only to what Ferry does (kserve/trace_settings).
     _settings("/v2/trace/setting"),
     _settings("/v2/models/{name}/trace/setting"),
@@ -162,6 +176,12 @@ ROUTES: tuple[Route, ...] = (
     _grpc("ModelStatistics", METADATA),
     _grpc("ModelInfer", INFERENCE),
     _grpc("ModelStreamInfer", INFERENCE),
+    _grpc("SystemSharedMemoryStatus", METADATA),
+    _grpc("SystemSharedMemoryRegister", ADMIN),
+    _grpc("SystemSharedMemoryUnregister", ADMIN),
+    _grpc("CudaSharedMemoryStatus", METADATA),
+    _grpc("CudaSharedMemoryRegister", ADMIN),
+    _grpc("CudaSharedMemoryUnregister", ADMIN),
 )
 
 

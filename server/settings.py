@@ -277,6 +277,10 @@ class Settings(_Strict):
     grammar_cache_entries: int = Field(default=512, ge=0)  # checked grammars kept (LRU)
     # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    # Triton's system shared memory extension (/v2/systemsharedmemory, gRPC SystemSharedMemory*):
+    # off unless set, as Triton's --allow-client-shm, since a client that may register a region
+    # can read any /dev/shm object the server's user can open.
+    allow_client_shm: bool = False
     # The server's name in KServe's server metadata (GET /v2, gRPC ServerMetadata); Triton's
     # example clients check for "triton".
     kserve_server_name: str = Field(default="ferry", min_length=1, max_length=64)

@@ -15,3 +15,10 @@ SERVED: tuple[str, ...] = (
     "statistics",  # GET /v2/models/{name}/stats
     "sequence",  # sequence_id/start/end for stateful models, and ModelStreamInfer
 )
+# Served only when the operator allows it (settings.allow_client_shm, as Triton's
+# --allow-client-shm): kserve/shared_memory.py.
+SYSTEM_SHARED_MEMORY = "system_shared_memory"
+
+
+def served_extensions(allow_client_shm: bool) -> tuple[str, ...]:
+    return (*SERVED, *((SYSTEM_SHARED_MEMORY,) if allow_client_shm else ()))

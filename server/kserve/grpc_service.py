@@ -28,10 +28,10 @@ from ferry.batcher import tracing as batcher_tracing
 from ferry.server import tracing
 from ferry.server.dialects import kserve_message
 from ferry.server.encoder_model import EncoderModel
-from ferry.server.errors import Failure, InvalidInput, failure
+from ferry.server.errors import NOT_SUPPORTED, Failure, InvalidInput, NotSupported, failure
 from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
 from ferry.server.kserve import classification
-from ferry.server.kserve.extensions import SERVED as EXTENSIONS
+from ferry.server.kserve.extensions import served_extensions
 from ferry.server.kserve.infer import (
     ABSENT,
     deserialize_bytes,
@@ -41,11 +41,20 @@ from ferry.server.kserve.infer import (
 )
 from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.sequence_parameters import sequence_flags
+from ferry.server.kserve.shared_memory import (
+    CUDA_UNSUPPORTED,
+    TenantRegions,
+    TensorRef,
+    tensor_ref,
+)
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
     check_raw_alone,
     checked_shape,
     decode_grpc_tensors,
+    grpc_regions,
+    proto_parameters,
+    region_bytes,
     tensor_blob,
 )
 from ferry.server.kserve.versions import VERSION, find_model
@@ -85,6 +94,8 @@ def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str
     """The gRPC dialect of the one table: a status code, KServe's message and, where a retry
     can succeed, `retry-after` in the trailing metadata."""
     code = STATUS_CODES.get(failure.status, grpc.StatusCode.INTERNAL)
+    if failure.type == NOT_SUPPORTED:
+        code = grpc.StatusCode.UNIMPLEMENTED
     trailers = (("retry-after", "1"),) if failure.retry_after_s is not None else ()
     return code, kserve_message(failure), trailers
 
@@ -104,34 +115,40 @@ def check_contents(tensor: Any) -> None:
         )
 
 
-def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
-    raw = list(request.raw_input_contents)
+def decode_inputs(
+    request: service_pb2.ModelInferRequest, regions: TenantRegions
+) -> dict[str, np.ndarray]:
+    refs, raw = grpc_regions(request)
     check_raw_alone(request)
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors = {}
     room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):
-        name, shape = tensor.name, checked_shape(tensor.name, list(tensor.shape), room)
+        ref = refs[index]
+        name = tensor.name
+        shape = checked_shape(name, list(tensor.shape), room + (ref.byte_size if ref else 0))
         if tensor.datatype != "BYTES" and tensor.datatype not in INT_TYPES:
             raise InvalidInput(
                 name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
             )
         check_contents(tensor)
+        content: bytes | memoryview | None = raw.get(index)
+        if ref is not None:
+            in_request = bool(tensor.contents.ListFields())
+            content = region_bytes(regions, ref, name, tensor.datatype, in_request)
         if tensor.datatype == "BYTES":
             array = (
-                deserialize_bytes(raw[index], name)
-                if raw
+                deserialize_bytes(bytes(content), name)
+                if content is not None
                 else np.array(list(tensor.contents.bytes_contents), dtype=object)
             )
         else:
             dtype, field = INT_TYPES[tensor.datatype]
-            if raw and len(raw[index]) % np.dtype(dtype).itemsize:
-                message = f"{len(raw[index])} raw bytes are not whole {tensor.datatype} values"
+            if content is not None and len(content) % np.dtype(dtype).itemsize:
+                message = f"{len(content)} raw bytes are not whole {tensor.datatype} values"
                 raise InvalidInput(name, message)
             array = (
-                np.frombuffer(raw[index], dtype=dtype)
-                if raw
+                np.frombuffer(content, dtype=dtype)
+                if content is not None
                 else np.asarray(getattr(tensor.contents, field), dtype=np.int64)
             )
         try:
@@ -146,15 +163,35 @@ def encode_outputs(
     request: service_pb2.ModelInferRequest,
     outputs: dict[str, np.ndarray],
     datatypes: dict[str, str],  # by output
+    regions: TenantRegions,
+    placed: dict[str, TensorRef],  # outputs to write into shared memory regions
 ) -> service_pb2.ModelInferResponse:
-    """Outputs raw, as Triton sends them (little-endian; BYTES length-prefixed)."""
+    """Outputs raw, as Triton sends them (little-endian; BYTES length-prefixed), or written
+    into their regions (an empty raw content keeps the others' places, as in Triton)."""
     response = service_pb2.ModelInferResponse(
         model_name=request.model_name, model_version=VERSION, id=request.id
     )
     for name, value in outputs.items():
         response.outputs.add(name=name, datatype=datatypes[name], shape=list(value.shape))
-        response.raw_output_contents.append(tensor_blob(value, datatypes[name]))
+        blob = tensor_blob(value, datatypes[name])
+        if name in placed:
+            regions.write(placed[name], blob, name)
+            blob = b""
+        response.raw_output_contents.append(blob)
     return response
+
+
+def output_regions(
+    request: service_pb2.ModelInferRequest, regions: TenantRegions
+) -> dict[str, TensorRef]:
+    """The outputs asked for in shared memory regions, their regions checked before any work."""
+    placed = {}
+    for output in request.outputs:
+        ref = tensor_ref(output.name, proto_parameters(output.parameters))
+        if ref is not None:
+            placed[output.name] = ref
+    regions.check(placed)
+    return placed
 
 
 def classifications(
@@ -268,7 +305,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         response = service_pb2.ServerMetadataResponse(
             name=self.state.settings.kserve_server_name,
             version=__version__,
-            extensions=EXTENSIONS,
+            extensions=served_extensions(self.state.settings.allow_client_shm),
         )
         return await self._call("ServerMetadata", context, lambda _: _value(response))
 
@@ -369,21 +406,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
             context.set_trailing_metadata((*context.trailing_metadata(), clamped))
         sequence = sequence_flags(partial(_parameter, request.parameters))
+        regions = self.state.shared_memory.of(tenant)
         if is_graph(model):
-            return await infer_plain(model, request, decided.priority, sequence)
+            return await infer_plain(model, request, decided.priority, regions, sequence)
         refuse_sequence(model.name, {"sequence": sequence})
         wanted = output_names(model, [o.name for o in request.outputs])
         classified = classifications(request, model)
+        tensors = decode_inputs(request, regions)
+        placed = output_regions(request, regions)
         # A cancelled call (client gone) cancels this task, and with it the queued work.
         outputs = await infer_tensors(
-            model,
-            self.state.encoder,
-            decode_inputs(request),
-            wanted,
-            priority=decided.priority,
+            model, self.state.encoder, tensors, wanted, priority=decided.priority
         )
         datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
-        return encode_outputs(request, classification.apply(outputs, classified), datatypes)
+        outputs = classification.apply(outputs, classified)
+        return encode_outputs(request, outputs, datatypes, regions, placed)
 
 
 STREAM_END = object()  # the stream's last answer has been queued
@@ -407,22 +444,85 @@ def stream_response(request: Any, outcome: Any) -> service_pb2.ModelStreamInferR
         message.infer_response.parameters[FINAL_RESPONSE].bool_param = True
     return message
 
+    # -- Triton's shared memory extension (kserve/shared_memory.py) ---------------------------
+
+    async def SystemSharedMemoryStatus(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def run(tenant: str | None) -> Any:
+            response = service_pb2.SystemSharedMemoryStatusResponse()
+            for status in self.state.shared_memory.status(tenant, request.name or None):
+                response.regions[status["name"]].CopyFrom(
+                    service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**status)
+                )
+            return response
+
+        return await self._call("SystemSharedMemoryStatus", context, run)
+
+    async def SystemSharedMemoryRegister(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def run(tenant: str | None) -> Any:
+            body = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
+            self.state.shared_memory.register(tenant, request.name, body)
+            return service_pb2.SystemSharedMemoryRegisterResponse()
+
+        return await self._call("SystemSharedMemoryRegister", context, run)
+
+    async def SystemSharedMemoryUnregister(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def run(tenant: str | None) -> Any:
+            self.state.shared_memory.unregister(tenant, request.name or None)
+            return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+        return await self._call("SystemSharedMemoryUnregister", context, run)
+
+    # No CUDA region is ever registered (kserve/shared_memory.py): none listed, unregistering
+    # is a no-op, registering or asking for one is refused.
+    async def CudaSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request.name:
+            return await self._call("CudaSharedMemoryStatus", context, _cuda_unsupported)
+        empty = service_pb2.CudaSharedMemoryStatusResponse()
+        return await self._call("CudaSharedMemoryStatus", context, lambda _: _value(empty))
+
+    async def CudaSharedMemoryRegister(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        return await self._call("CudaSharedMemoryRegister", context, _cuda_unsupported)
+
+    async def CudaSharedMemoryUnregister(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> Any:
+        empty = service_pb2.CudaSharedMemoryUnregisterResponse()
+        return await self._call("CudaSharedMemoryUnregister", context, lambda _: _value(empty))
+
+
+async def _cuda_unsupported(_: str | None) -> Any:
+    raise NotSupported("cuda_shared_memory", CUDA_UNSUPPORTED)
+
 
 async def infer_plain(
-    model: GraphModel, request: Any, priority: int, sequence: SequenceFlags | None = None
+    model: GraphModel,
+    request: Any,
+    priority: int,
+    regions: TenantRegions,
+    sequence: SequenceFlags | None = None,
 ) -> service_pb2.ModelInferResponse:
     """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
     `priority` after the policy (server/tenancy.py), `sequence` a stateful graph's."""
     wanted = output_names(model, [o.name for o in request.outputs])
     classified = classifications(request, model)
-    rows = await prepare(model, decode_grpc_tensors(request, model.signature))
+    tensors = decode_grpc_tensors(request, model.signature, regions)
+    placed = output_regions(request, regions)
+    rows = await prepare(model, tensors)
     result = await model.infer(rows, wanted, priority=priority, sequence=sequence)
     outputs = classification.apply({name: result[name] for name in wanted}, classified)
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype
         for name in wanted
     }
-    return encode_outputs(request, outputs, datatypes)
+    return encode_outputs(request, outputs, datatypes, regions, placed)
 
 
 def _parameter(parameters: Any, name: str) -> Any:

@@ -20,6 +20,7 @@ from ferry.backends import bfloat16
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.kserve.infer import deserialize_bytes
+from ferry.server.kserve.shared_memory import TenantRegions, TensorRef, tensor_ref
 from ferry.server.tensor_inputs import MAX_DIMS, typed_array, typed_tensor
 
 
@@ -59,23 +60,48 @@ def checked_shape(name: str, shape: list[int], room: int) -> list[int]:
     return shape
 
 
+def input_region(spec: Any) -> TensorRef | None:
+    """The region an input's parameters put it in (None: its data is in the request)."""
+    if not isinstance(spec, dict):
+        return None  # refused by input_spec
+    return tensor_ref(str(spec.get("name")), parameters(spec))
+
+
+def region_bytes(
+    regions: TenantRegions, ref: TensorRef, name: str, datatype: str, in_request: bool
+) -> bytes | memoryview:
+    """An input's bytes from its region; `in_request`: the request carries data for it too."""
+    if in_request:
+        raise InvalidInput(name, "data both in the request and in a shared memory region")
+    return regions.read(ref, name, datatype)
+
+
 def decode_tensors(
-    header: dict[str, Any], body: bytes, offset: int, signature: Signature
+    header: dict[str, Any],
+    body: bytes,
+    offset: int,
+    signature: Signature,
+    regions: TenantRegions,
 ) -> dict[str, np.ndarray]:
-    """The header's inputs (binary ones read from `body` from `offset` on), each as an array of
-    the graph's datatype in the request's shape."""
+    """The header's inputs (binary ones read from `body` from `offset` on, others from their
+    shared memory regions), each as an array of the graph's datatype in the request's shape."""
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        name, shape, datatype = input_spec(spec, len(body))
+        ref = input_region(spec)
+        name, shape, datatype = input_spec(spec, len(body) + (ref.byte_size if ref else 0))
         want = _known_input(signature, tensors, name, datatype)
         count = math.prod(shape)
         size = binary_data_size(name, spec)
-        if size is not None:
+        raw = name in signature.images
+        if ref is not None:
+            in_request = size is not None or "data" in spec
+            chunk = region_bytes(regions, ref, name, datatype, in_request)
+            array = _binary(name, datatype, want.dtype, chunk, count, shape, raw=raw)
+        elif size is not None:
             chunk = body[offset : offset + size]
             offset += size
             if len(chunk) != size:
                 raise InvalidInput(name, "binary data runs past the end of the body")
-            raw = name in signature.images
             array = _binary(name, datatype, want.dtype, chunk, count, shape, raw=raw)
         elif "data" in spec:
             array = typed_tensor(name, datatype, want.dtype, spec["data"]).reshape(-1)
@@ -91,13 +117,13 @@ def _binary(
     name: str,
     datatype: str,
     dtype: np.dtype,
-    chunk: bytes,
+    chunk: bytes | memoryview,
     count: int,
     shape: list[int],
     raw: bool = False,  # BYTES kept as bytes: encoded images
 ) -> np.ndarray:
     if datatype == "BYTES":
-        items = deserialize_bytes(chunk, name)
+        items = deserialize_bytes(bytes(chunk), name)  # a region's BYTES are bytes already
         if raw:
             return np.array(items, dtype=object)
         try:
@@ -164,22 +190,50 @@ def check_raw_alone(request: Any) -> None:
             )
 
 
-def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndarray]:
-    """A ModelInferRequest's inputs (raw contents, or typed contents of the datatype's own
-    field), checked against the graph as on HTTP."""
+def proto_parameters(parameters: Any) -> dict[str, Any]:
+    """A protobuf map of InferParameter as plain values (whichever field each was sent in)."""
+    values = {}
+    for name, value in parameters.items():
+        choice = value.WhichOneof("parameter_choice")
+        values[name] = None if choice is None else getattr(value, choice)
+    return values
+
+
+def grpc_regions(request: Any) -> tuple[list[TensorRef | None], dict[int, bytes]]:
+    """Each input's region (None: in the request), and the raw contents of those in the
+    request by input index: raw contents come only for those (tritonclient's order)."""
+    refs = [tensor_ref(t.name, proto_parameters(t.parameters)) for t in request.inputs]
     raw = list(request.raw_input_contents)
+    in_request = [index for index, ref in enumerate(refs) if ref is None]
+    if raw and len(raw) != len(in_request):
+        raise InvalidInput(
+            "raw_input_contents",
+            "one raw content per input is required (but none for an input in shared memory)",
+        )
+    return refs, dict(zip(in_request, raw, strict=False))
+
+
+def decode_grpc_tensors(
+    request: Any, signature: Signature, regions: TenantRegions
+) -> dict[str, np.ndarray]:
+    """A ModelInferRequest's inputs (raw contents, typed contents of the datatype's own field,
+    or a shared memory region), checked against the graph as on HTTP."""
+    refs, raw = grpc_regions(request)
     check_raw_alone(request)
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors: dict[str, np.ndarray] = {}
     room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):
         name, datatype = tensor.name, tensor.datatype
         want = _known_input(signature, tensors, name, datatype)
-        shape = checked_shape(name, list(tensor.shape), room)
+        ref = refs[index]
+        shape = checked_shape(name, list(tensor.shape), room + (ref.byte_size if ref else 0))
         count = math.prod(shape)
         used = [field.name for field, _ in tensor.contents.ListFields()]
-        if raw:
+        if ref is not None:
+            chunk = region_bytes(regions, ref, name, datatype, bool(used))
+            images = name in signature.images
+            array = _binary(name, datatype, want.dtype, chunk, count, shape, raw=images)
+        elif raw:
             array = _binary(
                 name, datatype, want.dtype, raw[index], count, shape, raw=name in signature.images
             )

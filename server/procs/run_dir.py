@@ -1,5 +1,6 @@
 """The supervisor's temporary directory (`/tmp/ferry-*`: the engine socket, the multiprocess
-metric files, the adapter journal), and the removal of those a crashed run left behind.
+metric files, the adapter journal, the shared memory registrations), and the removal of those a
+crashed run left behind.
 
 The supervisor removes its own on every exit it lives through (normal, SIGTERM, SIGINT, SIGHUP,
 an exception). One that is killed (SIGKILL, the OOM killer) cannot: each directory names its
@@ -20,6 +21,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 PREFIX = "ferry-"
 OWNER = "owner"
+# Set by the supervisor for its children: the directory of shared memory registrations
+# (server/kserve/shared_memory.py), which every API process or replica reads.
+REGIONS_ENV = "FERRY_SHM_REGIONS"
 
 
 def create() -> str:

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from ferry.server.kserve.shared_memory import LocalRegions, RegionStore, SharedRegions
 from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
+from ferry.server.procs.run_dir import REGIONS_ENV
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import Settings
 
@@ -27,6 +30,13 @@ class EngineConnection:
 
     address: str  # the engine's ZMQ address
     supervisor_pid: int
+
+
+def region_store(shared: bool) -> RegionStore:
+    """Shared memory registrations: in the supervisor's run dir when processes share a port (a
+    region registered through one is used through another), else in this process."""
+    path = os.environ.get(REGIONS_ENV)
+    return SharedRegions(Path(path)) if shared and path else LocalRegions()
 
 
 def metrics_registry(shared: bool) -> CollectorRegistry | None:

@@ -78,6 +78,7 @@ class Supervisor:
         self._metrics_dir = metrics_dir
         # Read by prometheus_client when each child imports it (children inherit the env).
         os.environ[MULTIPROC_ENV] = metrics_dir
+        os.environ[run_dir.REGIONS_ENV] = os.path.join(self._dir, "shm_regions")
         self._address = f"ipc://{os.path.join(self._dir, 'engine')}"
         # The adapters served, kept across engine restarts (adapter_journal.py).
         self._adapter_journal = Path(self._dir) / "adapters.json"

@@ -11,6 +11,8 @@ for every /v2 route in `route_table.py`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -27,7 +29,7 @@ from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_seque
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
-from ferry.server.kserve.extensions import SERVED as EXTENSIONS
+from ferry.server.kserve.extensions import served_extensions
 from ferry.server.kserve.infer import (
     ABSENT,
     INT_TYPES,
@@ -40,12 +42,15 @@ from ferry.server.kserve.infer import (
 from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.raw_request import RAW_HEADER_LENGTH, raw_request
 from ferry.server.kserve.sequence_parameters import sequence_flags
+from ferry.server.kserve.shared_memory import SharedMemory, TenantRegions, TensorRef, tensor_ref
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
     binary_data_size,
     decode_tensors,
+    input_region,
     input_spec,
     parameters,
+    region_bytes,
     tensor_blob,
     tensor_json,
 )
@@ -76,6 +81,7 @@ class KServeError(BaseModel):
 ERROR_DOCS = {
     400: "Not a KServe v2 request (JSON, tensor shapes)",
     401: "Missing or wrong API key",
+    403: "Not allowed to this API key, or off on this server (the message says which)",
     404: "Unknown model",
     413: "Body over max_body_bytes",
     415: "Content-Type neither JSON nor application/octet-stream",
@@ -116,7 +122,7 @@ async def server_metadata(request: Request) -> dict[str, Any]:
     return {
         "name": request.app.state.settings.kserve_server_name,
         "version": __version__,
-        "extensions": list(EXTENSIONS),
+        "extensions": list(served_extensions(request.app.state.settings.allow_client_shm)),
     }
 
 
@@ -218,9 +224,13 @@ async def infer(call: HotCall) -> Reply:
     if is_graph(model):
         return await infer_plain(call, model, header_length.decode() if header_length else None)
     length = header_length.decode() if header_length else None
+    regions = _regions(call)
     # Off the event loop when large: its JSON, and the refusal of JSON that is broken.
-    header, tensors = await decoded(len(call.body), partial(decode_request, call.body, length))
+    header, tensors = await decoded(
+        len(call.body), partial(decode_request, call.body, length, regions)
+    )
     wanted, binary = requested_outputs(header, model)
+    placed = output_regions(header, regions)
     classified = classifications(header, model)
     refuse_sequence(model.name, {"sequence": http_sequence(header)})
     asked = request_priority(parameters(header).get("priority", ABSENT))
@@ -230,15 +240,20 @@ async def infer(call: HotCall) -> Reply:
         model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
     )
     datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
-    answer = partial(_answer, model.name, header.get("id"), outputs, binary, datatypes, classified)
+    answer = partial(
+        _answer,
+        Answer(model.name, header.get("id"), binary, datatypes, classified, regions, placed),
+        outputs,
+    )
     return await written(strings * CLASSIFIED_BYTES, answer)
 
 
 async def infer_plain(call: HotCall, model: GraphModel, header_length: str | None) -> Reply:
     """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
-    body = call.body
-    plain = await decoded(len(body), partial(read_plain, body, header_length, model))
+    body, regions = call.body, _regions(call)
+    plain = await decoded(len(body), partial(read_plain, body, header_length, model, regions))
     header, tensors, wanted, binary, classified = plain
+    placed = output_regions(header, regions)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
     sequence = http_sequence(header)
     strings = check_classified(classified, _rows(tensors))
@@ -252,10 +267,31 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
         for name in outputs
     }
     limit = call.app_state.settings.max_response_bytes
-    unclassified = {name: value for name, value in outputs.items() if name not in classified}
-    size = check_response_size(unclassified, limit, binary) + strings * CLASSIFIED_BYTES
-    answer = partial(_answer, model.name, header.get("id"), outputs, binary, datatypes, classified)
+    sent = {n: v for n, v in outputs.items() if n not in classified and n not in placed}
+    size = check_response_size(sent, limit, binary) + strings * CLASSIFIED_BYTES
+    answer = partial(
+        _answer,
+        Answer(model.name, header.get("id"), binary, datatypes, classified, regions, placed),
+        outputs,
+    )
     return await written(size, answer)
+
+
+def _regions(call: HotCall) -> TenantRegions:
+    memory: SharedMemory = call.app_state.shared_memory
+    return memory.of(call.state.get("tenant"))
+
+
+def output_regions(header: dict[str, Any], regions: TenantRegions) -> dict[str, TensorRef]:
+    """The outputs to write into shared memory regions (their names checked already), each
+    region and range checked before any work."""
+    placed = {}
+    for spec in header.get("outputs") or []:
+        ref = tensor_ref(str(spec.get("name")), parameters(spec))
+        if ref is not None:
+            placed[spec["name"]] = ref
+    regions.check(placed)
+    return placed
 
 
 # Top-k strings ("value:index:label") one request may ask for, k times its rows: each is
@@ -286,17 +322,27 @@ def _rows(tensors: dict[str, np.ndarray]) -> int:
     return max((int(t.shape[0]) for t in tensors.values() if t.ndim), default=1)
 
 
-def _answer(
-    model: str,
-    request_id: Any,
-    outputs: dict[str, np.ndarray],
-    binary: set[str],
-    datatypes: dict[str, str],
-    classified: dict[str, classification.Classification],
-) -> Reply:
-    """Classified, then written: off the loop for a large answer."""
-    outputs = classification.apply(outputs, classified)
-    return encode_response(model, request_id, outputs, binary, datatypes)
+@dataclass(frozen=True)
+class Answer:
+    """How a request's outputs go back: binary or JSON, classified, or into regions."""
+
+    model: str
+    request_id: Any
+    binary: set[str]
+    datatypes: dict[str, str]  # by output
+    classified: dict[str, classification.Classification]
+    regions: TenantRegions
+    placed: dict[str, TensorRef]  # outputs written into shared memory regions
+
+
+def _answer(answer: Answer, outputs: dict[str, np.ndarray]) -> Reply:
+    """Classified, placed, then written: off the loop for a large answer."""
+    outputs = classification.apply(outputs, answer.classified)
+    for name, ref in answer.placed.items():
+        answer.regions.write(ref, tensor_blob(outputs[name], answer.datatypes[name]), name)
+    return encode_response(
+        answer.model, answer.request_id, outputs, answer.binary, answer.datatypes, answer.placed
+    )
 
 
 # A plain graph's request: header, tensors, outputs, binary outputs, classifications.
@@ -309,7 +355,9 @@ PlainRequest = tuple[
 ]
 
 
-def read_plain(body: bytes, header_length: str | None, model: GraphModel) -> PlainRequest:
+def read_plain(
+    body: bytes, header_length: str | None, model: GraphModel, regions: TenantRegions
+) -> PlainRequest:
     """A plain graph's request read and checked in one go (one hop to a worker thread for a
     large body): its header, tensors, outputs, binary outputs and classifications."""
     if header_length == RAW_HEADER_LENGTH:  # Triton's raw form: the body is the one input
@@ -321,7 +369,7 @@ def read_plain(body: bytes, header_length: str | None, model: GraphModel) -> Pla
     classified = classifications(header, model)
     request_priority(parameters(header).get("priority", ABSENT))  # a bad one refused first
     http_sequence(header)
-    tensors = decode_tensors(header, body, size, model.signature)
+    tensors = decode_tensors(header, body, size, model.signature, regions)
     for spec in header["inputs"]:
         # Freed here, not on the event loop when the request ends: an image's 150,528 float
         # objects take ~1 ms to free.
@@ -364,29 +412,41 @@ def read_header(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
 
 
 def decode_request(
-    body: bytes, header_length: str | None
+    body: bytes, header_length: str | None, regions: TenantRegions
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """JSON header (+ binary tail) -> the header and each input as an array of its shape."""
+    """JSON header (+ binary tail) -> the header and each input as an array of its shape (an
+    input in a shared memory region is read from there)."""
     header, offset = read_header(body, header_length)
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        name, shape, datatype = input_spec(spec, len(body))
+        ref = input_region(spec)
+        name, shape, datatype = input_spec(spec, len(body) + (ref.byte_size if ref else 0))
         if datatype not in (*INT_TYPES, "BYTES"):
             message = f"datatype must be INT64 (token ids) or BYTES (text), got {datatype}"
             raise InvalidInput(name, message)
         binary_size = binary_data_size(name, spec)
+        region: bytes | memoryview | None = None
+        if ref is not None:
+            in_request = binary_size is not None or "data" in spec
+            region = region_bytes(regions, ref, name, datatype, in_request)
         if datatype == "BYTES":
             size_bytes = binary_size or 0
+            if region is not None:
+                tensors[name] = bytes_input({"name": name}, bytes(region), shape)
+                continue
             tensors[name] = bytes_input(spec, body[offset : offset + size_bytes], shape)
             offset += size_bytes
             continue
         dtype = INT_TYPES[datatype]
-        if binary_size is None and "data" not in spec:
+        if region is None and binary_size is None and "data" not in spec:
             raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
         try:
-            if binary_size is not None:
-                chunk = body[offset : offset + binary_size]
-                offset += binary_size
+            if region is not None or binary_size is not None:
+                if region is not None:
+                    chunk: bytes | memoryview = region
+                else:
+                    chunk = body[offset : offset + (binary_size or 0)]
+                    offset += binary_size or 0
                 array = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<"))
             else:
                 array = int_data(name, datatype, spec["data"])
@@ -458,12 +518,15 @@ def encode_response(
     outputs: dict[str, np.ndarray],
     binary: set[str],
     datatypes: dict[str, str],  # by output
+    in_regions: Collection[str] = (),  # outputs written into regions: no data here
 ) -> Reply:
     entries, blobs = [], []
     for name, value in outputs.items():
         datatype = datatypes[name]
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(value.shape)}
-        if name in binary:
+        if name in in_regions:
+            pass  # its data is in the client's region
+        elif name in binary:
             blob = tensor_blob(value, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

@@ -76,7 +76,7 @@ def server(tabular):
     port = free_port()
     with ferry_server(
         [default_model_config()],
-        server={"grpc_port": port},
+        server={"grpc_port": port, "allow_client_shm": True},
         llm_models=[tiny_llm_config()],
         args=["--model", f"gb={tabular}"],
     ) as handle:
@@ -141,6 +141,25 @@ def test_fp32_rows_to_a_tabular_model(server, tabular, tmp_path, protocol):
     url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
     data = rows_with_answers(tabular, 8)
     output = perf_analyzer(tmp_path, data, "-m", "gb", "-i", protocol, "-u", url)
+    assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
+    count = re.search(r"Server:\s+Inference count: (\d+)", output)
+    assert count and int(count.group(1)) >= 10, output
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_system_shared_memory(server, tabular, tmp_path, protocol):
+    """`--shared-memory system`: perf_analyzer creates and registers its regions, every input
+    is read from one and every output written into one. Its answers are not validated here:
+    perf_analyzer checks the response's own data, which an output in a region never has
+    (tests/clients/test_triton_shm.py checks the regions' answers)."""
+    url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
+    data = {"data": rows_with_answers(tabular, 8)["data"]}
+    output = perf_analyzer(
+        tmp_path,
+        data,
+        *("-m", "gb", "-i", protocol, "-u", url, "--shared-memory=system"),
+        "--output-shared-memory-size=64",
+    )
     assert re.search(r"Throughput: [0-9.]+ infer/sec", output), output
     count = re.search(r"Server:\s+Inference count: (\d+)", output)
     assert count and int(count.group(1)) >= 10, output

@@ -32,7 +32,8 @@ TOKENIZER.no_padding()
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def client():
-    async with serving(Settings(models=[default_model_config()])) as http:
+    settings = Settings(models=[default_model_config()], allow_client_shm=True)
+    async with serving(settings) as http:
         yield http
 
 
@@ -124,6 +125,46 @@ async def test_binary_text_and_binary_outputs_carry_the_json_numbers(client):
     np.testing.assert_allclose(embedding, as_json[EMBEDDING], atol=1e-5)
     hidden = np.asarray(outputs[HIDDEN]["data"], dtype=np.float32).reshape(outputs[HIDDEN]["shape"])
     np.testing.assert_allclose(hidden, as_json[HIDDEN], atol=1e-5)
+
+
+@in_module_loop
+async def test_token_ids_and_embeddings_by_shared_memory(client):
+    """The encoder path reads INT64 ids from a region and writes the embedding into another,
+    the numbers JSON gives (plain graphs: test_shared_memory.py)."""
+    import os
+
+    import tritonclient.utils.shared_memory as shm
+
+    ids = np.array([TOKENIZER.encode("shared memory").ids], dtype=np.int64)
+    tag = f"ferry_test_{os.getpid()}_ids"
+    regions = [
+        shm.create_shared_memory_region(f"{tag}_in", f"/{tag}_in", ids.nbytes),
+        shm.create_shared_memory_region(f"{tag}_out", f"/{tag}_out", 384 * 4),
+    ]
+    try:
+        shm.set_shared_memory_region(regions[0], [ids])
+        for name, size in (("in", ids.nbytes), ("out", 384 * 4)):
+            body = {"key": f"/{tag}_{name}", "byte_size": size}
+            response = await client.post(
+                f"/v2/systemsharedmemory/region/{name}/register", json=body
+            )
+            assert response.status_code == 200, response.text
+        region = {"shared_memory_region": "in", "shared_memory_byte_size": ids.nbytes}
+        output = {"shared_memory_region": "out", "shared_memory_byte_size": 384 * 4}
+        request = {
+            "inputs": [{**ids_input(ids.tolist()), "parameters": region}],
+            "outputs": [{"name": EMBEDDING, "parameters": output}],
+        }
+        del request["inputs"][0]["data"]
+        response = await client.post(INFER, json=request)
+        assert response.status_code == 200, response.text
+        embedding = shm.get_contents_as_numpy(regions[1], np.float32, [1, 384])
+        expected = await infer(client, [ids_input(ids.tolist())])
+        np.testing.assert_allclose(embedding, expected[EMBEDDING], atol=1e-5)
+    finally:
+        await client.post("/v2/systemsharedmemory/unregister")
+        for handle in regions:
+            shm.destroy_shared_memory_region(handle)
 
 
 @in_module_loop
