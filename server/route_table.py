@@ -113,6 +113,7 @@ ROUTES: tuple[Route, ...] = (
     _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
+    _get("/health", HEALTH, FERRY, needs_key=False),
     _get("/health/live", HEALTH, FERRY, needs_key=False),
     _get("/health/ready", HEALTH, FERRY, needs_key=False),
     _get("/v2/health/live", HEALTH, KSERVE, needs_key=False),

@@ -3,7 +3,6 @@ match."""
 
 from __future__ import annotations
 
-
 import pytest
 from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
