@@ -15,6 +15,7 @@ class StopMatcher:
         self._include = include_stop  # vLLM's include_stop_str_in_output: the match is emitted
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -26,6 +27,7 @@ class StopMatcher:
         if found:  # the earliest match; of those starting there, the longest
             cut, minus_length = min(found)
             self.stopped = True
+            self.matched = buf[cut : cut - minus_length]
             self._held = ""
             return buf[: cut - minus_length] if self._include else buf[:cut]
         keep = self._partial_suffix(buf)

@@ -26,6 +26,7 @@ from ferry.server.procs.replicas import ReplicaRole
 from ferry.server.procs.runtimes import EngineConnection, build_runtimes, metrics_registry
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.routes import (
+    anthropic_messages,
     embeddings,
     health,
     kserve_v2,
@@ -45,7 +46,16 @@ logger = logging.getLogger(__name__)
 # modules mount the handlers. The framework's routers:
 ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
 # Hot routes: registered with the gateway's dispatch (and documented in the framework's schema).
-HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
+HOT_ROUTES = (
+    predict,
+    embeddings,
+    rerank,
+    tokenize,
+    openai_chat,
+    openai_responses,
+    anthropic_messages,
+    kserve_v2,
+)
 
 
 async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gRPC is off

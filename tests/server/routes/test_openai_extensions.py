@@ -18,9 +18,7 @@ GREETING = [{"role": "user", "content": "Say hello."}]
 def chat(client: openai.OpenAI, **extra: Any) -> Any:
     body = {"temperature": 0, "max_tokens": 24, **extra}
     named = {k: body.pop(k) for k in ("temperature", "max_tokens", "seed", "stream") if k in body}
-    return client.chat.completions.create(
-        model=MODEL, messages=GREETING, extra_body=body, **named
-    )
+    return client.chat.completions.create(model=MODEL, messages=GREETING, extra_body=body, **named)
 
 
 @pytest.mark.parametrize(
@@ -66,7 +64,9 @@ def test_top_k_one_at_temperature_one_is_greedy(smol_client):
 
 def test_min_p_one_at_temperature_one_is_greedy(smol_client):
     greedy = chat(smol_client).choices[0].message.content
-    assert chat(smol_client, temperature=1.0, seed=1, min_p=1.0).choices[0].message.content == greedy
+    assert (
+        chat(smol_client, temperature=1.0, seed=1, min_p=1.0).choices[0].message.content == greedy
+    )
 
 
 def test_ignore_eos_generates_max_tokens(smol_client):
