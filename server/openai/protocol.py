@@ -136,6 +136,8 @@ def _template_call(call: ToolCallParam) -> dict[str, Any]:
 
 class StreamOptions(OpenAIRequestModel):
     include_usage: StrictBool = False
+    # vLLM's extension (guidellm sends it): the usage so far on every chunk, with include_usage.
+    continuous_usage_stats: StrictBool = False
 
 
 class _SamplingFields(RequestBody):
@@ -205,6 +207,11 @@ class _SamplingFields(RequestBody):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
 
     def check_supported(self) -> None:
         """InvalidSampling naming the first parameter Ferry would otherwise have to ignore."""
