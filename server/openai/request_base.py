@@ -45,6 +45,7 @@ class RequestBody(OpenAIRequestModel):
         asked = [k for k in data if k in cls.UNSUPPORTED and k not in cls.model_fields]
         for name in asked:
             if not neutral(data[name], cls.UNSUPPORTED[name]):
-                why = cls.WHY.get(name, "not supported by this server")
-                raise InvalidSampling(name, f"{name}: {why}")
+                why = cls.WHY.get(name)
+                message = f"{name}: {why}" if why else f"{name} is not supported by this server"
+                raise InvalidSampling(name, message)
         return {k: v for k, v in data.items() if k not in asked} if asked else data
