@@ -55,6 +55,14 @@ class SamplingSettings:
     presence_penalty: float = 0.0  # [-2, 2], subtracted once from a generated token's logit
     frequency_penalty: float = 0.0  # [-2, 2], subtracted per occurrence in the output
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    # vLLM's (and llama-server's) extensions, with vLLM's semantics; optional as the above.
+    top_k: int = 0  # sample among the k likeliest tokens; 0: all
+    min_p: float = 0.0  # drop tokens below min_p x the likeliest's probability
+    min_tokens: int = 0  # no end of sequence (EOS, stop_token_ids) before this many tokens
+    ignore_eos: bool = False  # the model's end of sequence is never chosen: max_tokens ends it
+    stop_token_ids: tuple[int, ...] = ()  # end the generation as EOS does (not emitted)
+    include_stop_str_in_output: bool = False  # a matched stop string ends the text
+    skip_special_tokens: bool = True  # special tokens' text left out of the output
 
     @property
     def greedy(self) -> bool:
@@ -73,6 +81,13 @@ _NEUTRAL: dict[str, object] = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "logit_bias": (),
+    "top_k": 0,
+    "min_p": 0.0,
+    "min_tokens": 0,
+    "ignore_eos": False,
+    "stop_token_ids": (),
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,
 }
 SAMPLING_OPTIONS: tuple[str, ...] = tuple(_NEUTRAL)
 

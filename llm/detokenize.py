@@ -14,9 +14,9 @@ from tokenizers.decoders import DecodeStream
 class TextStream:
     """One generation's text; a piece is held back while it ends inside a character."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._stream = DecodeStream(skip_special_tokens=True)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
 
     def step(self, token: int) -> str:
         return self._stream.step(self._tokenizer, token) or ""

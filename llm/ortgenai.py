@@ -57,8 +57,20 @@ class OrtGenAIEngine:
     """An LLMEngine over onnxruntime-genai's Engine API (see the module docstring)."""
 
     # og 0.18's search has a repetition penalty (TurnOptions and GeneratorParams alike), but no
-    # presence or frequency penalty and no logit bias: those are refused with a 400.
-    sampling_options = frozenset({"repetition_penalty"})
+    # presence or frequency penalty and no logit bias: those are refused with a 400. vLLM's
+    # extensions are Ferry's own masks and matching (sampling.py, stops.py, detokenize.py).
+    sampling_options = frozenset(
+        {
+            "repetition_penalty",
+            "top_k",
+            "min_p",
+            "min_tokens",
+            "ignore_eos",
+            "stop_token_ids",
+            "include_stop_str_in_output",
+            "skip_special_tokens",
+        }
+    )
 
     def __init__(
         self,

@@ -37,7 +37,7 @@ from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
 from ferry.llm.ortgenai_prefix import ModelPrefixCache
-from ferry.llm.sampling import Sampler
+from ferry.llm.sampling import Sampler, end_ids
 
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
 
@@ -91,7 +91,7 @@ class BatchLane:
             if entry is not None:
                 block.copy_row(entry.kv, 0, 0, reused)
         job.generator = block  # the owner loop's "running" marker
-        job.sampler = Sampler(sampling, prompt_ids)
+        job.sampler = Sampler(sampling, prompt_ids, end_ids(self._eos_ids, sampling))
         # Compiled on the pool while the prompt goes in; waited for at the first token.
         guidance = sampling.guidance
         job.grammar = None if guidance is None else self._grammars.compile(guidance)
@@ -172,14 +172,14 @@ class BatchLane:
             return token
         grammar: RowGrammar = job.grammar.result()  # raises the compile's error
         token, job.logprob = sampler.choose(logits, grammar.allowed(logits.shape[-1]))
-        if token not in self._eos_ids:  # the end needs no commit: the request is over
+        if token not in sampler.ends:  # the end needs no commit: the request is over
             grammar.consume(token)
         return token
 
     def _outcome(
         self, job: Any, token: int
     ) -> tuple[Any, int | None, FinishReason | None, Exception | None]:
-        if token in self._eos_ids:  # not counted or emitted, as OpenAI servers do
+        if token in job.sampler.ends:  # not counted or emitted, as OpenAI servers do
             return job, None, "stop", None
         if job.generated + 1 >= job.sampler.sampling.max_tokens:
             return job, token, "length", None

@@ -30,6 +30,7 @@ import numpy as np
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
 from ferry.llm.logprobs import log_softmax, prompt_logprobs, token_logprob
+from ferry.llm.sampling import end_ids, restricted, restricts
 
 
 def adapter_key(name: str, adapter_id: int) -> str:
@@ -92,6 +93,7 @@ class GeneratorLane:
         guidance = sampling.guidance  # compiled on the pool while the prompt goes in
         job.grammar = None if guidance is None else self._grammars.compile(guidance)
         job.tokens, job.pending, job.cached_tokens = [], list(prompt_ids), 0
+        job.ends = end_ids(self._eos_ids, sampling)
         if sampling.echo:  # every prompt position's logits: one piece, now
             self._feed(job, len(job.pending))
             logits = job.generator.get_output("logits")[0]
@@ -143,22 +145,35 @@ class GeneratorLane:
                 if job.grammar is not None:
                     grammar = job.grammar.result()  # raises the compile's error
                 row = None if top is None else log_softmax(generator.get_logits()[0, -1])
-                if grammar is not None:
-                    generator.set_logits(grammar.masked(generator.get_logits()))
+                if grammar is not None or restricts(job.add.sampling):
+                    generator.set_logits(self._masked(job, grammar, generator.get_logits()))
                 generator.generate_next_token()
                 token = int(generator.get_next_tokens()[0])
                 job.logprob = None if row is None else token_logprob(row, token, top)
-                if grammar is not None and token not in self._eos_ids:
+                if grammar is not None and token not in job.ends:
                     grammar.consume(token)
             except Exception as exc:  # this request failed; the others go on
                 yield job, None, None, exc
                 continue
-            if token in self._eos_ids:  # not counted or emitted, as OpenAI servers do
+            if token in job.ends:  # not counted or emitted, as OpenAI servers do
                 yield job, None, "stop", None
             elif generator.is_done() or job.generated + 1 >= job.add.sampling.max_tokens:
                 yield job, token, "length", None
             else:
                 yield job, token, None, None
+
+    @staticmethod
+    def _masked(job: Any, grammar: RowGrammar | None, logits: np.ndarray) -> np.ndarray:
+        """The generator's last-position logits with what the grammar and the request's
+        limits (sampling.restricted) rule out at float32's lowest, as og's guidance writes."""
+        if grammar is not None:
+            logits = grammar.masked(logits)
+        sampling = job.add.sampling
+        if restricts(sampling):
+            floor = float(np.finfo(np.float32).min)
+            logits = np.array(logits, dtype=np.float32)  # a copy: og's buffer stays as it was
+            logits[0, -1] = restricted(logits[0, -1], sampling, job.ends, job.generated, floor)
+        return logits
 
     def release(self) -> None:
         for job in list(self.jobs):

@@ -181,7 +181,9 @@ class OwnerLoop:
             if command is STOP:
                 return False
             if isinstance(command, AddRequest):
-                job = Job(command, StopMatcher(command.sampling.stop))
+                sampling = command.sampling
+                matcher = StopMatcher(sampling.stop, sampling.include_stop_str_in_output)
+                job = Job(command, matcher)
                 self._by_id[command.request_id] = job
                 heapq.heappush(self._waiting, (command.priority, next(self._arrivals), job))
             elif isinstance(command, AbortRequest):
@@ -206,7 +208,7 @@ class OwnerLoop:
                 self._by_id.pop(add.request_id, None)
                 self._deliver(add.request_id, request_error(exc, add.sampling.guidance))
                 continue
-            job.decoder = TextStream(self._text)
+            job.decoder = TextStream(self._text, add.sampling.skip_special_tokens)
         self._publish_counts()
 
     def _run_call(self, call: OwnerCall) -> None:

@@ -7,6 +7,10 @@ output is divided by the penalty, a negative one multiplied), and a grammar's ma
 `argmax`, as og's is: the first of equal maxima. Sampled tokens come from one
 `numpy.random.Generator` per request, seeded when the request gives a seed (the same seed gives
 the same text; not og's stream).
+
+vLLM's extensions are masks on the scores (`restricted`), which the og.Generator lane applies
+through `set_logits` as well: `top_k` and `min_p` (after temperature, as vLLM applies them),
+and the end tokens banned before `min_tokens` or always under `ignore_eos`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,54 @@ from ferry.llm.base import SamplingSettings, TokenLogprob
 from ferry.llm.logprobs import log_softmax, token_logprob
 
 
-class Sampler:
-    """One request's token choice; `seen` holds prompt and output ids for the penalty."""
+def end_ids(eos_ids: set[int], sampling: SamplingSettings) -> frozenset[int]:
+    """The tokens that end this request: the model's EOS and the request's stop_token_ids."""
+    return frozenset(eos_ids).union(sampling.stop_token_ids)
 
-    def __init__(self, sampling: SamplingSettings, prompt_ids: list[int]) -> None:
+
+def restricts(sampling: SamplingSettings) -> bool:
+    """Whether `restricted` changes anything for this request (most requests: no)."""
+    return bool(sampling.ignore_eos or sampling.min_tokens or sampling.top_k or sampling.min_p)
+
+
+def restricted(
+    scores: np.ndarray,
+    sampling: SamplingSettings,
+    ends: frozenset[int],
+    generated: int,
+    floor: float = -np.inf,
+) -> np.ndarray:
+    """One position's `scores` with what the request rules out set to `floor`: the end tokens
+    while fewer than `min_tokens` were generated (or always, under `ignore_eos`: only the
+    model's EOS then, as vLLM's reading), then, when sampling, tokens outside the `top_k`
+    likeliest and those under `min_p` times the likeliest's probability at the temperature."""
+    banned = ends if generated < sampling.min_tokens else frozenset()
+    if sampling.ignore_eos:
+        banned = banned | (ends - frozenset(sampling.stop_token_ids))
+    keep = np.ones(scores.shape[-1], dtype=bool)
+    if banned:
+        keep[np.fromiter(banned, dtype=np.int64)] = False
+    if not sampling.greedy and (sampling.top_k or sampling.min_p):
+        live = np.where(keep, scores, -np.inf)
+        if 0 < sampling.top_k < live.size:
+            keep &= live >= np.partition(live, -sampling.top_k)[-sampling.top_k]
+        if sampling.min_p > 0.0:
+            # p_i >= min_p * p_max  <=>  s_i >= s_max + T * ln(min_p), for p = softmax(s / T)
+            keep &= live >= live.max() + sampling.temperature * np.log(sampling.min_p)
+    return np.where(keep, scores, floor)
+
+
+class Sampler:
+    """One request's token choice; `seen` holds prompt and output ids for the penalty; `ends`:
+    the tokens that end it (end_ids)."""
+
+    def __init__(
+        self, sampling: SamplingSettings, prompt_ids: list[int], ends: frozenset[int] = frozenset()
+    ) -> None:
         self.sampling = sampling
+        self.ends = ends
+        self._restricts = restricts(sampling)
+        self._generated = 0
         self._penalty = sampling.repetition_penalty
         self._seen = np.zeros(0, dtype=np.int64)
         if self._penalty != 1.0:
@@ -41,7 +88,10 @@ class Sampler:
         scores = self._penalized(logits)
         if allowed is not None:
             scores = np.where(allowed, scores, -np.inf)
+        if self._restricts:
+            scores = restricted(scores, self.sampling, self.ends, self._generated)
         token = int(np.argmax(scores)) if self._rng is None else self._sample(scores)
+        self._generated += 1
         if self._penalty != 1.0 and token not in self._seen:
             self._seen = np.union1d(self._seen, [token])
         return token, None if row is None else token_logprob(row, token, top or 0)

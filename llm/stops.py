@@ -10,10 +10,12 @@ class StopMatcher:
     stop string split across tokens is still cut cleanly and never leaks to the client.
     """
 
-    def __init__(self, stops: tuple[str, ...]) -> None:
+    def __init__(self, stops: tuple[str, ...], include_stop: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
+        self._include = include_stop  # vLLM's include_stop_str_in_output: the match is emitted
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str) -> str:
         if self.stopped:
@@ -21,11 +23,13 @@ class StopMatcher:
         if not self._stops:
             return text
         buf = self._held + text
-        cut = min((i for i in (buf.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, -len(s)) for s in self._stops if (i := buf.find(s)) >= 0]
+        if found:  # the earliest match; of those starting there, the longest
+            cut, minus_length = min(found)
             self.stopped = True
+            self.matched = buf[cut : cut - minus_length]
             self._held = ""
-            return buf[:cut]
+            return buf[: cut - minus_length] if self._include else buf[:cut]
         keep = self._partial_suffix(buf)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]

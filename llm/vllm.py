@@ -68,6 +68,13 @@ def to_sampling_params(
         presence_penalty=settings.presence_penalty,
         frequency_penalty=settings.frequency_penalty,
         logit_bias=dict(settings.logit_bias) or None,
+        top_k=settings.top_k or -1,  # vLLM's "all tokens" (0 as well, since 0.10)
+        min_p=settings.min_p,
+        min_tokens=settings.min_tokens,
+        ignore_eos=settings.ignore_eos,
+        stop_token_ids=list(settings.stop_token_ids),
+        include_stop_str_in_output=settings.include_stop_str_in_output,
+        skip_special_tokens=settings.skip_special_tokens,
         **extra,
     )
 

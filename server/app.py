@@ -35,6 +35,7 @@ from ferry.server.progress import loading_progress
 from ferry.server.registry import ModelRegistry
 from ferry.server.route_table import HTTP_ROUTES
 from ferry.server.routes import (
+    anthropic_messages,
     console,
     embeddings,
     health,
@@ -63,7 +64,16 @@ ROUTERS = (
     shared_memory.router,
 )
 # Hot routes: registered with the gateway's dispatch (and documented in the framework's schema).
-HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
+HOT_ROUTES = (
+    predict,
+    embeddings,
+    rerank,
+    tokenize,
+    openai_chat,
+    openai_responses,
+    anthropic_messages,
+    kserve_v2,
+)
 
 
 async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gRPC is off

@@ -113,7 +113,42 @@ class KServeJson:
         return Reply(failure.status, body, headers=http_headers(failure, headers))
 
 
+# Anthropic's error types, named by status (its API's table); any other status is an api_error.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+
+@dataclass(frozen=True)
+class AnthropicJson:
+    """`{"type": "error", "error": {type, message}}`, as the anthropic SDK reads it; a refused
+    request is a 400, and the message names the field (there is no `param`)."""
+
+    invalid_status: int = 400
+
+    def status(self, failure: Failure) -> int:
+        return self.invalid_status if failure.status == 422 else failure.status
+
+    def body(self, failure: Failure) -> dict[str, Any]:
+        kind = _ANTHROPIC_TYPES.get(self.status(failure), "api_error")
+        if 400 <= self.status(failure) < 500 and kind == "api_error":
+            kind = "invalid_request_error"
+        return {"type": "error", "error": {"type": kind, "message": kserve_message(failure)}}
+
+    def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply:
+        body = _encoded(self.body, failure)
+        return Reply(self.status(failure), body, headers=http_headers(failure, headers))
+
+
 OPENAI = OpenAIJson(invalid_status=400)
+ANTHROPIC = AnthropicJson()
 FERRY = OpenAIJson(invalid_status=422)  # /predict, health, metrics: OpenAI's shape, 422 kept
 KSERVE = KServeJson()
 DONE = "data: [DONE]\n\n"

@@ -8,6 +8,7 @@ Everything below the routes raises its own exceptions; only this module knows st
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -256,13 +257,38 @@ def failure(exc: BaseException, where: str = "") -> Failure:
 def validation_failure(errors: Sequence[Any], body: Any = None) -> Failure:
     """pydantic's (or FastAPI's) first complaint about a request, naming the field: a 422."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    # An unknown key is named first: in a union, the other members' complaints about it say less.
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), first)
     if first.get("type") == "json_invalid":
         param, message = _json_invalid(first, body)
+    elif first.get("type") == "extra_forbidden":  # OpenAI's words; the unknown key in the path
+        param = _path(first.get("loc", ()))
+        return Failure(422, "invalid_request_error", unrecognized(param), param)
     else:
         param = _param_from_loc(first.get("loc", ()))
         message = str(first["msg"]).removeprefix("Value error, ")  # pydantic's, says nothing
     message = f"{param}: {message}" if param else message
     return Failure(422, "invalid_request_error", message, param)
+
+
+def _path(loc: Sequence[str | int]) -> str:
+    """('messages', 0, 'content', 'list[TextContentPart]', 0, 'x') -> 'messages[0].content[0].x':
+    the whole path, pydantic's union tags (a type's name) dropped."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "body" and not _UNION_TAG.match(part):
+            path += f".{part}" if path else part
+    return path
+
+
+# pydantic's names of a union's members: `list[...]`, `str`, a model's class name.
+_UNION_TAG = re.compile(r"^([A-Z]\w*|\w+\[.*\]|str|int|float|bool|dict|list)$")
+
+
+def unrecognized(param: str) -> str:
+    return f"Unrecognized request argument supplied: {param}"
 
 
 def _json_invalid(error: Any, body: Any) -> tuple[str | None, str]:

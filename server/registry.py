@@ -100,10 +100,12 @@ class ModelRegistry:
         return sorted(served, key=lambda m: m.name)
 
     def entries(self) -> list[ModelEntry]:
-        """Every served name: encoders first, then LLMs and adapters."""
-        encoders = [ModelEntry(name, m.manifest.task) for name, m in self.models.items()]
-        encoders += [ModelEntry(name, m.task) for name, m in self.tensors.items()]
-        return encoders + [ModelEntry(m.name, "chat", m.parent) for m in self.served_llms()]
+        """Every served name: LLMs first, then their adapters, then encoders. OpenAI clients that
+        pick a default model take the first listed (guidellm does): it should generate."""
+        llms = sorted(self.served_llms(), key=lambda m: m.parent is not None)  # stable: by name
+        entries = [ModelEntry(m.name, "chat", m.parent) for m in llms]
+        entries += [ModelEntry(name, m.manifest.task) for name, m in self.models.items()]
+        return entries + [ModelEntry(name, m.task) for name, m in self.tensors.items()]
 
     def names(self) -> list[str]:
         return [entry.name for entry in self.entries()]

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import enum
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from ferry.server.dialects import FERRY, KSERVE, OPENAI, ErrorDialect
+from ferry.server.dialects import ANTHROPIC, FERRY, KSERVE, OPENAI, ErrorDialect
 
 
 class RouteClass(enum.Enum):
@@ -114,6 +115,8 @@ ROUTES: tuple[Route, ...] = (
     _post("/v1/chat/completions", INFERENCE, OPENAI),
     _post("/v1/completions", INFERENCE, OPENAI),
     _post("/v1/responses", INFERENCE, OPENAI),
+    _post("/v1/messages", INFERENCE, ANTHROPIC),
+    _post("/v1/messages/count_tokens", INFERENCE, ANTHROPIC),
     _post("/v2/models/{name}/infer", INFERENCE, KSERVE, TENSOR_BODY, compress=True),
     _post(
         "/v2/models/{name}/versions/{version}/infer",
@@ -152,6 +155,7 @@ ROUTES: tuple[Route, ...] = (
     _settings("/v2/logging"),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
+    _get("/health", HEALTH, FERRY, needs_key=False),
     _get("/health/live", HEALTH, FERRY, needs_key=False),
     _get("/health/ready", HEALTH, FERRY, needs_key=False),
     _get("/v2/health/live", HEALTH, KSERVE, needs_key=False),
@@ -214,12 +218,17 @@ class RouteTable:
         )
         self._matcher = re.compile("|".join(alternatives) or "(?!)")
         self._default = default
-        # A path no route claims (a 404, a 401 before routing) is answered in the dialect every
-        # declared route under its first segment shares: /v1/... OpenAI's, /v2/... KServe's.
-        by_segment: dict[str, set[ErrorDialect]] = {}
+        # A path no route claims (a 404, a 401 before routing) is answered in the dialect most
+        # declared routes under its first segment speak: /v1/... OpenAI's (Anthropic's two
+        # routes there are the few), /v2/... KServe's; a tie is the default's.
+        by_segment: dict[str, Counter[ErrorDialect]] = {}
         for route in self.routes:
-            by_segment.setdefault(first_segment(route.path), set()).add(route.dialect)
-        self._families = {s: next(iter(d)) for s, d in by_segment.items() if len(d) == 1}
+            by_segment.setdefault(first_segment(route.path), Counter())[route.dialect] += 1
+        self._families = {}
+        for segment, counts in by_segment.items():
+            ranked = counts.most_common(2)
+            if len(ranked) == 1 or ranked[0][1] > ranked[1][1]:
+                self._families[segment] = ranked[0][0]
 
     def find(self, path: str) -> Route | None:
         route = self._fixed.get(path)

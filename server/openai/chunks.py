@@ -48,6 +48,7 @@ class StreamChunks:
             "model": model,
         }
         self._templates: dict[int, TextTemplate] = {}
+        self._running: UsageInfo | None = None  # on every chunk (vLLM's continuous_usage_stats)
         self.opening = "".join(self._event([c]) for c in opening)  # one event per choice
 
     def delta(self, index: int, delta: GenerationDelta) -> str:
@@ -59,6 +60,8 @@ class StreamChunks:
             return self._event([self._choice(index, delta.text, delta.finish_reason, None)])
         if not delta.text:
             return ""
+        if self._running is not None:  # a usage of its own in each: no shared template
+            return self._event([self._choice(index, delta.text, None, None)])
         template = self._templates.get(index)
         if template is None:  # pydantic renders each choice's text event once, then it is filled
             chunk = self._chunk([self._choice(index, TextTemplate.SENTINEL, None, None)])
@@ -70,12 +73,16 @@ class StreamChunks:
     ) -> str:
         return self._event([], UsageInfo.of(prompt_tokens, completion_tokens, cached_tokens))
 
+    def running_usage(self, usage: UsageInfo) -> None:
+        """The usage so far, sent on every chunk from now on (vLLM's continuous_usage_stats)."""
+        self._running = usage
+
     def event(self, choices: list[Any]) -> str:
         """One chunk of these choices, rendered in full (for deltas other than text)."""
         return self._event(choices)
 
     def _chunk(self, choices: list[Any], usage: UsageInfo | None = None) -> Any:
-        return self._chunk_cls(**self._base, choices=choices, usage=usage)
+        return self._chunk_cls(**self._base, choices=choices, usage=usage or self._running)
 
     def _event(self, choices: list[Any], usage: UsageInfo | None = None) -> str:
         return sse_data(dump_chunk(self._chunk(choices, usage)))

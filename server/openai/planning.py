@@ -253,8 +253,17 @@ def _check_options(sampling: SamplingSettings, engine: LLMEngine) -> None:
             message = f"{name} is not supported by the engine serving {engine.name}"
             raise InvalidSampling(name, message)
     vocab_size = engine.tokenizer.vocab_size
-    bad = next((t for t, _ in sampling.logit_bias if t >= vocab_size), None)
-    if bad is not None:
-        raise InvalidSampling(
-            "logit_bias", f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
-        )
+    for name, ids in (
+        ("logit_bias", [t for t, _ in sampling.logit_bias]),
+        ("stop_token_ids", sampling.stop_token_ids),
+    ):
+        bad = next((t for t in ids if t >= vocab_size), None)
+        if bad is not None:
+            message = f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+            raise InvalidSampling(name, message)
+    if sampling.guidance is not None:
+        # A grammar that is complete may allow only the end: banning it leaves no token at all.
+        for name in ("ignore_eos", "min_tokens"):
+            if getattr(sampling, name):
+                message = f"{name} cannot be combined with structured output or tools"
+                raise InvalidSampling(name, message)

@@ -1,7 +1,7 @@
 """OpenAI-compatible request/response schemas (shaped after vLLM's protocol, but Ferry's own).
 
-Fields follow OpenAI's documented order. Requests accept unknown fields and log them at debug, so
-clients sending newer OpenAI parameters are not rejected; responses are strict.
+Fields follow OpenAI's documented order. A request field Ferry does not know is a 400 naming it,
+as OpenAI answers; vLLM's extensions are known fields, honoured (request_base.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pydantic import (
 from ferry.llm.base import FLOAT32_MAX, FLOAT32_TINY, SamplingSettings
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.json_depth import check_json_depth
-from ferry.server.openai.request_base import OpenAIRequestModel
+from ferry.server.openai.request_base import OpenAIRequestModel, RequestBody
 from ferry.server.openai.tool_models import (
     DeltaToolCall,
     ResponseFormat,
@@ -69,11 +69,6 @@ UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
-def _neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
-    """`value` asks for nothing: equal to a neutral value and of its type (`false` is not 0)."""
-    return any(value == n and type(value) is type(n) for n in neutral)
-
-
 def _id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -94,6 +89,11 @@ class ChatMessageParam(OpenAIRequestModel):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[ToolCallParam] | None = None  # on assistant messages: calls it made
+    # OpenAI's other assistant fields, as SDKs send a reply back: accepted when they say nothing
+    # (Ferry never writes them), refused by name otherwise.
+    refusal: None = None
+    audio: None = None
+    function_call: None = None
 
     @cached_property
     def text(self) -> str:
@@ -136,10 +136,14 @@ def _template_call(call: ToolCallParam) -> dict[str, Any]:
 
 class StreamOptions(OpenAIRequestModel):
     include_usage: StrictBool = False
+    # vLLM's extension (guidellm sends it): the usage so far on every chunk, with include_usage.
+    continuous_usage_stats: StrictBool = False
 
 
-class _SamplingFields(OpenAIRequestModel):
+class _SamplingFields(RequestBody):
     """The sampling parameters chat and completions share, with OpenAI's ranges."""
+
+    UNSUPPORTED = UNSUPPORTED
 
     # Strict types: the schema says number/integer/boolean, and lax mode would take `false` as
     # 0 and "1" as 1, running a request that is not what the client wrote.
@@ -175,6 +179,16 @@ class _SamplingFields(OpenAIRequestModel):
     )
     # Token id (as a string, OpenAI's JSON) -> bias in [-100, 100], added to its logit.
     logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-100.0, le=100.0)]] | None = None
+    # vLLM's (and llama-server's) sampling extensions, vLLM's semantics (SamplingSettings).
+    top_k: StrictInt | None = Field(default=None, ge=-1)  # -1 or 0: every token (vLLM's)
+    min_p: StrictFloat | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False)
+    min_tokens: StrictInt = Field(default=0, ge=0)
+    ignore_eos: StrictBool = False
+    stop_token_ids: (
+        Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(max_length=MAX_STOP)] | None
+    ) = None
+    include_stop_str_in_output: StrictBool = False
+    skip_special_tokens: StrictBool = True
 
     @field_validator("stop")
     @classmethod
@@ -194,12 +208,13 @@ class _SamplingFields(OpenAIRequestModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
+
     def check_supported(self) -> None:
         """InvalidSampling naming the first parameter Ferry would otherwise have to ignore."""
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not _neutral(extra[name], neutral):
-                raise InvalidSampling(name, f"{name} is not supported by this server")
         if self.stream and self._streams_no_logprobs():
             raise InvalidSampling("logprobs", "logprobs with stream=true is not supported")
 
@@ -222,7 +237,20 @@ class _SamplingFields(OpenAIRequestModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=self._logit_bias(),
+            top_k=max(self.top_k or 0, 0),
+            min_p=self.min_p or 0.0,
+            min_tokens=self._min_tokens(max_tokens),
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
         )
+
+    def _min_tokens(self, max_tokens: int) -> int:
+        if self.min_tokens > max_tokens:  # vLLM's rule: a request that cannot be met
+            message = f"min_tokens ({self.min_tokens}) is more than max_tokens ({max_tokens})"
+            raise InvalidSampling("min_tokens", message)
+        return self.min_tokens
 
     def _logit_bias(self) -> tuple[tuple[int, float], ...]:
         biases = []

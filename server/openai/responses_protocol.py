@@ -24,12 +24,8 @@ from pydantic import (
 
 from ferry.llm.errors import InvalidSampling
 from ferry.server.openai.json_depth import check_json_depth
-from ferry.server.openai.protocol import (
-    CacheSalt,
-    ChatCompletionRequest,
-    _neutral,
-)
-from ferry.server.openai.request_base import OpenAIRequestModel
+from ferry.server.openai.protocol import CacheSalt, ChatCompletionRequest
+from ferry.server.openai.request_base import OpenAIRequestModel, RequestBody
 from ferry.server.openai.tool_models import FunctionDefinition, NamedFunction
 
 # Fields Ferry cannot honour, with the values that ask for nothing.
@@ -85,15 +81,24 @@ def responses_error(error: InvalidSampling) -> InvalidSampling:
     return InvalidSampling(field, str(error).replace(error.field, field))
 
 
+# What an SDK sends back of an earlier response's output (its ids, status, annotations): facts
+# about that turn, not parameters of this one, so they are read and not needed.
+ItemStatus = Literal["in_progress", "completed", "incomplete"] | None
+
+
 class InputText(OpenAIRequestModel):
     type: Literal["input_text", "output_text", "text"]
     text: str
+    annotations: list[Any] | None = None  # an output_text's, from an earlier response
+    logprobs: list[Any] | None = None
 
 
 class MessageItem(OpenAIRequestModel):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
     content: str | list[InputText]
+    id: str | None = None
+    status: ItemStatus = None
 
     @cached_property
     def text(self) -> str:
@@ -106,12 +111,16 @@ class FunctionCallItem(OpenAIRequestModel):
     call_id: str
     name: str
     arguments: str
+    id: str | None = None
+    status: ItemStatus = None
 
 
 class FunctionCallOutputItem(OpenAIRequestModel):
     type: Literal["function_call_output"]
     call_id: str
     output: str | list[InputText]
+    id: str | None = None
+    status: ItemStatus = None
 
 
 def _item_type(item: Any) -> str | None:
@@ -168,7 +177,10 @@ class TextConfig(OpenAIRequestModel):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(OpenAIRequestModel):
+class ResponsesRequest(RequestBody):
+    UNSUPPORTED = UNSUPPORTED
+    WHY = _WHY
+
     model: str
     input: Input
     instructions: str | None = None
@@ -185,11 +197,6 @@ class ResponsesRequest(OpenAIRequestModel):
     cache_salt: CacheSalt | None = None  # vLLM's extension (server/tenancy.py)
 
     def check_supported(self) -> None:
-        extra = self.model_extra or {}
-        for name, neutral in UNSUPPORTED.items():
-            if name in extra and not _neutral(extra[name], neutral):
-                why = _WHY.get(name, "not supported by this server")
-                raise InvalidSampling(name, f"{name}: {why}")
         for i, item in enumerate(self.input if isinstance(self.input, list) else ()):
             if isinstance(item, FunctionCallItem):
                 check_json_depth(item.arguments, f"input[{i}].arguments")

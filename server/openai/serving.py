@@ -122,7 +122,7 @@ class OpenAIServing:
         chunks = chat_chunks(plan.response_id, plan.served.name, request.n, logprobs)
         if plan.tools is not None:
             chunks = ToolChunks(chunks, request.n, plan.tools.text_allowed)  # type: ignore[assignment]  # duck-types StreamChunks
-        return await self._stream(plan, chunks, request.include_usage)
+        return await self._stream(plan, chunks, request.include_usage, request.continuous_usage)
 
     async def completion(
         self,
@@ -159,7 +159,7 @@ class OpenAIServing:
             request, served or self.resolve(request.model), self.grammars, run_as
         )
         chunks = completion_chunks(plan.response_id, plan.served.name)
-        return await self._stream(plan, chunks, request.include_usage)
+        return await self._stream(plan, chunks, request.include_usage, request.continuous_usage)
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -288,7 +288,7 @@ class OpenAIServing:
         return results
 
     async def _stream(
-        self, plan: Plan, chunks: StreamChunks, include_usage: bool
+        self, plan: Plan, chunks: StreamChunks, include_usage: bool, continuous: bool = False
     ) -> AsyncIterator[str]:
         """Start every generation and wait for the first delta, so early errors raise here."""
         deltas = self._generations(plan)
@@ -299,7 +299,12 @@ class OpenAIServing:
             raise
         usage_prompt_tokens = plan.prompt_tokens if include_usage else None
         return sse_events(
-            deltas, first, chunks, usage_prompt_tokens, lambda cached: cached_tokens(plan, cached)
+            deltas,
+            first,
+            chunks,
+            usage_prompt_tokens,
+            lambda cached: cached_tokens(plan, cached),
+            continuous,
         )
 
 

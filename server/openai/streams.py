@@ -10,6 +10,7 @@ from ferry.llm.base import GenerationDelta
 from ferry.server.dialects import sse_error
 from ferry.server.errors import failure
 from ferry.server.openai.chunks import StreamChunks
+from ferry.server.openai.protocol import UsageInfo
 from ferry.server.openai.sse import DONE
 
 # (choice index, delta); a generator, so that it can be closed early
@@ -22,21 +23,32 @@ async def sse_events(
     chunks: StreamChunks,
     usage_prompt_tokens: int | None,
     usage_cached: Callable[[dict[int, int]], int | None] = lambda cached: None,
+    continuous: bool = False,
 ) -> AsyncIterator[str]:
     """The SSE text of a started response: deltas, the usage if asked for, then [DONE]. An error
-    after streaming began is one error event, since the HTTP status has already been sent."""
+    after streaming began is one error event, since the HTTP status has already been sent.
+    `continuous` (vLLM's continuous_usage_stats, with a usage asked for): every chunk carries
+    the usage so far."""
     index, delta = first
     completion_tokens = delta.token_count
     cached: dict[int, int] = {}  # choice index -> its prompt tokens the engine reused
     if delta.cached_tokens is not None:
         cached[index] = delta.cached_tokens
+
+    def so_far() -> None:
+        if continuous and usage_prompt_tokens is not None:
+            usage = UsageInfo.of(usage_prompt_tokens, completion_tokens, usage_cached(cached))
+            chunks.running_usage(usage)
+
     try:
         async with aclosing(deltas):
+            so_far()
             yield chunks.opening + chunks.delta(index, delta)
             async for index, delta in deltas:
                 completion_tokens += delta.token_count
                 if delta.cached_tokens is not None:
                     cached[index] = delta.cached_tokens
+                so_far()
                 event = chunks.delta(index, delta)
                 if event:
                     yield event

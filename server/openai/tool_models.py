@@ -26,7 +26,7 @@ class ToolCallParam(OpenAIRequestModel):
 
 class JsonSchemaFormat(OpenAIRequestModel):
     # `schema` would shadow a BaseModel attribute: held as schema_, spelled schema on the wire.
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None

@@ -22,6 +22,7 @@ from ferry.server.openai.protocol import (
     ChatCompletionStreamChoice,
     DeltaMessage,
     FinishReasonField,
+    UsageInfo,
 )
 from ferry.server.openai.tool_models import DeltaFunctionCall, DeltaToolCall
 from ferry.server.openai.tools import CLOSE, OPEN
@@ -171,3 +172,6 @@ class ToolChunks:
         self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
     ) -> str:
         return self._chunks.usage(prompt_tokens, completion_tokens, cached_tokens)
+
+    def running_usage(self, usage: UsageInfo) -> None:
+        self._chunks.running_usage(usage)

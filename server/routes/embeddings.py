@@ -21,8 +21,8 @@ PATH = "/v1/embeddings"
 
 
 class EmbeddingRequest(BaseModel):
-    # Unknown fields are accepted, as OpenAI clients send extras freely.
-    model_config = ConfigDict(extra="allow")
+    # An unknown field is a 400 naming it, as OpenAI answers (server/errors.py).
+    model_config = ConfigDict(extra="forbid")
 
     model: StrictStr
     input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -18,11 +20,24 @@ async def live() -> dict[str, str]:
     return {"status": "alive"}
 
 
-@router.get(
-    "/health/ready",
-    responses={503: {"description": "Starting or draining; see Retry-After"}},
-)
+NOT_READY: dict[int | str, dict[str, Any]] = {
+    503: {"description": "Starting or draining; see Retry-After"}
+}
+
+
+@router.get("/health/ready", responses=NOT_READY)
 async def ready(request: Request) -> JSONResponse:
+    return await readiness(request)
+
+
+# vLLM's and TGI's probe (guidellm and other OpenAI-side tools ask it first): 200 once every model
+# is ready, as /health/ready answers.
+@router.get("/health", responses=NOT_READY)
+async def health(request: Request) -> JSONResponse:
+    return await readiness(request)
+
+
+async def readiness(request: Request) -> JSONResponse:
     state = request.app.state
     models = state.registry.readiness()
     models_ready = all(models.values()) and await state.registry.ready()

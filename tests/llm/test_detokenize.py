@@ -42,3 +42,11 @@ def test_onnxruntime_genais_own_stream_loses_text_after_a_broken_byte() -> None:
     stream = og.Tokenizer(og.Model(str(ONNX_DIR))).create_stream()
     assert "".join(stream.decode(token) for token in generated) == "followingx"
     assert TOKENIZER.decode(generated) == "following\ufffd  x"
+
+
+def test_special_tokens_are_kept_when_skip_special_tokens_is_off() -> None:
+    generated = ids("a", 1, "b")
+    stream = TextStream(TOKENIZER, skip_special_tokens=False)
+    text = "".join(stream.step(token) for token in generated)
+    assert text == TOKENIZER.decode(generated, skip_special_tokens=False)
+    assert TOKENIZER.id_to_token(1) in text

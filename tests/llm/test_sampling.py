@@ -6,7 +6,7 @@ import numpy as np
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.logprobs import log_softmax
-from ferry.llm.sampling import Sampler
+from ferry.llm.sampling import Sampler, end_ids
 
 GREEDY = SamplingSettings(temperature=0.0)
 
@@ -68,3 +68,38 @@ def test_a_grammar_mask_leaves_only_allowed_tokens_and_the_models_logprobs():
         logits, allowed
     )
     assert token == 1 and entry is not None and entry.logprob == float(log_softmax(logits)[1])
+
+
+# vLLM's extensions (sampling.restricted): masks on the scores, greedy or sampled.
+def test_top_k_one_samples_only_the_likeliest_token_at_any_temperature():
+    logits = np.log(np.array([0.3, 0.4, 0.3], np.float32))
+    sampler = Sampler(SamplingSettings(temperature=2.0, top_k=1, seed=0), [])
+    assert {sampler.choose(logits)[0] for _ in range(50)} == {1}
+
+
+def test_top_k_keeps_exactly_k_tokens():
+    logits = np.log(np.array([0.1, 0.2, 0.3, 0.4], np.float32))
+    sampler = Sampler(SamplingSettings(temperature=1.0, top_k=2, seed=0), [])
+    assert {sampler.choose(logits)[0] for _ in range(200)} == {2, 3}
+
+
+def test_min_p_drops_tokens_under_its_share_of_the_likeliest():
+    # At temperature 1: 0.05 < 0.2 * 0.5 is dropped, 0.15 and 0.3 are kept.
+    logits = np.log(np.array([0.05, 0.15, 0.3, 0.5], np.float32))
+    sampler = Sampler(SamplingSettings(temperature=1.0, min_p=0.2, seed=0), [])
+    assert {sampler.choose(logits)[0] for _ in range(300)} == {1, 2, 3}
+
+
+def test_the_end_is_banned_before_min_tokens_and_under_ignore_eos():
+    logits = np.array([5.0, 1.0, 0.0], np.float32)  # token 0 ends: the likeliest
+    ends = frozenset({0})
+    late = Sampler(SamplingSettings(temperature=0.0, min_tokens=2), [], ends)
+    assert [late.choose(logits)[0] for _ in range(3)] == [1, 1, 0]
+    never = Sampler(SamplingSettings(temperature=0.0, ignore_eos=True), [], ends)
+    assert {never.choose(logits)[0] for _ in range(5)} == {1}
+
+
+def test_ignore_eos_still_ends_at_a_requested_stop_token():
+    sampling = SamplingSettings(temperature=0.0, ignore_eos=True, stop_token_ids=(2,))
+    sampler = Sampler(sampling, [], end_ids({0}, sampling))
+    assert sampler.choose(np.array([5.0, 1.0, 3.0], np.float32))[0] == 2

@@ -38,3 +38,9 @@ def test_held_back_prefix_is_released_when_ruled_out() -> None:
 
 def test_earliest_of_several_stops_wins() -> None:
     assert feed_all(StopMatcher(("zz", "b")), ["abczz"]) == "a"
+
+
+def test_include_stop_str_in_output_keeps_the_earliest_longest_match() -> None:
+    matcher = StopMatcher(("EN", "END", "x"), include_stop=True)
+    assert feed_all(matcher, ["abcE", "NDxyz"]) == "abcEND"
+    assert matcher.stopped

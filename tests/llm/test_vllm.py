@@ -135,6 +135,13 @@ async def test_sampling_settings_become_sampling_params() -> None:
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "logit_bias": None,
+        "top_k": -1,
+        "min_p": 0.0,
+        "min_tokens": 0,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
     }
 
 
@@ -149,12 +156,22 @@ async def test_penalties_and_logit_bias_reach_sampling_params() -> None:
         "presence_penalty": 0.5,
         "frequency_penalty": -0.5,
         "logit_bias": {"5": 10, "9": -100},
+        "top_k": 4,
+        "min_p": 0.05,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "stop_token_ids": [3],
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
     }
     await asyncio.wait_for(serving.completion(CompletionRequest.model_validate(body)), WAIT_S)
     params = fake.calls[0][1].kwargs
     assert params["repetition_penalty"] == 1.2
     assert (params["presence_penalty"], params["frequency_penalty"]) == (0.5, -0.5)
     assert params["logit_bias"] == {5: 10.0, 9: -100.0}
+    assert (params["top_k"], params["min_p"], params["min_tokens"]) == (4, 0.05, 2)
+    assert params["ignore_eos"] and params["include_stop_str_in_output"]
+    assert params["stop_token_ids"] == [3] and not params["skip_special_tokens"]
 
 
 async def test_a_logit_bias_outside_the_vocabulary_is_refused_before_vllm() -> None:

@@ -75,7 +75,13 @@ MANY_PROMPTS = {
     "maxItems": 300,
 }
 
-LLM_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+LLM_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 ENCODER_PATHS = ("/predict", "/v1/embeddings")
 
 

@@ -1,8 +1,7 @@
-"""OpenAI request/response schemas: ranges name their field, unknown fields pass, shapes match."""
+"""OpenAI request/response schemas: ranges name their field, unknown fields are refused, shapes
+match."""
 
 from __future__ import annotations
-
-import logging
 
 import pytest
 from openai.types.chat import ChatCompletion
@@ -120,15 +119,13 @@ def test_integers_still_pass_as_numbers() -> None:
     ],
 )
 def test_a_boolean_is_not_a_neutral_number(field: str, value: object, refused: bool) -> None:
-    request = ChatCompletionRequest.model_validate(
-        {"model": "m", "messages": MESSAGES, field: value}
-    )
+    body = {"model": "m", "messages": MESSAGES, field: value}
     if refused:
         with pytest.raises(InvalidSampling) as err:
-            request.check_supported()
+            ChatCompletionRequest.model_validate(body)
         assert err.value.field == field
     else:
-        request.check_supported()
+        ChatCompletionRequest.model_validate(body).check_supported()
 
 
 @pytest.mark.parametrize(
@@ -147,11 +144,56 @@ def test_a_vanishing_temperature_or_top_p_runs_greedy(
     assert settings.greedy is greedy
 
 
-def test_unknown_fields_are_accepted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="ferry.server.openai.protocol"):
-        request = ChatCompletionRequest(model="m", messages=MESSAGES, top_k={"1": 2})
-    assert request.model_extra == {"top_k": {"1": 2}}
-    assert "top_k" in caplog.text
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"bogus_param": 1}, ("bogus_param",)),
+        ({"messages": [{"role": "user", "content": "hi", "x": 1}]}, ("messages", 0, "x")),
+        ({"stream_options": {"include_usage": True, "y": 2}}, ("stream_options", "y")),
+    ],
+)
+def test_unknown_fields_are_refused_where_they_are(body: dict, where: tuple) -> None:
+    with pytest.raises(ValidationError) as err:
+        ChatCompletionRequest.model_validate({"model": "m", "messages": MESSAGES, **body})
+    error = next(e for e in err.value.errors() if e["type"] == "extra_forbidden")
+    assert error["loc"] == where
+
+
+def test_vllm_sampling_extensions_become_engine_settings() -> None:
+    request = CompletionRequest.model_validate(
+        {
+            "model": "m",
+            "prompt": "x",
+            "max_tokens": 8,
+            "top_k": 5,
+            "min_p": 0.1,
+            "min_tokens": 3,
+            "ignore_eos": True,
+            "stop_token_ids": [7],
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+        }
+    )
+    settings = request.to_sampling()
+    assert (settings.top_k, settings.min_p, settings.min_tokens) == (5, 0.1, 3)
+    assert settings.ignore_eos and settings.include_stop_str_in_output
+    assert settings.stop_token_ids == (7,) and not settings.skip_special_tokens
+    assert set(settings.requested_options()) == {
+        "top_k",
+        "min_p",
+        "min_tokens",
+        "ignore_eos",
+        "stop_token_ids",
+        "include_stop_str_in_output",
+        "skip_special_tokens",
+    }
+    assert CompletionRequest(model="m", prompt="x", top_k=-1).to_sampling().top_k == 0
+
+
+def test_min_tokens_past_max_tokens_is_refused() -> None:
+    with pytest.raises(InvalidSampling) as err:
+        CompletionRequest(model="m", prompt="x", max_tokens=2, min_tokens=3).to_sampling()
+    assert err.value.field == "min_tokens"
 
 
 def test_content_parts_are_flattened_to_text() -> None:

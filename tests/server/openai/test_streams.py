@@ -111,3 +111,12 @@ async def test_an_error_after_streaming_began_is_one_error_event_then_done() -> 
     assert parsed[1]["error"]["type"] == "internal_error"
     assert "failed this request" in parsed[1]["error"]["message"]
     assert parsed[2:] == ["[DONE]"]  # no usage after an error
+
+
+async def test_continuous_usage_puts_the_usage_so_far_on_every_chunk() -> None:
+    deltas, first = await started(scripted(0, ["Hel", "lo"], []))
+    chunks = completion_chunks("cmpl-1", "m")
+    sent = [e async for e in sse_events(deltas, first, chunks, 7, continuous=True)]
+    parsed = [e for e in events(sent) if isinstance(e, dict)]
+    assert [e["usage"]["completion_tokens"] for e in parsed] == [1, 2, 2]  # then the usage chunk
+    assert {e["usage"]["prompt_tokens"] for e in parsed} == {7}

@@ -23,7 +23,8 @@ def test_metrics_speak_openmetrics_when_asked(kserve):
 
 
 @pytest.mark.parametrize(
-    "path", ["/metrics", "/health/ready", "/v1/models", f"/v2/models/{DEFAULT_MODEL}/config"]
+    "path",
+    ["/metrics", "/health", "/health/ready", "/v1/models", f"/v2/models/{DEFAULT_MODEL}/config"],
 )
 def test_head_answers_like_get_without_a_body(kserve, path):
     head = httpx.head(f"{kserve.url}{path}", timeout=10)
