@@ -19,6 +19,7 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.model_repository import ModelRepository
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
@@ -30,6 +31,7 @@ from ferry.server.routes import (
     health,
     kserve_v2,
     lora_adapters,
+    model_repository,
     models,
     openai_chat,
     openai_responses,
@@ -43,7 +45,13 @@ from ferry.server.tenancy import PriorityPolicy
 logger = logging.getLogger(__name__)
 # What each route is (class, key, body types, dialect) is declared in route_table.py; these
 # modules mount the handlers. The framework's routers:
-ROUTERS = (models.router, lora_adapters.router, health.router, kserve_v2.router)
+ROUTERS = (
+    models.router,
+    lora_adapters.router,
+    health.router,
+    kserve_v2.router,
+    model_repository.router,
+)
 # Hot routes: registered with the gateway's dispatch (and documented in the framework's schema).
 HOT_ROUTES = (predict, embeddings, rerank, tokenize, openai_chat, openai_responses, kserve_v2)
 
@@ -79,6 +87,8 @@ def create_app(
         app.state.openai = OpenAIServing(registry, observer=observer, grammars=grammars)
         metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
         await registry.start()
+        app.state.repository = repository = ModelRepository(settings, registry, metrics)
+        repository.start()
         logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
         if replica is not None:
@@ -89,6 +99,7 @@ def create_app(
             if replica is not None:
                 replica.stopping()
             app.state.drain.begin()
+            await repository.close()
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)

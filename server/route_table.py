@@ -21,7 +21,7 @@ from ferry.server.dialects import FERRY, KSERVE, OPENAI, ErrorDialect
 class RouteClass(enum.Enum):
     INFERENCE = "inference"  # the hot routes: the gateway dispatches them itself
     METADATA = "metadata"  # models, KServe server and model metadata, configuration, statistics
-    ADMIN = "admin"  # LoRA adapters
+    ADMIN = "admin"  # LoRA adapters, model loads and unloads
     HEALTH = "health"
     METRICS = "metrics"
     DOCS = "docs"
@@ -111,6 +111,11 @@ ROUTES: tuple[Route, ...] = (
     # A model's readiness names a model: behind the key, and refused once draining (HTTP, gRPC).
     _get("/v2/models/{name}/ready", METADATA, KSERVE),
     _get("/v2/models/{name}/versions/{version}/ready", METADATA, KSERVE),
+    # Triton's model repository extension (routes/model_repository.py); tritonclient sends the
+    # index request with no body and no Content-Type.
+    _post("/v2/repository/index", METADATA, KSERVE, (JSON, UNTYPED)),
+    _post("/v2/repository/models/{name}/load", ADMIN, KSERVE, (JSON, UNTYPED)),
+    _post("/v2/repository/models/{name}/unload", ADMIN, KSERVE, (JSON, UNTYPED)),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
     _get("/health/live", HEALTH, FERRY, needs_key=False),
@@ -131,6 +136,9 @@ ROUTES: tuple[Route, ...] = (
     _grpc("ModelConfig", METADATA),
     _grpc("ModelStatistics", METADATA),
     _grpc("ModelInfer", INFERENCE),
+    _grpc("RepositoryIndex", METADATA),
+    _grpc("RepositoryModelLoad", ADMIN),
+    _grpc("RepositoryModelUnload", ADMIN),
 )
 
 

@@ -43,6 +43,7 @@ from ferry.server.kserve.model_config import (
 )
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
+from ferry.server.model_repository import check_tenant_right, load_parameters, unload_parameters
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
@@ -286,6 +287,56 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             return encode_outputs(request, classification.apply(outputs, classified), datatypes)
 
         return await self._call("ModelInfer", context, run, request.model_name)
+
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(_: str | None) -> Any:
+            _check_repository(request.repository_name)
+            entries = self.state.repository.index(request.ready)
+            models = [
+                service_pb2.RepositoryIndexResponse.ModelIndex(**e.as_json()) for e in entries
+            ]
+            return service_pb2.RepositoryIndexResponse(models=models)
+
+        return await self._call("RepositoryIndex", context, run)
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(tenant: str | None) -> Any:
+            check_tenant_right(self.state.settings, tenant)
+            _check_repository(request.repository_name)
+            name = request.model_name
+            config, files = load_parameters(name, _repository_parameters(request.parameters))
+            await self.state.repository.load(name, config, files)
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self._call("RepositoryModelLoad", context, run)
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(tenant: str | None) -> Any:
+            check_tenant_right(self.state.settings, tenant)
+            _check_repository(request.repository_name)
+            name = request.model_name
+            dependents = unload_parameters(name, _repository_parameters(request.parameters))
+            await self.state.repository.unload(name, dependents)
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self._call("RepositoryModelUnload", context, run)
+
+
+def _check_repository(name: str) -> None:
+    """Ferry has one repository (its config's models): a request naming another is refused."""
+    if name:
+        raise InvalidInput(
+            "repository_name", f"Ferry has one model repository, not {name!r}: send none"
+        )
+
+
+def _repository_parameters(parameters: Any) -> dict[str, Any]:
+    """A ModelRepositoryParameter map as the HTTP route's JSON parameters."""
+    values = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        values[key] = None if choice is None else getattr(parameter, choice)
+    return values
 
 
 async def infer_plain(

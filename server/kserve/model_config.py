@@ -15,7 +15,13 @@ from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
 
 VERSION = "1"
 # The protocol extensions served (Triton's names), listed in the server metadata.
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "statistics"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 # A UTF-8 text input, tokenized by the server: [batch] or [batch, 1] BYTES, one text per row.
 TEXT_INPUT = "text"
 TOKEN_INPUTS = ("input_ids", "attention_mask")
