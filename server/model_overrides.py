@@ -47,10 +47,7 @@ def with_config(entry: Entry, config: str | None) -> Entry:
     if not isinstance(given, dict):
         raise refuse("", "must be a JSON object of the model's settings")
     fields = _ferry_fields(entry, given, refuse)
-    merged = entry.model_dump(exclude_unset=True)
-    if isinstance(merged.get("batching"), dict):  # a dataclass: dumped whole
-        for decided in BACKEND_DECIDED:
-            merged["batching"].pop(decided, None)
+    merged = entry_fields(entry)
     _merge(merged, fields)
     try:
         return type(entry).model_validate(merged)
@@ -61,6 +58,27 @@ def with_config(entry: Entry, config: str | None) -> Entry:
 
 
 Refuse = Callable[[str, str], LoadRefused]
+
+
+def entry_fields(entry: Entry) -> dict[str, Any]:
+    """The fields the entry was given, as JSON values: validated again, the same entry."""
+    fields = entry.model_dump(mode="json", exclude_unset=True)
+    if isinstance(fields.get("batching"), dict):  # a dataclass: dumped whole
+        for decided in BACKEND_DECIDED:
+            fields["batching"].pop(decided, None)
+    return fields
+
+
+def entry_json(entry: Entry) -> str:
+    """The entry as JSON (to another process: `entry_from_json`)."""
+    kind = "llm" if isinstance(entry, LLMSettings) else "model"
+    return orjson.dumps({"kind": kind, "fields": entry_fields(entry)}).decode()
+
+
+def entry_from_json(text: str) -> Entry:
+    given = orjson.loads(text)
+    kind = LLMSettings if given["kind"] == "llm" else ModelSettings
+    return kind.model_validate(given["fields"])
 
 
 def _ferry_fields(entry: Entry, given: Mapping[str, Any], refuse: Refuse) -> dict[str, Any]:

@@ -73,6 +73,7 @@ class ModelRepository:
         self.entries = repository_entries(settings)
         # A name's state after a load or unload asked here (its reason: why it is unavailable).
         self._states: dict[str, tuple[str, str]] = {}
+        self._seen: set[str] = set()  # names served at some time: Triton lists their state
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._poller: asyncio.Task[None] | None = None
 
@@ -84,11 +85,16 @@ class ModelRepository:
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         served = self._registry.readiness()
+        self._seen.update(name for name in served if name in self.entries)
         listed = []
         for name in sorted(self.entries):
             state, reason = self._states.get(name, ("", ""))
-            if state not in (LOADING, UNLOADING) and name in served:
+            if state in (LOADING, UNLOADING):
+                pass  # asked here, under way
+            elif name in served:
                 state, reason = (READY, "") if served[name] else (UNAVAILABLE, "not ready")
+            elif name in self._seen:  # unloaded (here, by another API process, or a poll)
+                state, reason = UNAVAILABLE, reason if state == UNAVAILABLE else UNLOADED
             entry = IndexEntry(name, VERSION, state, reason) if state else IndexEntry(name)
             if not ready_only or entry.state == READY:
                 listed.append(entry)
@@ -155,6 +161,7 @@ class ModelRepository:
                 logger.exception("model %r failed to load", name)
                 raise LoadFailed(reason) from exc
             self._states[name] = (READY, "")
+            self._seen.add(name)
             logger.info("model %r loaded", name)
 
     async def _unload(self, name: str) -> None:

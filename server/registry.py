@@ -157,7 +157,7 @@ class ModelRegistry:
         serving), then put in place; on a reload the old one drains after the swap."""
         assert self._builder is not None, "a registry of models run elsewhere loads there"
         model = await self._builder.build(entry)
-        old = self._take(entry.name)
+        old = self.take(entry.name)
         if isinstance(model, ModelRuntime):
             self.models[entry.name] = model
         elif isinstance(model, TensorModel):
@@ -165,27 +165,30 @@ class ModelRegistry:
         else:
             self.llms[entry.name] = model
         if old is not None:
-            await self._retire(old)
+            await self.retire(old)
             if isinstance(model, (ModelRuntime, TensorModel)):
                 await model.healthy()  # the gauge the old one's close set to 0, set again
 
     async def unload(self, name: str) -> bool:
         """Stop serving `name` (False: it was not served): new requests for it are 404s at
         once; those in flight finish (up to drain_timeout_s), then it is closed."""
-        old = self._take(name)
+        old = self.take(name)
         if old is None:
             return False
-        await self._retire(old)
+        await self.retire(old)
         return True
 
-    def _take(self, name: str) -> EncoderModel | GraphModel | LLMEngine | None:
+    def take(self, name: str) -> EncoderModel | GraphModel | LLMEngine | None:
+        """`name` out of the registry (new requests for it are 404s), not yet closed."""
         for served in (self.models, self.tensors, self.llms):
             model = served.pop(name, None)
             if model is not None:
                 return model
         return None
 
-    async def _retire(self, model: EncoderModel | GraphModel | LLMEngine) -> None:
+    async def retire(self, model: EncoderModel | GraphModel | LLMEngine) -> None:
+        """A model taken out: its requests in flight finish (up to drain_timeout_s), then it
+        closes."""
         if isinstance(model, (ModelRuntime, TensorModel)) or is_graph(model):
             await model.close(self.drain_timeout_s)  # its batcher drains first
             return
