@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ferry.bench.server_process import DEFAULT_LLM_DIR, DEFAULT_MODEL_DIR
+from tests.support.triton_example_models import triton_server
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +23,14 @@ def default_llm_dir() -> Path:
     if not (DEFAULT_LLM_DIR / "genai_config.json").exists():
         pytest.fail("default chat model missing: run `make model` (make test does it)")
     return DEFAULT_LLM_DIR
+
+
+@pytest.fixture(scope="module")
+def triton_models(tmp_path_factory):
+    """Ferry serving the models of Triton's example clients and qa tests over HTTP and gRPC
+    (`.http_address`, `.grpc_address`: host:port, what the clients take as `-u`)."""
+    with triton_server(tmp_path_factory.mktemp("triton_models")) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="session")

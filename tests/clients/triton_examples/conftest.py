@@ -1,0 +1,2 @@
+# NVIDIA's scripts are run as subprocesses (tests/support/triton_examples.py), never collected.
+collect_ignore_glob = ["*.py"]
