@@ -83,7 +83,14 @@ class ModelRepository:
 
     # -- index ------------------------------------------------------------------------------------
 
-    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+    async def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        """Every model of the repository, loaded or not, with its state. In explicit mode the
+        file is read again first, as Triton scans its repository for each index."""
+        if self.mode == "explicit":
+            try:
+                self.entries = await self._read_entries()
+            except LoadFailed as exc:
+                logger.warning("model repository index: %s; listed as last read", exc)
         served = self._registry.readiness()
         self._seen.update(name for name in served if name in self.entries)
         listed = []

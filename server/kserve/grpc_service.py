@@ -222,6 +222,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
+            if request.name in self.state.repository.entries and request.name not in (
+                self.state.registry.readiness()
+            ):  # a repository model not loaded: not ready, as Triton answers (no error)
+                return service_pb2.ModelReadyResponse(ready=False)
             model = self.state.registry.find(request.name)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
@@ -291,7 +295,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
             _check_repository(request.repository_name)
-            entries = self.state.repository.index(request.ready)
+            entries = await self.state.repository.index(request.ready)
             models = [
                 service_pb2.RepositoryIndexResponse.ModelIndex(**e.as_json()) for e in entries
             ]

@@ -48,7 +48,7 @@ async def repository_index(request: Request) -> Response:
     unknown = sorted(set(body) - {"ready"})
     if unknown:
         raise MalformedRequest(f"'{unknown[0]}' is not an index field (ready)", unknown[0])
-    entries = request.app.state.repository.index(ready)
+    entries = await request.app.state.repository.index(ready)
     return JSONResponse([entry.as_json() for entry in entries])
 
 
