@@ -88,7 +88,7 @@ def create_app(
         metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
         await registry.start()
         app.state.repository = repository = ModelRepository(settings, registry, metrics)
-        repository.start()
+        repository.start(poll=engine is None)  # else the engine process polls
         logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
         if replica is not None:

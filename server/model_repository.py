@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,8 +66,15 @@ class IndexEntry:
 
 
 class ModelRepository:
-    def __init__(self, settings: Settings, registry: ModelRegistry, metrics: FerryMetrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: ModelRegistry,
+        metrics: FerryMetrics,
+        on_change: Callable[[Mapping[str, Entry]], Awaitable[None]] | None = None,
+    ) -> None:
         self._settings = settings
+        self._on_change = on_change  # after a poll changed what is served
         self._registry = registry
         self._metrics = metrics
         self.entries = repository_entries(settings)
@@ -188,8 +195,10 @@ class ModelRepository:
 
     # -- poll -------------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        if self.mode == "poll":
+    def start(self, poll: bool = True) -> None:
+        """`poll`: this process reads the repository in poll mode (with api_servers > 1 the
+        engine process does, once for all, and tells the API processes what changed)."""
+        if self.mode == "poll" and poll:
             self._poller = asyncio.create_task(self._poll_forever())
 
     async def close(self) -> None:
@@ -210,14 +219,19 @@ class ModelRepository:
             logger.warning("model repository poll: %s; nothing changed", exc)
             return
         old, self.entries = self.entries, entries
+        changed = False
         for name in old.keys() - entries.keys():
             await self._unload(name)
+            changed = True
         for name, entry in entries.items():
             if old.get(name) != entry or name not in self._registry.readiness():
+                changed = True
                 try:
                     await self._load(entry, "model")
                 except (LoadFailed, LoadRefused) as exc:
                     logger.warning("model repository poll: %s", exc)
+        if changed and self._on_change is not None:
+            await self._on_change(self.entries)
 
 
 def check_tenant_right(settings: Settings, tenant: str | None) -> None:

@@ -222,11 +222,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            if request.name in self.state.repository.entries and request.name not in (
-                self.state.registry.readiness()
-            ):  # a repository model not loaded: not ready, as Triton answers (no error)
-                return service_pb2.ModelReadyResponse(ready=False)
-            model = self.state.registry.find(request.name)
+            registry, name = self.state.registry, request.name
+            if name in self.state.repository.entries and name not in registry.tensors.keys() | (
+                registry.models.keys()
+            ):  # not loaded (Triton answers not ready, no error), or an LLM
+                ready = registry.readiness().get(name, False)
+                return service_pb2.ModelReadyResponse(ready=ready and not self.state.drain.draining)
+            model = registry.find(name)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 

@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import cast
@@ -26,8 +26,8 @@ from ferry.server.errors import UnknownModel
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.logs import configure_logging
 from ferry.server.metrics import FerryMetrics
-from ferry.server.model_overrides import entry_from_json, entry_json
-from ferry.server.model_repository import repository_entries
+from ferry.server.model_overrides import Entry, entry_from_json, entry_json
+from ferry.server.model_repository import ModelRepository, repository_entries
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
@@ -103,7 +103,13 @@ class EngineServer:
         if on_ready is not None:
             on_ready()
         report = asyncio.create_task(self._report())
+        # Poll model control: the engine reads the repository, for every API process.
+        repository = ModelRepository(
+            self._settings, self.registry, self._metrics, on_change=self._repository_changed
+        )
+        repository.start()
         await stop.wait()
+        await repository.close()
         report.cancel()
         for peer in list(self._pidfds):
             self._unwatch(peer)
@@ -364,6 +370,12 @@ class EngineServer:
         self._adapters.pop(name, None)
         await self._publish_models()
         await self.registry.retire(model)
+
+    async def _repository_changed(self, served: Mapping[str, Entry]) -> None:
+        self._entries = {
+            name: entry_json(served[name]) for name in self.registry.names() if name in served
+        }
+        await self._publish_models()
 
     async def _publish_models(self) -> None:
         stats, info = self._stats_now(), self._info()
