@@ -91,9 +91,10 @@ class ModelRepository:
     # -- index ------------------------------------------------------------------------------------
 
     async def index(self, ready_only: bool = False) -> list[IndexEntry]:
-        """Every model of the repository, loaded or not, with its state. In explicit mode the
-        file is read again first, as Triton scans its repository for each index."""
-        if self.mode == "explicit":
+        """Every model of the repository, loaded or not, with its state. Unless the mode is
+        "none", the file is read again first, as Triton scans its repository for each index
+        (with api_servers > 1, an API process's own reading in poll mode)."""
+        if self.mode != "none":
             try:
                 self.entries = await self._read_entries()
             except LoadFailed as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+from pathlib import Path
 
 import grpc
 import httpx
@@ -18,11 +19,16 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
-from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.bench.server_process import (
+    DEFAULT_MODEL,
+    default_model_config,
+    ferry_server,
+    write_config,
+)
 from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.plain_graphs import masked_mean
-from tests.support.server_processes import READY_TIMEOUT_S
+from tests.support.server_processes import READY_TIMEOUT_S, wait_until
 
 GRAPH, ENCODER, LLM = "mm", DEFAULT_MODEL, "tiny-llm"
 REPO = "/v2/repository"
@@ -70,13 +76,18 @@ def index(server, **body: object) -> dict[str, dict[str, str]]:
 
 
 def graph_request(server) -> int:
+    return infer(server.http, GRAPH)
+
+
+def infer(http: httpx.Client, graph: str) -> int:
+    """A masked_mean graph's request: its status."""
     body = {
         "inputs": [
             {"name": "data", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]},
             {"name": "mask", "datatype": "INT64", "shape": [1, 3], "data": [1, 1, 0]},
         ]
     }
-    return server.http.post(f"/v2/models/{GRAPH}/infer", json=body).status_code
+    return http.post(f"/v2/models/{graph}/infer", json=body).status_code
 
 
 def use(server, name: str) -> httpx.Response:
@@ -236,3 +247,28 @@ def test_none_mode_refuses_load_and_unload(kserve):
     index = httpx.post(f"{kserve.url}{REPO}/index", timeout=30).json()
     assert index == [{"name": ENCODER, "version": "1", "state": "READY"}]
     assert np.all([client.is_model_ready(ENCODER)])
+
+
+@pytest.mark.parametrize("api_servers", [1, 2])
+def test_poll_mode_follows_the_config_file(tmp_path, api_servers):
+    """Poll model control: a model added to the file is loaded, one removed is unloaded (its
+    series gone), and load requests are refused, as Triton's --model-control-mode=poll."""
+    first, second = masked_mean(tmp_path / "a.onnx"), masked_mean(tmp_path / "b.onnx")
+    server_table = {"api_servers": api_servers, "model_control_mode": "poll"}
+    server_table["repository_poll_secs"] = 0.2
+    with ferry_server(
+        [{"name": "a", "path": str(first)}],
+        server=server_table,
+        ready_timeout_s=READY_TIMEOUT_S,
+    ) as server:
+        config = Path(server.command[server.command.index("--config") + 1])
+        http = httpx.Client(base_url=server.url, timeout=30)
+        assert infer(http, "a") == 200
+        refused = http.post(f"{REPO}/models/a/load")
+        assert refused.status_code == 403 and "not allowed" in refused.json()["error"]
+        write_config(config, [{"name": "b", "path": str(second)}], server_table)
+        wait_until(lambda: infer(http, "b") == 200, what="b loaded")
+        wait_until(lambda: infer(http, "a") == 404, what="a unloaded")
+        assert [e["name"] for e in http.post(f"{REPO}/index").json()] == ["b"]
+        assert series(server, "a") == []
+        http.close()
