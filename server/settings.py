@@ -281,6 +281,12 @@ class Settings(_Strict):
             )
         if "*" in self.load_models and len(self.load_models) > 1:
             raise ValueError("load_models: '*' (every model) must be its only entry")
+        if self.model_control_mode == "explicit" and self.replicas > 1:
+            raise ValueError(
+                f"model_control_mode = 'explicit' with replicas = {self.replicas}: a load or "
+                "unload would reach one replica only; use 'poll' (each replica follows the "
+                "file) or api_servers"
+            )
         names = {m.name for m in self.models} | {m.name for m in self.llm_models}
         unknown = sorted(set(self.load_models) - names - {"*"})
         if unknown:

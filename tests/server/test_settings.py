@@ -241,6 +241,7 @@ MODELS = [{"name": "a", "path": "/a"}, {"name": "b", "path": "/b"}]
         ({"model_control_mode": "explicit", "load_models": ["c"]}, "not configured: ['c']"),
         ({"model_control_mode": "push"}, "model_control_mode"),
         ({"repository_poll_secs": 0}, "repository_poll_secs"),
+        ({"model_control_mode": "explicit", "replicas": 2}, "one replica only"),
     ],
 )
 def test_model_control_settings_are_checked(server, refusal):
