@@ -124,6 +124,7 @@ class Dispatch:
                 padded.padded_tokens,
                 [now - r.enqueued_at for r in batch],
                 batch[0].priority,  # a batch holds one priority (collection.py)
+                sum(r.rows for r in batch),
             )
         )
         try:

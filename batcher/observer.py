@@ -17,6 +17,7 @@ class FormedBatch:
     padded_tokens: int  # what it holds, padding included
     queue_waits_s: list[float]  # each member's time in the queue
     priority: int  # its members' one priority level (collection.py)
+    rows: int  # its members' rows: a plain graph's request may hold many
 
 
 class BatchObserver(Protocol):

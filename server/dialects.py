@@ -91,7 +91,10 @@ class OpenAIJson:
 
 
 def kserve_message(failure: Failure) -> str:
-    """KServe's one string: the field leads the message, as Triton names the tensor."""
+    """KServe's one string: Triton's own words where it has them, else the field leads the
+    message, as Triton names the tensor."""
+    if failure.kserve_message is not None:
+        return failure.kserve_message
     param, message = failure.param, failure.message
     return message if not param or message.startswith(f"{param}:") else f"{param}: {message}"
 

@@ -64,6 +64,23 @@ class UnknownModel(Exception):
     def __init__(self, name: str, known: list[str]) -> None:
         shown = shown_name(name)
         super().__init__(f"model {shown!r} is not served here; known models: {', '.join(known)}")
+        # Triton's words, which its clients match (`startswith("Request for unknown model")`);
+        # KServe does not list the served models (GET /v2/repository/index would).
+        self.kserve_message = f"Request for unknown model: '{shown}' is not found"
+
+
+class UnknownModelVersion(Exception):
+    """A model asked for by a version it does not have (Ferry serves one version a model)."""
+
+    field = "model_version"
+
+    def __init__(self, name: str, version: str, served: str) -> None:
+        shown = shown_name(version)
+        super().__init__(
+            f"model {name!r} has no version {shown!r}; it serves version {served} "
+            "(or leave the version out)"
+        )
+        self.kserve_message = f"Request for unknown model: '{name}' version {shown} is not found"
 
 
 class ModelControlOff(Exception):
@@ -133,6 +150,17 @@ class UnsupportedMediaType(Exception):
         super().__init__(f"Content-Type must be {accepted}; got {shown}")
 
 
+class UnsupportedEncoding(Exception):
+    """A request body in a Content-Encoding the server does not inflate: 415, as RFC 9110 says."""
+
+    field = "Content-Encoding"
+
+    def __init__(self, given: str, accepted: tuple[str, ...]) -> None:
+        super().__init__(
+            f"Content-Encoding must be {', '.join(accepted)} or identity; got {given[:80]!r}"
+        )
+
+
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"request body is larger than the {limit}-byte limit")
@@ -170,8 +198,10 @@ ERROR_TABLE: tuple[tuple[type[Exception], ErrorKind], ...] = (
     (LoadRefused, ErrorKind(400, "invalid_request_error")),
     (ModelControlOff, ErrorKind(403, "permission_error")),
     (LoadFailed, ErrorKind(500, "internal_error")),
+    (UnknownModelVersion, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
     (UnsupportedMediaType, ErrorKind(415, "invalid_request_error")),
+    (UnsupportedEncoding, ErrorKind(415, "invalid_request_error")),
     (RequestTimeout, ErrorKind(408, "timeout_error")),
     (HeadTooLarge, ErrorKind(431, "invalid_request_error")),
     (TooManyConnections, ErrorKind(503, "unavailable_error", retry_after=True)),
@@ -210,6 +240,8 @@ class Failure:
     message: str
     param: str | None = None
     retry_after_s: float | None = None  # set when the table says a retry can succeed
+    # The words Triton says it in, where its clients match them (KServe HTTP and gRPC).
+    kserve_message: str | None = None
 
 
 class Refused(Exception):
@@ -239,7 +271,9 @@ def failure(exc: BaseException, where: str = "") -> Failure:
         # own warning is logged outside any one request).
         logger.warning("%s answered %d: %s", where or "?", kind.status, message)
     retry_after_s = getattr(exc, "retry_after_s", 1.0) if kind.retry_after else None
-    return Failure(kind.status, kind.type, message, getattr(exc, "field", None), retry_after_s)
+    field = getattr(exc, "field", None)
+    triton = getattr(exc, "kserve_message", None)
+    return Failure(kind.status, kind.type, message, field, retry_after_s, triton)
 
 
 def validation_failure(errors: Sequence[Any], body: Any = None) -> Failure:

@@ -24,6 +24,12 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ferry.server import request_ids
+from ferry.server.content_encoding import (
+    accepted_encoding,
+    compressed,
+    inflated,
+    request_encoding,
+)
 from ferry.server.dialects import ErrorDialect, sse_error
 from ferry.server.disconnect import CancelOnDisconnect
 from ferry.server.drain import DrainState
@@ -32,6 +38,7 @@ from ferry.server.errors import (
     MalformedRequest,
     NotReady,
     Unauthorized,
+    UnsupportedEncoding,
     UnsupportedMediaType,
     failure,
 )
@@ -134,8 +141,16 @@ class Gateway:
             if scope["method"] in BODY_METHODS:
                 try:
                     self._check_body(scope, declared)
+                    encoding = request_encoding(_header(scope, b"content-encoding"))
                     body = await read_body(receive, self._max_body)
-                except (BodyTooLarge, UnsupportedMediaType) as exc:
+                    if encoding is not None:
+                        body = await inflated(body, encoding, self._max_body)
+                except (
+                    BodyTooLarge,
+                    UnsupportedMediaType,
+                    UnsupportedEncoding,
+                    MalformedRequest,
+                ) as exc:
                     await self._refuse(send, exc, route, path)
                     return _route_path(scope)
                 except ClientGone:
@@ -182,7 +197,7 @@ class Gateway:
         try:
             result = await route.handler(call)
             if isinstance(result, Reply):
-                await send_reply(send, result)
+                await send_reply(send, await _encoded(route, call, result))
             else:
                 await send_stream(send, result)
         except asyncio.CancelledError:
@@ -250,6 +265,13 @@ class _ResponseWatch:
         elif message["type"] == "http.response.body" and not message.get("more_body", False):
             self.finished = True
         await self._send(message)
+
+
+async def _encoded(route: HotRoute, call: HotCall, reply: Reply) -> Reply:
+    """`reply` compressed where the route compresses and the client accepts it."""
+    accepted = call.header(b"accept-encoding") if route.compress else None
+    encoding = accepted_encoding(accepted) if accepted else None
+    return reply if encoding is None else await compressed(reply, encoding)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -76,6 +76,7 @@ class HotRoute:
     pattern: re.Pattern[str]
     handler: Handler
     dialect: ErrorDialect  # how this route's errors are written
+    compress: bool = False  # answers compressed when the client accepts it (route_table.py)
 
 
 class HotRoutes:
@@ -83,9 +84,16 @@ class HotRoutes:
         self._exact: dict[tuple[str, str], HotRoute] = {}
         self._patterns: list[HotRoute] = []
 
-    def add(self, method: str, template: str, handler: Handler, dialect: ErrorDialect) -> HotRoute:
+    def add(
+        self,
+        method: str,
+        template: str,
+        handler: Handler,
+        dialect: ErrorDialect,
+        compress: bool = False,
+    ) -> HotRoute:
         regex = re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", template)
-        route = HotRoute(method, template, re.compile(regex), handler, dialect)
+        route = HotRoute(method, template, re.compile(regex), handler, dialect, compress)
         if "{" in template:
             self._patterns.append(route)
         else:
@@ -128,7 +136,7 @@ def register(
         or "POST" not in declared.methods
     ):
         raise ValueError(f"{path} is not declared an inference route in route_table.py")
-    route = hot.add("POST", path, handler, declared.dialect)
+    route = hot.add("POST", path, handler, declared.dialect, declared.compress)
     router.add_api_route(
         path,
         _documentation(body_model, list(route.pattern.groupindex)),

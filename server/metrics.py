@@ -168,6 +168,11 @@ class FerryMetrics:
             "Requests per dispatched batch.",
             buckets=BATCH_SIZE_BUCKETS,
         )
+        self.batch_rows = new.counter(
+            "ferry_batch_rows",
+            "Rows run in batches: a plain graph's request may carry many, an encoder's text is "
+            "one (Triton's inference_count).",
+        )
         self.batch_tokens = new.histogram(
             "ferry_batch_padded_tokens",
             "Padded tokens per batch (batch size x longest).",
@@ -373,6 +378,7 @@ class ModelBatchObserver:
         }
         self._other_wait = metrics.queue_wait.labels(model, "other")
         self._size = metrics.batch_size.labels(model)
+        self._rows = metrics.batch_rows.labels(model)
         self._tokens = metrics.batch_tokens.labels(model)
         self._padding = metrics.padding_ratio.labels(model)
         self._duration = metrics.backend_duration.labels(model, backend)
@@ -405,6 +411,7 @@ class ModelBatchObserver:
 
     def batch_formed(self, batch: FormedBatch) -> None:
         self._size.observe(batch.size)
+        self._rows.inc(batch.rows)
         self._tokens.observe(batch.padded_tokens)
         self._padding.observe(1 - batch.real_tokens / batch.padded_tokens)
         observe_all(self._waits.get(batch.priority, self._other_wait), batch.queue_waits_s)

@@ -36,7 +36,7 @@ from ferry.server.errors import (
     ModelControlOff,
     NotInRepository,
 )
-from ferry.server.kserve.model_config import VERSION
+from ferry.server.kserve.versions import VERSION
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_overrides import CONFIG, Entry, with_config
 from ferry.server.registry import ModelRegistry

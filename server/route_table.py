@@ -57,6 +57,9 @@ class Route:
     # False: open without the key, unless a setting protects its class (health, metrics).
     needs_key: bool = True
     media: tuple[str, ...] = ()  # the body's accepted media types; () for routes without one
+    # Answers compressed when the client accepts gzip or deflate (Triton's HTTP compression;
+    # request bodies may come compressed to any route: server/content_encoding.py).
+    compress: bool = False
 
     @property
     def drained(self) -> bool:
@@ -72,9 +75,21 @@ def _get(path: str, kind: RouteClass, dialect: ErrorDialect, *, needs_key: bool 
 
 
 def _post(
-    path: str, kind: RouteClass, dialect: ErrorDialect, media: tuple[str, ...] = JSON_BODY
+    path: str,
+    kind: RouteClass,
+    dialect: ErrorDialect,
+    media: tuple[str, ...] = JSON_BODY,
+    *,
+    compress: bool = False,
 ) -> Route:
-    return Route(path, frozenset({"POST"}), kind, dialect, media=media)
+    return Route(path, frozenset({"POST"}), kind, dialect, media=media, compress=compress)
+
+
+def _settings(path: str) -> Route:
+    """KServe settings read (GET) and updated (POST, JSON, whatever type tritonclient gives
+    it: none from .http, application/octet-stream from .http.aio)."""
+    methods = frozenset({"GET", "POST"})
+    return Route(path, methods, RouteClass.METADATA, KSERVE, media=TENSOR_BODY)
 
 
 def _grpc(method: str, kind: RouteClass, *, needs_key: bool = True) -> Route:
@@ -96,8 +111,14 @@ ROUTES: tuple[Route, ...] = (
     _post("/v1/chat/completions", INFERENCE, OPENAI),
     _post("/v1/completions", INFERENCE, OPENAI),
     _post("/v1/responses", INFERENCE, OPENAI),
-    _post("/v2/models/{name}/infer", INFERENCE, KSERVE, TENSOR_BODY),
-    _post("/v2/models/{name}/versions/{version}/infer", INFERENCE, KSERVE, TENSOR_BODY),
+    _post("/v2/models/{name}/infer", INFERENCE, KSERVE, TENSOR_BODY, compress=True),
+    _post(
+        "/v2/models/{name}/versions/{version}/infer",
+        INFERENCE,
+        KSERVE,
+        TENSOR_BODY,
+        compress=True,
+    ),
     _get("/v1/models", METADATA, OPENAI),
     _get("/v1/models/{model_id:path}", METADATA, OPENAI),
     _get("/v2", METADATA, KSERVE),
@@ -116,6 +137,10 @@ ROUTES: tuple[Route, ...] = (
     _post("/v2/repository/index", METADATA, KSERVE, (JSON, UNTYPED)),
     _post("/v2/repository/models/{name}/load", ADMIN, KSERVE, (JSON, UNTYPED)),
     _post("/v2/repository/models/{name}/unload", ADMIN, KSERVE, (JSON, UNTYPED)),
+    # Trace and log settings: read, and updated only to what Ferry does (kserve/trace_settings).
+    _settings("/v2/trace/setting"),
+    _settings("/v2/models/{name}/trace/setting"),
+    _settings("/v2/logging"),
     _post("/v1/load_lora_adapter", ADMIN, OPENAI),
     _post("/v1/unload_lora_adapter", ADMIN, OPENAI),
     _get("/health/live", HEALTH, FERRY, needs_key=False),

@@ -223,6 +223,9 @@ class Settings(_Strict):
     grammar_cache_entries: int = Field(default=512, ge=0)  # checked grammars kept (LRU)
     # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    # The server's name in KServe's server metadata (GET /v2, gRPC ServerMetadata); Triton's
+    # example clients check for "triton".
+    kserve_server_name: str = Field(default="ferry", min_length=1, max_length=64)
     # Request priorities with their own ferry_queue_wait_seconds series (others: "other"), so
     # the label set stays bounded whatever clients send.
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from ferry.bench.server_process import DEFAULT_LLM_DIR, DEFAULT_MODEL_DIR
-from tests.support.triton_example_models import triton_server
 
 
 @pytest.fixture(scope="session")
@@ -25,10 +24,13 @@ def default_llm_dir() -> Path:
     return DEFAULT_LLM_DIR
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def triton_models(tmp_path_factory):
     """Ferry serving the models of Triton's example clients and qa tests over HTTP and gRPC
-    (`.http_address`, `.grpc_address`: host:port, what the clients take as `-u`)."""
+    (`.http_address`, `.grpc_address`: host:port, what the clients take as `-u`); one for the
+    session (fourteen models take a while to start), which no test may change."""
+    from tests.support.triton_example_models import triton_server  # onnx, only when used
+
     with triton_server(tmp_path_factory.mktemp("triton_models")) as handle:
         yield handle
 

@@ -28,6 +28,7 @@ from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import Failure, InvalidInput, failure
 from ferry.server.graph_model import GraphModel, is_graph, prepare
 from ferry.server.kserve import classification
+from ferry.server.kserve.extensions import SERVED as EXTENSIONS
 from ferry.server.kserve.infer import (
     ABSENT,
     deserialize_bytes,
@@ -35,14 +36,15 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import (
-    EXTENSIONS,
-    VERSION,
-    model_config,
-    model_metadata,
-)
+from ferry.server.kserve.model_config import model_config, model_metadata
 from ferry.server.kserve.statistics import model_statistics
-from ferry.server.kserve.tensor_codec import checked_shape, decode_grpc_tensors, tensor_blob
+from ferry.server.kserve.tensor_codec import (
+    check_raw_alone,
+    checked_shape,
+    decode_grpc_tensors,
+    tensor_blob,
+)
+from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.model_repository import check_tenant_right, load_parameters, unload_parameters
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
@@ -82,13 +84,11 @@ def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str
 CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
 
 
-def check_contents(tensor: Any, raw: bool) -> None:
+def check_contents(tensor: Any) -> None:
     """Typed contents only in the field of the tensor's datatype (Triton's rule): INT64 data
     sent as fp32_contents or bool_contents is refused, not read as an empty tensor."""
     used = [field.name for field, _ in tensor.contents.ListFields()]
     expected = CONTENTS_FIELD[tensor.datatype]
-    if raw and used:
-        raise InvalidInput(tensor.name, "send raw_input_contents or typed contents, not both")
     wrong = [f for f in used if f != expected]
     if wrong:
         raise InvalidInput(
@@ -98,6 +98,7 @@ def check_contents(tensor: Any, raw: bool) -> None:
 
 def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarray]:
     raw = list(request.raw_input_contents)
+    check_raw_alone(request)
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors = {}
@@ -108,7 +109,7 @@ def decode_inputs(request: service_pb2.ModelInferRequest) -> dict[str, np.ndarra
             raise InvalidInput(
                 name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
             )
-        check_contents(tensor, bool(raw))
+        check_contents(tensor)
         if tensor.datatype == "BYTES":
             array = (
                 deserialize_bytes(raw[index], name)
@@ -228,7 +229,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             ):  # not loaded (Triton answers not ready, no error), or an LLM
                 ready = registry.readiness().get(name, False)
                 return service_pb2.ModelReadyResponse(ready=ready and not self.state.drain.draining)
-            model = registry.find(name)
+            model = find_model(registry, name, request.version)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
@@ -236,7 +237,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         response = service_pb2.ServerMetadataResponse(
-            name="ferry",
+            name=self.state.settings.kserve_server_name,
             version=__version__,
             extensions=EXTENSIONS,
         )
@@ -244,7 +245,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            metadata = model_metadata(self.state.registry.find(request.name))
+            model = find_model(self.state.registry, request.name, request.version)
+            metadata = model_metadata(model)
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
             return json_format.ParseDict(metadata, response, ignore_unknown_fields=True)
@@ -253,7 +255,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            config = model_config(self.state.registry.find(request.name))
+            config = model_config(find_model(self.state.registry, request.name, request.version))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 
@@ -263,7 +265,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         async def run(_: str | None) -> Any:
             registry = self.state.registry
             every = [*registry.models, *registry.tensors]
-            names = [registry.find(request.name).name] if request.name else every
+            names = (
+                [find_model(registry, request.name, request.version).name]
+                if request.name
+                else every
+            )
             stats = model_statistics(self.state.metrics.registry, names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
@@ -271,7 +277,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(tenant: str | None) -> Any:
-            model = self.state.registry.find(request.model_name)
+            model = find_model(self.state.registry, request.model_name, request.model_version)
             asked = request_priority(_parameter(request.parameters, "priority"))
             decided = self.state.priority_policy.apply(asked, tenant)
             if decided.clamped_from is not None:  # said, as the HTTP header says it
@@ -381,6 +387,25 @@ def _authorization(context: grpc.aio.ServicerContext) -> list[bytes]:
     return [str(value).encode() for name, value in metadata if name == "authorization"]
 
 
+def answer_unsupported_calls(servicer: InferenceServicer) -> None:
+    """Each call of the service Ferry does not serve answers UNIMPLEMENTED, naming it, with one
+    log line: the generated base raises NotImplementedError, which grpc logs with a traceback
+    on every call."""
+    base = service_pb2_grpc.GRPCInferenceServiceServicer
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    for method in service.methods:
+        if getattr(type(servicer), method.name) is getattr(base, method.name):
+            setattr(servicer, method.name, _unsupported(method.name))
+
+
+def _unsupported(name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        logger.info("gRPC %s is not supported by Ferry: answered UNIMPLEMENTED", name)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not supported by Ferry")
+
+    return refuse
+
+
 async def start_grpc_server(
     state: Any, host: str, port: int, max_message_bytes: int
 ) -> grpc.aio.Server:
@@ -391,7 +416,9 @@ async def start_grpc_server(
             ("grpc.max_send_message_length", -1),
         ]
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(state), server)
+    servicer = InferenceServicer(state)
+    answer_unsupported_calls(servicer)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise OSError(f"cannot bind the gRPC port {host}:{port}")
     await server.start()

@@ -12,16 +12,8 @@ from typing import Any
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.graph_model import GraphModel, is_graph
 from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
+from ferry.server.kserve.versions import VERSION
 
-VERSION = "1"
-# The protocol extensions served (Triton's names), listed in the server metadata.
-EXTENSIONS = [
-    "binary_tensor_data",
-    "classification",
-    "model_configuration",
-    "model_repository",
-    "statistics",
-]
 # A UTF-8 text input, tokenized by the server: [batch] or [batch, 1] BYTES, one text per row.
 TEXT_INPUT = "text"
 TOKEN_INPUTS = ("input_ids", "attention_mask")

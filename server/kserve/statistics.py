@@ -4,8 +4,9 @@ Per model: requests answered (`success`/`fail` by status class, from `ferry_requ
 every route and protocol), request time (`ferry_request_duration_seconds`, which is not split by
 outcome, so `success.ns` covers all requests), queue wait (`ferry_queue_wait_seconds`), backend
 time (`compute_infer`, counted per batch: `ferry_backend_inference_seconds`; input and output
-preparation are not measured apart, so their counts follow it with 0 ns), sequences inferred
-(`inference_count`) and batches run (`execution_count`). Durations are integers in nanoseconds.
+preparation are not measured apart, so their counts follow it with 0 ns), rows inferred
+(`inference_count`, from `ferry_batch_rows_total`: +8 for a request of 8 rows, as Triton
+counts) and batches run (`execution_count`). Durations are integers in nanoseconds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from ferry.server.kserve.model_config import VERSION
+from ferry.server.kserve.versions import VERSION
 
 NS = 1_000_000_000
 
@@ -51,7 +52,7 @@ def model_statistics(registry: CollectorRegistry, names: list[str]) -> dict[str,
                 "name": name,
                 "version": VERSION,
                 "last_inference": 0,
-                "inference_count": int(v["ferry_batch_size_requests_sum"][name]),
+                "inference_count": int(v["ferry_batch_rows_total"][name]),
                 "execution_count": int(batches),
                 "inference_stats": {
                     "success": _stat(ok, v["ferry_request_duration_seconds_sum"][name]),

@@ -150,10 +150,25 @@ CONTENTS = {
 }
 
 
+def check_raw_alone(request: Any) -> None:
+    """Raw contents, or typed contents, never both in one request (Triton's rule, in its
+    words: its clients match them)."""
+    if not request.raw_input_contents:
+        return
+    for tensor in request.inputs:
+        if tensor.contents.ListFields():
+            raise InvalidInput(
+                tensor.name,
+                "contents field must not be specified when using raw_input_contents for "
+                f"'{tensor.name}' for model '{request.model_name}'",
+            )
+
+
 def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndarray]:
     """A ModelInferRequest's inputs (raw contents, or typed contents of the datatype's own
     field), checked against the graph as on HTTP."""
     raw = list(request.raw_input_contents)
+    check_raw_alone(request)
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput("raw_input_contents", "one raw content per input is required")
     tensors: dict[str, np.ndarray] = {}
@@ -165,8 +180,6 @@ def decode_grpc_tensors(request: Any, signature: Signature) -> dict[str, np.ndar
         count = math.prod(shape)
         used = [field.name for field, _ in tensor.contents.ListFields()]
         if raw:
-            if used:
-                raise InvalidInput(name, "send raw_input_contents or typed contents, not both")
             array = _binary(
                 name, datatype, want.dtype, raw[index], count, shape, raw=name in signature.images
             )

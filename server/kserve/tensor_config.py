@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ferry.backends.image_spec import CHANNELS, IMAGE_DATATYPES
 from ferry.backends.tensor_signature import CONFIG_TYPES, TensorSpec
 from ferry.server.graph_model import GraphModel, rows_first
+from ferry.server.kserve.versions import VERSION
 
-VERSION = "1"
 PLATFORM = "onnxruntime_onnx"  # Triton's name for an ONNX Runtime model
 
 
@@ -46,6 +47,21 @@ def tensor_metadata(model: GraphModel) -> dict[str, Any]:
     }
 
 
+def image_format(model: GraphModel, spec: TensorSpec, dims: list[int]) -> str:
+    """Triton's `format` of an input, which its image clients read to lay out pixels: the
+    layout of the model's image preprocessing, or of an image-like input (three axes after the
+    batch, of a pixel datatype) whose channels (3) are first or last alone; else FORMAT_NONE."""
+    images = model.images
+    if images is not None and images.plan.input == spec.name:
+        return f"FORMAT_{images.plan.layout}"
+    if len(dims) != 3 or spec.datatype not in IMAGE_DATATYPES:
+        return "FORMAT_NONE"
+    first, last = dims[0] == CHANNELS, dims[2] == CHANNELS
+    if first == last:
+        return "FORMAT_NONE"
+    return "FORMAT_NCHW" if first else "FORMAT_NHWC"
+
+
 def tensor_config(model: GraphModel) -> dict[str, Any]:
     """Triton's model configuration JSON."""
     settings, backend, signature = model.settings, model.backend, model.signature
@@ -56,13 +72,17 @@ def tensor_config(model: GraphModel) -> dict[str, Any]:
     def tensor(spec: TensorSpec, shape: list[int]) -> dict[str, Any]:
         return {"name": spec.name, "data_type": CONFIG_TYPES[spec.datatype], "dims": shape[skip:]}
 
+    def input_tensor(spec: TensorSpec) -> dict[str, Any]:
+        entry = tensor(spec, spec.metadata_shape())
+        return {**entry, "format": image_format(model, spec, entry["dims"])}
+
     config: dict[str, Any] = {
         "name": model.name,
         "platform": PLATFORM,
         "backend": "onnxruntime",
         "version_policy": {"latest": {"num_versions": 1}},
         "max_batch_size": limits.max_batch_size if batched else 0,
-        "input": [tensor(s, s.metadata_shape()) for s in signature.inputs],
+        "input": [input_tensor(s) for s in signature.inputs],
         "output": [tensor(s, _output_shape(model, s)) for s in signature.outputs],
         "instance_group": [
             {"name": model.name, "kind": "KIND_CPU", "count": backend.max_concurrency}

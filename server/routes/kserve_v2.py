@@ -27,6 +27,7 @@ from ferry.server.graph_model import GraphModel, is_graph, prepare
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
+from ferry.server.kserve.extensions import SERVED as EXTENSIONS
 from ferry.server.kserve.infer import (
     ABSENT,
     INT_TYPES,
@@ -36,12 +37,8 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import (
-    EXTENSIONS,
-    VERSION,
-    model_config,
-    model_metadata,
-)
+from ferry.server.kserve.model_config import model_config, model_metadata
+from ferry.server.kserve.raw_request import RAW_HEADER_LENGTH, raw_request
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
     binary_data_size,
@@ -51,6 +48,13 @@ from ferry.server.kserve.tensor_codec import (
     tensor_blob,
     tensor_json,
 )
+from ferry.server.kserve.trace_settings import (
+    log_settings,
+    trace_settings,
+    update_log_settings,
+    update_trace_settings,
+)
+from ferry.server.kserve.versions import VERSION, find_model
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
@@ -86,8 +90,8 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _model(request: Request, name: str) -> EncoderModel | GraphModel:
-    model: EncoderModel | GraphModel = request.app.state.registry.find(name)
-    return model
+    """The model `name`, at the version its path names (`/versions/{version}`), if it does."""
+    return find_model(request.app.state.registry, name, request.path_params.get("version"))
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -106,11 +110,11 @@ async def ready(request: Request) -> JSONResponse:
 
 
 @router.get("")
-async def server_metadata() -> dict[str, Any]:
+async def server_metadata(request: Request) -> dict[str, Any]:
     return {
-        "name": "ferry",
+        "name": request.app.state.settings.kserve_server_name,
         "version": __version__,
-        "extensions": EXTENSIONS,
+        "extensions": list(EXTENSIONS),
     }
 
 
@@ -156,6 +160,49 @@ async def model_ready(name: str, request: Request) -> Response:
     return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503, headers)
 
 
+# -- trace and log settings (what Ferry can honour of them: kserve/trace_settings.py) --------
+
+
+@router.get("/trace/setting")
+@router.get("/models/{name}/trace/setting", include_in_schema=False)
+async def get_trace_settings(request: Request) -> dict[str, Any]:
+    _traced_model(request)
+    return trace_settings()
+
+
+@router.post("/trace/setting", responses=error_docs(400, 404, 422))
+@router.post("/models/{name}/trace/setting", include_in_schema=False)
+async def update_trace(request: Request) -> dict[str, Any]:
+    _traced_model(request)
+    return update_trace_settings(await _json_body(request))
+
+
+@router.get("/logging")
+async def get_log_settings(request: Request) -> dict[str, Any]:
+    return log_settings(request.app.state.settings.log_level)
+
+
+@router.post("/logging", responses=error_docs(400, 422))
+async def update_logging(request: Request) -> dict[str, Any]:
+    update = await _json_body(request)
+    return update_log_settings(update, request.app.state.settings.log_level)
+
+
+def _traced_model(request: Request) -> None:
+    """A model's trace settings are the server's; the model must be served all the same."""
+    name = request.path_params.get("name")
+    if name is not None:
+        _model(request, name)
+
+
+async def _json_body(request: Request) -> Any:
+    body = await request.body()
+    try:
+        return orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise MalformedRequest(f"request is not valid JSON: {exc}") from None
+
+
 # -- infer ------------------------------------------------------------------------------------
 
 
@@ -163,7 +210,7 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    model = call.app_state.registry.find(call.params["name"])
+    model = find_model(call.app_state.registry, call.params["name"], call.params.get("version"))
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
     if is_graph(model):
@@ -259,7 +306,11 @@ PlainRequest = tuple[
 def read_plain(body: bytes, header_length: str | None, model: GraphModel) -> PlainRequest:
     """A plain graph's request read and checked in one go (one hop to a worker thread for a
     large body): its header, tensors, outputs, binary outputs and classifications."""
-    header, size = read_header(body, header_length)
+    if header_length == RAW_HEADER_LENGTH:  # Triton's raw form: the body is the one input
+        header, body = raw_request(model, body)
+        size = 0
+    else:
+        header, size = read_header(body, header_length)
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
     request_priority(parameters(header).get("priority", ABSENT))  # a bad one refused first

@@ -12,9 +12,9 @@ from ferry.server.metrics import FerryMetrics
 def test_queue_wait_is_labelled_by_configured_level_or_other():
     registry = CollectorRegistry()
     observer = FerryMetrics(registry, priority_levels=(-10, 0)).batch_observer("m", "ort")
-    observer.batch_formed(FormedBatch(2, 8, 8, [0.1, 0.2], -10))
-    observer.batch_formed(FormedBatch(1, 4, 4, [0.3], 7))
-    observer.batch_formed(FormedBatch(1, 4, 4, [0.4], -11))
+    observer.batch_formed(FormedBatch(2, 8, 8, [0.1, 0.2], -10, 2))
+    observer.batch_formed(FormedBatch(1, 4, 4, [0.3], 7, 1))
+    observer.batch_formed(FormedBatch(1, 4, 4, [0.4], -11, 1))
 
     def count(priority: str) -> float | None:
         return registry.get_sample_value(

@@ -134,9 +134,12 @@ async def served() -> AsyncIterator[tuple[object, object, str]]:
         yield app, http, f"127.0.0.1:{port}"
 
 
-async def answer(http, route: Route, headers: dict[str, str]):
-    (method,) = route.methods
-    return await http.request(method, concrete(route), content=b"{}", headers=headers)
+async def answers(http, route: Route, headers: dict[str, str]):
+    """The route's answer to each of its methods (settings routes read and update)."""
+    return [
+        await http.request(method, concrete(route), content=b"{}", headers=headers)
+        for method in sorted(route.methods)
+    ]
 
 
 async def call(target: str, name: str, metadata: tuple[tuple[str, str], ...]) -> grpc.StatusCode:
@@ -153,16 +156,16 @@ async def call(target: str, name: str, metadata: tuple[tuple[str, str], ...]) ->
 async def test_every_route_asks_the_key_unless_open_and_refuses_work_while_draining(served):
     app, http, target = served
     for route in HTTP_ROUTES.routes:
-        response = await answer(http, route, {"Content-Type": "application/json"})
-        assert (response.status_code == 401) == (route.path not in OPEN_HTTP), route.path
+        for response in await answers(http, route, {"Content-Type": "application/json"}):
+            assert (response.status_code == 401) == (route.path not in OPEN_HTTP), route.path
     for name in GRPC_ROUTES:
         code = await call(target, name, ())
         assert (code == grpc.StatusCode.UNAUTHENTICATED) == (name not in OPEN_GRPC), name
     app.state.drain.begin()
     for route in HTTP_ROUTES.routes:
-        response = await answer(http, route, AUTH)
-        refused = response.status_code == 503 and "shutting down" in response.text
-        assert refused == (route.path not in OPEN_HTTP), route.path
+        for response in await answers(http, route, AUTH):
+            refused = response.status_code == 503 and "shutting down" in response.text
+            assert refused == (route.path not in OPEN_HTTP), route.path
     for name in GRPC_ROUTES:
         code = await call(target, name, (("authorization", f"Bearer {KEY}"),))
         assert (code == grpc.StatusCode.UNAVAILABLE) == (name not in OPEN_GRPC), name

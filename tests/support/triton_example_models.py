@@ -118,6 +118,25 @@ def densenet(path: Path) -> Path:
     return _save(graph, path)
 
 
+def image_classifier(path: Path) -> Path:
+    """preprocess_inception_ensemble's stand-in: INPUT [N, 3, 224, 224] FP32 -> OUTPUT
+    [N, 1000], the channel means times a fixed matrix; Ferry's image preprocessing (declared in
+    its settings) takes the encoded images Triton's ensemble decodes with DALI."""
+    weights = np.random.default_rng(1).standard_normal((3, IMAGE_CLASSES)).astype(np.float32)
+    nodes = [
+        helper.make_node("ReduceMean", ["INPUT"], ["means"], axes=[2, 3], keepdims=0),
+        helper.make_node("Constant", [], ["w"], value=numpy_tensor("w", weights)),
+        helper.make_node("MatMul", ["means", "w"], ["OUTPUT"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "preprocess_inception_ensemble",
+        [helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, ["batch", 3, 224, 224])],
+        [helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, ["batch", IMAGE_CLASSES])],
+    )
+    return _save(graph, path)
+
+
 def numpy_tensor(name: str, array: np.ndarray) -> TensorProto:
     return onnx.numpy_helper.from_array(array, name)
 
@@ -146,6 +165,11 @@ MODELS = (
         "onnx_zero_1_object_1_element", _identity("onnx_zero_1_object_1_element", STRING, 1, [1])
     ),
     TritonModel("custom_identity_int32", _identity("custom_identity_int32", INT32, 1, [None])),
+    TritonModel(
+        "preprocess_inception_ensemble",
+        image_classifier,
+        settings={"labels": {"OUTPUT": IMAGE_LABELS}, "preprocess": {"resize": 224}},
+    ),
     TritonModel(
         "densenet_onnx",
         densenet,
@@ -191,7 +215,10 @@ def triton_server(
     `http_address` and `grpc_address` (host:port, as Triton's clients take `-u`)."""
     grpc_port = free_port()
     configs = model_configs(write_models(directory, names))
-    with ferry_server(configs, server={"grpc_port": grpc_port, **server}) as handle:
+    # Triton's health-metadata examples check the server's name.
+    server = {"grpc_port": grpc_port, "kserve_server_name": "triton", **server}
+    # Thirteen models to load and calibrate, on a shared CI machine.
+    with ferry_server(configs, server=server, ready_timeout_s=180) as handle:
         handle.http_address = handle.url.removeprefix("http://")  # type: ignore[attr-defined]
         handle.grpc_address = f"127.0.0.1:{grpc_port}"  # type: ignore[attr-defined]
         yield handle

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "clients" / "triton_examples"
+QA = Path(__file__).resolve().parents[1] / "clients" / "triton_qa"
 TRITON_HTTP, TRITON_GRPC = "localhost:8000", "localhost:8001"
 # What an example prints when one of its checks fails (it exits 1 too, mostly).
 FAILURE = re.compile(r"\berror\b|FAILED|Traceback", re.IGNORECASE)
@@ -63,4 +64,25 @@ def run_example(
     assert not FAILURE.search(output), f"{what} printed an error:\n{output}"
     if PASS_LINE in source.read_text():
         assert "PASS" in output, f"{what} never said PASS:\n{output}"
+    return output
+
+
+def run_qa(
+    script: str, http: str, grpc: str, tests: list[str], *, tmp: Path, timeout_s: float = 300.0
+) -> str:
+    """Some of the unittest cases of one of Triton's qa scripts (`L0_http/http_test.py`), by
+    name (`HttpTest.test_raw_binary`); fails the test unless they all pass. The scripts import
+    `qa/common` as Triton's tree has it beside them."""
+    source = QA / script
+    run = subprocess.run(
+        example_command(source, http, grpc, (), tmp)[:2] + tests,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=tmp,
+        env={**os.environ, "PYTHONPATH": str(QA / "common")},
+    )
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"{script} exited {run.returncode}:\n{output}"
+    assert f"Ran {len(tests)} test" in output and "\nOK" in output, output
     return output

@@ -1,0 +1,17 @@
+"""The KServe v2 / Triton protocol extensions Ferry serves, by Triton's names: the one list the
+server metadata reports on HTTP (`GET /v2`) and gRPC (`ServerMetadata`).
+
+An extension is listed only once every route of it is served (docs/apis.md has the table of
+all of Triton's, served or not); clients such as perf_analyzer read the list to decide what to
+ask for.
+"""
+
+from __future__ import annotations
+
+SERVED: tuple[str, ...] = (
+    "binary_tensor_data",  # binary tensors after the JSON header (HTTP)
+    "classification",  # outputs as top-k "value:index:label" strings
+    "model_configuration",  # GET /v2/models/{name}/config
+    "model_repository",  # POST /v2/repository/index, .../models/{name}/load and /unload
+    "statistics",  # GET /v2/models/{name}/stats
+)
