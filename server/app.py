@@ -21,6 +21,7 @@ from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
 from ferry.server.kserve.shared_memory import SharedMemory
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
+from ferry.server.model_repository import ModelRepository
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
@@ -41,6 +42,7 @@ from ferry.server.routes import (
     health,
     kserve_v2,
     lora_adapters,
+    model_repository,
     models,
     openai_chat,
     openai_responses,
@@ -62,6 +64,7 @@ ROUTERS = (
     health.router,
     kserve_v2.router,
     shared_memory.router,
+    model_repository.router,
 )
 # Hot routes: registered with the gateway's dispatch (and documented in the framework's schema).
 HOT_ROUTES = (
@@ -116,6 +119,8 @@ def create_app(
         app.state.openai = OpenAIServing(registry, observer=observer, grammars=grammars)
         metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
         await start_models(registry, loads_here=engine is None)
+        app.state.repository = repository = ModelRepository(settings, registry, metrics)
+        repository.start(poll=engine is None)  # else the engine process polls
         logger.info("ferry: serving %s", ", ".join(registry.names()))
         grpc_server = await start_grpc(app)
         if replica is not None:
@@ -126,6 +131,7 @@ def create_app(
             if replica is not None:
                 replica.stopping()
             app.state.drain.begin()
+            await repository.close()
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)

@@ -41,6 +41,28 @@ def add_serve_command(commands: argparse._SubParsersAction[argparse.ArgumentPars
         default=None,
         help="Log verbosity (default info).",
     )
+    serve.add_argument(
+        "--model-control-mode",
+        choices=["none", "explicit", "poll"],
+        default=None,
+        help="Triton's model control: none (default; every model served, load/unload "
+        "refused), explicit (only --load-model at start; POST /v2/repository/models/{m}/load "
+        "and /unload), poll (the config file re-read every --repository-poll-secs).",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="With --model-control-mode explicit: a model served at start (repeatable; '*' "
+        "alone: every model).",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=None,
+        help="With --model-control-mode poll: seconds between reads of the config (default 15).",
+    )
     serve.set_defaults(handler=_serve)
 
 
@@ -73,6 +95,9 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             log_level=args.log_level,
+            model_control_mode=args.model_control_mode,
+            load_models=tuple(args.load_model) or None,
+            repository_poll_secs=args.repository_poll_secs,
         )
     except ValueError as exc:  # pydantic's ValidationError, a bad file or variable: no traceback
         raise SystemExit(f"ferry serve: {exc}") from None

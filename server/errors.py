@@ -84,6 +84,39 @@ class UnknownModelVersion(Exception):
         self.kserve_message = f"Request for unknown model: '{name}' version {shown} is not found"
 
 
+class ModelControlOff(Exception):
+    """A load or unload while the server's model control mode is not "explicit": 403, with
+    Triton's sentence first (its clients look for it)."""
+
+    field = "model_control_mode"
+
+
+class LoadRefused(Exception):
+    """A load request Ferry cannot honour (a config override it cannot map, a file override):
+    a 400 naming the field, Triton's "failed to load '<model>'" first."""
+
+    def __init__(self, model: str, field: str, reason: str, action: str = "load") -> None:
+        self.field = field
+        self.message = f"failed to {action} '{shown_name(model)}': {reason}"
+        super().__init__(self.message)
+
+
+class LoadFailed(Exception):
+    """A model that could not be started (its files, its runtime): 500, logged."""
+
+
+class NotInRepository(Exception):
+    """A load or unload of a name the model repository does not hold: 404."""
+
+    field = "model"
+
+    def __init__(self, action: str, model: str) -> None:
+        super().__init__(
+            f"failed to {action} '{shown_name(model)}': no model of that name in the model "
+            "repository (the server's models and llm_models)"
+        )
+
+
 class NotReady(Exception):
     """The service is starting or draining."""
 
@@ -176,6 +209,10 @@ ERROR_TABLE: tuple[tuple[type[Exception], ErrorKind], ...] = (
     # nginx's status for a client that closed the connection first; nobody reads the body.
     (ClientDisconnected, ErrorKind(499, "cancelled_error")),
     (UnknownModel, ErrorKind(404, "not_found_error")),
+    (NotInRepository, ErrorKind(404, "not_found_error")),
+    (LoadRefused, ErrorKind(400, "invalid_request_error")),
+    (ModelControlOff, ErrorKind(403, "permission_error")),
+    (LoadFailed, ErrorKind(500, "internal_error")),
     (UnknownModelVersion, ErrorKind(404, "not_found_error")),
     (BodyTooLarge, ErrorKind(413, "invalid_request_error")),
     (UnsupportedMediaType, ErrorKind(415, "invalid_request_error")),

@@ -1,9 +1,15 @@
 """Every model this process serves, looked up by name: encoders, LLM engines and the LoRA
-adapters loaded on them. One place answers "what is `name`?", with one unknown-model error."""
+adapters loaded on them. One place answers "what is `name`?", with one unknown-model error.
+
+Models come and go at runtime (Triton's model repository extension, server/model_repository.py):
+`load` builds and starts one off the event loop, then puts it in place (of the old one, on a
+reload); `unload` takes it out first, so new requests for it are 404s, then drains it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -11,15 +17,20 @@ from pathlib import Path
 
 from ferry.llm.base import EngineStats, LLMEngine
 from ferry.llm.errors import InvalidAdapter
+from ferry.llm.ortgenai_prefix import PrefixCache
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import UnknownModel
-from ferry.server.graph_model import GraphModel
+from ferry.server.graph_model import GraphModel, is_graph
+from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import plain_graph
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.progress import Progress
-from ferry.server.settings import Settings
+from ferry.server.settings import LLMSettings, ModelSettings, Settings
 from ferry.server.tensor_model import TensorModel
+
+# How often an unloading LLM's engine is asked whether its generations finished.
+IDLE_CHECK_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,13 +69,21 @@ class ModelRegistry:
         self.tensors = dict(tensors or {})  # plain graphs (KServe, /predict)
         self.llms = dict(llms or {})  # base LLMs by configured name
         self._unloads: set[asyncio.Task[None]] = set()
+        self._builder: LocalModels | None = None  # set when this process runs its models
+        self.drain_timeout_s = 20.0
 
     @classmethod
-    def from_settings(
-        cls, settings: Settings, metrics: FerryMetrics, llms: Mapping[str, LLMEngine]
-    ) -> ModelRegistry:
-        encoders, tensors = local_models(settings, metrics)
-        return cls(encoders, llms, settings.default_model_name, tensors)
+    def local(cls, settings: Settings, metrics: FerryMetrics) -> ModelRegistry:
+        """The models served at start (settings.served_at_start), run in this process (not yet
+        started), and the means to load others."""
+        builder = LocalModels(settings, metrics)
+        served = settings.served_at_start()
+        encoders, tensors = local_models(served, metrics)
+        llms = {m.name: build_llm_engine(m, builder.prefix_store) for m in served.llm_models}
+        registry = cls(encoders, llms, settings.default_model_name, tensors)
+        registry._builder = builder
+        registry.drain_timeout_s = settings.drain_timeout_s
+        return registry
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -135,6 +154,53 @@ class ModelRegistry:
         task.add_done_callback(self._unloads.discard)
         await asyncio.shield(task)
 
+    # -- models loaded and unloaded at runtime ----------------------------------------------------
+
+    async def load(self, entry: ModelSettings | LLMSettings) -> None:
+        """Serve `entry`: built and started off the event loop (every other model keeps
+        serving), then put in place; on a reload the old one drains after the swap."""
+        assert self._builder is not None, "a registry of models run elsewhere loads there"
+        model = await self._builder.build(entry)
+        old = self.take(entry.name)
+        if isinstance(model, ModelRuntime):
+            self.models[entry.name] = model
+        elif isinstance(model, TensorModel):
+            self.tensors[entry.name] = model
+        else:
+            self.llms[entry.name] = model
+        if old is not None:
+            await self.retire(old)
+            if isinstance(model, (ModelRuntime, TensorModel)):
+                await model.healthy()  # the gauge the old one's close set to 0, set again
+
+    async def unload(self, name: str) -> bool:
+        """Stop serving `name` (False: it was not served): new requests for it are 404s at
+        once; those in flight finish (up to drain_timeout_s), then it is closed."""
+        old = self.take(name)
+        if old is None:
+            return False
+        await self.retire(old)
+        return True
+
+    def take(self, name: str) -> EncoderModel | GraphModel | LLMEngine | None:
+        """`name` out of the registry (new requests for it are 404s), not yet closed."""
+        for served in (self.models, self.tensors, self.llms):
+            model = served.pop(name, None)
+            if model is not None:
+                return model
+        return None
+
+    async def retire(self, model: EncoderModel | GraphModel | LLMEngine) -> None:
+        """A model taken out: its requests in flight finish (up to drain_timeout_s), then it
+        closes."""
+        if isinstance(model, (ModelRuntime, TensorModel)) or is_graph(model):
+            await model.close(self.drain_timeout_s)  # its batcher drains first
+            return
+        llm: LLMEngine = model  # type: ignore[assignment]  # the other kind
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_idle(llm), self.drain_timeout_s)
+        await llm.close()
+
     # -- lifecycle --------------------------------------------------------------------------------
 
     def loads(self) -> int:
@@ -181,15 +247,61 @@ async def _told(name: str, start: Awaitable[None], progress: Progress | None) ->
         progress.advance(1, f"{name} ready", time.monotonic() - started)
 
 
+async def _idle(engine: LLMEngine) -> None:
+    """Returns once the engine runs and queues no generation."""
+    while True:
+        stats = engine.stats()
+        if not stats.running and not stats.waiting:
+            return
+        await asyncio.sleep(IDLE_CHECK_S)
+
+
 def local_models(
     settings: Settings, metrics: FerryMetrics
 ) -> tuple[dict[str, ModelRuntime], dict[str, TensorModel]]:
     """The configured encoders and plain graphs, run in this process (not yet started)."""
     encoders, tensors = {}, {}
     for model in settings.models:
-        graph = plain_graph(model)
-        if graph is None:
-            encoders[model.name] = ModelRuntime(model, metrics)
+        built = local_model(model, metrics)
+        if isinstance(built, TensorModel):
+            tensors[model.name] = built
         else:
-            tensors[model.name] = TensorModel(model, graph, metrics)
+            encoders[model.name] = built
     return encoders, tensors
+
+
+def local_model(settings: ModelSettings, metrics: FerryMetrics) -> ModelRuntime | TensorModel:
+    """One configured encoder or plain graph, run in this process (not yet started)."""
+    graph = plain_graph(settings)
+    if graph is None:
+        return ModelRuntime(settings, metrics)
+    return TensorModel(settings, graph, metrics)
+
+
+class LocalModels:
+    """Builds a repository entry's model, to run in this process, started: its files are read
+    and its sessions made in threads, so the event loop (every other model) never waits."""
+
+    def __init__(self, settings: Settings, metrics: FerryMetrics) -> None:
+        self._metrics = metrics
+        # The ortgenai engines share one prefix cache, loaded ones too (prefix_cache_bytes).
+        self.prefix_store = PrefixCache(settings.prefix_cache_bytes)
+
+    async def build(
+        self, entry: ModelSettings | LLMSettings
+    ) -> ModelRuntime | TensorModel | LLMEngine:
+        if isinstance(entry, LLMSettings):
+            engine = await asyncio.to_thread(build_llm_engine, entry, self.prefix_store)
+            try:
+                await engine.start()
+            except BaseException:
+                await engine.close()
+                raise
+            return engine
+        model = await asyncio.to_thread(local_model, entry, self._metrics)
+        try:
+            await model.start()
+        except BaseException:
+            await model.close(0)
+            raise
+        return model

@@ -22,7 +22,7 @@ from ferry.server.dialects import ANTHROPIC, FERRY, KSERVE, OPENAI, ErrorDialect
 class RouteClass(enum.Enum):
     INFERENCE = "inference"  # the hot routes: the gateway dispatches them itself
     METADATA = "metadata"  # models, KServe server and model metadata, configuration, statistics
-    ADMIN = "admin"  # LoRA adapters, shared memory regions
+    ADMIN = "admin"  # LoRA adapters, shared memory regions, model loads and unloads
     HEALTH = "health"
     METRICS = "metrics"
     DOCS = "docs"
@@ -149,6 +149,11 @@ ROUTES: tuple[Route, ...] = (
     _post("/v2/cudasharedmemory/region/{name}/register", ADMIN, KSERVE, ANY_TYPE),
     _post("/v2/cudasharedmemory/unregister", ADMIN, KSERVE, ANY_TYPE),
     _post("/v2/cudasharedmemory/region/{name}/unregister", ADMIN, KSERVE, ANY_TYPE),
+    # Triton's model repository extension (routes/model_repository.py); tritonclient sends the
+    # index request with no body and no Content-Type.
+    _post("/v2/repository/index", METADATA, KSERVE, (JSON, UNTYPED)),
+    _post("/v2/repository/models/{name}/load", ADMIN, KSERVE, (JSON, UNTYPED)),
+    _post("/v2/repository/models/{name}/unload", ADMIN, KSERVE, (JSON, UNTYPED)),
     # Trace and log settings: read, and updated only to what Ferry does (kserve/trace_settings).
     _settings("/v2/trace/setting"),
     _settings("/v2/models/{name}/trace/setting"),
@@ -186,6 +191,9 @@ ROUTES: tuple[Route, ...] = (
     _grpc("CudaSharedMemoryStatus", METADATA),
     _grpc("CudaSharedMemoryRegister", ADMIN),
     _grpc("CudaSharedMemoryUnregister", ADMIN),
+    _grpc("RepositoryIndex", METADATA),
+    _grpc("RepositoryModelLoad", ADMIN),
+    _grpc("RepositoryModelUnload", ADMIN),
 )
 
 

@@ -17,6 +17,7 @@ import re
 import tomllib
 import types
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -25,6 +26,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -255,6 +257,9 @@ class Settings(_Strict):
     # (/v1/load_lora_adapter, /v1/unload_lora_adapter), or "*" for every key; others get 403.
     # Without keys anyone may, as in vLLM. Adapters in this file are never unloaded by a client.
     adapter_keys: tuple[str, ...] = ()
+    # With keys set: names of the keys that may load and unload models (Triton's model
+    # repository extension, model_control_mode = "explicit"), or "*" for every key; others 403.
+    model_control_keys: tuple[str, ...] = ()
     api_key_protects_health: bool = False
     api_key_protects_metrics: bool = False
     cors_allow_origins: tuple[str, ...] = ()
@@ -310,8 +315,18 @@ class Settings(_Strict):
     max_adapter_name_chars: int = Field(default=64, ge=1, le=1024)
     # The ortgenai engines' prefix cache: one budget for every model (ortgenai_prefix.py).
     prefix_cache_bytes: int = Field(default=512 * 2**20, ge=0)
+    # Triton's model control (server/model_repository.py): the repository is this file's
+    # models and llm_models. "none": all of them served, load/unload refused; "explicit": only
+    # `load_models` served at start ("*": all), POST /v2/repository/models/{m}/load and
+    # /unload change that; "poll": this file re-read every `repository_poll_secs`, models added,
+    # changed or removed loaded, reloaded or unloaded (load/unload refused).
+    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    load_models: tuple[str, ...] = ()
+    repository_poll_secs: float = Field(default=15.0, gt=0)
     models: tuple[ModelSettings, ...] = ()
     llm_models: tuple[LLMSettings, ...] = ()
+    # Where these settings were read from (load_settings), so that poll mode can read them again.
+    _source: SettingsSource | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check_models(self) -> Settings:
@@ -321,6 +336,27 @@ class Settings(_Strict):
             raise ValueError(f"model names must be unique, got {names}")
         if self.default_model and self.default_model not in names:
             raise ValueError(f"default_model {self.default_model!r} is not among {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_model_control(self) -> Settings:
+        if self.load_models and self.model_control_mode != "explicit":
+            raise ValueError(
+                "load_models names the models served at start in model_control_mode = "
+                f"'explicit'; with '{self.model_control_mode}' every model is served"
+            )
+        if "*" in self.load_models and len(self.load_models) > 1:
+            raise ValueError("load_models: '*' (every model) must be its only entry")
+        if self.model_control_mode == "explicit" and self.replicas > 1:
+            raise ValueError(
+                f"model_control_mode = 'explicit' with replicas = {self.replicas}: a load or "
+                "unload would reach one replica only; use 'poll' (each replica follows the "
+                "file) or api_servers"
+            )
+        names = {m.name for m in self.models} | {m.name for m in self.llm_models}
+        unknown = sorted(set(self.load_models) - names - {"*"})
+        if unknown:
+            raise ValueError(f"load_models names models not configured: {unknown}")
         return self
 
     @model_validator(mode="after")
@@ -360,7 +396,7 @@ class Settings(_Strict):
             raise ValueError("api_keys: every key must be non-empty")
         if len(set(keys.values())) != len(keys):
             raise ValueError("api_keys: two tenants share a key")
-        for field in ("priority_keys", "adapter_keys"):
+        for field in ("priority_keys", "adapter_keys", "model_control_keys"):
             unknown = sorted(set(getattr(self, field)) - set(keys) - {"*"})
             if unknown:
                 raise ValueError(f"{field} names no configured key: {unknown}")
@@ -375,6 +411,38 @@ class Settings(_Strict):
     @property
     def default_model_name(self) -> str:
         return self.default_model or (self.models[0].name if self.models else "")
+
+    def served_at_start(self) -> Settings:
+        """These settings with only the models served at start: in explicit model control,
+        those `load_models` names (all for "*"); else every one."""
+        if self.model_control_mode != "explicit" or "*" in self.load_models:
+            return self
+        wanted = set(self.load_models)
+        return self.model_copy(
+            update={
+                "models": tuple(m for m in self.models if m.name in wanted),
+                "llm_models": tuple(m for m in self.llm_models if m.name in wanted),
+            }
+        )
+
+    def reread(self) -> Settings:
+        """The settings read again from where these came from (poll model control); these
+        same ones when they were not read by load_settings."""
+        if self._source is None:
+            return self
+        return self._source.read()
+
+
+@dataclass(frozen=True)
+class SettingsSource:
+    """What load_settings was given: read again, it gives the settings as they are now."""
+
+    path: Path | None
+    extra_models: tuple[Mapping[str, Any], ...]
+    overrides: Mapping[str, Any]
+
+    def read(self) -> Settings:
+        return load_settings(self.path, None, self.extra_models, **self.overrides)
 
 
 def load_settings(
@@ -407,12 +475,14 @@ def load_settings(
     for field in overrides:  # a flag wins over the environment: errors are the flag's
         sources.pop((field,), None)
     try:
-        return Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]  # pydantic validates the dicts
+        settings = Settings(**server, models=tuple(models), llm_models=tuple(llm_models))  # type: ignore[arg-type]  # pydantic validates the dicts
     except ValidationError as exc:
         named = _name_variables(exc, sources)
         if named is None:
             raise
         raise named from exc
+    settings._source = SettingsSource(path, tuple(extra_models), dict(overrides))
+    return settings
 
 
 class SettingsError(ValueError):

@@ -12,6 +12,7 @@ SERVED: tuple[str, ...] = (
     "binary_tensor_data",  # binary tensors after the JSON header (HTTP)
     "classification",  # outputs as top-k "value:index:label" strings
     "model_configuration",  # GET /v2/models/{name}/config
+    "model_repository",  # POST /v2/repository/index, .../models/{name}/load and /unload
     "statistics",  # GET /v2/models/{name}/stats
     "sequence",  # sequence_id/start/end for stateful models, and ModelStreamInfer
 )

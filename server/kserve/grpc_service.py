@@ -58,6 +58,7 @@ from ferry.server.kserve.tensor_codec import (
     tensor_blob,
 )
 from ferry.server.kserve.versions import VERSION, find_model
+from ferry.server.model_repository import check_tenant_right, load_parameters, unload_parameters
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
@@ -295,7 +296,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            model = find_model(self.state.registry, request.name, request.version)
+            registry, name = self.state.registry, request.name
+            if name in self.state.repository.entries and name not in registry.tensors.keys() | (
+                registry.models.keys()
+            ):  # not loaded (Triton answers not ready, no error), or an LLM
+                ready = registry.readiness().get(name, False)
+                return service_pb2.ModelReadyResponse(ready=ready and not self.state.drain.draining)
+            model = find_model(registry, name, request.version)
             ok = not self.state.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
@@ -500,6 +507,56 @@ def stream_response(request: Any, outcome: Any) -> service_pb2.ModelStreamInferR
 
 async def _cuda_unsupported(_: str | None) -> Any:
     raise NotSupported("cuda_shared_memory", CUDA_UNSUPPORTED)
+
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(_: str | None) -> Any:
+            _check_repository(request.repository_name)
+            entries = await self.state.repository.index(request.ready)
+            models = [
+                service_pb2.RepositoryIndexResponse.ModelIndex(**e.as_json()) for e in entries
+            ]
+            return service_pb2.RepositoryIndexResponse(models=models)
+
+        return await self._call("RepositoryIndex", context, run)
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(tenant: str | None) -> Any:
+            check_tenant_right(self.state.settings, tenant)
+            _check_repository(request.repository_name)
+            name = request.model_name
+            config, files = load_parameters(name, _repository_parameters(request.parameters))
+            await self.state.repository.load(name, config, files)
+            return service_pb2.RepositoryModelLoadResponse()
+
+        return await self._call("RepositoryModelLoad", context, run)
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def run(tenant: str | None) -> Any:
+            check_tenant_right(self.state.settings, tenant)
+            _check_repository(request.repository_name)
+            name = request.model_name
+            dependents = unload_parameters(name, _repository_parameters(request.parameters))
+            await self.state.repository.unload(name, dependents)
+            return service_pb2.RepositoryModelUnloadResponse()
+
+        return await self._call("RepositoryModelUnload", context, run)
+
+
+def _check_repository(name: str) -> None:
+    """Ferry has one repository (its config's models): a request naming another is refused."""
+    if name:
+        raise InvalidInput(
+            "repository_name", f"Ferry has one model repository, not {name!r}: send none"
+        )
+
+
+def _repository_parameters(parameters: Any) -> dict[str, Any]:
+    """A ModelRepositoryParameter map as the HTTP route's JSON parameters."""
+    values = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        values[key] = None if choice is None else getattr(parameter, choice)
+    return values
 
 
 async def infer_plain(

@@ -25,7 +25,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -85,6 +85,9 @@ class EngineClient:
         self._connected = asyncio.Event()
         self._pidfd: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Set by the registry: applies the engine's models (a load or unload, a restart).
+        self.on_models: Callable[[wire.Info], Awaitable[None]] | None = None
+        self._updates: set[asyncio.Task[None]] = set()
 
     @property
     def alive(self) -> bool:
@@ -370,8 +373,29 @@ class EngineClient:
         elif isinstance(message, wire.Adapters):
             self.adapters[message.model] = message.names
             self._send(wire.Ack(message.seq))
+        elif isinstance(message, wire.Models):
+            self._models_changed(message.info, message.seq)
         elif isinstance(message, wire.Info):
             self._engine_up(message)
+
+    def _models_changed(self, info: wire.Info, seq: int | None) -> None:
+        """The engine serves other models: applied by the registry, then acked (`seq`)."""
+        self.info = info
+        self.adapters = {llm.name: llm.adapters for llm in info.llms}
+
+        async def apply() -> None:
+            try:
+                if self.on_models is not None:
+                    await self.on_models(info)
+            except Exception:
+                logger.exception("the engine's models could not be applied")
+            finally:
+                if seq is not None:
+                    self._send(wire.Ack(seq))
+
+        task = asyncio.create_task(apply())
+        self._updates.add(task)
+        task.add_done_callback(self._updates.discard)
 
     def _failed(self, message: wire.Failed) -> None:
         queue = self._streams.get(message.rid)
@@ -402,6 +426,8 @@ class EngineClient:
             return
         if self.alive:  # a new engine, before the old one's death was seen
             self._engine_down()
+        if self.info is not None:  # a restarted engine: it serves its start's models
+            self._models_changed(info, None)
         self.info = info
         self.adapters = {llm.name: llm.adapters for llm in info.llms}
         self._connected.set()

@@ -12,7 +12,7 @@ import itertools
 import logging
 import os
 import signal
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -22,21 +22,23 @@ import numpy as np
 import zmq
 
 from ferry.batcher import tracing as batcher_tracing
-from ferry.llm.base import GenerationDelta
+from ferry.llm.base import GenerationDelta, LLMEngine
 from ferry.llm.errors import EngineDead
 from ferry.server.errors import UnknownModel
 from ferry.server.gc_pauses import keep_gc_off_serving_path
-from ferry.server.llm_engines import build_llm_engines
 from ferry.server.logs import configure_logging
 from ferry.server.metrics import FerryMetrics
+from ferry.server.model_overrides import Entry, entry_from_json, entry_json
+from ferry.server.model_repository import ModelRepository, repository_entries
+from ferry.server.model_runtime import ModelRuntime
 from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
 from ferry.server.procs.llm_admission import Tickets
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
 from ferry.server.progress import loading_progress
-from ferry.server.registry import ModelRegistry, local_models
-from ferry.server.settings import Settings
+from ferry.server.registry import ModelRegistry
+from ferry.server.settings import LLMSettings, Settings
 from ferry.server.tensor_model import TensorModel
 from ferry.server.tracing import start_tracing
 
@@ -51,16 +53,15 @@ class EngineServer:
         self._address = address
         self._journal = journal
         self._metrics = metrics = FerryMetrics(priority_levels=settings.priority_levels)
-        self.engines = build_llm_engines(settings)
-        # The encoders typed as what they are here: the rows of API processes go to them.
-        self.encoders, self.graphs = local_models(settings, metrics)
-        self.registry = ModelRegistry(
-            self.encoders, self.engines, settings.default_model_name, self.graphs
-        )
+        # The models served at start; a load or unload (a Call) changes them.
+        self.registry = ModelRegistry.local(settings, metrics)
+        served = settings.served_at_start()
+        # Each served model's settings as JSON, for the API processes (wire.Info).
+        self._entries = {name: entry_json(m) for name, m in repository_entries(served).items()}
         # Per LLM, the adapters it serves and where each came from (the journal's content).
         self._adapters = {
             m.name: {name: str(path) for name, path in m.adapters.items()}
-            for m in settings.llm_models
+            for m in served.llm_models
         }
         self._peers: set[bytes] = set()
         self._pidfds: dict[bytes, int] = {}  # per API process, a pidfd on it (its exit)
@@ -76,6 +77,25 @@ class EngineServer:
         # The engine's own spans (queue, batch, backend), in the traces API processes send.
         self._tracing = start_tracing(settings)
 
+    # The registry's, typed as what they are here: the rows of API processes go to them.
+    @property
+    def engines(self) -> dict[str, LLMEngine]:
+        return self.registry.llms
+
+    @property
+    def encoders(self) -> dict[str, ModelRuntime]:
+        return cast(dict[str, ModelRuntime], self.registry.models)
+
+    @property
+    def graphs(self) -> dict[str, TensorModel]:
+        return cast(dict[str, TensorModel], self.registry.tensors)
+
+    def _engine(self, name: str) -> LLMEngine:
+        engine = self.engines.get(name)
+        if engine is None:  # unloaded since the API process looked
+            raise UnknownModel(name, self.registry.names())
+        return engine
+
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
         with loading_progress(self.registry.loads()) as progress:
             await self.registry.start(progress)
@@ -90,7 +110,13 @@ class EngineServer:
         if on_ready is not None:
             on_ready()
         report = asyncio.create_task(self._report())
+        # Poll model control: the engine reads the repository, for every API process.
+        repository = ModelRepository(
+            self._settings, self.registry, self._metrics, on_change=self._repository_changed
+        )
+        repository.start()
         await stop.wait()
+        await repository.close()
         report.cancel()
         for peer in list(self._pidfds):
             self._unwatch(peer)
@@ -276,7 +302,7 @@ class EngineServer:
     def _admit(self, peer: bytes, message: wire.Admit) -> None:
         reply = wire.Reply(message.rid, True)
         try:
-            engine = self.engines[message.model]
+            engine = self._engine(message.model)
             self._tickets.admit((peer, message.rid), engine, message.count)
         except Exception as exc:
             reply = wire.Reply(message.rid, error=wire.error_to_wire(exc))
@@ -294,7 +320,7 @@ class EngineServer:
 
     async def _generate(self, peer: bytes, message: wire.Generate) -> None:
         try:
-            engine = self.engines[message.model]
+            engine = self._engine(message.model)
             # Every engine's generate is an async generator, which has aclose.
             stream = cast(
                 AsyncGenerator[GenerationDelta, None],
@@ -329,7 +355,11 @@ class EngineServer:
     async def _call(self, peer: bytes, message: wire.Call) -> None:
         reply = wire.Reply(message.rid)
         try:
-            engine = self.engines[message.model]
+            if message.method in ("load_model", "unload_model"):
+                await self._change_models(message)
+                self._send(peer, reply)
+                return
+            engine = self._engine(message.model)
             served = self._adapters[message.model]
             if message.method == "load_adapter":
                 name, path = message.args
@@ -344,6 +374,39 @@ class EngineServer:
             reply.error = wire.error_to_wire(exc)
         self._send(peer, reply)
 
+    async def _change_models(self, message: wire.Call) -> None:
+        """A load (args: the entry as JSON) or an unload of `message.model`: done here, and
+        every API process told before the answer. An unloaded model is taken out and every
+        API process told first, so that no new request reaches it; then it drains."""
+        name = message.model
+        if message.method == "load_model":
+            entry = entry_from_json(message.args[0])
+            await self.registry.load(entry)
+            self._entries[name] = message.args[0]
+            if isinstance(entry, LLMSettings):
+                self._adapters[name] = {a: str(path) for a, path in entry.adapters.items()}
+            await self._publish_models()
+            return
+        model = self.registry.take(name)
+        if model is None:
+            return
+        self._entries.pop(name, None)
+        self._adapters.pop(name, None)
+        await self._publish_models()
+        await self.registry.retire(model)
+
+    async def _repository_changed(self, served: Mapping[str, Entry]) -> None:
+        self._entries = {
+            name: entry_json(served[name]) for name in self.registry.names() if name in served
+        }
+        await self._publish_models()
+
+    async def _publish_models(self) -> None:
+        stats, info = self._stats_now(), self._info()
+        for peer in self._peers:  # its readiness first: a model loaded is ready at once
+            self._send(peer, stats)
+        await self._publish(lambda seq: wire.Models(seq, info), "models")
+
     async def _restore_adapters(self) -> None:
         """A restarted engine serves the adapters its predecessor served at its end."""
         for model, wanted in self._journal.read().items():
@@ -352,19 +415,27 @@ class EngineServer:
         self._journal.write(self._adapters)
 
     async def _publish_adapters(self, model: str, names: tuple[str, ...]) -> None:
+        await self._publish(lambda seq: wire.Adapters(seq, model, names), "adapter")
+
+    async def _publish(
+        self, update: Callable[[int], wire.Adapters | wire.Models], what: str
+    ) -> None:
         """Every API process knows the change before the load is answered: a request for the
-        new adapter that reaches any of them right after finds it."""
+        new adapter (or model) that reaches any of them right after finds it."""
         seq = next(self._seq)
         waiting = self._acks[seq] = (set(self._peers), asyncio.Event())
+        message = update(seq)
         for peer in self._peers:
-            self._send(peer, wire.Adapters(seq, model, names))
+            self._send(peer, message)
+        if not waiting[0]:
+            waiting[1].set()
         try:
             # A process that exits meanwhile is let off (`_peer_gone`); its successor learns at
             # Hello. The bound is for one that is alive but stuck.
             await asyncio.wait_for(waiting[1].wait(), ACK_TIMEOUT_S)
         except TimeoutError:
             logger.warning(
-                "adapter update %d: %d API processes did not answer", seq, len(waiting[0])
+                "%s update %d: %d API processes did not answer", what, seq, len(waiting[0])
             )
         finally:
             del self._acks[seq]
@@ -414,7 +485,7 @@ class EngineServer:
             )
             for name, model in self.graphs.items()
         )
-        return wire.Info(os.getpid(), models, llms, graphs)
+        return wire.Info(os.getpid(), models, llms, graphs, dict(self._entries))
 
     def _stats_now(self) -> wire.Stats:
         ready = {name: model.ready for name, model in self.encoders.items()}

@@ -31,7 +31,6 @@ from ferry.server.encoder_request import ValidSequences
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import (
     GRAPH_TASK,
-    GraphModel,
     InferOptions,
     check_chunks,
     graph_limits,
@@ -42,9 +41,12 @@ from ferry.server.graph_model import (
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
 from ferry.server.metrics import FerryMetrics
-from ferry.server.model_files import plain_graph, token_model_files
+from ferry.server.model_files import token_model_files
 from ferry.server.model_outputs import ModelOutputs
+from ferry.server.model_overrides import entry_from_json, entry_json
+from ferry.server.model_repository import repository_entries
 from ferry.server.openai.admission import Admitted
+from ferry.server.procs import wire
 from ferry.server.procs.client import EngineClient
 from ferry.server.procs.wire import GraphInfo, LLMInfo
 from ferry.server.registry import ModelRegistry
@@ -225,22 +227,71 @@ class RemoteTensorModel(_EngineModel):
 
 
 class RemoteRegistry(ModelRegistry):
+    """The engine process's models, as stand-ins: built from what it serves (wire.Info), and
+    rebuilt when that changes (a load or unload, which it also runs)."""
+
     def __init__(self, settings: Settings, client: EngineClient, metrics: FerryMetrics) -> None:
-        graphs = [m for m in settings.models if plain_graph(m) is not None]
-        tensors: dict[str, GraphModel] = {
-            m.name: RemoteTensorModel(m, client, metrics) for m in graphs
-        }
-        super().__init__(
-            {
-                m.name: RemoteModelRuntime(m, client, metrics)
-                for m in settings.models
-                if m.name not in tensors
-            },
-            {m.name: RemoteLLMEngine(m, client) for m in settings.llm_models},
-            settings.default_model_name,
-            tensors,
-        )
+        super().__init__({}, {}, settings.default_model_name, {})
+        self._settings = settings
         self._client = client
+        self._metrics = metrics
+        self._entries: dict[str, str] = {}  # each stand-in's settings, as the engine sent them
+        self._place(self._changed(client.started()))
+        client.on_models = self._apply
+
+    def _changed(self, info: wire.Info) -> dict[str, RemoteModel]:
+        """Stand-ins for the models `info` serves that are new or have other settings."""
+        configured = repository_entries(self._settings)
+        built: dict[str, RemoteModel] = {}
+        for name in (*(m.name for m in info.models), *(g.name for g in info.graphs)):
+            text = info.settings.get(name)
+            if text is None or self._entries.get(name) != text:
+                entry = entry_from_json(text) if text else configured[name]
+                assert isinstance(entry, ModelSettings)
+                graph = any(g.name == name for g in info.graphs)
+                kind = RemoteTensorModel if graph else RemoteModelRuntime
+                built[name] = kind(entry, self._client, self._metrics)
+        for llm in info.llms:
+            text = info.settings.get(llm.name)
+            if text is None or self._entries.get(llm.name) != text:
+                entry = entry_from_json(text) if text else configured[llm.name]
+                assert isinstance(entry, LLMSettings)
+                built[llm.name] = RemoteLLMEngine(entry, self._client)
+        self._entries = dict(info.settings)
+        return built
+
+    def _place(self, built: Mapping[str, RemoteModel]) -> None:
+        for name, model in built.items():
+            self.take(name)
+            if isinstance(model, RemoteTensorModel):
+                self.tensors[name] = model
+            elif isinstance(model, RemoteModelRuntime):
+                self.models[name] = model
+            else:
+                self.llms[name] = model
+
+    async def _apply(self, info: wire.Info) -> None:
+        """The engine's models now: new ones started (they read `info`), gone ones closed."""
+        served = {*(m.name for m in info.models), *(g.name for g in info.graphs)}
+        served |= {llm.name for llm in info.llms}
+        gone = [self.take(name) for name in self.names() if name not in served]
+        built = await asyncio.to_thread(self._changed, info)  # tokenizers read off the loop
+        await asyncio.gather(*(model.start() for model in built.values()))
+        self._place(built)
+        for model in gone:
+            if isinstance(model, RemoteLLMEngine):
+                await model.close()
+            elif isinstance(model, (RemoteModelRuntime, RemoteTensorModel)):
+                await model.close(0)
+
+    async def load(self, entry: ModelSettings | LLMSettings) -> None:
+        """Loaded by the engine process, which answers once every API process serves it."""
+        await self._client.call(entry.name, "load_model", entry_json(entry))
+
+    async def unload(self, name: str) -> bool:
+        served = name in self.names()
+        await self._client.call(name, "unload_model")
+        return served
 
     async def close(self, drain_timeout_s: float) -> None:
         await super().close(drain_timeout_s)
@@ -313,6 +364,9 @@ class RemoteLLMEngine:
         # The engine's latest report: a scrape reaches one API process, which reads it here
         # (the engine writes no file for these series, so nothing is counted twice).
         return self._client.llm_stats(self.name) or EngineStats(0, 0)
+
+
+RemoteModel = RemoteModelRuntime | RemoteTensorModel | RemoteLLMEngine
 
 
 async def connect(

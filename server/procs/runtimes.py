@@ -15,7 +15,6 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from ferry.server.kserve.shared_memory import LocalRegions, RegionStore, SharedRegions
-from ferry.server.llm_engines import build_llm_engines
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
 from ferry.server.procs.run_dir import REGIONS_ENV
@@ -50,8 +49,7 @@ async def build_runtimes(
 ) -> ModelRegistry:
     """The model registry (encoders and LLM engines), not yet started."""
     if engine is None:
-        engines = build_llm_engines(settings)
-        return ModelRegistry.from_settings(settings, metrics, engines)
+        return ModelRegistry.local(settings, metrics)
     from ferry.server.procs.client import EngineClient
     from ferry.server.procs.parent import on_parent_exit
     from ferry.server.procs.remote import connect

@@ -72,6 +72,17 @@ class Info(msgspec.Struct, tag=True):
     models: tuple[ModelInfo, ...]
     llms: tuple[LLMInfo, ...]
     graphs: tuple[GraphInfo, ...] = ()
+    # Each served model's settings as the engine runs it (a load's config override applied),
+    # as JSON: the API processes check and render its requests by them.
+    settings: dict[str, str] = {}
+
+
+class Models(msgspec.Struct, tag=True):
+    """The engine serves other models (a load or unload, model_repository.py): every API
+    process applies it, and acks, before the load or unload is answered."""
+
+    seq: int
+    info: Info
 
 
 class Submit(msgspec.Struct, tag=True):
@@ -152,7 +163,7 @@ class Call(msgspec.Struct, tag=True):
 
 
 class Ack(msgspec.Struct, tag=True):
-    """An API process has applied an Adapters update."""
+    """An API process has applied an Adapters or Models update."""
 
     seq: int
 
@@ -217,7 +228,7 @@ class Stats(msgspec.Struct, tag=True):
 
 
 ToEngine = Hello | Submit | SubmitTensors | Cancel | Admit | Release | Generate | Call | Ack
-ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters | Classes
+ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters | Classes | Models
 
 encoder = msgspec.msgpack.Encoder()
 # One ZMQ message carries a list of headers (what one loop turn sent), then their frames.

@@ -250,3 +250,47 @@ def test_sequence_batching_settings_are_checked(sequences, server, message):
     model = {"name": "m", "path": "/m.onnx", "sequence_batching": sequences}
     with pytest.raises(ValidationError, match=message):
         load_settings(environ={}, extra_models=[model], **server)
+
+
+MODELS = [{"name": "a", "path": "/a"}, {"name": "b", "path": "/b"}]
+
+
+@pytest.mark.parametrize(
+    ("server", "refusal"),
+    [
+        ({"load_models": ["a"]}, "model_control_mode = 'explicit'"),
+        ({"model_control_mode": "poll", "load_models": ["a"]}, "with 'poll'"),
+        ({"model_control_mode": "explicit", "load_models": ["*", "a"]}, "its only entry"),
+        ({"model_control_mode": "explicit", "load_models": ["c"]}, "not configured: ['c']"),
+        ({"model_control_mode": "push"}, "model_control_mode"),
+        ({"repository_poll_secs": 0}, "repository_poll_secs"),
+        ({"model_control_mode": "explicit", "replicas": 2}, "one replica only"),
+    ],
+)
+def test_model_control_settings_are_checked(server, refusal):
+    from ferry.server.settings import Settings
+
+    with pytest.raises(ValidationError, match=re.escape(refusal)):
+        Settings(**server, models=MODELS)
+
+
+def test_explicit_mode_serves_only_load_models_at_start():
+    from ferry.server.settings import Settings
+
+    def served(**server):
+        return [m.name for m in Settings(**server, models=MODELS).served_at_start().models]
+
+    assert served() == ["a", "b"]
+    assert served(model_control_mode="explicit") == []
+    assert served(model_control_mode="explicit", load_models=["b"]) == ["b"]
+    assert served(model_control_mode="explicit", load_models=["*"]) == ["a", "b"]
+
+
+def test_settings_read_again_see_the_file_as_it_is_now(tmp_path):
+    config = tmp_path / "ferry.toml"
+    config.write_text('[[models]]\nname = "a"\npath = "a.onnx"\n')
+    settings = load_settings(config, environ={}, model_control_mode="poll")
+    config.write_text('[[models]]\nname = "b"\npath = "b.onnx"\n')
+    again = settings.reread()
+    assert [m.name for m in again.models] == ["b"]
+    assert again.model_control_mode == "poll"  # the flags given at start still hold
