@@ -41,6 +41,9 @@ JSON_BODY = (JSON,)
 # (tritonclient.http) or libcurl's application/x-www-form-urlencoded (perf_analyzer).
 ANY_TYPE: tuple[str, ...] = ()
 TENSOR_BODY = (JSON, OCTETS, UNTYPED)
+# A JSON body as tritonclient sends it: no type from .http, application/octet-stream from .http.aio
+# (aiohttp's type for bytes). Neither is a type a page on another origin posts without a preflight.
+TRITONCLIENT_JSON = (JSON, OCTETS, UNTYPED)
 
 GRPC_SERVICE = "/inference.GRPCInferenceService"
 GRPC = "GRPC"  # the method of a gRPC route: its calls are named by path alone
@@ -90,10 +93,9 @@ def _post(
 
 
 def _settings(path: str) -> Route:
-    """KServe settings read (GET) and updated (POST, JSON, whatever type tritonclient gives
-    it: none from .http, application/octet-stream from .http.aio)."""
+    """KServe settings read (GET) and updated (POST, JSON as tritonclient sends it)."""
     methods = frozenset({"GET", "POST"})
-    return Route(path, methods, RouteClass.METADATA, KSERVE, media=TENSOR_BODY)
+    return Route(path, methods, RouteClass.METADATA, KSERVE, media=TRITONCLIENT_JSON)
 
 
 def _grpc(method: str, kind: RouteClass, *, needs_key: bool = True) -> Route:
@@ -149,11 +151,10 @@ ROUTES: tuple[Route, ...] = (
     _post("/v2/cudasharedmemory/region/{name}/register", ADMIN, KSERVE, ANY_TYPE),
     _post("/v2/cudasharedmemory/unregister", ADMIN, KSERVE, ANY_TYPE),
     _post("/v2/cudasharedmemory/region/{name}/unregister", ADMIN, KSERVE, ANY_TYPE),
-    # Triton's model repository extension (routes/model_repository.py); tritonclient sends the
-    # index request with no body and no Content-Type.
-    _post("/v2/repository/index", METADATA, KSERVE, (JSON, UNTYPED)),
-    _post("/v2/repository/models/{name}/load", ADMIN, KSERVE, (JSON, UNTYPED)),
-    _post("/v2/repository/models/{name}/unload", ADMIN, KSERVE, (JSON, UNTYPED)),
+    # Triton's model repository extension (routes/model_repository.py).
+    _post("/v2/repository/index", METADATA, KSERVE, TRITONCLIENT_JSON),
+    _post("/v2/repository/models/{name}/load", ADMIN, KSERVE, TRITONCLIENT_JSON),
+    _post("/v2/repository/models/{name}/unload", ADMIN, KSERVE, TRITONCLIENT_JSON),
     # Trace and log settings: read, and updated only to what Ferry does (kserve/trace_settings).
     _settings("/v2/trace/setting"),
     _settings("/v2/models/{name}/trace/setting"),

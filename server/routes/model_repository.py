@@ -25,6 +25,7 @@ from ferry.server.routes.kserve_v2 import error_docs
 
 router = APIRouter(prefix="/v2/repository", tags=["kserve-v2"])
 FORBIDDEN_DOC = {"description": "model_control_mode is not explicit, or the key may not"}
+READY_NOT_BOOLEAN = "Invalid value for 'ready': expected a boolean"  # Triton's words
 
 
 class IndexEntryModel(BaseModel):
@@ -41,10 +42,17 @@ class IndexEntryModel(BaseModel):
     responses=error_docs(400, 401),
 )
 async def repository_index(request: Request) -> Response:
-    body = await _body(request)
+    try:
+        body = await _body(request)
+    except MalformedRequest as exc:
+        if exc.field is None or exc.field.partition("[")[0] != "ready":
+            raise
+        # Its value could not be read (an array nested past the parser's limit, a broken
+        # literal): whatever it held, not a boolean.
+        raise MalformedRequest(f"{READY_NOT_BOOLEAN} ({exc})", "ready") from None
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
-        raise MalformedRequest("'ready' must be a boolean", "ready")
+        raise MalformedRequest(READY_NOT_BOOLEAN, "ready")
     unknown = sorted(set(body) - {"ready"})
     if unknown:
         raise MalformedRequest(f"'{unknown[0]}' is not an index field (ready)", unknown[0])

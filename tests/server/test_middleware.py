@@ -67,6 +67,10 @@ async def test_two_authorization_headers_are_a_400_whatever_their_order(http, or
         ("/v2/models/nope/infer", None, False),
         ("/v2/models/nope/infer", "application/octet-stream", False),
         ("/v2/models/nope/infer", "text/plain", True),
+        # The model repository extension: JSON, typed as each tritonclient types it.
+        ("/v2/repository/models/nope/load", None, False),
+        ("/v2/repository/models/nope/load", "application/octet-stream", False),
+        ("/v2/repository/models/nope/load", "text/plain", True),
     ],
 )
 async def test_inference_bodies_must_be_declared_json(http, path, content_type, refused):
