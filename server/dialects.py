@@ -143,7 +143,7 @@ class AnthropicJson:
     invalid_status: int = 400
 
     def status(self, failure: Failure) -> int:
-        return self.invalid_status if failure.status == 422 else failure.status
+        return answered_status(failure, self.invalid_status)
 
     def body(self, failure: Failure) -> dict[str, Any]:
         kind = _ANTHROPIC_TYPES.get(self.status(failure), "api_error")
