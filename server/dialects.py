@@ -71,6 +71,11 @@ def _encoded(shape: Callable[[Failure], dict[str, Any]], failure: Failure) -> by
         )
 
 
+def answered_status(failure: Failure, invalid_status: int) -> int:
+    """The table's 422 (FastAPI's convention for an invalid request) as the dialect answers it."""
+    return invalid_status if failure.status == 422 else failure.status
+
+
 @dataclass(frozen=True)
 class OpenAIJson:
     """`{"error": {message, type, param, code}}`. OpenAI (and vLLM) answer a request they refuse
@@ -79,7 +84,7 @@ class OpenAIJson:
     invalid_status: int = 422
 
     def status(self, failure: Failure) -> int:
-        return self.invalid_status if failure.status == 422 else failure.status
+        return answered_status(failure, self.invalid_status)
 
     def body(self, failure: Failure) -> dict[str, Any]:
         error = {"message": failure.message, "type": failure.type, "param": failure.param}
@@ -101,16 +106,20 @@ def kserve_message(failure: Failure) -> str:
 
 @dataclass(frozen=True)
 class KServeJson:
-    """`{"error": "..."}`: what tritonclient and perf_analyzer read."""
+    """`{"error": "..."}`: what tritonclient and perf_analyzer read. Triton (and the KServe v2
+    protocol) answer every request they refuse 400, never FastAPI's 422."""
 
-    invalid_status: int = 422
+    invalid_status: int = 400
+
+    def status(self, failure: Failure) -> int:
+        return answered_status(failure, self.invalid_status)
 
     def body(self, failure: Failure) -> dict[str, Any]:
         return {"error": kserve_message(failure)}
 
     def reply(self, failure: Failure, headers: dict[str, str] | None = None) -> Reply:
         body = _encoded(self.body, failure)
-        return Reply(failure.status, body, headers=http_headers(failure, headers))
+        return Reply(self.status(failure), body, headers=http_headers(failure, headers))
 
 
 # Anthropic's error types, named by status (its API's table); any other status is an api_error.
@@ -134,7 +143,7 @@ class AnthropicJson:
     invalid_status: int = 400
 
     def status(self, failure: Failure) -> int:
-        return self.invalid_status if failure.status == 422 else failure.status
+        return answered_status(failure, self.invalid_status)
 
     def body(self, failure: Failure) -> dict[str, Any]:
         kind = _ANTHROPIC_TYPES.get(self.status(failure), "api_error")

@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 class InvalidInput(Exception):
-    """A request that can never run, refused before any work: a 422 (400 in the OpenAI
-    dialect) naming the field."""
+    """A request that can never run, refused before any work: a 422 (400 in the OpenAI and
+    KServe dialects) naming the field."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)

@@ -32,7 +32,9 @@ def distinct(names: tuple[str, ...]) -> tuple[str, ...]:
     (400,000 of one froze the event loop rendering them)."""
     if len(set(names)) != len(names):
         twice = next(name for name, count in Counter(names).items() if count > 1)
-        raise InvalidInput("outputs", f"output {twice!r} is asked for more than once")
+        raise InvalidInput(
+            "outputs", f"output {twice!r} already exists in request: asked for more than once"
+        )
     return names
 
 

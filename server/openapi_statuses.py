@@ -1,9 +1,9 @@
 """The OpenAPI document lists the invalid-request status each route really answers.
 
 FastAPI documents a 422 on every route that takes a body or parameters. Routes in OpenAI's
-dialect answer 400 instead (as OpenAI and vLLM do), so for them the 422 entry is removed: a
-client generated from the document, or a fuzzer checking answers against it, sees what the
-server does.
+dialect answer 400 instead (as OpenAI and vLLM do), and so do KServe v2's (as Triton does), so
+for them the 422 entry is removed: a client generated from the document, or a fuzzer checking
+answers against it, sees what the server does.
 """
 
 from __future__ import annotations

@@ -149,7 +149,8 @@ def errors() -> str:
         rows.append(f"| `{exc.__name__}` | {kind.status} | `{kind.type}` | {retry} |")
     intro = (
         "How each failure is answered, in the order the table is matched (the first class that "
-        "an error is an instance of wins). Anything else is a 500 `internal_error`."
+        "an error is an instance of wins). Anything else is a 500 `internal_error`. A 422 is "
+        "answered 400 on the OpenAI (`/v1`) and KServe (`/v2`) routes, as OpenAI and Triton do."
     )
     return "\n".join([GENERATED, "", "# Error reference", "", intro, "", *rows, ""])
 

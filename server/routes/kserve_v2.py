@@ -79,13 +79,12 @@ class KServeError(BaseModel):
 
 
 ERROR_DOCS = {
-    400: "Not a KServe v2 request (JSON, tensor shapes)",
+    400: "Invalid request (JSON, tensor shapes, parameters); the message names the tensor",
     401: "Missing or wrong API key",
     403: "Not allowed to this API key, or off on this server (the message says which)",
     404: "Unknown model",
     413: "Body over max_body_bytes",
     415: "Content-Type neither JSON nor application/octet-stream",
-    422: "Invalid input; the message names the tensor",
     429: "Queue full (Retry-After)",
     500: "Inference failed",
     503: "Not ready, draining, or backend unavailable (Retry-After)",
@@ -178,7 +177,7 @@ async def get_trace_settings(request: Request) -> dict[str, Any]:
     return trace_settings()
 
 
-@router.post("/trace/setting", responses=error_docs(400, 404, 422))
+@router.post("/trace/setting", responses=error_docs(400, 404))
 @router.post("/models/{name}/trace/setting", include_in_schema=False)
 async def update_trace(request: Request) -> dict[str, Any]:
     _traced_model(request)
@@ -190,7 +189,7 @@ async def get_log_settings(request: Request) -> dict[str, Any]:
     return log_settings(request.app.state.settings.log_level)
 
 
-@router.post("/logging", responses=error_docs(400, 422))
+@router.post("/logging", responses=error_docs(400))
 async def update_logging(request: Request) -> dict[str, Any]:
     update = await _json_body(request)
     return update_log_settings(update, request.app.state.settings.log_level)
@@ -391,7 +390,7 @@ def register_routes(router: APIRouter, hot: HotRoutes) -> None:
             path,
             infer,
             summary="Infer",
-            responses=error_docs(400, 404, 415, 422, 429, 500, 503, 504),
+            responses=error_docs(400, 404, 415, 429, 500, 503, 504),
             include_in_schema="version" not in path,
             tags=["kserve-v2"],
         )

@@ -24,13 +24,13 @@ def _shared_memory(request: Request) -> tuple[SharedMemory, str | None]:
 
 
 @router.get(f"{SYSTEM}/status", responses=error_docs(401, 403))
-@router.get(f"{SYSTEM}/region/{{name}}/status", responses=error_docs(401, 403, 422))
+@router.get(f"{SYSTEM}/region/{{name}}/status", responses=error_docs(400, 401, 403))
 async def system_status(request: Request, name: str | None = None) -> Response:
     regions, tenant = _shared_memory(request)
     return JSONResponse(regions.status(tenant, name))
 
 
-@router.post(f"{SYSTEM}/region/{{name}}/register", responses=error_docs(400, 401, 403, 422))
+@router.post(f"{SYSTEM}/region/{{name}}/register", responses=error_docs(400, 401, 403))
 async def system_register(name: str, request: Request) -> Response:
     regions, tenant = _shared_memory(request)
     regions.register(tenant, name, _object(await request.body()))

@@ -25,6 +25,7 @@ PASSING = {
         "HttpTest.test_multi_inputs",
         "HttpTest.test_content_encoding_unsupported_client",
         "HttpTest.test_inference_header_content_length_out_of_range",
+        "HttpTest.test_duplicate_output_names",
     ],
     AIO_TEST: [
         "TestHttpAioClient.test_is_server_live",
@@ -38,10 +39,6 @@ PASSING = {
         "TestHttpAioClient.test_update_trace_settings",
     ],
 }
-KSERVE_422 = (
-    "Ferry's KServe dialect answers a request it refuses 422 (the field named first), where "
-    "Triton answers 400: "
-)
 NOT_RUN = {
     "HttpTest.test_content_encoding_chunked_manually": (
         "sends Content-Length and Transfer-Encoding: chunked together, which uvicorn refuses "
@@ -52,18 +49,18 @@ NOT_RUN = {
         "a full queue is Ferry's 429 with Retry-After (one error table for every API), where "
         "Triton answers 503"
     ),
-    "HttpTest.test_buffer_size_overflow": KSERVE_422
-    + "and the wording of Triton's C++ 64-bit overflow guards (Python's integers do not "
-    "overflow: the shape is refused as larger than the body)",
+    "HttpTest.test_buffer_size_overflow": (
+        "expects the wording of Triton's C++ 64-bit overflow guards (Python's integers do not "
+        "overflow: Ferry answers the same 400, the shape refused as larger than the body)"
+    ),
     "HttpTest.test_negative_dimensions": (
         "expects Triton's 500 (its JSON parser's error) for client input; Ferry never answers "
-        "a 5xx for client input (422 naming the shape)"
+        "a 5xx for client input (400 naming the shape)"
     ),
-    "HttpTest.test_json_recursion_depth_limit": KSERVE_422
-    + "Triton flattens `data` nested up to 100 deep around any shape; Ferry takes the shape's "
-    "nesting or a flat list, at most 32 deep",
-    "HttpTest.test_duplicate_output_names": KSERVE_422
-    + "Ferry refuses an output asked twice, in its own words",
+    "HttpTest.test_json_recursion_depth_limit": (
+        "Triton flattens `data` nested up to 100 deep around any shape; Ferry takes the shape's "
+        "nesting or a flat list, at most 32 deep (deeper is a 400 in Ferry's words)"
+    ),
     "HttpTest.test_loading_large_invalid_model": (
         "builds a 2.9 GB body (2 GiB base64-encoded, then as JSON: over 10 GB of the client's "
         "memory), beyond what the suite may take; Ferry refuses it 413 by its Content-Length, "

@@ -26,7 +26,7 @@ def test_the_reading_adds_up_each_models_series():
         observer.batch_formed(FormedBatch(size, real, 40, [0.001] * size, 0))
     observer.rejected("queue_full")
     metrics.requests.labels("m", "/predict", "200").inc(5)
-    metrics.requests.labels("m", "/v2/models/{name}/infer", "422").inc()
+    metrics.requests.labels("m", "/v2/models/{name}/infer", "400").inc()
     metrics.requests.labels("", "/predict", "404").inc()  # named no served model: no one's
     for seconds in (0.003, 0.2, 50.0):
         metrics.request_duration.labels("m", "/predict").observe(seconds)

@@ -44,7 +44,7 @@ def test_openai_json(failure, dialect, invalid_status):
 
 def test_kserve_json(failure):
     reply = KSERVE.reply(failure)
-    assert reply.status == failure.status
+    assert reply.status == (400 if failure.status == 422 else failure.status)  # Triton's 400
     message = f"{failure.param}: it broke" if failure.param else "it broke"
     assert orjson.loads(reply.body) == {"error": message}
     assert http_headers(reply) == expected_headers(failure)

@@ -134,7 +134,7 @@ async def client():
                 }
             },
         ),
-        ("/v2/raise", 422, {"error": "input: bad"}),
+        ("/v2/raise", 400, {"error": "input: bad"}),
     ],
 )
 async def test_framework_routes_answer_in_the_dialect_mounted_on_their_prefix(

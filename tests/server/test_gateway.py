@@ -127,7 +127,7 @@ async def test_an_error_is_answered_in_the_dialect_the_route_was_registered_with
                 },
             ),
         ),
-        ("/v2/models/m/infer", (422, {"error": "input: bad"})),
+        ("/v2/models/m/infer", (400, {"error": "input: bad"})),
     ]:
         client = Client()
         await gateway(scope(path), client.receive, client.send)

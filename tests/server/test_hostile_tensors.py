@@ -259,7 +259,9 @@ def test_grpc_refuses_an_output_asked_for_twice(server):
     request.outputs.add(name="mean")
     error = grpc_infer(server, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.details().startswith("outputs: output 'mean' is asked for more than once")
+    assert error.details().startswith(
+        "outputs: output 'mean' already exists in request: asked for more than once"
+    )
 
 
 # -- the fuzzer --------------------------------------------------------------------------------

@@ -236,7 +236,7 @@ def test_kserve_refuses_a_bad_image_naming_the_input(server, protocol):
     encoded = [images.encoded(0), BAD]
     if protocol == "kserve-json":
         reply = send(server, protocol, "cnn", encoded)
-        assert reply.status_code in (400, 422)
+        assert reply.status_code == 400
         message = reply.json()["error"]
     else:
         with pytest.raises(InferenceServerException) as refused:
@@ -267,7 +267,7 @@ def test_a_raw_image_needs_a_model_that_decodes_images(server):
     assert unknown.json()["error"]["param"] == "top"
     # Without preprocessing, BYTES is not the graph's datatype: refused as any other.
     reply = send(server, "kserve-json", "plain", [data])
-    assert reply.status_code in (400, 422)
+    assert reply.status_code == 400
     assert "datatype BYTES does not match the model's FP32" in reply.text
 
 
@@ -278,7 +278,7 @@ def test_encoded_images_come_one_per_row(server, session, shape, status):
     body = {"inputs": [{**tensor, "data": [text(data) for data in encoded]}]}
     reply = httpx.post(f"{server.url}/v2/models/cnn/infer", json=body, timeout=30)
     if status != 200:
-        assert reply.status_code in (400, 422)
+        assert reply.status_code == 400
         assert reply.json()["error"].startswith("pixel_values: encoded images come one per row")
         return
     (output,) = reply.json()["outputs"]

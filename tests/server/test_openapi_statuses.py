@@ -6,7 +6,7 @@ from ferry.server.app import create_app
 from ferry.server.settings import Settings
 
 
-def test_openai_routes_document_400_and_the_others_keep_422():
+def test_openai_and_kserve_routes_document_400_and_ferrys_keep_422():
     paths = create_app(Settings()).openapi()["paths"]
     openai_posts = [
         "/v1/chat/completions",
@@ -19,6 +19,12 @@ def test_openai_routes_document_400_and_the_others_keep_422():
         responses = paths[path]["post"]["responses"]
         assert "400" in responses and "422" not in responses, path
     assert "422" not in paths["/v1/models/{model_id}"]["get"]["responses"]
-    # Ferry's own /predict and KServe keep the framework's 422, and answer it.
+    # KServe v2 answers 400 as Triton does, on every /v2 route.
+    v2 = [(p, ops) for p, ops in paths.items() if p.startswith("/v2")]
+    assert v2
+    for path, operations in v2:
+        for method, operation in operations.items():
+            assert "422" not in operation["responses"], (method, path)
+    assert "400" in paths["/v2/models/{name}/infer"]["post"]["responses"]
+    # Ferry's own /predict keeps the framework's 422, and answers it.
     assert "422" in paths["/predict"]["post"]["responses"]
-    assert "422" in paths["/v2/models/{name}/infer"]["post"]["responses"]

@@ -410,7 +410,7 @@ def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
     fp16 = next(i for i in inputs if i["name"] == "x_FP16")
     fp16["data"] = [1.5, 70000.0]
     reply = infer(server, "every_type", inputs)
-    assert reply.status_code == 422
+    assert reply.status_code == 400
     assert reply.json()["error"].startswith("x_FP16[1]: 70000.0 is outside FP16's range")
 
 
@@ -620,7 +620,7 @@ def test_a_request_more_chunks_than_half_the_queue_is_a_4xx_naming_the_input(ser
     leave other clients only 429s while it drains."""
     feeds = chunked_request("gb_chunked", rows=rows)
     reply = infer(server, "gb_chunked", [kserve_input("X", feeds["X"])])
-    assert reply.status_code == 422, reply.text
+    assert reply.status_code == 400, reply.text
     assert reply.json()["error"].startswith(
         f"X: {rows} rows go in chunks of 3, more than the 4 places one request may take of the "
         "queue's 8 (at most 12 rows)"

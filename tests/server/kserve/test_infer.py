@@ -1,6 +1,7 @@
 """The KServe v2 JSON and binary codec in-process (server/kserve/infer.py and the route's
 decode/encode), on the real default model: what a client sends in each encoding gives the same
-numbers, padding never reaches the model, and bad tensors are 422s naming the input."""
+numbers, padding never reaches the model, and bad tensors are 400s (Triton's status) naming the
+input."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ async def infer(client, inputs: list[dict], **header) -> dict[str, np.ndarray]:
 async def refused(client, body: bytes | dict, headers: dict | None = None) -> str:
     kwargs = {"json": body} if isinstance(body, dict) else {"content": body}
     response = await client.post(INFER, headers=headers, **kwargs)
-    assert response.status_code == 422, response.text  # InvalidInput, as on every v2 route
+    assert response.status_code == 400, response.text  # InvalidInput, as on every v2 route
     return response.json()["error"]
 
 
@@ -168,7 +169,7 @@ async def test_token_ids_and_embeddings_by_shared_memory(client):
 
 
 @in_module_loop
-async def test_bad_tensors_are_422s_naming_the_input(client):
+async def test_bad_tensors_are_400s_naming_the_input(client):
     truncated = length_prefixed(["abc"])[:-1]
     head = b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",'
     head += b' "parameters": {"binary_data_size": %d}}]}' % len(truncated)

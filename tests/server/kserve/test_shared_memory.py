@@ -113,10 +113,10 @@ async def test_regions_are_per_api_key(client):
     assert (await client.get(f"{SYSTEM}/status", headers=BOB)).json() == []
     # Bob cannot use, see, or unregister Alice's regions: to him they do not exist.
     response = await client.post(INFER, json=header(), headers=BOB)
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert "'in' is not registered" in response.json()["error"]
     status = await client.get(f"{SYSTEM}/region/in/status", headers=BOB)
-    assert status.status_code == 422
+    assert status.status_code == 400
     await client.post(f"{SYSTEM}/unregister", headers=BOB)
     assert len((await client.get(f"{SYSTEM}/status", headers=ALICE)).json()) >= 2
     # ... and may register his own of the same name.
@@ -159,12 +159,12 @@ BAD_REQUESTS = {
 
 @in_module_loop
 @pytest.mark.parametrize("changes, message", BAD_REQUESTS.values(), ids=BAD_REQUESTS)
-async def test_a_bad_region_is_a_422_naming_the_tensor(client, changes, message):
+async def test_a_bad_region_is_a_400_naming_the_tensor(client, changes, message):
     body = header(**changes)
     for tensor in (*body["inputs"], *body["outputs"]):
         tensor["parameters"] = {k: v for k, v in tensor["parameters"].items() if v is not None}
     response = await client.post(INFER, json=body, headers=ALICE)
-    assert response.status_code == 422, response.text
+    assert response.status_code == 400, response.text
     assert message in response.json()["error"]
 
 
@@ -173,7 +173,7 @@ async def test_data_both_in_the_request_and_in_a_region_is_refused(client):
     body = header()
     body["inputs"][0]["data"] = [0.0] * (IMAGE_BYTES // 4)
     response = await client.post(INFER, json=body, headers=ALICE)
-    assert response.status_code == 422
+    assert response.status_code == 400
     assert "both in the request and in a shared memory region" in response.json()["error"]
 
 
@@ -201,7 +201,7 @@ async def test_a_bad_registration_is_a_4xx(client, body, message):
 async def test_a_name_registered_twice_is_refused(client):
     body = {"key": key("out"), "offset": 0, "byte_size": 8}
     response = await client.post(f"{SYSTEM}/region/in/register", json=body, headers=ALICE)
-    assert response.status_code == 422 and "registered already" in response.json()["error"]
+    assert response.status_code == 400 and "registered already" in response.json()["error"]
 
 
 @in_module_loop

@@ -89,7 +89,7 @@ def test_errors_use_the_kserve_shape(server, client):
     ids, mask = padded_batch([4])
     with pytest.raises(InferenceServerException, match="differs from input_ids") as info:
         infer(client, ids, mask[:, :2])
-    assert info.value.status() == "422"
+    assert info.value.status() == "400"
 
     unknown = httpx.post(f"{server.url}/v2/models/nope/infer", json={"inputs": []}, timeout=10)
     assert unknown.status_code == 404
@@ -101,7 +101,7 @@ def test_errors_use_the_kserve_shape(server, client):
     too_long = np.ones((1, 300), dtype=np.int64)
     with pytest.raises(InferenceServerException, match="at most 256") as info:
         infer(client, too_long, too_long)
-    assert info.value.status() == "422"
+    assert info.value.status() == "400"
 
 
 def text_input(texts: list[str], binary: bool) -> triton_http.InferInput:
@@ -126,7 +126,7 @@ def test_text_errors_name_the_item(client):
         InferenceServerException, match=r"text\[1\]: text must not be empty"
     ) as info:
         client.infer(DEFAULT_MODEL, [text_input(["fine", " "], binary=True)])
-    assert info.value.status() == "422"
+    assert info.value.status() == "400"
     ids, _ = padded_batch([4])
     both = [
         text_input(["fine"], binary=False),
