@@ -84,7 +84,8 @@ class ImageInputs:
         items = tensors.get(self.input)
         if items is None or items.dtype != object:
             return tensors
-        with tracing.span("ferry.image_decode", **{"ferry.items": len(items)}):
+        # size, not len: a raw image body is one image, a 0-d array.
+        with tracing.span("ferry.image_decode", **{"ferry.items": items.size}):
             return {**tensors, self.input: await self.decode(items)}
 
     async def decode(self, items: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ def test_the_reading_adds_up_each_models_series():
     observer = metrics.batch_observer("m", "onnxruntime")
     observer.queue_depth(3)
     for size, real in ((4, 30), (2, 16)):
-        observer.batch_formed(FormedBatch(size, real, 40, [0.001] * size, 0))
+        observer.batch_formed(FormedBatch(size, real, 40, [0.001] * size, 0, size))
     observer.rejected("queue_full")
     metrics.requests.labels("m", "/predict", "200").inc(5)
     metrics.requests.labels("m", "/v2/models/{name}/infer", "400").inc()

@@ -194,7 +194,7 @@ def test_metadata_comes_from_the_graph(server):
     # A fixed first axis: served one request at a time, its full shape in the config.
     assert iris_config["max_batch_size"] == 0
     assert iris_config["input"] == [
-        {"name": "float_input", "data_type": "TYPE_FP32", "dims": [3, 2]}
+        {"name": "float_input", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [3, 2]}
     ]
     assert masked_config["max_batch_size"] > 0
     assert masked_config["input"][0]["dims"] == [-1]  # the batch axis is implicit
