@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from ferry.llm.stops import StopMatcher
@@ -22,6 +21,7 @@ from ferry.server.dialects import ANTHROPIC
 from ferry.server.errors import failure
 from ferry.server.openai.planning import plan_chat
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.openai.text_relay import Relayed, relay_text
 from ferry.server.openai.tool_stream import CallStream
 from ferry.server.registry import ServedModel
 from ferry.server.tenancy import RunAs
@@ -122,25 +122,15 @@ async def stream_message(
     cached = first[1].cached_tokens
 
     async def run() -> AsyncIterator[str]:
-        tokens, finish = 0, None
+        relayed = Relayed()
         yield events.opening(_id("msg"), plan.served.name, usage(plan.prompt_tokens, 0, cached))
         try:
-            async with aclosing(deltas):
-                item = first
-                while True:
-                    _, delta = item
-                    tokens += delta.token_count
-                    finish = delta.finish_reason or finish
-                    for event in events.text(delta.text):
-                        yield event
-                    try:
-                        item = await anext(deltas)
-                    except StopAsyncIteration:
-                        break
+            async for event in relay_text(first, deltas, events.text, relayed):
+                yield event
         except Exception as exc:
             yield events.failed(exc)
             return
-        for event in events.closing(finish, tokens):
+        for event in events.closing(relayed.finish, relayed.tokens):
             yield event
 
     return run()

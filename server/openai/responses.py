@@ -8,7 +8,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 from typing import Any
 
 from ferry.llm.errors import InvalidSampling
@@ -16,6 +15,7 @@ from ferry.server.errors import failure
 from ferry.server.openai.planning import plan_chat
 from ferry.server.openai.responses_protocol import ResponsesRequest, responses_error
 from ferry.server.openai.serving import OpenAIServing
+from ferry.server.openai.text_relay import Relayed, relay_text
 from ferry.server.openai.tool_stream import CallStream
 from ferry.server.registry import ServedModel
 from ferry.server.tenancy import RunAs
@@ -152,25 +152,15 @@ async def stream_response(
     events = _Events(builder, CallStream(text_allowed) if plan.tools is not None else None)
 
     async def run() -> AsyncIterator[str]:
-        tokens, finish = 0, None
+        relayed = Relayed()
         yield events.opening()
         try:
-            async with aclosing(deltas):
-                item = first
-                while True:
-                    _, delta = item
-                    tokens += delta.token_count
-                    finish = delta.finish_reason or finish
-                    for event in events.text(delta.text):
-                        yield event
-                    try:
-                        item = await anext(deltas)
-                    except StopAsyncIteration:
-                        break
+            async for event in relay_text(first, deltas, events.text, relayed):
+                yield event
         except Exception as exc:
             yield events.failed(exc)
             return
-        for event in events.closing(finish, (plan.prompt_tokens, tokens)):
+        for event in events.closing(relayed.finish, (plan.prompt_tokens, relayed.tokens)):
             yield event
 
     return run()
