@@ -429,28 +429,6 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         outputs = classification.apply(outputs, classified)
         return encode_outputs(request, outputs, datatypes, regions, placed)
 
-
-STREAM_END = object()  # the stream's last answer has been queued
-FINAL_RESPONSE = "triton_final_response"
-
-
-def stream_response(request: Any, outcome: Any) -> service_pb2.ModelStreamInferResponse:
-    """One stream answer: the response, or the error in `error_message` (Triton's form, which
-    tritonclient hands to the callback as an InferenceServerException), with the request's id."""
-    if isinstance(outcome, Failure):
-        response = service_pb2.ModelInferResponse(
-            model_name=request.model_name, model_version=VERSION, id=request.id
-        )
-        message = service_pb2.ModelStreamInferResponse(
-            error_message=kserve_message(outcome), infer_response=response
-        )
-    else:
-        message = service_pb2.ModelStreamInferResponse(infer_response=outcome)
-    if _parameter(request.parameters, "triton_enable_empty_final_response") is True:
-        # Every answer of a model that is not decoupled is its request's last.
-        message.infer_response.parameters[FINAL_RESPONSE].bool_param = True
-    return message
-
     # -- Triton's shared memory extension (kserve/shared_memory.py) ---------------------------
 
     async def SystemSharedMemoryStatus(
@@ -504,9 +482,7 @@ def stream_response(request: Any, outcome: Any) -> service_pb2.ModelStreamInferR
         empty = service_pb2.CudaSharedMemoryUnregisterResponse()
         return await self._call("CudaSharedMemoryUnregister", context, lambda _: _value(empty))
 
-
-async def _cuda_unsupported(_: str | None) -> Any:
-    raise NotSupported("cuda_shared_memory", CUDA_UNSUPPORTED)
+    # -- Triton's model repository extension (server/model_repository.py) ---------------------
 
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
@@ -540,6 +516,32 @@ async def _cuda_unsupported(_: str | None) -> Any:
             return service_pb2.RepositoryModelUnloadResponse()
 
         return await self._call("RepositoryModelUnload", context, run)
+
+
+STREAM_END = object()  # the stream's last answer has been queued
+FINAL_RESPONSE = "triton_final_response"
+
+
+def stream_response(request: Any, outcome: Any) -> service_pb2.ModelStreamInferResponse:
+    """One stream answer: the response, or the error in `error_message` (Triton's form, which
+    tritonclient hands to the callback as an InferenceServerException), with the request's id."""
+    if isinstance(outcome, Failure):
+        response = service_pb2.ModelInferResponse(
+            model_name=request.model_name, model_version=VERSION, id=request.id
+        )
+        message = service_pb2.ModelStreamInferResponse(
+            error_message=kserve_message(outcome), infer_response=response
+        )
+    else:
+        message = service_pb2.ModelStreamInferResponse(infer_response=outcome)
+    if _parameter(request.parameters, "triton_enable_empty_final_response") is True:
+        # Every answer of a model that is not decoupled is its request's last.
+        message.infer_response.parameters[FINAL_RESPONSE].bool_param = True
+    return message
+
+
+async def _cuda_unsupported(_: str | None) -> Any:
+    raise NotSupported("cuda_shared_memory", CUDA_UNSUPPORTED)
 
 
 def _check_repository(name: str) -> None:
