@@ -119,8 +119,8 @@ def check_contents(tensor: Any) -> None:
 def decode_inputs(
     request: service_pb2.ModelInferRequest, regions: TenantRegions
 ) -> dict[str, np.ndarray]:
+    check_raw_alone(request)  # first, as Triton: its clients match its words for this case
     refs, raw = grpc_regions(request)
-    check_raw_alone(request)
     tensors = {}
     room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):

@@ -218,8 +218,8 @@ def decode_grpc_tensors(
 ) -> dict[str, np.ndarray]:
     """A ModelInferRequest's inputs (raw contents, typed contents of the datatype's own field,
     or a shared memory region), checked against the graph as on HTTP."""
+    check_raw_alone(request)  # first, as Triton: its clients match its words for this case
     refs, raw = grpc_regions(request)
-    check_raw_alone(request)
     tensors: dict[str, np.ndarray] = {}
     room = request.ByteSize()
     for index, tensor in enumerate(request.inputs):
