@@ -131,7 +131,10 @@ def test_a_stop_string_cuts_the_answer(client):
 
 
 def test_n_choices_and_the_stream_give_the_greedy_answer(client):
-    question = "What is the largest planet in our solar system?"
+    # A question without near-ties in its answer: the int4 kernels round a batch of three
+    # otherwise than one request on some CPUs, which flips a near-tie (this AVX2 box: the
+    # largest planet's answer at its tenth token).
+    question = "What is the capital of France?"
     single = ask(client, question).choices[0].message.content
     assert [c.message.content for c in ask(client, question, n=3).choices] == [single] * 3
     chunks = list(ask(client, question, stream=True))
