@@ -25,6 +25,8 @@ from ferry.server.settings import LLMSettings, ModelSettings
 Entry = ModelSettings | LLMSettings
 CONFIG = "parameters.config"
 FIXED = ("name", "path")  # the repository's: a config cannot move a model or rename it
+# The entry's alone: a load cannot make a model stateful, or not (its sequences live in it).
+ENTRY_ONLY = ("sequence_batching",)
 US_PER_S = 1_000_000
 # The batcher's limits its backend decides at start, which the settings refuse to be given.
 BACKEND_DECIDED = ("max_concurrent_batches", "prepared_batches")
@@ -83,7 +85,7 @@ def entry_from_json(text: str) -> Entry:
 
 def _ferry_fields(entry: Entry, given: Mapping[str, Any], refuse: Refuse) -> dict[str, Any]:
     """The config's fields as Ferry's: its own kept, Triton's mapped, the rest refused."""
-    own = set(type(entry).model_fields) - set(FIXED)
+    own = set(type(entry).model_fields) - set(FIXED) - set(ENTRY_ONLY)
     fields: dict[str, Any] = {}
     for key, value in given.items():
         if key == "name":
@@ -93,6 +95,8 @@ def _ferry_fields(entry: Entry, given: Mapping[str, Any], refuse: Refuse) -> dic
             raise refuse(key, "a model's files are the repository's (a load cannot move them)")
         elif key == "backend" and isinstance(value, str):
             _check_backend(entry, value, refuse)
+        elif key in ENTRY_ONLY:
+            raise refuse(key, "is the entry's: a load cannot make a model stateful, or not")
         elif key in own:
             fields[key] = value
         elif isinstance(entry, ModelSettings) and key in TRITON_FIELDS:
