@@ -9,6 +9,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from ferry.bench.server_process import DEFAULT_MODEL, REPO, TINY_LLM, ferry_server
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
@@ -16,6 +18,9 @@ from tests.support.metrics import metric_value
 EXAMPLES = "60"
 
 
+# Upper bounds only: this round's routes (Anthropic, the model repository, shared memory, the
+# console) doubled what the fuzzer sends, past the suite's 300 s on a loaded box.
+@pytest.mark.timeout(900)
 def test_fuzzing_every_endpoint_finds_no_server_error_or_schema_violation():
     st = REPO / ".venv" / "bin" / "st"
     config = Path(__file__).with_name("schemathesis.toml")
@@ -46,7 +51,7 @@ def test_fuzzing_every_endpoint_finds_no_server_error_or_schema_violation():
             ],
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=840,
             cwd=REPO,
             env=env,
         )
