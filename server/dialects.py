@@ -194,7 +194,10 @@ def install_error_handlers(app: FastAPI, dialect_of: Callable[[str], ErrorDialec
             param, message = body_parse_error(getattr(request.state, "raw_body", b""))
             return respond(request, Failure(400, "invalid_request_error", message, param))
         bare = Failure(exc.status_code, "invalid_request_error", str(exc.detail))
-        return respond(request, bare, cast("dict[str, str] | None", exc.headers))  # a dict, or None
+        headers = cast("dict[str, str] | None", exc.headers)  # a dict, or None
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return respond(request, bare, headers)
 
     for cls, _kind in ERROR_TABLE:
         app.add_exception_handler(cls, on_domain_error)
@@ -202,3 +205,13 @@ def install_error_handlers(app: FastAPI, dialect_of: Callable[[str], ErrorDialec
     app.add_exception_handler(Exception, on_domain_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)  # type: ignore[arg-type]  # called only with its class
     app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]  # as above
+
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the path serves, from the route table: the router's own 405 names only the
+    first route that matched, where a GET and a POST are two routes."""
+    from ferry.server.route_table import HTTP_ROUTES  # the table imports this module's dialects
+
+    route = HTTP_ROUTES.find(request.url.path)
+    return sorted(route.methods) if route is not None else []

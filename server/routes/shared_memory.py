@@ -60,7 +60,7 @@ async def cuda_unregister() -> Response:
 
 @router.get(f"{CUDA}/region/{{name}}/status", responses=error_docs(400))
 @router.post(f"{CUDA}/region/{{name}}/register", responses=error_docs(400))
-async def cuda_register() -> Response:
+async def cuda_register(name: str) -> Response:  # the path's name, declared for the schema
     raise NotSupported("cuda_shared_memory", CUDA_UNSUPPORTED)
 
 

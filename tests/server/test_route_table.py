@@ -185,3 +185,13 @@ def test_every_declared_grpc_call_is_a_method_of_the_servicer(method):
     # a module-level function) leaves the generated base's, answered UNIMPLEMENTED at runtime.
     base = service_pb2_grpc.GRPCInferenceServiceServicer
     assert getattr(InferenceServicer, method) is not getattr(base, method)
+
+
+async def test_a_method_no_route_serves_gets_405_naming_every_method_the_path_has(served):
+    # Where a GET and a POST are two routes, the framework's 405 named the first one's alone.
+    _, http, _ = served
+    for route in HTTP_ROUTES.routes:
+        response = await http.request("OPTIONS", concrete(route), headers=AUTH)
+        assert response.status_code == 405, route.path
+        allowed = set(response.headers["allow"].split(", ")) - {"HEAD"}
+        assert allowed == route.methods, route.path
