@@ -207,7 +207,6 @@ def install_error_handlers(app: FastAPI, dialect_of: Callable[[str], ErrorDialec
     app.add_exception_handler(StarletteHTTPException, on_http_error)  # type: ignore[arg-type]  # as above
 
 
-
 def allowed_methods(request: Request) -> list[str]:
     """Every method the path serves, from the route table: the router's own 405 names only the
     first route that matched, where a GET and a POST are two routes."""
