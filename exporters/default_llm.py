@@ -22,7 +22,7 @@ def default_llm_source() -> Path:
 
 
 # The default model is the same model on every machine: `make model` compares the greedy ids of
-# these prompts (the README's question first) with the ones committed beside this file.
+# these prompts (the README's "Try it" question first) with the ones committed beside this file.
 FINGERPRINT_FILE = Path(__file__).with_name("default_llm_fingerprint.json")
 FINGERPRINT_PROMPTS = (
     "What is the capital of France?",

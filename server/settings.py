@@ -173,7 +173,7 @@ class LLMSettings(_Strict):
     prefill_chunk: int = Field(default=256, ge=0)  # ortgenai: prompt tokens per turn; 0: whole
     # Greedy text that does not depend on what else runs. vllm: its batch-invariant kernels
     # (VLLM_BATCH_INVARIANT=1); ortgenai: decode steps never run a lone row, whose int4 kernel
-    # rounds differently (slower at one stream; README "onnxruntime-genai engine").
+    # rounds differently (slower at one stream; docs/apis.md, "The onnxruntime-genai engine").
     batch_invariant: bool = False
     # ortgenai: microseconds the decoder's thread pool spins between ops before it sleeps. On
     # cores Ferry owns, 200 decodes SmolLM2 1.2-1.4x faster (bench.llm_int4); on shared cores the
@@ -223,7 +223,7 @@ class Settings(_Strict):
     # with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc; sampler, service name and exporter options
     # from the standard OTEL_* variables. Empty: no tracing, and the SDK is not loaded.
     otlp_traces_endpoint: str = ""
-    # Per-request bounds, checked before any work (see the README's limits table).
+    # Per-request bounds, checked before any work (docs/configuration.md's `[server]` table).
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_items_per_request: int = Field(default=256, ge=1)
     max_chars_per_text: int = Field(default=100_000, ge=1)

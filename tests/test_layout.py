@@ -1,5 +1,5 @@
 """The import layout: each top-level package folder is `ferry.<folder>` through a symlink, and
-imports point down the README's list of packages, never up."""
+imports point down docs/design.md's list of packages, never up."""
 
 import ast
 import subprocess

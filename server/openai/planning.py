@@ -235,7 +235,7 @@ def _check_capacity(engine: LLMEngine, prompts: int, n: int) -> None:
 
 
 def _checked_ids(ids: list[int], vocab_size: int, index: int | None) -> list[int]:
-    """A prompt given as token ids must be this model's (see the README on foreign ids); the
+    """A prompt given as token ids must be this model's (docs/apis.md on foreign ids); the
     schema already refused an empty one."""
     param = "prompt" if index is None else f"prompt[{index}]"
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)

@@ -77,7 +77,7 @@ async def unload_lora_adapter(
         )
     # Returns once the requests in flight on the adapter finished and it is freed.
     await request.app.state.registry.unload_adapter(body.lora_name)
-    # Its name came from a request: its series go with it (the README's label promise).
+    # Its name came from a request: its series go with it (docs/gpu.md's label promise).
     request.app.state.metrics.forget_model(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 

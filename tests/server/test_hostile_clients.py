@@ -311,7 +311,7 @@ def test_a_deadline_the_model_cannot_meet_is_refused_before_queueing(client, ref
 
 
 def test_repeated_malformed_bodies_leave_no_memory_behind(server, client):
-    # README (Guarantees): RSS grows with the largest batch run (ONNX Runtime's arena), never
+    # docs/guarantees.md: RSS grows with the largest batch run (ONNX Runtime's arena), never
     # with refused requests. After one round to settle allocator pools, more rounds add nothing.
     bodies = [
         b'{"inputs": ' + b"[" * 10_000 + b"]" * 10_000 + b"}",

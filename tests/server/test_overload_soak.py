@@ -1,5 +1,6 @@
-"""A bounded overload soak on loopback: only 200 or 429 with Retry-After (the README's promise:
-overload is shed with 429, never 503 or a dropped connection), a bounded queue, flat memory.
+"""A bounded overload soak on loopback: only 200 or 429 with Retry-After (docs/guarantees.md's
+promise: overload is shed with 429, never 503 or a dropped connection), a bounded queue, flat
+memory.
 Stops by itself after SOAK_S seconds."""
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def test_adapter_names_are_bounded_in_length(server):
 
 
 def test_an_unloaded_adapters_series_leave_metrics(client, server):
-    """The README: label values never come from a request. An adapter's name did; once it is
+    """docs/gpu.md: label values never come from a request. An adapter's name did; once it is
     unloaded, no series carries it."""
     name = "client-chosen-name"
     body = {"lora_name": name, "lora_path": "shout/shout.onnx_adapter"}

@@ -163,7 +163,7 @@ def test_guidance_holds_on_the_generator_lane(client):
     )
     choice = result.choices[0]
     jsonschema.validate(json.loads(choice.message.content), CAPITAL_SCHEMA)
-    # One per token, and one for the end-of-sequence token that stopped it (README, logprobs).
+    # One per token, and one for the end-of-sequence token that stopped it (docs/apis.md, logprobs).
     assert len(choice.logprobs.content) == result.usage.completion_tokens + 1
 
 
