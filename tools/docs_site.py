@@ -7,7 +7,8 @@ link to the code.
 - Any page may link to a file of the repository outside docs/ the way a repository browser
   resolves it (`[gateway](../server/gateway.py)`). The file is copied into the site under
   `_source/` and the link pointed there, so the link works on the site too, and a link to a file
-  that no longer exists fails `mkdocs build --strict` like any broken link.
+  that no longer exists fails `mkdocs build --strict` like any broken link. A linked markdown
+  file (deploy/README.md) becomes a page outside the nav, its own links treated the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mkdocs.structure.files import File, Files
+from mkdocs.structure.files import File, Files, InclusionLevel
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -30,7 +31,10 @@ _LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#)([^)\s#]+)(#[^)\s]*)?\)")
 
 def _repo_path(page_uri: str) -> str:
     """Where a page's markdown lives in the repository (posix, relative to the root)."""
-    return README.name if page_uri == HOME else f"docs/{page_uri}"
+    if page_uri == HOME:
+        return README.name
+    code = page_uri.removeprefix(f"{SOURCE}/")
+    return code if code != page_uri else f"docs/{page_uri}"
 
 
 def _rewrite(markdown: str, page_uri: str, docs_dir: str) -> tuple[str, set[str]]:
@@ -60,11 +64,22 @@ def on_files(files: Files, config: Any) -> Files:
     if files.get_file_from_path(HOME) is not None:
         raise ValueError(f"{docs_dir}/{HOME} must not exist: the home page is README.md")
     files.append(File.generated(config, HOME, content=README.read_text()))
-    linked: set[str] = set()
-    for page in files.documentation_pages():
-        linked |= _rewrite(page.content_string, page.src_uri, docs_dir)[1]
-    for target in sorted(linked):
-        files.append(File.generated(config, f"{SOURCE}/{target}", abs_src_path=str(REPO / target)))
+    pages = [(page.src_uri, page.content_string) for page in files.documentation_pages()]
+    copied: set[str] = set()
+    while pages:
+        uri, markdown = pages.pop()
+        for target in sorted(_rewrite(markdown, uri, docs_dir)[1] - copied):
+            copied.add(target)
+            path = REPO / target
+            copy = File.generated(
+                config,
+                f"{SOURCE}/{target}",
+                abs_src_path=str(path),
+                inclusion=InclusionLevel.NOT_IN_NAV,
+            )
+            files.append(copy)
+            if copy.is_documentation_page():
+                pages.append((copy.src_uri, path.read_text()))
     return files
 
 
