@@ -57,7 +57,7 @@ def _field_comments(model: type[BaseModel]) -> dict[str, str]:
     for node in tree.body[0].body:  # type: ignore[attr-defined]  # the source is one class
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
             continue
-        above = []
+        above: list[str] = []
         row = node.lineno - 2
         while row >= 0 and source[row].strip().startswith("#"):
             above.insert(0, source[row].strip().lstrip("#").strip())
@@ -181,15 +181,22 @@ def _option_default(action: argparse.Action) -> str:
     return f"`{value}`"
 
 
+def _takes(action: argparse.Action) -> str:
+    """What an option takes, as its usage line names it."""
+    if isinstance(action.metavar, tuple):
+        return " ".join(action.metavar)
+    if action.metavar:
+        return action.metavar
+    if action.choices:
+        return "{" + ",".join(map(str, action.choices)) + "}"
+    return action.dest.upper() if action.option_strings else action.dest
+
+
 def _option_row(action: argparse.Action) -> str:
-    name = ", ".join(action.option_strings) or (action.metavar or action.dest)
-    if action.nargs != 0:
-        takes = action.metavar or (
-            "{" + ",".join(map(str, action.choices)) + "}"
-            if action.choices
-            else action.dest.upper()
-        )
-        name += f" {takes}"
+    name = _takes(action)
+    if action.option_strings:
+        flags = ", ".join(action.option_strings)
+        name = flags if action.nargs == 0 else f"{flags} {name}"
     note = _cell(action.help or "")
     if isinstance(action, argparse._AppendAction) and "repeatable" not in note.lower():
         note = f"{note} (repeatable)".strip()
