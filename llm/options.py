@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Engine = Literal["ortgenai", "vllm"]
 DEFAULT_ENGINE: Engine = "ortgenai"
@@ -63,20 +63,8 @@ ENGINE_OPTIONS: dict[str, type[OrtGenAIOptions] | type[VLLMOptions]] = {
 }
 
 
-def _engine(options: Any) -> str | None:
-    if isinstance(options, dict):
-        return options.get("engine", DEFAULT_ENGINE)  # type: ignore[no-any-return]
-    return getattr(options, "engine", None)
-
-
-EngineOptions = Annotated[
-    Annotated[OrtGenAIOptions, Tag("ortgenai")] | Annotated[VLLMOptions, Tag("vllm")],
-    Discriminator(
-        _engine,
-        custom_error_type="llm_engine",
-        custom_error_message="engine must be ortgenai or vllm",
-    ),
-]
+# `engine` is always there: engine_options puts it in, with its default when a table has none.
+EngineOptions = Annotated[OrtGenAIOptions | VLLMOptions, Field(discriminator="engine")]
 
 
 def option_names() -> set[str]:

@@ -227,14 +227,14 @@ def setting_location(where: Sequence[str | int]) -> tuple[str | int, ...]:
     parts = tuple(where)
     for at in (0, 2):
         if parts[at : at + 1] == ("options",) and (at == 0 or parts[0] == "llm_models"):
-            tagged = parts[at + 1 : at + 2] and parts[at + 1] in ENGINE_OPTIONS
+            tagged = len(parts) > at + 1 and parts[at + 1] in ENGINE_OPTIONS
             return parts[:at] + parts[at + (2 if tagged else 1) :]
     return parts
 
 
 class Settings(_Strict):
     host: str = "127.0.0.1"  # the address to bind; 0.0.0.0 for every interface
-    port: int = Field(default=8000, ge=0, le=65535)  # the HTTP port; 0: any free port
+    port: int = Field(default=8000, ge=0, le=65535)  # the HTTP port to bind
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # Ferry's and uvicorn's
     # "json": one JSON object a line (time, level, logger, message, request_id, exc_info), for
     # Ferry's and uvicorn's loggers alike (server/logs.py).
