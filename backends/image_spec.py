@@ -57,8 +57,8 @@ class ImagePreprocess(BaseModel):
     resample: Literal["bilinear", "bicubic", "nearest"] = "bilinear"  # Pillow's resize filter
     # An image whose header claims more pixels is refused before it is decoded.
     max_pixels: int = Field(default=MAX_PIXELS, ge=1)
-    # Nor any whose header claims a longer side, or a longer side / shorter side past this.
-    max_side: int = Field(default=MAX_SIDE, ge=1)
+    max_side: int = Field(default=MAX_SIDE, ge=1)  # nor any whose header claims a longer side
+    # Nor any whose longer side / shorter side is past this.
     max_aspect_ratio: float = Field(default=MAX_ASPECT_RATIO, ge=1)
     # Decoding processes; None: one fewer than the cores (at least one), the loop keeps one.
     workers: int | None = Field(default=None, ge=1, le=256)

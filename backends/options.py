@@ -25,14 +25,16 @@ class _Placement(_Options):
     # `auto` takes the GPU when the runtime can reach one; a model meant for the GPU refuses to
     # start on the CPU unless the fallback is allowed (backends/placement.py).
     device: Device = "auto"
+    # Let a model meant for the GPU start on the CPU, with a warning, rather than refuse to.
     allow_cpu_fallback: bool = False
 
 
 class OnnxRuntimeOptions(_Placement):
-    kind: Literal["onnxruntime"] = "onnxruntime"
+    kind: Literal["onnxruntime"] = "onnxruntime"  # ONNX Runtime runs the graph in this process
     # Sessions = batches that may run at once; 0 measures the best count at start.
     sessions: int = Field(default=0, ge=0, le=64)
-    intra_op_threads: int = Field(default=1, ge=1, le=256)
+    intra_op_threads: int = Field(default=1, ge=1, le=256)  # threads per session
+    # Let ONNX Runtime's threads spin between ops: faster alone, worse when sessions share cores.
     spin_threads: bool = False
     # One more session, with every core, for a batch that runs alone (low-load latency).
     solo_session: bool = True
@@ -44,18 +46,20 @@ class OnnxRuntimeOptions(_Placement):
 
 
 class TorchOptions(_Placement):
-    kind: Literal["torch"]
+    kind: Literal["torch"]  # PyTorch runs a Hugging Face encoder folder in this process
     # `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile with dynamic shapes.
     dtype: TorchDType = "auto"
-    compile: bool = False
+    compile: bool = False  # torch.compile the model, with dynamic shapes
 
 
 class TritonOptions(_Options):
-    kind: Literal["triton"]
-    url: str = "127.0.0.1:8001"
-    protocol: TritonProtocol = "grpc"
+    kind: Literal["triton"]  # a Triton Inference Server runs the graph; Ferry tokenizes and batches
+    url: str = "127.0.0.1:8001"  # the Triton server's address (host:port)
+    protocol: TritonProtocol = "grpc"  # how Ferry talks to it: KServe v2 over gRPC or HTTP
     model: str = ""  # the model's name in Triton; empty: Ferry's name for it
-    model_version: str = ""
+    model_version: str = ""  # the model's version in Triton; empty: its latest
+    # batch: Ferry's batcher forms the batches Triton runs; passthrough: each request is sent
+    # as it came, and Triton's own batcher forms them.
     mode: TritonMode = "batch"
     # Batches in flight to Triton at once (Triton's own instances run them).
     concurrency: int = Field(default=2, ge=1, le=256)

@@ -17,11 +17,15 @@ T = TypeVar("T", bound=HasLength)
 
 @dataclass(frozen=True)
 class BatchLimits:
-    max_batch_size: int = 32
+    max_batch_size: int = 32  # requests (rows) per batch
     # Padded tokens (batch size x longest sequence): what a batch really costs to run.
     max_batch_tokens: int = 2048
+    # The longest a request waits for its batch to fill (unless the cost model decides).
     max_queue_delay_s: float = 0.002
+    # Requests queued at once; beyond it 429 (a request of more items than the whole queue
+    # holds is invalid: 422, 400 on /v1).
     max_queue_size: int = 1024
+    # Batches running at once: the backend's to say (sessions, concurrency), never the config's.
     max_concurrent_batches: int = 2
     # Batches formed ahead of a free runner, waiting inside a backend that starts them in its own
     # threads (`queues_batches`): a runner that frees takes the next batch at once instead of

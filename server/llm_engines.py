@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ferry.llm.base import LLMEngine
+from ferry.llm.options import VLLMOptions
 from ferry.llm.ortgenai_prefix import PrefixCache
 from ferry.server.settings import LLMSettings, Settings
 
@@ -15,17 +16,18 @@ def build_llm_engines(settings: Settings) -> dict[str, LLMEngine]:
 
 
 def build_llm_engine(settings: LLMSettings, prefix_store: PrefixCache | None = None) -> LLMEngine:
-    if settings.engine == "vllm":
+    options = settings.options
+    if isinstance(options, VLLMOptions):
         from ferry.llm.vllm import create_vllm_engine  # imports vllm lazily: GPU hosts only
 
         return create_vllm_engine(
             settings.path,
             name=settings.name,
-            gpu_memory_utilization=settings.gpu_memory_utilization,
+            gpu_memory_utilization=options.gpu_memory_utilization,
             adapters=settings.adapters,
             enable_lora=settings.adapter_dir is not None,
             max_adapters=settings.max_adapters,
-            max_lora_rank=settings.max_lora_rank,
+            max_lora_rank=options.max_lora_rank,
             special_tokens_in_content=settings.special_tokens_in_content,
             enable_prefix_caching=settings.prefix_cache,
             batch_invariant=settings.batch_invariant,
@@ -35,13 +37,13 @@ def build_llm_engine(settings: LLMSettings, prefix_store: PrefixCache | None = N
     return OrtGenAIEngine(
         settings.path,
         name=settings.name,
-        max_running=settings.max_running,
-        max_waiting=settings.max_waiting,
+        max_running=options.max_running,
+        max_waiting=options.max_waiting,
         prefix_cache=settings.prefix_cache,
         prefix_store=prefix_store,
-        prefill_chunk=settings.prefill_chunk,
+        prefill_chunk=options.prefill_chunk,
         deterministic=settings.batch_invariant,
-        spin_us=settings.spin_us,
+        spin_us=options.spin_us,
         adapters=settings.adapters,
         max_adapters=settings.max_adapters,
         special_tokens_in_content=settings.special_tokens_in_content,

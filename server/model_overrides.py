@@ -19,8 +19,9 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from ferry.llm.options import foreign_option, option_names
 from ferry.server.errors import LoadRefused
-from ferry.server.settings import LLMSettings, ModelSettings
+from ferry.server.settings import LLMSettings, ModelSettings, setting_location
 
 Entry = ModelSettings | LLMSettings
 CONFIG = "parameters.config"
@@ -55,7 +56,7 @@ def with_config(entry: Entry, config: str | None) -> Entry:
         return type(entry).model_validate(merged)
     except ValidationError as exc:
         error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"])
+        where = ".".join(str(part) for part in setting_location(error["loc"]))
         raise refuse(where, str(error["msg"]).removeprefix("Value error, ")) from None
 
 
@@ -85,7 +86,7 @@ def entry_from_json(text: str) -> Entry:
 
 def _ferry_fields(entry: Entry, given: Mapping[str, Any], refuse: Refuse) -> dict[str, Any]:
     """The config's fields as Ferry's: its own kept, Triton's mapped, the rest refused."""
-    own = set(type(entry).model_fields) - set(FIXED) - set(ENTRY_ONLY)
+    own = _settable(entry)
     fields: dict[str, Any] = {}
     for key, value in given.items():
         if key == "name":
@@ -95,6 +96,10 @@ def _ferry_fields(entry: Entry, given: Mapping[str, Any], refuse: Refuse) -> dic
             raise refuse(key, "a model's files are the repository's (a load cannot move them)")
         elif key == "backend" and isinstance(value, str):
             _check_backend(entry, value, refuse)
+        elif isinstance(entry, LLMSettings) and (
+            refused := foreign_option(given.get("engine", entry.engine), key)
+        ):
+            raise refuse(key, refused)
         elif key in ENTRY_ONLY:
             raise refuse(key, "is the entry's: a load cannot make a model stateful, or not")
         elif key in own:
@@ -106,6 +111,14 @@ def _ferry_fields(entry: Entry, given: Mapping[str, Any], refuse: Refuse) -> dic
                 sorted(TRITON_FIELDS) if isinstance(entry, ModelSettings) else []
             )
             raise refuse(key, f"not a setting Ferry can apply here; one of {', '.join(known)}")
+    return fields
+
+
+def _settable(entry: Entry) -> set[str]:
+    """The keys of the entry's table a config may give: an LLM's engine options are flat keys."""
+    fields = set(type(entry).model_fields) - set(FIXED) - set(ENTRY_ONLY)
+    if isinstance(entry, LLMSettings):
+        fields = fields - {"options"} | option_names()
     return fields
 
 

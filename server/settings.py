@@ -27,14 +27,17 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from ferry.backends.image_spec import ImagePreprocess
 from ferry.backends.options import BackendOptions, OnnxRuntimeOptions
 from ferry.batcher.policy import BatchLimits
+from ferry.llm.options import ENGINE_OPTIONS, EngineOptions, OrtGenAIOptions, engine_options
 from ferry.server.metrics import DEFAULT_PRIORITY_LEVELS
 
 
@@ -90,7 +93,7 @@ class SequenceBatching(_Strict):
 
 
 class ModelSettings(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._:-]+$")  # the name clients use
     # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
     # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json); or a
     # plain ONNX graph (an .onnx file, or a folder of one without ferry_model.json), served as
@@ -103,6 +106,7 @@ class ModelSettings(_Strict):
     timeout_s: float = Field(default=30.0, gt=0)
     # A batch still running after this fails with 504; the backend is presumed hung.
     infer_timeout_s: float = Field(default=60.0, gt=0)
+    # What runs the model, `kind` choosing which (the `[models.backend]` tables below).
     backend: BackendOptions = OnnxRuntimeOptions()
     # A plain graph's dynamic axes (by name) that are padding-safe: requests are padded along
     # them to share a batch. None: the axes a mask input has (mask_inputs), provided every
@@ -158,38 +162,56 @@ _SERVED_NAME = r"^[A-Za-z0-9._:/-]+$"
 class LLMSettings(_Strict):
     """A chat/completions model behind the OpenAI-compatible routes."""
 
+    # The name clients give as `model`; each adapter adds a name of its own.
     name: str = Field(min_length=1, pattern=_SERVED_NAME)
     # ortgenai: an onnxruntime-genai model folder (CPU); vllm: a Hugging Face folder (GPU hosts).
-    engine: Literal["ortgenai", "vllm"] = "ortgenai"
     path: Path
-    max_running: int | None = Field(default=None, ge=1)  # None: the engine's default (16)
-    max_waiting: int = Field(default=64, ge=0)
-    gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    # The engine and its own settings (llm/options.py), written as keys of this table beside
+    # the others (`engine = "vllm"`, `gpu_memory_utilization = 0.5`), never as `options`.
+    options: EngineOptions = OrtGenAIOptions()
     # Prefix reuse (vLLM's automatic prefix caching): a prompt sharing a prefix with a recent one
     # computes only the rest, within its tenant (server/tenancy.py). ortgenai: prompts' keys and
     # values kept within the server's prefix_cache_bytes, least recently used evicted first;
     # vllm: enable_prefix_caching.
     prefix_cache: bool = True
-    prefill_chunk: int = Field(default=256, ge=0)  # ortgenai: prompt tokens per turn; 0: whole
     # Greedy text that does not depend on what else runs. vllm: its batch-invariant kernels
     # (VLLM_BATCH_INVARIANT=1); ortgenai: decode steps never run a lone row, whose int4 kernel
     # rounds differently (slower at one stream; docs/apis.md, "The onnxruntime-genai engine").
     batch_invariant: bool = False
-    # ortgenai: microseconds the decoder's thread pool spins between ops before it sleeps. On
-    # cores Ferry owns, 200 decodes SmolLM2 1.2-1.4x faster (bench.llm_int4); on shared cores the
-    # spinning threads take them from the event loop and from each other, so 0 (off) by default.
-    spin_us: int = Field(default=0, ge=0, le=10_000)
     # LoRA adapters, each served as a model of its own name (ortgenai: an .onnx_adapter file for
     # a model exported with LoRA inputs; vllm: a peft folder). max_adapters: loaded at once, also
     # vLLM's max_loras. adapter_dir: POST /v1/load_lora_adapter loads only from inside it (unset:
     # runtime loading is off for this model).
     adapters: dict[Annotated[str, Field(pattern=_SERVED_NAME)], Path] = Field(default_factory=dict)
+    # Adapters loaded at once (configured and runtime-loaded together); vLLM's max_loras.
     max_adapters: int = Field(default=4, ge=1)
-    max_lora_rank: int = Field(default=16, ge=1)  # vllm only
+    # The folder POST /v1/load_lora_adapter may load from; unset: runtime loading is off.
     adapter_dir: Path | None = None
     # Off: the model's special tokens typed inside message content are read as text, so a user
     # cannot open a new turn or role (role injection). On only for clients trusted to send them.
     special_tokens_in_content: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_options(cls, data: Any) -> Any:
+        """The flat table's engine keys into `options`, the one place they are read from."""
+        if not isinstance(data, Mapping):
+            return data
+        if "options" in data:
+            raise ValueError("options: an engine's settings are keys of the table itself")
+        options, rest = engine_options(data)
+        return {**rest, "options": options}
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped flat, as the table is written: validated again, the same settings."""
+        fields: dict[str, Any] = handler(self)
+        options = fields.pop("options", {})
+        return {**fields, **options}
+
+    @property
+    def engine(self) -> str:
+        return self.options.engine
 
     @model_validator(mode="after")
     def _check_adapters(self) -> LLMSettings:
@@ -197,24 +219,23 @@ class LLMSettings(_Strict):
             raise ValueError(f"{len(self.adapters)} adapters but max_adapters={self.max_adapters}")
         return self
 
-    @model_validator(mode="after")
-    def _check_spin(self) -> LLMSettings:
-        if self.spin_us and self.engine != "ortgenai":
-            raise ValueError("spin_us is an ortgenai setting: vLLM's threads are its own")
-        return self
 
-    @field_validator("prefill_chunk")
-    @classmethod
-    def _check_prefill_chunk(cls, value: int) -> int:
-        if value == 1:  # a one-token piece runs other CPU kernels: greedy text would change
-            raise ValueError("prefill_chunk must be 0 (whole prompts) or at least 2")
-        return value
+def setting_location(where: Sequence[str | int]) -> tuple[str | int, ...]:
+    """A pydantic error's location as the settings are written: an LLM's engine options are
+    flat keys (llm_models.0.max_running, not llm_models.0.options.ortgenai.max_running).
+    `where` is Settings' location of the error, or an LLMSettings' own."""
+    parts = tuple(where)
+    for at in (0, 2):
+        if parts[at : at + 1] == ("options",) and (at == 0 or parts[0] == "llm_models"):
+            tagged = len(parts) > at + 1 and parts[at + 1] in ENGINE_OPTIONS
+            return parts[:at] + parts[at + (2 if tagged else 1) :]
+    return parts
 
 
 class Settings(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    host: str = "127.0.0.1"  # the address to bind; 0.0.0.0 for every interface
+    port: int = Field(default=8000, ge=0, le=65535)  # the HTTP port to bind
+    log_level: Literal["debug", "info", "warning", "error"] = "info"  # Ferry's and uvicorn's
     # "json": one JSON object a line (time, level, logger, message, request_id, exc_info), for
     # Ferry's and uvicorn's loggers alike (server/logs.py).
     log_format: Literal["text", "json"] = "text"
@@ -224,22 +245,28 @@ class Settings(_Strict):
     # from the standard OTEL_* variables. Empty: no tracing, and the SDK is not loaded.
     otlp_traces_endpoint: str = ""
     # Per-request bounds, checked before any work (docs/configuration.md's `[server]` table).
+    # A larger body gets 413.
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # More items (texts, id lists, prompts, messages) in one request get 422 (400 on /v1).
     max_items_per_request: int = Field(default=256, ge=1)
+    # A longer text (or prompt, or message) gets 422 before it is tokenized.
     max_chars_per_text: int = Field(default=100_000, ge=1)
     # Estimated JSON size of an answer (e.g. last_hidden_state for many long items).
     max_response_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # Connections: beyond `max_connections` new ones get 503; slow or idle clients are closed.
     max_connections: int = Field(default=2048, ge=1)
+    # A request head that takes longer gets 408 and a close (so does a connection never sending).
     header_timeout_s: float = Field(default=10.0, gt=0)
-    body_timeout_s: float = Field(default=30.0, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)  # a body that takes longer: 408 and a close
+    # An idle keep-alive connection is closed after this (not one whose next request is waiting).
     keep_alive_timeout_s: float = Field(default=5.0, gt=0)
-    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
-    max_headers: int = Field(default=100, ge=8)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)  # a larger request head gets 431
+    max_headers: int = Field(default=100, ge=8)  # a head of more lines gets 431
     # uvicorn's per-request access log costs the event loop ~7% of its time; off unless asked.
     access_log: bool = False
+    # On shutdown (or a model's unload), how long queued and running work may take to finish.
     drain_timeout_s: float = Field(default=20.0, ge=0)
-    default_model: str = ""
+    default_model: str = ""  # the model a request that names none gets; empty: the first model
     # Security: a Bearer key for inference endpoints (as vLLM's and TGI's --api-key); health and
     # metrics stay open for probes and scrapers unless asked otherwise. CORS is off by default.
     api_key: str = ""
@@ -252,6 +279,7 @@ class Settings(_Strict):
     # for every request (keyed or not). Anyone else's is refused (403 naming `priority`), or
     # with "clamp" run at 0 and said so in the `ferry-priority-clamped` response header.
     priority_keys: tuple[str, ...] = ()
+    # What a priority below 0 from anyone not in priority_keys gets: a 403, or run at 0.
     priority_below_default: Literal["refuse", "clamp"] = "refuse"
     # With keys set: names of the keys that may load and unload LoRA adapters at runtime
     # (/v1/load_lora_adapter, /v1/unload_lora_adapter), or "*" for every key; others get 403.
@@ -260,25 +288,29 @@ class Settings(_Strict):
     # With keys set: names of the keys that may load and unload models (Triton's model
     # repository extension, model_control_mode = "explicit"), or "*" for every key; others 403.
     model_control_keys: tuple[str, ...] = ()
-    api_key_protects_health: bool = False
-    api_key_protects_metrics: bool = False
+    api_key_protects_health: bool = False  # the health routes also need a key
+    api_key_protects_metrics: bool = False  # /metrics also needs a key
+    # Origins allowed by CORS (comma-separated in the environment); empty: CORS is off.
     cors_allow_origins: tuple[str, ...] = ()
     # The console at /console: live batching charts, a playground for every served model and
     # their signatures (docs/observability.md). Its page is open; what it shows comes from
     # routes behind the API key, which it asks for.
     console: bool = True
+    # More tokens in one encoder request (every item's together) get 422.
     max_tokens_per_request: int = Field(default=65536, ge=1)
     # Grammars (response_format, guided_*, tools) are checked off the event loop, in
     # `grammar_workers` processes that a crash or a timeout costs nothing but a 400; each
     # refusal names the bound it hit. The defaults keep llguidance inside its own ParserLimits,
     # which the engine's matchers enforce mid-generation (docs/apis.md "Structured outputs").
+    # This one: the characters of a grammar's text (a JSON schema, Lark, a regex).
     grammar_max_chars: int = Field(default=131_072, ge=1)
     grammar_max_rules: int = Field(default=1000, ge=1)  # Lark/GBNF rules, JSON subschemas
     grammar_max_depth: int = Field(default=64, ge=1)  # nested groups, JSON levels
     grammar_max_repeat: int = Field(default=10_000, ge=1)  # `{n}` counts, nested ones multiplied
     grammar_max_alternatives: int = Field(default=1000, ge=1)  # anyOf/enum/choices/`|`, tools
+    # A grammar still compiling after this costs only its worker and is a 400.
     grammar_compile_timeout_s: float = Field(default=10.0, gt=0)
-    grammar_workers: int = Field(default=2, ge=1, le=64)
+    grammar_workers: int = Field(default=2, ge=1, le=64)  # processes that check grammars
     grammar_cache_entries: int = Field(default=512, ge=0)  # checked grammars kept (LRU)
     # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
@@ -321,10 +353,13 @@ class Settings(_Strict):
     # /unload change that; "poll": this file re-read every `repository_poll_secs`, models added,
     # changed or removed loaded, reloaded or unloaded (load/unload refused).
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    # With model_control_mode "explicit": the models served at start ("*" alone: all);
+    # refused in the other modes.
     load_models: tuple[str, ...] = ()
+    # With model_control_mode "poll": seconds between reads of this file.
     repository_poll_secs: float = Field(default=15.0, gt=0)
-    models: tuple[ModelSettings, ...] = ()
-    llm_models: tuple[LLMSettings, ...] = ()
+    models: tuple[ModelSettings, ...] = ()  # the `[[models]]` tables: encoders and plain graphs
+    llm_models: tuple[LLMSettings, ...] = ()  # the `[[llm_models]]` tables: chat and completions
     # Where these settings were read from (load_settings), so that poll mode can read them again.
     _source: SettingsSource | None = PrivateAttr(default=None)
 
@@ -528,6 +563,8 @@ def _apply_env(
         ("models", ModelSettings, models),
         ("llm_models", LLMSettings, llm_models),
     ):
+        # An LLM's engine options are written flat, beside its own keys.
+        classes = [cls, *ENGINE_OPTIONS.values()] if cls is LLMSettings else [cls]
         for index, model in enumerate(entries):
             # FERRY_MODEL__<NAME>__BATCHING__MAX_BATCH_SIZE: each further `__` enters a table.
             prefix = f"FERRY_MODEL__{_env_key(str(model.get('name', '')))}__"
@@ -539,7 +576,7 @@ def _apply_env(
                 target = model
                 for name in tables:
                     target = target.setdefault(name, {})
-                target[field] = _env_value(key, value, _field_types([cls], path))
+                target[field] = _env_value(key, value, _field_types(classes, path))
                 sources[(table, index, *path)] = key
     return sources
 
@@ -601,7 +638,7 @@ def _name_variables(exc: ValidationError, sources: Mapping[Location, str]) -> Se
     for error in exc.errors():
         where = error["loc"]
         key = next((k for at, k in sources.items() if _within(at, where)), None)
-        place = ".".join(map(str, where))
+        place = ".".join(map(str, setting_location(where)))
         lines.append(f"{key} ({place}): {error['msg']}" if key else f"{place}: {error['msg']}")
         named |= key is not None
     if not named:

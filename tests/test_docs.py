@@ -24,6 +24,14 @@ def test_each_generated_reference_matches_the_code(page):
     assert written == gen_docs.PAGES[page](), f"docs/reference/{page} is stale: run `make docs`"
 
 
+def test_every_row_of_the_configuration_reference_has_a_description():
+    """Each setting's row says what it does: the comment above its field (or after it)."""
+    rows = [r for r in gen_docs.configuration().splitlines() if r.startswith("| `")]
+    cells = [re.split(r"(?<!\\)\|", row)[1:-1] for row in rows]  # `\|` is a | inside a cell
+    empty = [row[0].strip() for row in cells if not row[-1].strip()]
+    assert len(rows) > 100 and not empty, f"settings without a description: {empty}"
+
+
 def test_no_generated_reference_depends_on_the_checkout():
     for render in gen_docs.PAGES.values():
         assert str(REPO) not in render()

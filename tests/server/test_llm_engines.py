@@ -50,8 +50,7 @@ def test_batch_invariant_makes_the_ortgenai_engine_deterministic(switch):
     assert build_llm_engine(settings).deterministic is switch
 
 
-def test_spin_us_reaches_the_ortgenai_engine_and_is_refused_for_vllm():
+def test_spin_us_reaches_the_ortgenai_engine():
+    # Refused for vllm: tests/server/test_llm_settings.py, with every other engine option.
     settings = LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, spin_us=200)
     assert build_llm_engine(settings).spin_us == 200
-    with pytest.raises(ValidationError, match="spin_us"):
-        LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, engine="vllm", spin_us=200)

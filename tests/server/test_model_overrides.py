@@ -50,7 +50,7 @@ def test_ferry_fields_merge_into_the_entrys_tables():
     loaded = with_config(GRAPH, json.dumps({"batching": {"max_queue_size": 3}, "timeout_s": 5}))
     assert (loaded.batching.max_batch_size, loaded.batching.max_queue_size) == (8, 3)
     assert loaded.timeout_s == 5
-    assert with_config(LLM, '{"max_running": 2}').max_running == 2
+    assert with_config(LLM, '{"max_running": 2}').options.max_running == 2  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -74,6 +74,7 @@ def test_ferry_fields_merge_into_the_entrys_tables():
         (GRAPH, '{"timeout_s": -1}', "parameters.config.timeout_s"),
         (LLM, '{"max_batch_size": 4}', "parameters.config.max_batch_size"),
         (LLM, '{"max_running": 0}', "parameters.config.max_running"),
+        (LLM, '{"gpu_memory_utilization": 0.5}', "parameters.config.gpu_memory_utilization"),
     ],
 )
 def test_refusals_name_the_field(entry, config, field):
