@@ -147,6 +147,14 @@ class EngineStats:
     # Prefix cache counters since start, in prompt tokens (vLLM's prefix_cache_queries/hits).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    # The model-server protocol's KVCacheUtilization (0..1, vLLM's kv_cache_usage_perc): KV
+    # positions running sequences hold over those the engine admits; None where unknown.
+    kv_cache_usage: float | None = None
+    # The protocol's LoRA info (vLLM's lora_requests_info labels): adapters loaded and ready,
+    # adapters that requests waiting in the engine name, and the most loaded at once (0: none).
+    running_lora_adapters: tuple[str, ...] = ()
+    waiting_lora_adapters: tuple[str, ...] = ()
+    max_lora: int = 0
 
 
 class GenerateOptions(TypedDict, total=False):

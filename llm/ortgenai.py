@@ -38,7 +38,7 @@ from ferry.llm.base import (
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.errors import EngineDead, adapter_refused
 from ferry.llm.ortgenai_kv import KVModel
-from ferry.llm.ortgenai_lora import adapter_key
+from ferry.llm.ortgenai_lora import adapter_key, adapter_name
 from ferry.llm.ortgenai_owner import (
     STOP,
     AbortRequest,
@@ -125,6 +125,7 @@ class OrtGenAIEngine:
         self._waiting = 0
         self._cache_counts = (0, 0)  # prefix cache (queries, hits) in tokens
         self._outbox: list[tuple[str, GenerationDelta | Exception]] = []  # owner thread only
+        self._owner: OwnerLoop | None = None  # while the owner thread runs (read by stats)
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -155,7 +156,21 @@ class OrtGenAIEngine:
 
     def stats(self) -> EngineStats:
         queries, hits = self._cache_counts
-        return EngineStats(self._running, self._waiting, queries, hits)
+        owner = self._owner
+        positions, waiting_keys = (0, []) if owner is None else owner.held()
+        return EngineStats(
+            self._running,
+            self._waiting,
+            queries,
+            hits,
+            # Every admitted sequence may grow to a full context: that is the engine's KV room.
+            kv_cache_usage=positions / (self._max_running * self.max_context_tokens),
+            running_lora_adapters=tuple(self._adapters.names()),
+            waiting_lora_adapters=tuple(
+                sorted({adapter_name(key) for key in waiting_keys if key is not None})
+            ),
+            max_lora=self._adapters.max_adapters,
+        )
 
     # -- requests (event-loop thread) -------------------------------------------------------------
 
@@ -316,6 +331,7 @@ class OrtGenAIEngine:
             loop.call_soon_threadsafe(_set_exception, started, EngineDead(f"load failed: {exc}"))
             return
         loop.call_soon_threadsafe(_set_result, started, worker.max_running)
+        self._owner = worker
         try:
             worker.serve(self._commands)
         except BaseException as exc:
@@ -325,6 +341,7 @@ class OrtGenAIEngine:
             loop.call_soon_threadsafe(self._fail_all, dead)
         finally:
             self._flush()
+            self._owner = None
             worker.release()  # og objects are freed on the thread that owns them
             self._set_counts(0, 0)
 

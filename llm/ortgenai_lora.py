@@ -38,6 +38,11 @@ def adapter_key(name: str, adapter_id: int) -> str:
     return f"{name}#{adapter_id}"
 
 
+def adapter_name(key: str) -> str:
+    """The adapter name of a runtime key (`adapter_key`)."""
+    return key.rsplit("#", 1)[0]
+
+
 def search_options(sampling: SamplingSettings) -> dict[str, Any]:
     """og search options for `sampling`, except max_length: the one place sampling settings
     become GeneratorParams search options (penalties such as `repetition_penalty` belong here)."""

@@ -278,6 +278,16 @@ class OwnerLoop:
         else:
             self._finish(job, GenerationDelta("", 0, "abort"))
 
+    def held(self) -> tuple[int, list[str | None]]:
+        """(KV positions the running sequences hold, the adapter key of each waiting request),
+        read from the event loop at scrape time: copies of the lists (one step under the GIL)
+        and plain ints, so nothing here waits for or slows the owner thread."""
+        lane = self._lane
+        running = list(self.batch.jobs) + ([] if lane is None else list(lane.jobs))
+        # A prompt's whole length counts from admission: its keys and values are being made.
+        positions = sum(len(job.add.prompt_ids) + job.generated for job in running)
+        return positions, [entry[2].add.adapter for entry in list(self._waiting)]
+
     def _publish_counts(self) -> None:
         cache = (0, 0) if self.cache is None else (self.cache.queries, self.cache.hits)
         self._set_counts(self._running(), len(self._waiting), cache)

@@ -223,7 +223,15 @@ class VLLMEngine:
 
     def stats(self) -> EngineStats:
         # vLLM schedules internally; from here every in-flight request counts as running.
-        return EngineStats(len(self._active), 0, self._cache_queries, self._cache_hits)
+        # Its KV usage and waiting adapters are inside vLLM's scheduler: left unreported.
+        return EngineStats(
+            len(self._active),
+            0,
+            self._cache_queries,
+            self._cache_hits,
+            running_lora_adapters=tuple(self._adapters.names()),
+            max_lora=self._adapters.max_adapters,
+        )
 
     async def generate(
         self,

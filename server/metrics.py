@@ -12,8 +12,9 @@ import collections
 import functools
 import operator
 import os
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -51,6 +52,7 @@ RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 PER_MODEL = ("model",)  # the label set of most series
+_Family = TypeVar("_Family", bound="EngineStatsFamily")
 # How a gauge's values from several processes are joined (prometheus_client's modes).
 MultiprocessMode = Literal["all", "min", "mostrecent"]
 
@@ -103,7 +105,12 @@ class _Declare:
         field: str,
     ) -> EngineStatsFamily:
         """One per model, the `EngineStats` field `field` of its engine."""
-        series = EngineStatsFamily(family, name, documentation, operator.attrgetter(field))
+        return self.engine_series(
+            EngineStatsFamily(family, name, documentation, operator.attrgetter(field))
+        )
+
+    def engine_series(self, series: _Family) -> _Family:
+        """Register `series`, read from the engines once watch_llm_engines names them."""
         self._registry.register(series)
         self.engine_families.append(series)
         return series
@@ -288,6 +295,22 @@ class FerryMetrics:
             "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
             "prefix_cache_hits",
         )
+        # The Gateway API Inference Extension's model-server protocol, for its endpoint picker
+        # (deploy/k8s/endpoint-picker.yaml): the KVCacheUtilization gauge and the LoRA info.
+        self.llm_kv_cache_usage = new.engine_gauge(
+            "ferry_llm_kv_cache_usage_ratio",
+            "KV positions the running generations hold over those the engine admits (running "
+            "slots x context length), 0 to 1; cached prefixes not in use count as free.",
+            "kv_cache_usage",
+        )
+        self.llm_lora_info = new.engine_series(
+            LoRAInfoFamily(
+                "ferry_llm_lora_requests_info",
+                "LoRA adapters in the labels (vLLM's lora_requests_info): running_lora_adapters "
+                "loaded and ready, waiting_lora_adapters named by waiting generations, max_lora "
+                "the most loaded at once; the value is the scrape's Unix time.",
+            )
+        )
         self._engine_families = tuple(new.engine_families)
 
     def watch_llm_engines(self, stats: Callable[[], Mapping[str, EngineStats]]) -> None:
@@ -440,7 +463,7 @@ class EngineStatsFamily(Collector):
         family: Callable[..., GaugeMetricFamily | CounterMetricFamily],
         name: str,
         documentation: str,
-        read: Callable[[EngineStats], int],
+        read: Callable[[EngineStats], float | None],
     ) -> None:
         self._family, self._name, self._documentation = family, name, documentation
         self._read = read
@@ -455,7 +478,36 @@ class EngineStatsFamily(Collector):
     def collect(self) -> list[Metric]:
         family = self._new()
         for model, stats in self.source().items():
-            family.add_metric([model], self._read(stats))
+            value = self._read(stats)
+            if value is not None:  # None: the engine does not know it; no series, not a 0
+                family.add_metric([model], value)
+        return [family]
+
+
+class LoRAInfoFamily(EngineStatsFamily):
+    """The model-server protocol's LoRA info: one series per model, its adapters in the labels.
+    The value is the scrape's time, as vLLM's is its last update's: the endpoint picker reads the
+    series with the highest value, and Ferry writes one a model, always current."""
+
+    LABELS = ("model", "running_lora_adapters", "waiting_lora_adapters", "max_lora")
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(GaugeMetricFamily, name, documentation, lambda _: None)
+
+    def _new(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self._name, self._documentation, labels=self.LABELS)
+
+    def collect(self) -> list[Metric]:
+        family, now = self._new(), time.time()
+        for model, stats in self.source().items():
+            if stats.max_lora:  # an engine that serves no adapters reports none
+                labels = [
+                    model,
+                    ",".join(stats.running_lora_adapters),
+                    ",".join(stats.waiting_lora_adapters),
+                    str(stats.max_lora),
+                ]
+                family.add_metric(labels, now)
         return [family]
 
 
