@@ -58,6 +58,8 @@ STRUCTURED = ferry_metric("llm_structured")
 GUIDED_ITL = ferry_metric("llm_guided_itl")
 CACHE_QUERIES = ferry_metric("llm_prefix_cache_queries")
 CACHE_HITS = ferry_metric("llm_prefix_cache_hits")
+KV_USAGE = ferry_metric("llm_kv_cache_usage")
+LORA_INFO = ferry_metric("llm_lora_info")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ from dashboard_kit import (
     GENERATION_TOKENS,
     GUIDED_ITL,
     ITL,
+    KV_USAGE,
+    LORA_INFO,
     PROMPT_TOKENS,
     RATE,
     REQUESTS,
@@ -123,5 +125,24 @@ LLM = (
         ),
         unit="s",
         description="The gap is what grammar masks cost per token (the engine times none itself).",
+    ),
+    Panel(
+        "KV cache usage (inference gateway)",
+        (("{{model}} busiest pod", f"max by (model) ({KV_USAGE}{{{M}}})"),),
+        unit="percentunit",
+        description="KV positions running generations hold over what the engine admits (running "
+        "slots x context): the endpoint picker's KVCacheUtilization.",
+    ),
+    Panel(
+        "Pods by LoRA adapters (inference gateway)",
+        (
+            (
+                "loaded {{running_lora_adapters}} waiting {{waiting_lora_adapters}} "
+                "(max {{max_lora}})",
+                f"count by (running_lora_adapters, waiting_lora_adapters, max_lora) "
+                f"({LORA_INFO}{{{M}}})",
+            ),
+        ),
+        description="The LoRA info the endpoint picker routes adapter requests by.",
     ),
 )
