@@ -151,10 +151,9 @@ class EngineStats:
     # positions running sequences hold over those the engine admits; None where unknown.
     kv_cache_usage: float | None = None
     # The protocol's LoRA info (vLLM's lora_requests_info labels): adapters loaded and ready,
-    # adapters that requests waiting in the engine name, and the most loaded at once (0: none).
+    # and those that requests waiting in the engine name.
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
-    max_lora: int = 0
 
 
 class GenerateOptions(TypedDict, total=False):

@@ -169,7 +169,6 @@ class OrtGenAIEngine:
             waiting_lora_adapters=tuple(
                 sorted({adapter_name(key) for key in waiting_keys if key is not None})
             ),
-            max_lora=self._adapters.max_adapters,
         )
 
     # -- requests (event-loop thread) -------------------------------------------------------------

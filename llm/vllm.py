@@ -230,7 +230,6 @@ class VLLMEngine:
             self._cache_queries,
             self._cache_hits,
             running_lora_adapters=tuple(self._adapters.names()),
-            max_lora=self._adapters.max_adapters,
         )
 
     async def generate(

@@ -308,7 +308,8 @@ class FerryMetrics:
                 "ferry_llm_lora_requests_info",
                 "LoRA adapters in the labels (vLLM's lora_requests_info): running_lora_adapters "
                 "loaded and ready, waiting_lora_adapters named by waiting generations, max_lora "
-                "the most loaded at once; the value is the scrape's Unix time.",
+                "as many as are loaded (Ferry loads none on request); the value is the scrape's "
+                "Unix time.",
             )
         )
         self._engine_families = tuple(new.engine_families)
@@ -487,7 +488,12 @@ class EngineStatsFamily(Collector):
 class LoRAInfoFamily(EngineStatsFamily):
     """The model-server protocol's LoRA info: one series per model, its adapters in the labels.
     The value is the scrape's time, as vLLM's is its last update's: the endpoint picker reads the
-    series with the highest value, and Ferry writes one a model, always current."""
+    series with the highest value, and Ferry writes one a model, always current.
+
+    `max_lora` is the number loaded, not the configured most (`max_adapters`): the picker takes
+    max_lora above the adapters running as room to load the one a request names, and sends it
+    there; vLLM would load it, but Ferry serves only adapters loaded beforehand (a 404 otherwise),
+    so a Ferry pod has no such room."""
 
     LABELS = ("model", "running_lora_adapters", "waiting_lora_adapters", "max_lora")
 
@@ -500,14 +506,9 @@ class LoRAInfoFamily(EngineStatsFamily):
     def collect(self) -> list[Metric]:
         family, now = self._new(), time.time()
         for model, stats in self.source().items():
-            if stats.max_lora:  # an engine that serves no adapters reports none
-                labels = [
-                    model,
-                    ",".join(stats.running_lora_adapters),
-                    ",".join(stats.waiting_lora_adapters),
-                    str(stats.max_lora),
-                ]
-                family.add_metric(labels, now)
+            running, waiting = stats.running_lora_adapters, stats.waiting_lora_adapters
+            labels = [model, ",".join(running), ",".join(waiting), str(len(running))]
+            family.add_metric(labels, now)
         return [family]
 
 

@@ -7,6 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -19,9 +20,13 @@ K8S = DEPLOY / "k8s"
 # The oldest Kubernetes release the manifests target (autoscaling/v2 and the probes they use are
 # older), and the newest whose schemas kubernetes-validate ships.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
-# Kinds outside Kubernetes' own API, for which kubernetes-validate has no schema: kustomize's file
-# and the Prometheus Operator's CRD. The cross-checks below cover them.
-NO_SCHEMA = {"Kustomization", "ServiceMonitor"}
+# Kinds outside Kubernetes' own API, for which kubernetes-validate has no schema: kustomize's file,
+# the Prometheus Operator's CRD and the Inference Extension's InferencePool (checked against its
+# CRD below). The cross-checks below cover them.
+NO_SCHEMA = {"Kustomization", "ServiceMonitor", "InferencePool"}
+# llm-d's copy of the Gateway API Inference Extension's InferencePool CRD
+# (config/crd/bases/inference.networking.k8s.io_inferencepools.yaml of llm-d/llm-d-inference-scheduler).
+INFERENCE_POOL_CRD = ROOT / "tests/deploy/schemas/llm-d-inferencepools-crd.yaml"
 
 
 def k8s_documents() -> list[tuple[str, dict]]:
@@ -211,9 +216,65 @@ def test_the_endpoint_pickers_engine_entry_names_ferrys_gauges(manifests):
     assert pod_labels["llm-d.ai/engine-type"] == engine["name"]
     assert set(engine) <= EPP_ENGINE_FIELDS
     gauges = {f.name: f for f in FerryMetrics().registry.collect() if f.type == "gauge"}
-    for field, meaning in (("queuedRequestsSpec", "waiting"), ("runningRequestsSpec", "running")):
+    for field, meaning in (
+        ("queuedRequestsSpec", "waiting"),
+        ("runningRequestsSpec", "running"),
+        ("kvUsageSpec", "kv positions"),
+        ("loraSpec", "lora"),
+    ):
         match = EPP_SPEC.match(engine[field])
         assert match, f"{field}: {engine[field]!r} is not a metric spec the EPP parses"
         gauge = gauges.get(match["name"])
         assert gauge is not None, f"{field}: {match['name']} is not a gauge Ferry exports"
         assert meaning in gauge.documentation.lower()
+    # The LoRA info carries the labels the EPP splits (extractor.go, populateLoRAMetrics).
+    lora = EPP_SPEC.match(engine["loraSpec"])["name"]  # type: ignore[index]  # matched above
+    collector = FerryMetrics().llm_lora_info
+    assert {"running_lora_adapters", "waiting_lora_adapters", "max_lora"} <= set(collector.LABELS)
+    assert collector.describe()[0].name == lora
+    scorers = {p["type"] for p in config["plugins"]}
+    assert {"queue-scorer", "kv-cache-utilization-scorer", "lora-affinity-scorer"} <= scorers
+
+
+def _closed(schema: object) -> object:
+    """The CRD's schema with its objects closed: the API server prunes fields it does not know
+    (structural schemas), so a misspelt one would be dropped silently; here it fails."""
+    if isinstance(schema, dict):
+        out = {key: _closed(value) for key, value in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema and (
+            not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_closed(value) for value in schema]
+    return schema
+
+
+@pytest.fixture(scope="module")
+def inference_pool_schema() -> dict:
+    crd = yaml.safe_load(INFERENCE_POOL_CRD.read_text())
+    (served,) = [v for v in crd["spec"]["versions"] if v["served"] and v["storage"]]
+    schema = _closed(served["schema"]["openAPIV3Schema"])
+    # metadata is the API server's ObjectMeta, not the CRD's to describe.
+    schema["properties"]["metadata"] = {"type": "object"}  # type: ignore[index]
+    return {"group": crd["spec"]["group"], "version": served["name"], "schema": schema}
+
+
+def test_the_inference_pool_is_valid_against_its_crd(manifests, inference_pool_schema):
+    pool = manifests["InferencePool"]
+    schema = inference_pool_schema
+    assert pool["apiVersion"] == f"{schema['group']}/{schema['version']}"
+    jsonschema.validate(pool, schema["schema"])
+    broken = {**pool, "spec": {**pool["spec"], "targetPort": 8000}}  # misspelt: refused
+    with pytest.raises(jsonschema.ValidationError, match="targetPort"):
+        jsonschema.validate(broken, schema["schema"])
+
+
+def test_the_inference_pool_selects_ferrys_pods_on_its_http_port(manifests, container):
+    spec = manifests["InferencePool"]["spec"]
+    pod_labels = manifests["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    http = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
+    assert [p["number"] for p in spec["targetPorts"]] == [http]  # /metrics and the OpenAI routes
+    assert spec["appProtocol"] == "http"

@@ -28,7 +28,6 @@ def test_engine_series_are_the_engines_own_counts_at_scrape_time():
     assert sample("ferry_llm_prefix_cache_queries_total") == 12  # nothing wrote it: read anew
 
 
-
 def test_the_inference_gateways_kv_and_lora_series_are_read_from_the_engine():
     """The model-server protocol's KVCacheUtilization gauge and LoRA info (one series a model,
     adapters comma-separated in the labels, as the endpoint picker splits them)."""
@@ -41,22 +40,26 @@ def test_the_inference_gateways_kv_and_lora_series_are_read_from_the_engine():
             kv_cache_usage=0.25,
             running_lora_adapters=("a", "b"),
             waiting_lora_adapters=("b",),
-            max_lora=4,
         ),
-        "plain": EngineStats(running=0, waiting=0),  # no KV figure, no adapters: no series
+        "plain": EngineStats(running=0, waiting=0),  # no KV figure: no series
     }
     metrics.watch_llm_engines(lambda: stats)
     assert registry.get_sample_value("ferry_llm_kv_cache_usage_ratio", {"model": "m"}) == 0.25
     assert registry.get_sample_value("ferry_llm_kv_cache_usage_ratio", {"model": "plain"}) is None
     (info,) = [f for f in registry.collect() if f.name == "ferry_llm_lora_requests_info"]
-    (series,) = info.samples
-    assert series.labels == {
-        "model": "m",
+    by_model = {series.labels.pop("model"): series for series in info.samples}
+    assert by_model["m"].labels == {
+        # max_lora: as many as are loaded, so the picker sees no room to load another here.
         "running_lora_adapters": "a,b",
         "waiting_lora_adapters": "b",
-        "max_lora": "4",
+        "max_lora": "2",
     }
-    assert series.value > 0  # the scrape's time: the picker keeps the highest
+    assert by_model["plain"].labels == {
+        "running_lora_adapters": "",
+        "waiting_lora_adapters": "",
+        "max_lora": "0",
+    }
+    assert by_model["m"].value > 0  # the scrape's time: the picker keeps the highest
 
 
 def test_generation_hooks_write_the_models_series():
