@@ -24,8 +24,8 @@ K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 # the Prometheus Operator's CRD and the Inference Extension's InferencePool (checked against its
 # CRD below). The cross-checks below cover them.
 NO_SCHEMA = {"Kustomization", "ServiceMonitor", "InferencePool"}
-# llm-d's copy of the Gateway API Inference Extension's InferencePool CRD
-# (config/crd/bases/inference.networking.k8s.io_inferencepools.yaml of llm-d/llm-d-inference-scheduler).
+# llm-d's copy of the Gateway API Inference Extension's InferencePool CRD (llm-d/
+# llm-d-inference-scheduler, config/crd/bases/inference.networking.k8s.io_inferencepools.yaml).
 INFERENCE_POOL_CRD = ROOT / "tests/deploy/schemas/llm-d-inferencepools-crd.yaml"
 
 
@@ -241,8 +241,10 @@ def _closed(schema: object) -> object:
     (structural schemas), so a misspelt one would be dropped silently; here it fails."""
     if isinstance(schema, dict):
         out = {key: _closed(value) for key, value in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and (
-            not schema.get("x-kubernetes-preserve-unknown-fields")
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and (not schema.get("x-kubernetes-preserve-unknown-fields"))
         ):
             out["additionalProperties"] = False
         return out
