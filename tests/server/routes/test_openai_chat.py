@@ -142,16 +142,18 @@ def test_models_lists_chat_and_embedding_models_generative_first(client):
 def test_eight_concurrent_requests_complete_and_run_together(server):
     async def scenario() -> list[int]:
         client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
-        running_seen = 0
+        running_seen, kv_seen = 0, 0.0
 
         async def watch() -> None:
-            nonlocal running_seen
+            nonlocal running_seen, kv_seen
             async with httpx.AsyncClient() as http:
                 while True:
                     text = (await http.get(f"{server.url}/metrics")).text
                     running_seen = max(
                         running_seen, metric_value(text, "ferry_llm_requests_running")
                     )
+                    # The inference gateway's KVCacheUtilization rises with the running ones.
+                    kv_seen = max(kv_seen, metric_value(text, "ferry_llm_kv_cache_usage_ratio"))
                     await asyncio.sleep(0.005)
 
         async def one_client() -> int:
@@ -167,11 +169,19 @@ def test_eight_concurrent_requests_complete_and_run_together(server):
         results = await asyncio.gather(*(one_client() for _ in range(8)))
         watcher.cancel()
         await client.close()
-        return [sum(results), running_seen]
+        return [sum(results), running_seen, kv_seen]
 
-    completed, running_seen = asyncio.run(asyncio.wait_for(scenario(), 120))
+    completed, running_seen, kv_seen = asyncio.run(asyncio.wait_for(scenario(), 120))
     assert completed == 32
     assert running_seen > 1
+    assert 0 < kv_seen <= 1
+    # Idle again: no running generation holds KV, whatever the prefix cache keeps. The LoRA
+    # info is there with no adapter loaded, and so no room the endpoint picker could count on.
+    text = httpx.get(f"{server.url}/metrics").text
+    assert metric_value(text, "ferry_llm_requests_running") == 0
+    assert metric_value(text, "ferry_llm_kv_cache_usage_ratio", model=TINY_LLM) == 0
+    lora_info = dict(model=TINY_LLM, running_lora_adapters="", max_lora="0")
+    assert metric_value(text, "ferry_llm_lora_requests_info", **lora_info) > 0
 
 
 def test_disconnect_mid_stream_stops_generation(server):
