@@ -89,6 +89,7 @@ async def test_base_and_two_adapters_interleaved_under_eight_streams(
         ("shout", adapter_reference["shout"]),
     ]
     running_seen: list[int] = []
+    waiting_adapters_seen: set[str] = set()  # the inference gateway's waiting_lora_adapters
 
     async def one(i: int) -> tuple[str, str]:
         adapter, ref = plan[i % 3]
@@ -97,14 +98,21 @@ async def test_base_and_two_adapters_interleaved_under_eight_streams(
         async for delta in lora_engine.generate(
             f"r{i}", case["prompt_ids"], GREEDY, adapter=adapter
         ):
-            running_seen.append(lora_engine.stats().running)
+            stats = lora_engine.stats()
+            running_seen.append(stats.running)
+            waiting_adapters_seen.update(stats.waiting_lora_adapters)
             text += delta.text
         return text, expected(case)[0]
 
+    # Eight requests, four places: the last four wait, three of them on adapters.
     results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(8))), WAIT_S)
     for got, want in results:
         assert got == want
     assert max(running_seen) > 1
+    assert waiting_adapters_seen and waiting_adapters_seen <= {"zen", "shout"}
+    stats = lora_engine.stats()
+    assert stats.running_lora_adapters == ("shout", "zen")  # loaded, by name
+    assert stats.waiting_lora_adapters == () and stats.kv_cache_usage == 0
 
 
 async def test_unload_waits_for_requests_in_flight_then_frees_the_name(
