@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ferry.bench.server_process import DEFAULT_LLM_DIR, DEFAULT_MODEL_DIR
+from tests.support.worker_groups import group_for_workers
 
 
 @pytest.fixture(scope="session")
@@ -108,3 +109,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     modules: dict[Path, str] = {}
     for item in items:
         item.add_marker(getattr(pytest.mark, _tier(item, modules)))
+    group_for_workers(items, _REPO)
