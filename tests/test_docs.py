@@ -16,6 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tools"))
 import gen_docs  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize("page", sorted(gen_docs.PAGES))
 def test_each_generated_reference_matches_the_code(page):

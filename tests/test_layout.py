@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[1]
 NOT_SHIPPED = {"tests", "tools", "ferry"}
 # Top to bottom: a package may import only the packages after it (lazily or not).
