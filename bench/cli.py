@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ferry.bench.targets import PROTOCOLS
@@ -21,10 +22,15 @@ KServe v2 HTTP endpoint (Triton, or Ferry's /v2) with --protocol kserve --model 
 Timings on a machine shared with other work are noisy: compare figures from one run."""
 
 
-def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
-    bench = subparsers.add_parser(
-        "bench",
-        help="Sweep concurrency against a running server; print and plot latency vs throughput.",
+def main(argv: Sequence[str]) -> int:
+    """`ferry bench ARGS` (ferry/cli.py hands them over: it imports this package only then)."""
+    args = build_parser().parse_args(argv)
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    bench = argparse.ArgumentParser(
+        prog="ferry bench",
         description=DESCRIPTION,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -91,7 +97,7 @@ def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
         help="PNG to write: p50 and p99 latency against throughput.",
     )
     output.add_argument("--no-plot", action="store_true", help="Do not write the PNG.")
-    bench.set_defaults(handler=run_bench)
+    return bench
 
 
 def _positive_int(text: str) -> int:
