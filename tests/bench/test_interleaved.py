@@ -8,7 +8,7 @@ from ferry.bench import interleaved
 from ferry.bench.interleaved import block_order, interleave, pooled, report
 from ferry.bench.loadgen import LoadResult
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 
 def test_who_goes_first_alternates_by_round():

@@ -12,7 +12,7 @@ import pytest
 
 from ferry.bench.loadgen import run_load
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.unit
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
 

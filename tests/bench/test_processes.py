@@ -10,7 +10,7 @@ import pytest
 
 from ferry.bench.processes import ManagedProcess, ProcessExited, free_port, http_ok, running
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 # Prints "ready <pid>" once its SIGTERM handling is set up, then waits to be stopped.
 CHILD = """
