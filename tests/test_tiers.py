@@ -81,4 +81,3 @@ def test_a_module_without_exactly_one_tier_fails_collection(pytester, declaratio
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines(["*test_tierless.py: a test module declares exactly one tier*"])
     result.stdout.fnmatch_lines([f"*{found}*"])
-
