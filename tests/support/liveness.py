@@ -93,8 +93,8 @@ class LivenessProbe:
 
 class ContinuousProbe:
     """Polls /health/live from a thread for a whole run of requests (the OpenAPI fuzzer's), each
-    judged after it by `assert_lively`. The first BASELINE_POLLS, made before the first request,
-    are the idle baseline."""
+    judged after it by `freeze`. The first BASELINE_POLLS, made before the first request, are the
+    idle baseline."""
 
     def __init__(self, base_url: str, interval_s: float = 0.02) -> None:
         self._client = httpx.Client(base_url=base_url, timeout=60)
@@ -105,6 +105,7 @@ class ContinuousProbe:
         self._idle = threading.Event()
         self._closed = threading.Event()
         self.baseline_s = 0.0  # the slowest idle answer
+        self._last_s = 0.0
         self.polls = 0
         self.failures: list[str] = []
         threading.Thread(target=self._run, daemon=True, name="liveness-probe").start()
@@ -128,6 +129,7 @@ class ContinuousProbe:
             took = time.perf_counter() - started
             with self._lock:
                 self._sent_at = None
+                self._last_s = took
                 self.polls += 1
                 if failure:
                     self.failures.append(failure)
@@ -146,13 +148,27 @@ class ContinuousProbe:
             slowest, self._slowest = max(self._slowest, waiting), 0.0
         return slowest
 
-    def assert_lively(self, request_s: float, what: str) -> None:
-        """The loop answered every poll since the last check, none slower than a request of
-        `request_s` (the one the check follows) could excuse."""
+    def settle(self, timeout_s: float = 60) -> None:
+        """Returns once a new poll is answered within IDLE_POLLS idle polls' time: a burst of load
+        on the machine (or the loop's leftover work) is over."""
+        idle = freeze_bound(0.0, self._interval_s, self.baseline_s)
+        deadline = time.perf_counter() + timeout_s
+        with self._lock:
+            seen = self.polls
+        while time.perf_counter() < deadline:
+            self._closed.wait(self._interval_s)
+            with self._lock:
+                if self.polls > seen and self._last_s <= idle:
+                    return
+
+    def freeze(self, request_s: float, what: str) -> str | None:
+        """Why the polls since the last call say the loop froze around a request of
+        `request_s` (`what`), or None; a poll that failed or was refused fails at once."""
         stall = self.slowest()
-        bound = freeze_bound(request_s, self._interval_s, self.baseline_s)
         assert not self.failures, f"/health/live failed: {self.failures}"
-        assert stall <= bound, (
+        if stall <= freeze_bound(request_s, self._interval_s, self.baseline_s):
+            return None
+        return (
             f"/health/live waited {stall * 1000:.0f} ms around {what}: past half its "
             f"{request_s * 1000:.0f} ms and {IDLE_POLLS} idle polls (the slowest idle answer "
             f"{self.baseline_s * 1000:.0f} ms)"
