@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from ferry.bench.targets import PROTOCOLS
@@ -22,15 +21,11 @@ KServe v2 HTTP endpoint (Triton, or Ferry's /v2) with --protocol kserve --model 
 Timings on a machine shared with other work are noisy: compare figures from one run."""
 
 
-def main(argv: Sequence[str]) -> int:
-    """`ferry bench ARGS` (ferry/cli.py hands them over: it imports this package only then)."""
-    args = build_parser().parse_args(argv)
-    return run_bench(args)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    bench = argparse.ArgumentParser(
-        prog="ferry bench",
+def add_bench_command(subparsers: argparse._SubParsersAction, summary: str) -> None:
+    """`ferry bench`, with its one-line help from ferry/cli.py (which lists it unloaded too)."""
+    bench = subparsers.add_parser(
+        "bench",
+        help=summary,
         description=DESCRIPTION,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -97,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="PNG to write: p50 and p99 latency against throughput.",
     )
     output.add_argument("--no-plot", action="store_true", help="Do not write the PNG.")
-    return bench
+    bench.set_defaults(handler=run_bench)
 
 
 def _positive_int(text: str) -> int:
