@@ -34,8 +34,9 @@ test: setup model
 	# The slowest 30 printed at the end: the suite must stay under 25 minutes on a fresh clone.
 	$(PY) -m pytest -q --durations=30
 
-# The unit tier alone (tests/conftest.py marks each test unit, integration or system): no server
-# process, nothing installed beyond the venv and the default models.
+# The unit tier alone (each test module declares unit, integration or system in `pytestmark`;
+# tests/support/tiers.py fails a unit test that starts a process): no server process, nothing
+# installed beyond the venv and the default models.
 test-fast: setup model
 	$(PY) -m pytest -q -m unit
 

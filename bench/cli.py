@@ -21,10 +21,11 @@ KServe v2 HTTP endpoint (Triton, or Ferry's /v2) with --protocol kserve --model 
 Timings on a machine shared with other work are noisy: compare figures from one run."""
 
 
-def add_bench_command(subparsers: argparse._SubParsersAction) -> None:
+def add_bench_command(subparsers: argparse._SubParsersAction, summary: str) -> None:
+    """`ferry bench`, with its one-line help from ferry/cli.py (which lists it unloaded too)."""
     bench = subparsers.add_parser(
         "bench",
-        help="Sweep concurrency against a running server; print and plot latency vs throughput.",
+        help=summary,
         description=DESCRIPTION,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

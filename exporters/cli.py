@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ferry.exporters.progress import export_progress
 from ferry.exporters.vision_cli import add_vision_command
 from ferry.server.progress import Progress
 
@@ -179,12 +180,6 @@ def _add_batching_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default=None, help="Model name in --config (default: first).")
     group.add_argument("--max-batch-size", type=int, default=None)
     group.add_argument("--max-queue-delay-s", type=float, default=None)
-
-
-def export_progress(kind: str, total: float) -> Progress:
-    """`ferry export KIND`'s progress on stderr: a bar with an ETA on a terminal, a line per
-    step elsewhere (results go to stdout once it is closed)."""
-    return Progress(f"ferry export {kind}", total)
 
 
 def _report(report) -> int:

@@ -47,7 +47,7 @@ def add_vision_command(kinds: argparse._SubParsersAction) -> None:
 
 def _export_vision(args: argparse.Namespace) -> int:
     from ferry.exporters import vision_export
-    from ferry.exporters.cli import export_progress
+    from ferry.exporters.progress import export_progress
 
     if args.arch != "resnet18" and (args.num_classes or args.width):
         raise SystemExit("ferry export vision: --num-classes and --width are resnet18's only")

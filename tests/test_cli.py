@@ -7,6 +7,8 @@ import pytest
 
 from ferry.cli import build_parser
 
+pytestmark = pytest.mark.integration
+
 
 def test_the_command_has_each_packages_subcommands():
     commands = build_parser()._subparsers._group_actions[0].choices

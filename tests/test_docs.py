@@ -17,6 +17,8 @@ sys.path.insert(0, str(REPO / "tools"))
 import docs_site  # noqa: E402
 import gen_docs  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize("page", sorted(gen_docs.PAGES))
 def test_each_generated_reference_matches_the_code(page):

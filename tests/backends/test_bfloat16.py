@@ -5,9 +5,12 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from ferry.backends import bfloat16
 from tests.support import plain_graphs
+
+pytestmark = pytest.mark.unit
 
 RNG = np.random.default_rng(16)
 

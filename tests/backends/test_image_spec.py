@@ -18,6 +18,8 @@ from ferry.backends.image_spec import (
 from ferry.backends.manifest import MANIFEST_NAME
 from ferry.backends.tensor_signature import Signature, TensorSpec
 
+pytestmark = pytest.mark.unit
+
 
 def graph(*shape, datatype: str = "FP32", more: tuple[TensorSpec, ...] = ()) -> Signature:
     image = TensorSpec("pixels", datatype, ("batch", *shape))

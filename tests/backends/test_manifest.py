@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from ferry.backends.manifest import MANIFEST_NAME, ModelManifest
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_written_manifest_reads_back_equal_with_integer_label_ids(tmp_path):

@@ -3,9 +3,12 @@ import logging
 import re
 
 import numpy as np
+import pytest
 
 from ferry.backends.onnxruntime import PROBE_MARGIN, OnnxRuntimeBackend
 from ferry.batcher import TokenSequence, pad_batch
+
+pytestmark = pytest.mark.unit
 
 
 async def test_backend_reads_outputs_and_runs_padded_batches(default_model_dir, embed_alone):

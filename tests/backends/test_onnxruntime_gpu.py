@@ -18,7 +18,7 @@ from ferry.exporters.quantize import convert_fp16
 from tests.gpu import requires_gpu
 from tests.support.metrics import metric_value
 
-pytestmark = [pytest.mark.gpu, requires_gpu]
+pytestmark = [pytest.mark.integration, pytest.mark.gpu, requires_gpu]
 
 IDS = [[101, 7592, 2088, 2003, 1037, 3899, 102], [101, 2023, 102], [101, *range(2000, 2100), 102]]
 

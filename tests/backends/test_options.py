@@ -7,6 +7,8 @@ from pydantic import TypeAdapter, ValidationError
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.options import BackendOptions, OnnxRuntimeOptions, TorchOptions, TritonOptions
 
+pytestmark = pytest.mark.unit
+
 OPTIONS = TypeAdapter(BackendOptions)
 
 

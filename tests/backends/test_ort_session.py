@@ -8,6 +8,8 @@ import pytest
 
 from ferry.backends.ort_session import cpu_session, session_options
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("spinning", "allow", "force_stop"), [(True, "1", "1"), (False, "0", None)]

@@ -23,6 +23,8 @@ from ferry.backends.placement import (
 )
 from ferry.bench.server_process import default_model_config, ferry_server
 
+pytestmark = pytest.mark.integration
+
 CPU_ONLY = [CPU_EP]
 WITH_CUDA = [CUDA_EP, CPU_EP]
 cpu_only_onnxruntime = pytest.mark.skipif(

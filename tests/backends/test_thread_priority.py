@@ -11,7 +11,10 @@ import pytest
 
 from ferry.backends.thread_priority import lower_this_thread
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread on Linux")
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread on Linux"),
+]
 
 
 def _niceness() -> int:

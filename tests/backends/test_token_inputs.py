@@ -10,6 +10,8 @@ import pytest
 from ferry.backends.token_inputs import TokenFeed, UnservableInputs
 from ferry.batcher import TokenSequence, pad_batch
 
+pytestmark = pytest.mark.unit
+
 BATCH = [
     TokenSequence(np.array([101, 7, 102, 8, 102]), np.ones(5, np.int64), np.array([0, 0, 0, 1, 1])),
     TokenSequence.from_ids([101, 9, 102]),

@@ -19,6 +19,8 @@ from ferry.exporters.default_model import default_model_source
 from ferry.server.tokenization import TextTokenizer
 from tests.exporters.tiny_classifier import build_tiny_classifier
 
+pytestmark = pytest.mark.integration
+
 LABELS = {0: "negative", 1: "positive"}
 # Mixed lengths, so the batch carries real padding.
 IDS = [[101, 7592, 2088, 2003, 1037, 3899, 102], [101, 2023, 102], [101, *range(2000, 2040), 102]]

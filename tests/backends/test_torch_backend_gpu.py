@@ -19,7 +19,8 @@ from ferry.bench.gpu_model import BenchModel, bench_model
 from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from tests.gpu import requires_gpu
 
-pytestmark = [pytest.mark.gpu, requires_gpu]
+# integration: torch.compile's inductor compiles in worker processes.
+pytestmark = [pytest.mark.integration, pytest.mark.gpu, requires_gpu]
 
 IDS = [[101, 7592, 2088, 2003, 1037, 3899, 102], [101, 2023, 102], [101, *range(2000, 2100), 102]]
 

@@ -16,6 +16,8 @@ from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import seq
 from tests.batcher.test_batcher_observer import RecordingObserver
 
+pytestmark = pytest.mark.unit
+
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)
 
 

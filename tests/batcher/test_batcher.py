@@ -24,6 +24,8 @@ from ferry.batcher import (
 )
 from tests.batcher.manual_clock import ManualClock, settle
 
+pytestmark = pytest.mark.unit
+
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)
 
 

@@ -22,6 +22,8 @@ from ferry.batcher.cost_model import TERMS
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import LIMITS, RecordingBackend, never_answering, seq
 
+pytestmark = pytest.mark.unit
+
 
 class RecordingObserver:
     def __init__(self) -> None:

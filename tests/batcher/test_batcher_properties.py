@@ -31,6 +31,8 @@ from ferry.batcher import (
 from ferry.batcher.dispatch import Dispatch
 from tests.batcher.manual_clock import ManualClock
 
+pytestmark = pytest.mark.unit
+
 VOCAB = 50
 BAD = VOCAB - 1  # a token the backend always fails on
 # `make mutation` runs fewer examples per mutant; the suite runs the full number.

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from ferry.batcher import BatchLimits, MicroBatcher
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import LIMITS, RecordingBackend, seq
+
+pytestmark = pytest.mark.unit
 
 
 async def calibrated(clock: ManualClock, backend: RecordingBackend, **limits) -> MicroBatcher:

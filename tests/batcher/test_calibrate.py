@@ -8,6 +8,8 @@ import pytest
 from ferry.batcher import BatchLimits, MicroBatcher, SequenceLimits
 from tests.batcher.test_batcher import RecordingBackend
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("max_batch_size", "max_batch_tokens", "max_length", "shapes"),

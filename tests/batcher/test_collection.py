@@ -14,6 +14,8 @@ from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_admission import exact_cost_model
 from tests.batcher.test_batcher import RecordingBackend, seq
 
+pytestmark = pytest.mark.unit
+
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)
 FOUR = (1, 2, 3, 4)  # predict(n, 4) = 10 ms + 4 ms per request
 

@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 
 from ferry.batcher.cost_model import TERMS, BatchCostModel
 
+pytestmark = pytest.mark.unit
+
 
 def true_cost(n: int, length: int) -> float:
     tokens = n * length

@@ -21,6 +21,8 @@ from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import LIMITS, RecordingBackend, make, seq
 from tests.batcher.test_batcher_observer import make as make_observed
 
+pytestmark = pytest.mark.unit
+
 
 class Catastrophe(BaseException):
     """Not an Exception: what no `except Exception` in the batcher catches."""

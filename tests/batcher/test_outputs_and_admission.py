@@ -11,6 +11,8 @@ from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, Seq
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 
+pytestmark = pytest.mark.unit
+
 LIMITS = SequenceLimits(max_length=64, vocab_size=1000)
 
 

@@ -1,7 +1,10 @@
 import numpy as np
+import pytest
 
 from ferry.batcher.padding import pad_batch, stack_rows, unpad_outputs
 from ferry.batcher.request import TokenSequence
+
+pytestmark = pytest.mark.unit
 
 
 def test_batch_is_padded_to_its_own_longest_sequence():

@@ -4,6 +4,8 @@ import pytest
 
 from ferry.batcher.policy import BatchLimits, batch_is_full, best_prefix, growth_order, within_rows
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class Item:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ferry.batcher import SequenceLimits, TokenSequence
+
+pytestmark = pytest.mark.unit
 
 LIMITS = SequenceLimits(max_length=4, vocab_size=10)
 

@@ -8,6 +8,8 @@ import pytest
 from ferry.batcher import BatchLimits, TensorRows
 from ferry.batcher.tensor_chunks import chunk_rows, join_rows, split_rows
 
+pytestmark = pytest.mark.unit
+
 
 def request(rows: int, width: int = 5) -> TensorRows:
     data = np.arange(rows * width, dtype=np.float32).reshape(rows, width)

@@ -4,6 +4,8 @@ import pytest
 from ferry.batcher import InferenceFailed
 from ferry.batcher.tensor_padding import TensorLayout, TensorRows, pad_tensors, split_outputs
 
+pytestmark = pytest.mark.unit
+
 LAYOUT = TensorLayout(
     inputs={"data": {1: "T"}, "mask": {1: "T"}, "scale": {}},
     outputs={"per_step": {1: "T"}},

@@ -36,6 +36,8 @@ from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 # A slow device (20 ms a batch without the GIL): batches overlap whenever two are ready, so two
 # in flight under load do not depend on how busy the machine is.
 SLOW = DeviceTimes(launch_ms=0.5, fixed_ms=20.0, per_token_us=0.2, streams=2)

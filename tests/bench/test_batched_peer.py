@@ -13,6 +13,8 @@ from ferry.bench.batched_peer import _kill_survivors, _running, _started, batche
 from ferry.bench.process_cpu import process_tree
 from tests.support.predict_answers import assert_answers_as_alone
 
+pytestmark = pytest.mark.integration
+
 PEERS = ["ferry.bench.litserve_server", "ferry.bench.mosec_server"]
 # A batch of two that waits long for its second request: two sent at once are one batch.
 PAIR, LONG_WAIT_MS = 2, 1000

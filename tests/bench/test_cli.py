@@ -10,6 +10,8 @@ import pytest
 from ferry.bench.server_process import DEFAULT_MODEL, REPO, default_model_config, ferry_server
 from ferry.cli import main
 
+pytestmark = pytest.mark.integration
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

@@ -9,6 +9,8 @@ import pytest
 from ferry.bench.flops import flops_per_token, flops_per_token_of, gemm_gflops
 from tests.llm.llm_paths import HF_DIR
 
+pytestmark = pytest.mark.unit
+
 # SmolLM2-135M-Instruct's config.json (the default chat model).
 SMOLLM2 = {
     "hidden_size": 576,

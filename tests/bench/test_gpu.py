@@ -16,6 +16,8 @@ from ferry.bench.targets import predict_body
 from ferry.server.tokenization import TextTokenizer
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 
 def test_clients_are_split_evenly_and_never_to_an_idle_process():
     assert split_clients(256, 8) == [32] * 8

@@ -5,9 +5,12 @@ from __future__ import annotations
 import base64
 import io
 
+import pytest
 from PIL import Image
 
 from ferry.bench import images
+
+pytestmark = pytest.mark.unit
 
 
 def test_jpeg_bodies_are_base64_jpegs_of_mixed_sizes():

@@ -8,6 +8,8 @@ from ferry.bench import interleaved
 from ferry.bench.interleaved import block_order, interleave, pooled, report
 from ferry.bench.loadgen import LoadResult
 
+pytestmark = pytest.mark.integration
+
 
 def test_who_goes_first_alternates_by_round():
     assert [block_order(r, ["a", "b"]) for r in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]

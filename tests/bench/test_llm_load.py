@@ -8,6 +8,8 @@ import pytest
 
 from ferry.bench.llm_load import RequestTiming, RunResult, request_timing, sse_token_times
 
+pytestmark = pytest.mark.unit
+
 
 def test_ttft_is_to_the_first_token_and_itl_spreads_the_rest():
     timing = request_timing(10.0, [(10.5, 1), (10.7, 1), (11.1, 2)])

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from ferry.bench.llm_peer import Cell, FerryServer, LlamaServer, repack_lines, report
+
+pytestmark = pytest.mark.unit
 
 
 def test_both_streams_give_text_and_token_counts() -> None:

@@ -8,7 +8,11 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
+
 from ferry.bench.loadgen import run_load
+
+pytestmark = pytest.mark.unit
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
 

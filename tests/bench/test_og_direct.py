@@ -3,9 +3,13 @@ token limit with no more requests in the engine than asked."""
 
 from __future__ import annotations
 
+import pytest
+
 from ferry.bench.og_direct import og_engine_run
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.llm_paths import ONNX_DIR
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_request_gets_its_tokens_timed_in_order():

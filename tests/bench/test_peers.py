@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
+
 from ferry.bench.ceiling import Ceiling
 from ferry.bench.peers import (
     FERRY,
@@ -22,6 +24,8 @@ from ferry.bench.peers import (
 )
 from ferry.bench.process_cpu import CpuPerRequest
 from ferry.bench.sweep import Step
+
+pytestmark = pytest.mark.unit
 
 SETS = (InputSet("short", [[101, 2000, 102]] * 4),)
 CEILING = {"short": Ceiling("batch 8 sorted", 800.0, {"batch 8 sorted": 800.0})}

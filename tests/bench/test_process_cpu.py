@@ -8,6 +8,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from ferry.bench.process_cpu import (
     CpuPerRequest,
     CpuSample,
@@ -16,6 +18,8 @@ from ferry.bench.process_cpu import (
     thread_cpu_s,
     tree_cpu_s,
 )
+
+pytestmark = pytest.mark.integration
 
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 

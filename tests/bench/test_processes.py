@@ -10,6 +10,8 @@ import pytest
 
 from ferry.bench.processes import ManagedProcess, ProcessExited, free_port, http_ok, running
 
+pytestmark = pytest.mark.integration
+
 # Prints "ready <pid>" once its SIGTERM handling is set up, then waits to be stopped.
 CHILD = """
 import signal, sys, time

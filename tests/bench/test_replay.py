@@ -7,6 +7,8 @@ import pytest
 from ferry.bench.replay import policies, replay
 from ferry.bench.replay_costs import CostTable
 
+pytestmark = pytest.mark.unit
+
 # 10 ms per batch whatever its shape, except the table's own growth: 1 ms per extra request.
 FLAT = CostTable(
     sizes=(1, 2),

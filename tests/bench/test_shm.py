@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ferry.bench import shm
+
+pytestmark = pytest.mark.unit
 
 
 def test_binary_carries_the_image_and_shared_memory_only_names_it():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ferry.bench.sweep import BAR_WIDTH, Step, cycle, format_table
+
+pytestmark = pytest.mark.unit
 
 
 def step(concurrency: int, throughput: float, statuses: dict[int, int] | None = None) -> Step:

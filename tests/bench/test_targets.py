@@ -6,6 +6,8 @@ import pytest
 
 from ferry.bench.targets import Target, kserve_body
 
+pytestmark = pytest.mark.unit
+
 
 def test_kserve_body_is_one_row_of_int64_ids_and_mask_asking_for_the_embedding_only():
     body = kserve_body([101, 2000, 102])

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from ferry.bench.unbatched_server import unbatched_server
 from tests.support.predict_answers import assert_answers_as_alone
+
+pytestmark = pytest.mark.integration
 
 
 def test_same_embedding_and_shape_as_ferry(default_model_dir, embed_alone):

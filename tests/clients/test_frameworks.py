@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from tests.clients.frameworks.shapes import Address, Answer, Person, Role, Usage, Weather
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.usefixtures("offline_clients"),
     # pydantic's notes on litellm's own types, raised while litellm builds a stream chunk.
     pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier:UserWarning"),

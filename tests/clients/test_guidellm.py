@@ -16,7 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ferry.bench.server_process import DEFAULT_LLM_HF_DIR
+
+pytestmark = pytest.mark.integration
 
 REQUESTS = 4
 OUTPUT_TOKENS = 16

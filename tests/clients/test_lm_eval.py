@@ -24,6 +24,8 @@ from ferry.bench.server_process import DEFAULT_LLM
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
 
+pytestmark = pytest.mark.integration
+
 DATA = Path(__file__).parent / "data"
 CHOICE_TASK = f"""
 task: ferry_facts_choice

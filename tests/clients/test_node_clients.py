@@ -13,6 +13,8 @@ import pytest
 
 from tests.clients.frameworks.shapes import Person, Weather
 
+pytestmark = pytest.mark.integration
+
 NODE = Path(__file__).parent / "node"
 
 

@@ -16,6 +16,8 @@ from PIL import Image
 
 from tests.support.triton_examples import run_example
 
+pytestmark = pytest.mark.integration
+
 IMAGE = "{image}"  # the image file's path, filled in by the test
 CLASSIFY = ("-m", "densenet_onnx", "-c", "3", "-s", "INCEPTION", IMAGE)
 

@@ -18,6 +18,8 @@ from ferry.bench.server_process import write_config
 from tests.support.triton_example_models import MODELS, model_configs, triton_server
 from tests.support.triton_examples import run_example
 
+pytestmark = pytest.mark.integration
+
 EXPLICIT = {"model_control_mode": "explicit"}
 # The script's one check Ferry answers otherwise, on purpose: a file override whose path has a
 # part longer than NAME_MAX is client input, INVALID_ARGUMENT (Triton's own TODO in the script,

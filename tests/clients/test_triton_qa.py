@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.triton_examples import run_qa
 
+pytestmark = pytest.mark.integration
+
 HTTP_TEST = "L0_http/http_test.py"
 AIO_TEST = "L0_http/python_http_aio_test.py"
 

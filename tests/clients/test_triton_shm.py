@@ -20,6 +20,8 @@ from tests.server.conftest import API_SERVERS
 from tests.support.triton_example_models import model_configs, write_models
 from tests.support.triton_examples import run_example
 
+pytestmark = pytest.mark.integration
+
 EXAMPLES = (
     "simple_http_shm_client.py",
     "simple_grpc_shm_client.py",

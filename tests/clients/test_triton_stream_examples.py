@@ -19,6 +19,8 @@ from PIL import Image
 
 from tests.support.triton_examples import run_example
 
+pytestmark = pytest.mark.integration
+
 SEQUENCE_CLIENTS = (
     "simple_http_sequence_sync_infer_client.py",
     "simple_grpc_sequence_sync_infer_client.py",

@@ -9,7 +9,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.deploy.deploy_support import ROOT
+
+pytestmark = pytest.mark.system
 
 FAKE_APT = """#!/usr/bin/env bash
 # Logs how it was called; fails `install` until `update` ran when FAIL_FIRST is set.

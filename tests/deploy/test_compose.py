@@ -20,6 +20,8 @@ import yaml
 from ferry.server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT
 
+pytestmark = pytest.mark.system
+
 BASE = DEPLOY / "docker-compose.yml"
 GPU = DEPLOY / "docker-compose.gpu.yml"
 LOCAL = DEPLOY / "docker-compose.local.yml"

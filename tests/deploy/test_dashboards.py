@@ -20,6 +20,8 @@ from tests.deploy.deploy_support import (
     metric_names,
 )
 
+pytestmark = pytest.mark.system
+
 FERRY_DASHBOARDS = ("ferry-overview.json", "ferry-llm.json")
 
 

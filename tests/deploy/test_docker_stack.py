@@ -32,7 +32,7 @@ from tests.deploy.docker_engine import docker, docker_engine
 from tests.exporters.triton_models import TRITON_MODELS, export_default
 from tests.support.metrics import metric_value
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
 FILES = ["-f", str(DEPLOY / "docker-compose.yml"), "-f", str(DEPLOY / "docker-compose.local.yml")]
 # Ferry's own config plus a model whose batches Triton runs (reached by its service name).

@@ -9,7 +9,11 @@ import importlib.util
 import re
 import tomllib
 
+import pytest
+
 from tests.deploy.deploy_support import ROOT
+
+pytestmark = pytest.mark.unit
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 # Continuation lines joined, comments dropped: one instruction per line.

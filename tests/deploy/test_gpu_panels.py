@@ -14,6 +14,8 @@ import yaml
 from tests.deploy.deploy_support import dashboard_queries, metric_names
 from tests.deploy.test_prometheus_rules import promtool
 
+pytestmark = pytest.mark.system
+
 SERIES = {
     # (gpu, metric) -> value, on one instance
     ("0", "ferry_gpu_memory_used_bytes"): 3e9,

@@ -13,6 +13,8 @@ import pytest
 
 from tests.deploy.deploy_support import ROOT
 
+pytestmark = pytest.mark.system
+
 # Each installer: the commands it checks for before installing, and the Debian packages it
 # installs them from (tools/apt_install.sh).
 INSTALLERS = {

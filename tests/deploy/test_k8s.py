@@ -16,6 +16,8 @@ from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import load_settings
 from tests.deploy.deploy_support import DEPLOY, ROOT, ferry_series_names
 
+pytestmark = pytest.mark.unit
+
 K8S = DEPLOY / "k8s"
 # The oldest Kubernetes release the manifests target (autoscaling/v2 and the probes they use are
 # older), and the newest whose schemas kubernetes-validate ships.

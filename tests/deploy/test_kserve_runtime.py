@@ -6,10 +6,13 @@ this issue asks for, and a command line Ferry's own parser takes."""
 from __future__ import annotations
 
 import jsonschema
+import pytest
 import yaml
 
 from ferry.cli import build_parser
 from tests.deploy.deploy_support import DEPLOY, ROOT
+
+pytestmark = pytest.mark.unit
 
 CRD = yaml.safe_load(
     (ROOT / "tests/deploy/schemas/kserve-clusterservingruntimes-crd.yaml").read_text()

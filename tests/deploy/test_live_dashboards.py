@@ -32,7 +32,7 @@ from tests.support.prometheus import prometheus_server
 from tests.support.waiting import wait_until
 from tools.render_dashboard import substitute
 
-pytestmark = [needs_prometheus, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.system, needs_prometheus, pytest.mark.timeout(180)]
 
 MODEL = "all-MiniLM-L6-v2"
 # Wider than the traffic run, so every rate() sees all of it (Grafana: $__rate_interval).

@@ -28,7 +28,7 @@ from tests.support.prometheus import prometheus_server
 from tests.support.waiting import wait_until
 from tools.render_dashboard import substitute
 
-pytestmark = [needs_prometheus, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.system, needs_prometheus, pytest.mark.timeout(240)]
 LLM_MODEL = "tiny-llm"
 TRITON_MODEL = "minilm"
 

@@ -16,6 +16,8 @@ from packaging.version import Version
 
 from tests.deploy.deploy_support import ROOT
 
+pytestmark = pytest.mark.unit
+
 LOCKS = ROOT / "locks"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Each lock: the Python it was resolved for, and the pyproject.toml extras it must satisfy

@@ -16,6 +16,8 @@ from tests.deploy.deploy_support import (
     metric_names,
 )
 
+pytestmark = pytest.mark.system
+
 PROM = DEPLOY / "prometheus"
 needs_promtool = pytest.mark.skipif(
     shutil.which("promtool") is None,

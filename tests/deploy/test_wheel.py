@@ -33,6 +33,8 @@ from ferry.bench.server_process import (
     write_config,
 )
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 300
 

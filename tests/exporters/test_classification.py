@@ -10,6 +10,8 @@ import tritonclient.http as httpclient
 from ferry.bench.server_process import default_model_config, ferry_server
 from tests.exporters.tiny_classifier import build_tiny_classifier
 
+pytestmark = pytest.mark.integration
+
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TEXTS = ["what a wonderful ferry ride", "the boat was late again", "it sailed at noon"]
 

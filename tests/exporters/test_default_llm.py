@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from ferry.exporters.default_llm import (
     AGREED_TOKENS,
     FINGERPRINT_FILE,
@@ -13,6 +15,8 @@ from ferry.exporters.default_llm import (
     fingerprint,
     fingerprint_changes,
 )
+
+pytestmark = pytest.mark.unit
 
 RECORDED = json.loads(FINGERPRINT_FILE.read_text())
 

@@ -9,6 +9,8 @@ import pytest
 from ferry.backends.manifest import ModelManifest
 from ferry.exporters.default_model import export_default_model
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, float]:

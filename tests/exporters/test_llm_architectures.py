@@ -20,6 +20,8 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.exporters.tiny_llms import MATRIX, WINDOW
 from tests.llm.reference_og import eos_ids, greedy
 
+pytestmark = pytest.mark.integration
+
 NAMES = list(MATRIX)
 MAX_TOKENS = 12
 QUESTION = [

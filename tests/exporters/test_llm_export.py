@@ -30,6 +30,8 @@ from ferry.llm.ortgenai_kv import KVModel
 from tests.exporters.tiny_llms import CONTEXT, MATRIX, SLIDING, WINDOW
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME
 
+pytestmark = pytest.mark.integration
+
 PARITY_TOKENS = 12
 
 

@@ -13,6 +13,8 @@ from ferry.backends.manifest import ModelManifest
 from ferry.bench.server_process import default_model_config, ferry_server
 from ferry.exporters.quantize import compare, convert_fp16, quantize_int8, sample_batch
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def feeds(default_model_dir):

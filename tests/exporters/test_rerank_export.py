@@ -10,6 +10,8 @@ from ferry.backends.manifest import ModelManifest
 from ferry.exporters.onnx_export import export_encoder
 from tests.exporters.tiny_bert import build_tiny_bert
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("labels", [1, 3])
 def test_rerank_export_takes_segment_ids_and_wants_one_logit(default_model_dir, tmp_path, labels):

@@ -14,6 +14,8 @@ import pytest
 from ferry.cli import main
 from tests.support import plain_graphs
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(
     scope="module", params=["gradient_boosting", "logistic_regression", "xgboost", "lightgbm"]

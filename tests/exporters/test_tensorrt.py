@@ -9,6 +9,8 @@ import pytest
 from ferry.cli import main
 from ferry.exporters.tensorrt import EXIT_NO_GPU, derive_profile, gpu_present, trtexec_command
 
+pytestmark = pytest.mark.unit
+
 
 def test_profile_spans_one_token_to_the_batchers_limits():
     profile = derive_profile(max_batch_size=32, max_length=256)

@@ -9,6 +9,8 @@ import pytest
 from ferry.exporters.triton_repo import PYTHON_MODEL, Batching, write_repository
 from tests.exporters.triton_models import FLAVOURS, GENERATED, NAME, TRITON_MODELS, export_default
 
+pytestmark = pytest.mark.unit
+
 
 def test_python_flavour_config(default_model_dir, tmp_path):
     folder = write_repository(

@@ -16,6 +16,8 @@ from ferry.cli import main
 from ferry.exporters import vision_export
 from tests.support import images
 
+pytestmark = pytest.mark.integration
+
 
 def metadata(path) -> dict:
     session = ort.InferenceSession(str(path))

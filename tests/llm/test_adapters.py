@@ -10,6 +10,8 @@ from ferry.llm.adapters import AdapterTable
 from ferry.llm.errors import AdapterNotLoaded, InvalidAdapter
 from tests.llm.llm_paths import WAIT_S
 
+pytestmark = pytest.mark.unit
+
 
 def loaded(table: AdapterTable, name: str) -> int:
     adapter_id = table.reserve(name)

@@ -11,6 +11,8 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.exporters.tiny_llms import MATRIX, TEMPLATES
 from tests.llm.llm_paths import HF_DIR
 
+pytestmark = pytest.mark.unit
+
 # Qwen2.5's tools template, shortened: each tool and each call's arguments through `tojson`.
 QWEN25_TOOLS = """\
 {%- if tools %}

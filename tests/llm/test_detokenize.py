@@ -9,6 +9,8 @@ from tokenizers import Tokenizer
 from ferry.llm.detokenize import TextStream
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER = Tokenizer.from_file(str(HF_DIR / "tokenizer.json"))
 
 

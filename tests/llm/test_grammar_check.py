@@ -12,6 +12,8 @@ from ferry.llm.grammar_bounds import GrammarLimits, GrammarRefused, regex_weight
 from ferry.llm.grammar_check import GrammarChecker
 from tests.llm.grammars import chained_defs, gbnf_chain, lark_chain
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER = "models/tiny-llm/onnx/tokenizer.json"
 CHECKER = GrammarChecker(GrammarLimits())
 

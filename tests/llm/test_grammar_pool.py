@@ -13,6 +13,8 @@ from ferry.llm.grammar_pool import GrammarPool
 from tests.llm.grammars import chained_defs, gbnf_chain
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.integration
+
 # Bounds opened wide, so that the hostile grammars reach llguidance itself.
 OPEN = GrammarLimits(max_chars=10**7, max_rules=10**6, compile_timeout_s=1.0)
 

@@ -21,6 +21,8 @@ from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import ONNX_DIR, WAIT_S, onnx_adapter
 from tests.llm.reference_og import eos_ids, greedy
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER = ChatTokenizer(ONNX_DIR)
 QUESTION = [{"role": "user", "content": "Describe a city in a few words."}]
 MAX_TOKENS = 40

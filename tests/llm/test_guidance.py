@@ -8,6 +8,8 @@ from ferry.llm.base import Guidance
 from ferry.llm.errors import GenerationFailed, GrammarFailed
 from ferry.llm.guidance import request_error
 
+pytestmark = pytest.mark.unit
+
 GUIDED = Guidance("json_schema", "{}", "response_format.json_schema.schema")
 # What onnxruntime-genai raised for an `anyOf` of 5000 objects, one token in.
 ROW_LIMIT = (

@@ -16,6 +16,8 @@ from ferry.llm.ortgenai import OrtGenAIEngine
 from ferry.llm.ortgenai_owner import OwnerLoop
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR, WAIT_S
 
+pytestmark = pytest.mark.unit
+
 GREEDY = SamplingSettings(max_tokens=20, temperature=0.0)
 LONG = SamplingSettings(max_tokens=1500, temperature=0.0)
 EOS_PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]  # greedy ends in <|im_end|>

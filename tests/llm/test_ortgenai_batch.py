@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from ferry.llm.base import Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
@@ -14,6 +16,8 @@ from ferry.llm.ortgenai_owner import AddRequest, Job
 from ferry.llm.ortgenai_prefix import ModelPrefixCache, PrefixCache
 from ferry.llm.stops import StopMatcher
 from tests.llm.llm_paths import REAL_MODEL
+
+pytestmark = pytest.mark.unit
 
 EOS = {2}
 

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime_genai as og
+import pytest
 
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
 from tests.llm.llm_paths import REAL_MODEL
 from tests.llm.reference_og import eos_ids, greedy
+
+pytestmark = pytest.mark.unit
 
 
 def fill(model: KVModel, block: KVBlock, row: int, prompt: list[int], piece: int) -> int:

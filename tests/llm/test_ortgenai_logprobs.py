@@ -12,6 +12,8 @@ from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import WAIT_S
 
+pytestmark = pytest.mark.unit
+
 STEPS = 12
 
 

@@ -15,6 +15,8 @@ from ferry.llm.errors import AdapterNotLoaded, InvalidAdapter
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import ADAPTER_NAMES, ADAPTERS_DIR, HF_DIR, ONNX_DIR, WAIT_S, onnx_adapter
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER = ChatTokenizer(HF_DIR)
 GREEDY = SamplingSettings(max_tokens=20, temperature=0.0)
 LONG = SamplingSettings(max_tokens=1500, temperature=0.0)

@@ -16,6 +16,8 @@ from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.llm.llm_paths import ONNX_DIR, REAL_MODEL, WAIT_S
 
+pytestmark = pytest.mark.unit
+
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in one sentence."}
 QUESTIONS = (
     "What is the capital of France?",

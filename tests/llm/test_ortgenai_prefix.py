@@ -9,6 +9,8 @@ import pytest
 
 from ferry.llm.ortgenai_prefix import NODE_BYTES, CachedPrefix, ModelPrefixCache, PrefixCache
 
+pytestmark = pytest.mark.unit
+
 SCOPE = ("m", None)
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ferry.llm.base import SamplingSettings
 from ferry.llm.logprobs import log_softmax
 from ferry.llm.sampling import Sampler, end_ids
+
+pytestmark = pytest.mark.unit
 
 GREEDY = SamplingSettings(temperature=0.0)
 

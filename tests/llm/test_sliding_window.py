@@ -19,6 +19,8 @@ from ferry.llm.errors import UnservableModel
 from ferry.llm.ortgenai import OrtGenAIEngine
 from tests.exporters.tiny_llms import MATRIX, SLIDING, build_tiny_llm
 
+pytestmark = pytest.mark.integration
+
 # The builder's default for each: a window-sized ring on Gemma2's sliding layers; a window in
 # genai_config.json that no attention applies for a Mistral config without `layer_types`.
 REASONS = {

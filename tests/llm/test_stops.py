@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ferry.llm.stops import StopMatcher
+
+pytestmark = pytest.mark.unit
 
 
 def feed_all(matcher: StopMatcher, pieces: list[str]) -> str:

@@ -7,9 +7,12 @@ from typing import Any
 
 import numpy as np
 import onnxruntime_genai as og
+import pytest
 
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.llm.llm_paths import HF_DIR, ONNX_DIR, TINY_LLM
+
+pytestmark = pytest.mark.unit
 
 
 def test_model_folders_are_complete_and_small() -> None:

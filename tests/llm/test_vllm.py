@@ -28,6 +28,8 @@ from tests.llm.fake_vllm import (
 )
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, WAIT_S
 
+pytestmark = pytest.mark.unit
+
 
 def make_engine(fake: FakeAsyncLLM, **kwargs: Any) -> VLLMEngine:
     return VLLMEngine(

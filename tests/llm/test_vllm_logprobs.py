@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -18,6 +20,8 @@ from tests.llm.fake_vllm import (
     sampling_params,
 )
 from tests.llm.llm_paths import HF_DIR, WAIT_S
+
+pytestmark = pytest.mark.unit
 
 TOKENIZER = ChatTokenizer(HF_DIR)
 PROMPT = "def add(a, b):"

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from ferry.bench.inputs import token_sequences
 from ferry.bench.loadgen import run_load
 from ferry.bench.server_process import default_model_config, ferry_server
 from tests.support.metrics import metric_value
+
+pytestmark = pytest.mark.integration
 
 BURST = 800
 TIMEOUT_MS = 5000

@@ -16,6 +16,8 @@ from tests.server.conftest import API_SERVERS
 from tests.support.batching_corpus import CORPUS, build_corpus
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 CLIENTS = 16
 REQUESTS = 48
 # Served whole, one request at a time: their answers depend on what else is in a batch.

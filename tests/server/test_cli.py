@@ -2,7 +2,11 @@ import argparse
 import subprocess
 import sys
 
+import pytest
+
 from ferry.server.cli import add_serve_command
+
+pytestmark = pytest.mark.integration
 
 
 def test_help_explains_every_serve_option():

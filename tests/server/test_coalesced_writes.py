@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import socket
 
+import pytest
+
 from ferry.server.coalesced_writes import CoalescedWrites
+
+pytestmark = pytest.mark.unit
 
 
 class Pair:

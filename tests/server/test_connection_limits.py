@@ -17,6 +17,8 @@ import pytest
 from ferry.bench.server_process import default_model_config, ferry_server
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 LIMITS = {
     "header_timeout_s": 1.0,
     "body_timeout_s": 1.0,

@@ -15,6 +15,8 @@ from ferry.server.routes.console import ASSET_DIR, ASSETS
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 
+pytestmark = pytest.mark.unit
+
 KEY = "k3y"
 
 

@@ -25,6 +25,8 @@ from ferry.bench.server_process import (
 from tests.support import images, plain_graphs
 from tests.support.llm_configs import default_llm_config
 
+pytestmark = pytest.mark.system
+
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "build"
 WAIT_MS = 30_000
 IMAGE, TABULAR = "cnn", "tabular"

@@ -17,6 +17,8 @@ from ferry.server.content_encoding import (
 )
 from ferry.server.errors import BodyTooLarge, MalformedRequest, UnsupportedEncoding
 
+pytestmark = pytest.mark.unit
+
 BODY = b'{"inputs": []}' * 1000
 
 

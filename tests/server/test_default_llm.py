@@ -27,6 +27,8 @@ from tests.llm.reference_og import eos_ids, greedy, prompt_logprobs
 from tests.support.llm_configs import default_llm_config, tiny_llm_config
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 MODEL_DIRS = {DEFAULT_LLM: DEFAULT_LLM_DIR, TINY_LLM: TINY_LLM_DIR}
 PROMPTS = {DEFAULT_LLM: "What is the capital of France?", TINY_LLM: "def fibonacci(n):"}
 WAIT_S = 60

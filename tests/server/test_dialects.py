@@ -11,6 +11,8 @@ from ferry.server.errors import ERROR_TABLE, INTERNAL, Failure
 from ferry.server.kserve.grpc_service import grpc_status
 from ferry.server.replies import Reply
 
+pytestmark = pytest.mark.unit
+
 KINDS = sorted({kind for _, kind in ERROR_TABLE} | {INTERNAL}, key=lambda k: (k.status, k.type))
 
 

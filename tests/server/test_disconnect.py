@@ -12,6 +12,8 @@ from ferry.bench.server_process import default_model_config, ferry_server
 from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 LONG = [101, *range(2000, 2250), 102]
 
 

@@ -15,7 +15,7 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.encoder_request import Texts, TokenLists
 from ferry.server.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio(loop_scope="session")]
 
 EMBEDDING = ("sentence_embedding",)
 ENCODER = EncoderServing(Settings(models=[default_model_config()]))

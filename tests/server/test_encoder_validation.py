@@ -15,7 +15,7 @@ from ferry.server.encoder_validation import EncoderValidation
 from ferry.server.errors import InvalidInput
 from ferry.server.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio(loop_scope="session")]
 
 EMBEDDING = ("sentence_embedding",)
 MAX_LENGTH, VOCAB = 256, 30522  # all-MiniLM-L6-v2's manifest

@@ -22,6 +22,8 @@ from ferry.server.errors import (
 )
 from ferry.server.settings import Settings
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("index", range(len(ERROR_TABLE)), ids=lambda i: ERROR_TABLE[i][0].__name__)
 def test_no_entry_is_shadowed_by_an_earlier_one(index):

@@ -13,6 +13,8 @@ from ferry.bench.server_process import DEFAULT_MODEL_DIR, ferry_server
 from tests.server import faulty_model
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 NAME = "faulty"
 INFER_TIMEOUT_S = 0.5  # a normal batch of this model takes about a millisecond
 

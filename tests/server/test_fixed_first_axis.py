@@ -19,6 +19,8 @@ from ferry.server.settings import ModelSettings
 from ferry.server.tensor_model import TensorModel
 from tests.support import plain_graphs
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def onnxmltools_lightgbm(tmp_path_factory):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from ferry.server.dialects import KSERVE, OPENAI
 from ferry.server.disconnect import DISCONNECTED
@@ -16,6 +17,8 @@ from ferry.server.hot import HotCall, HotRoutes
 from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, Stream
 from ferry.server.settings import Settings
+
+pytestmark = pytest.mark.unit
 
 
 def scope(path: str, method: str = "POST", **extensions: object) -> dict:

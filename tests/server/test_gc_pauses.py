@@ -14,6 +14,8 @@ from ferry.server.gc_pauses import GcPauseWatch, freeze_startup_heap
 from ferry.server.metrics import FerryMetrics
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def metrics():

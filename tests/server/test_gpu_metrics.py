@@ -16,6 +16,8 @@ from ferry.server.gpu_metrics import GpuCollector, load_nvml
 from ferry.server.metrics import FerryMetrics
 from tests.gpu import nvidia_gpu_present, requires_gpu
 
+pytestmark = pytest.mark.unit
+
 GIB = 1024**3
 
 

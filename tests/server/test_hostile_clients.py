@@ -23,6 +23,8 @@ from ferry.bench.server_process import DEFAULT_MODEL, TINY_LLM, default_model_co
 from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 
+pytestmark = pytest.mark.integration
+
 REFERENCE_IDS = [101, 7592, 2088, 102]
 POST_ROUTES = (
     "/predict",

@@ -20,6 +20,8 @@ from tests.support.liveness import LivenessProbe
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.server_processes import descendants, holds, listening_socket, pids
 
+pytestmark = pytest.mark.integration
+
 OPEN_BOUNDS = {
     "grammar_max_chars": 10**7,
     "grammar_max_rules": 10**6,

@@ -22,6 +22,8 @@ from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferr
 from tests.server.conftest import API_SERVERS
 from tests.support import images, plain_graphs
 
+pytestmark = pytest.mark.integration
+
 HEADER_LENGTH = "inference-header-content-length"
 GRAPHS = ("masked", "every_type", "cnn")
 

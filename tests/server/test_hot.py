@@ -14,6 +14,8 @@ from ferry.server.errors import BodyTooLarge
 from ferry.server.hot import ClientGone, HotCall, HotRoutes, read_body, register
 from ferry.server.replies import Reply
 
+pytestmark = pytest.mark.unit
+
 
 async def answer(call: HotCall) -> Reply:
     return Reply(200, call.body)

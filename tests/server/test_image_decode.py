@@ -14,6 +14,8 @@ from ferry.server.errors import InvalidInput
 from ferry.server.image_decode import decode_image
 from tests.support import images
 
+pytestmark = pytest.mark.unit
+
 
 def image_plan(shape=(3, images.SIZE, images.SIZE), datatype="FP32", **fields):
     signature = Signature((TensorSpec("pixels", datatype, ("batch", *shape)),), ())

@@ -21,6 +21,8 @@ from ferry.server.image_inputs import ImageInputs
 from tests.server.test_image_decode import image_plan
 from tests.support import images
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def decoder():

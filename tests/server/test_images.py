@@ -26,6 +26,8 @@ from tests.server.conftest import API_SERVERS
 from tests.support import images
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 PROTOCOLS = ("raw", "base64", "records", "kserve-json", "kserve-binary", "grpc", "grpc-typed")
 # Preprocessing from the graph's metadata, from the config, from the folder's ferry_model.json.
 MODELS = ("cnn", "configured", "folder")

@@ -6,6 +6,8 @@ import pytest
 
 from ferry.server.json_errors import _SCAN_LIMIT, _line_start, field_at, json_error
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_fault_position_is_found_across_lines_and_named_by_key_and_index():
     body = b'{"model": "m",\n "inputs": ["ok", "\\ud800"]}'

@@ -9,6 +9,8 @@ from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from ferry.server.app import create_app
 from ferry.server.settings import Settings
 
+pytestmark = pytest.mark.unit
+
 INFER = "/v2/models/m/infer"
 
 

@@ -12,6 +12,8 @@ from ferry.server.llm_engines import build_llm_engine
 from ferry.server.settings import LLMSettings
 from tests.llm.test_chat_tokenizer import INJECTION, control_ids
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("allowed", "turn_starts"), [(False, 2), (True, 3)])
 def test_special_tokens_in_content_follow_the_model_config(allowed, turn_starts):

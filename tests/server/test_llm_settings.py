@@ -13,6 +13,8 @@ from ferry.server.errors import LoadRefused
 from ferry.server.model_overrides import with_config
 from ferry.server.settings import LLMSettings, SettingsError, load_settings
 
+pytestmark = pytest.mark.unit
+
 # (engine, a key only the other engine honours, a value valid there): each must be refused.
 FOREIGN = [
     ("ortgenai", "gpu_memory_utilization", 0.5),

@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from ferry.server import request_ids
 from ferry.server.logs import make_handler
+
+pytestmark = pytest.mark.unit
 
 
 def _record(

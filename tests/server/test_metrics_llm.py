@@ -3,10 +3,13 @@ Prometheus scrapes, and generation hooks whose label values are bound once per m
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ferry.llm.base import EngineStats
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver, ServedSeries
+
+pytestmark = pytest.mark.unit
 
 
 def test_engine_series_are_the_engines_own_counts_at_scrape_time():

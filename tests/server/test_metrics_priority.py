@@ -3,10 +3,13 @@ other priority one "other" series, so clients cannot grow the label set."""
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from ferry.batcher import FormedBatch
 from ferry.server.metrics import FerryMetrics
+
+pytestmark = pytest.mark.unit
 
 
 def test_queue_wait_is_labelled_by_configured_level_or_other():

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from ferry.server.metrics import FerryMetrics, observe_all
 
+pytestmark = pytest.mark.unit
+
 
 async def test_the_queue_depth_is_written_once_a_loop_turn_with_its_last_value():
     registry = CollectorRegistry()

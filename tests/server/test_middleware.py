@@ -9,6 +9,8 @@ from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.unit
+
 KEY = "k3y"
 LIMIT = 2048
 

@@ -9,6 +9,8 @@ from ferry.server.cli import model_argument
 from ferry.server.model_files import plain_graph
 from ferry.server.settings import ModelSettings
 
+pytestmark = pytest.mark.unit
+
 
 def settings(path: Path, **fields) -> ModelSettings:
     return ModelSettings(name="m", path=path, **fields)

@@ -12,6 +12,8 @@ from ferry.server.errors import LoadRefused
 from ferry.server.model_overrides import entry_from_json, entry_json, with_config
 from ferry.server.settings import LLMSettings, ModelSettings, Settings
 
+pytestmark = pytest.mark.unit
+
 GRAPH = ModelSettings(name="g", path=Path("/models/g.onnx"), batching={"max_batch_size": 8})
 LLM = LLMSettings(name="chat", path=Path("/models/chat"))
 

@@ -30,6 +30,8 @@ from tests.support.llm_configs import tiny_llm_config
 from tests.support.plain_graphs import masked_mean
 from tests.support.server_processes import READY_TIMEOUT_S, wait_until
 
+pytestmark = pytest.mark.integration
+
 GRAPH, ENCODER, LLM = "mm", DEFAULT_MODEL, "tiny-llm"
 REPO = "/v2/repository"
 

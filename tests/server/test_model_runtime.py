@@ -17,7 +17,7 @@ from ferry.server.metrics import FerryMetrics
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.settings import Settings
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio(loop_scope="session")]
 
 HIDDEN, EMBEDDING = "last_hidden_state", "sentence_embedding"
 

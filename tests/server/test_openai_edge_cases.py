@@ -14,6 +14,8 @@ from ferry.llm.chat_tokenizer import ChatTokenizer
 from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 
+pytestmark = pytest.mark.integration
+
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
 TOKENIZER = ChatTokenizer(TINY_LLM_DIR)
 PROMPT = "import os\n"

@@ -15,6 +15,8 @@ from ferry.bench.server_process import DEFAULT_MODEL, REPO, TINY_LLM, ferry_serv
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 EXAMPLES = "60"
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ferry.server.app import create_app
 from ferry.server.settings import Settings
+
+pytestmark = pytest.mark.unit
 
 
 def test_openai_and_kserve_routes_document_400_and_ferrys_keep_422():

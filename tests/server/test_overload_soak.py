@@ -18,6 +18,8 @@ from ferry.bench.server_process import default_model_config, ferry_server
 from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 SOAK_S = 30
 QUEUE_BOUND = 64
 CLIENTS = 256

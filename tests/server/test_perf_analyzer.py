@@ -28,6 +28,8 @@ from ferry.bench.server_process import (
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
 
+pytestmark = pytest.mark.system
+
 PERF_ANALYZER = REPO / ".perf_analyzer" / "perf_analyzer"
 # Short count windows, any spread accepted: the test checks the protocol, not the speed.
 MEASURE = [

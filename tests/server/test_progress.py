@@ -11,6 +11,8 @@ import pytest
 from ferry.server.progress import Progress, duration
 from ferry.server.registry import ModelRegistry
 
+pytestmark = pytest.mark.unit
+
 
 class Clock:
     def __init__(self) -> None:

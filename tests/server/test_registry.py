@@ -14,6 +14,8 @@ from ferry.server.registry import ModelEntry, ModelRegistry
 from tests.llm.fake_vllm import FakeAsyncLLM, FakeLoRARequest, RequestOutputKind, sampling_params
 from tests.llm.llm_paths import ADAPTERS_DIR, HF_DIR, MODEL_NAME
 
+pytestmark = pytest.mark.unit
+
 ZEN = ADAPTERS_DIR / "zen" / "hf"
 
 

@@ -11,6 +11,8 @@ from ferry.server.errors import Refused, failure
 from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.schemas import PredictRequest
 
+pytestmark = pytest.mark.unit
+
 NEWLINES = b"\n" * (4 * 2**20 - 1024)  # issue 48: 4 MB of newlines, 0.5 s on the loop to refuse
 
 

@@ -18,6 +18,8 @@ from ferry.bench.server_process import DEFAULT_MODEL_DIR, FerryProcess, ferry_se
 from ferry.server import request_ids
 from tests.server import faulty_model
 
+pytestmark = pytest.mark.integration
+
 NAME = "faulty"
 MAX_BODY_BYTES = 4096
 MADE = re.compile(r"[0-9a-f]{32}")  # what the server makes: 16 random bytes as hex

@@ -12,6 +12,8 @@ from ferry.bench.server_process import ferry_server
 from tests.server.conftest import API_SERVERS
 from tests.support import plain_graphs
 
+pytestmark = pytest.mark.integration
+
 MAX_RESPONSE_BYTES = 2**20
 
 

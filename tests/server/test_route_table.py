@@ -27,6 +27,8 @@ from ferry.server.route_table import (
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving_app
 
+pytestmark = pytest.mark.unit
+
 KEY = "k3y"
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
 # Written out here, not read from the table: the routes open without the key and answering

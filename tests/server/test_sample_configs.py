@@ -11,6 +11,8 @@ import yaml
 
 from ferry.server.settings import Settings, load_settings
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = tuple(str(page.relative_to(ROOT)) for page in sorted((ROOT / "docs").rglob("*.md")))
 READMES = ("README.md", "deploy/README.md", "triton_models/README.md", *DOCS)

@@ -7,6 +7,8 @@ import pytest
 
 from ferry.bench.server_process import ferry_server
 
+pytestmark = pytest.mark.integration
+
 KEY = "s3cret-key"
 
 

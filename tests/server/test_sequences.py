@@ -18,6 +18,8 @@ from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.sequences import SequenceBatcher, SequenceFlags
 from ferry.server.settings import SequenceBatching
 
+pytestmark = pytest.mark.unit
+
 CONTROLS = {"START": "start", "END": "end", "READY": "ready", "CORRID": "corrid"}
 
 

@@ -10,6 +10,8 @@ from pydantic import ValidationError
 from ferry.batcher.policy import BatchLimits
 from ferry.server.settings import load_settings
 
+pytestmark = pytest.mark.integration
+
 
 def write(tmp_path: Path, text: str, name: str = "ferry.toml") -> Path:
     path = tmp_path / name

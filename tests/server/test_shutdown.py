@@ -12,6 +12,8 @@ import pytest
 from ferry.bench.server_process import default_model_config, ferry_server
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 # Every layout drains alike: one process, API processes in front of an engine, replicas.
 LAYOUTS = [
     pytest.param({"api_servers": 1}, id="api1"),

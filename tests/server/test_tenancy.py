@@ -15,6 +15,8 @@ from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 KEYS = {"victim": "key-of-the-victim", "attacker": "key-of-the-attacker", "ops": "key-of-ops"}
 PIN = "4821"
 # The attacker knows the sentence and tries PINs; distinct first digits, so that no two guesses

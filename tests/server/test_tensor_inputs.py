@@ -19,6 +19,8 @@ from ferry.server.tensor_inputs import (
     valid_rows,
 )
 
+pytestmark = pytest.mark.unit
+
 # One input per column, as skl2onnx converts a data frame's pipeline.
 COLUMNS = Signature(
     (TensorSpec("age", "INT64", ("N", 1)), TensorSpec("income", "FP32", ("N", 1))),

@@ -33,6 +33,8 @@ from tests.support import plain_graphs
 from tests.support.liveness import LivenessProbe
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 RNG = np.random.default_rng(34)
 CLIENTS = 16
 TYPES = {

@@ -15,6 +15,8 @@ from ferry.bench.server_process import default_model_config, ferry_server
 from tests.exporters.tiny_bert import HF_NAMES, TF_NAMES, build_tiny_bert, export_three_inputs
 from tests.server.conftest import API_SERVERS
 
+pytestmark = pytest.mark.integration
+
 EXPORTS = {"bert64": (HF_NAMES, "int64"), "bert32": (TF_NAMES, "int32")}
 RNG = np.random.default_rng(3)
 

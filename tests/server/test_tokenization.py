@@ -13,6 +13,8 @@ from tokenizers import Tokenizer
 from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from ferry.server.tokenization import TextRejected, TextTokenizer
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER_JSON = DEFAULT_MODEL_DIR / "tokenizer.json"
 TEXTS = ["a short one", "a somewhat longer sentence with more words in it"]
 

@@ -26,6 +26,8 @@ from ferry.server.tracing import generation as traced_generation
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def exported(monkeypatch):

@@ -21,7 +21,7 @@ from tests.support.trace_server import Span, TraceServer, trace_server
 
 # The first test's setup starts the trace server (~30 s of CPU: MLflow's imports, twice) and a
 # Ferry: past pytest's default 300 s on a loaded 2-core machine.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
 PROTOCOLS = ("predict", "openai", "kserve_http", "kserve_grpc")
 SERVER_SPANS = {

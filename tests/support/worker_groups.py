@@ -44,6 +44,13 @@ LONG_FIRST = (
 )
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_for_workers(items, REPO)
+
+
 def group_for_workers(items: list[pytest.Item], repo: Path) -> None:
     """Marks each test with its module's worker group and puts the long groups first (in place,
     a stable sort: each module's tests stay together and in order)."""

@@ -12,6 +12,8 @@ from ferry.batcher import TokenSequence, pad_batch
 from ferry.bench.processes import free_port
 from tests.triton.conftest import TRITON_MODEL
 
+pytestmark = pytest.mark.integration
+
 PROTOCOLS = ["http", "grpc"]
 TARGET = TritonTarget("127.0.0.1:1", "grpc", "m")
 

@@ -14,6 +14,8 @@ from ferry.bench.processes import triton_server
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.triton.conftest import TRITON_MODEL
 
+pytestmark = pytest.mark.system
+
 RNG = np.random.default_rng(11)
 
 

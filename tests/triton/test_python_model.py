@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tritonclient.http as httpclient
 
 from tests.triton.conftest import TRITON_MODEL
+
+pytestmark = pytest.mark.integration
 
 
 def _infer(triton, outputs: list[str] | None) -> dict:

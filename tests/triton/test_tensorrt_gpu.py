@@ -25,6 +25,7 @@ from ferry.exporters.tensorrt import build_plan, derive_profile, gpu_present
 from ferry.exporters.triton_repo import Batching, write_repository
 
 pytestmark = [
+    pytest.mark.system,
     pytest.mark.gpu,
     pytest.mark.skipif(not gpu_present(), reason="no NVIDIA GPU on this host"),
 ]

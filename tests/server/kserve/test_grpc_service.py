@@ -20,6 +20,8 @@ from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
 from tests.server.kserve_support import padded_batch
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 

@@ -22,6 +22,8 @@ from ferry.server.kserve.infer import (
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 
+pytestmark = pytest.mark.unit
+
 # One server for the module: the tests share its loop.
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

@@ -26,6 +26,8 @@ from ferry.server.kserve.shared_memory import (
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 
+pytestmark = pytest.mark.unit
+
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 INFER = f"/v2/models/{MODEL}/infer"
 ALICE, BOB = {"Authorization": "Bearer alice-key"}, {"Authorization": "Bearer bob-key"}

@@ -15,6 +15,8 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
+pytestmark = pytest.mark.integration
+
 PROTOCOLS = {"http": triton_http, "grpc": triton_grpc}
 
 

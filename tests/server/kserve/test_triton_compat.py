@@ -19,6 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from ferry.server.kserve.extensions import SERVED
 
+pytestmark = pytest.mark.integration
+
 SIMPLE_INPUTS = {
     "inputs": [
         {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}

@@ -21,6 +21,8 @@ from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 from tests.support.llm_configs import tiny_llm_config
 
+pytestmark = pytest.mark.integration
+
 # One engine for the module: the tests share its loop.
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
 

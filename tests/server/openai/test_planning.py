@@ -21,6 +21,8 @@ from tests.exporters.tiny_llms import TEMPLATES
 from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER = ChatTokenizer(HF_DIR)
 MESSAGES = [{"role": "user", "content": "hello there"}]
 GRAMMARS = Grammars()  # no request here carries a grammar

@@ -19,6 +19,8 @@ from ferry.server.openai.protocol import (
 )
 from ferry.server.schemas import ErrorInfo, ErrorResponse
 
+pytestmark = pytest.mark.unit
+
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 

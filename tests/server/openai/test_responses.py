@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from openai.types.responses import ResponseErrorEvent
 
 from ferry.llm.errors import GenerationFailed
 from ferry.server.openai.responses import ResponseBuilder, _Events
 from ferry.server.openai.responses_protocol import ResponsesRequest
 from ferry.server.openai.tool_stream import CallStream
+
+pytestmark = pytest.mark.unit
 
 
 def events(pieces: list[str], calls: CallStream | None, finish: str = "stop") -> list[dict]:

@@ -24,6 +24,8 @@ from ferry.server.openai.serving import OpenAIServing
 from ferry.server.registry import ModelRegistry
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME, ONNX_DIR, WAIT_S
 
+pytestmark = pytest.mark.unit
+
 
 @dataclass
 class RecordingObserver(GenerationObserver):

@@ -16,6 +16,8 @@ from ferry.server.openai.sse import DONE
 from ferry.server.openai.streams import Deltas, merge, sse_events
 from tests.llm.llm_paths import WAIT_S
 
+pytestmark = pytest.mark.unit
+
 Item = tuple[int, GenerationDelta]
 
 

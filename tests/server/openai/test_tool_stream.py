@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from ferry.server.openai.tool_stream import read_calls
 
+pytestmark = pytest.mark.unit
+
 CALLS = (
     '<tool_call>{"name":"get_weather","arguments":{"city":"}</tool_call>"}}</tool_call>'
     '<tool_call>{"name":"get_time","arguments":{}}</tool_call>'

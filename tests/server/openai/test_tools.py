@@ -20,6 +20,8 @@ from ferry.server.openai.tools import (
 )
 from tests.server.routes.conftest import SMOL_DIR
 
+pytestmark = pytest.mark.unit
+
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 PLAN = ToolPlan(TOOLS, GrammarSpec("lark_grammar", 'start: "x"', "tools"), text_allowed=True)
 CALL = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}

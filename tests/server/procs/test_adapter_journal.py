@@ -9,6 +9,8 @@ import pytest
 from ferry.llm.errors import InvalidAdapter
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
 
+pytestmark = pytest.mark.unit
+
 
 class RecordingEngine:
     """The two engine calls `restore` makes, recorded; a path named `gone` fails to load."""

@@ -32,6 +32,8 @@ from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 from tests.support.server_processes import gone, pids, readiness, ready, roles, wait_until
 
+pytestmark = pytest.mark.integration
+
 # Greedy on this prompt runs to max_tokens (no end token): long enough to be cut.
 CHAT = {
     "model": TINY_LLM,

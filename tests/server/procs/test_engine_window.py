@@ -17,6 +17,8 @@ from tests.support import plain_graphs
 from tests.support.metrics import metric_value
 from tests.support.server_processes import pids, wait_until
 
+pytestmark = pytest.mark.integration
+
 LENGTH = 8192
 # What one request sends: its FP32 data and INT64 mask, one row of LENGTH each.
 REQUEST_BYTES = LENGTH * (4 + 8)

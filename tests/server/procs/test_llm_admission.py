@@ -16,6 +16,8 @@ from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 from tests.support.server_processes import api_process_of, pids, wait_until
 
+pytestmark = pytest.mark.integration
+
 MAX_RUNNING, MAX_WAITING = 2, 2
 CAPACITY = MAX_RUNNING + MAX_WAITING
 PER_PROCESS, ROUNDS = 6, 4  # connections per API process, requests per connection

@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 import zmq
 
 from ferry.server.procs import wire
 from ferry.server.procs.loop_socket import LoopSocket
+
+pytestmark = pytest.mark.unit
 
 
 def test_what_one_turn_sends_arrives_in_order_with_each_header_s_frames(tmp_path):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
 from ferry.server.procs.metrics_merge import _without_pid, forget_process
+
+pytestmark = pytest.mark.unit
 
 
 def test_gauge_samples_are_summed_over_processes_with_their_own_labels():

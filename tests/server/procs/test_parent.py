@@ -6,7 +6,11 @@ import asyncio
 import subprocess
 import sys
 
+import pytest
+
 from ferry.server.procs.parent import on_parent_exit
+
+pytestmark = pytest.mark.integration
 
 
 def test_the_callback_runs_when_the_process_exits_and_at_once_if_it_is_gone():

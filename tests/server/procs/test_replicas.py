@@ -29,6 +29,8 @@ from tests.support.server_processes import (
     wait_until,
 )
 
+pytestmark = pytest.mark.integration
+
 QUEUE = 100  # each replica's bound: /metrics shows the server's, the sum
 MODEL = default_model_config(backend={"sessions": 1}, batching={"max_queue_size": QUEUE})
 TEXT = {"inputs": ["a ferry across the river"]}

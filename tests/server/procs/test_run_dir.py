@@ -11,6 +11,8 @@ import pytest
 
 from ferry.server.procs import run_dir
 
+pytestmark = pytest.mark.integration
+
 
 def owned_by(parent: Path, name: str, owner: str | None) -> Path:
     path = parent / f"ferry-{name}"

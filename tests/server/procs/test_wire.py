@@ -14,6 +14,8 @@ from ferry.llm.errors import PromptTooLong
 from ferry.server.errors import InvalidInput
 from ferry.server.procs import wire
 
+pytestmark = pytest.mark.unit
+
 
 def test_sequences_cross_as_three_frames_and_come_back_equal():
     sequences = [

@@ -11,6 +11,8 @@ import pytest
 
 from tests.server.routes.conftest import SMOL as MODEL
 
+pytestmark = pytest.mark.integration
+
 SYSTEM = "You are a terse assistant."
 HELLO = [{"role": "user", "content": "Say hello."}]
 WEATHER = {

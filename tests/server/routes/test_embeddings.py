@@ -10,6 +10,8 @@ import pytest
 from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
 from tests.server.conftest import API_SERVERS
 
+pytestmark = pytest.mark.integration
+
 TEXTS = ["Ferry serves embeddings.", "A second, somewhat longer sentence to embed."]
 
 

@@ -8,6 +8,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from ferry.bench.server_process import DEFAULT_MODEL
 
+pytestmark = pytest.mark.integration
+
 
 def test_metrics_speak_openmetrics_when_asked(kserve):
     accept = "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5"

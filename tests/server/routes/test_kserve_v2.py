@@ -15,6 +15,8 @@ from ferry.bench.server_process import DEFAULT_MODEL
 from tests.server.kserve_support import RNG, padded_batch
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def server(kserve):

@@ -20,6 +20,8 @@ from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 from tests.support.server_processes import gone, pids, ready, wait_until
 
+pytestmark = pytest.mark.integration
+
 KEY = "lora-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 GUEST = {"Authorization": "Bearer guest-key"}  # a key without adapter_keys' right

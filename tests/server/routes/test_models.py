@@ -7,6 +7,8 @@ import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def client(kserve):

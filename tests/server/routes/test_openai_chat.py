@@ -20,6 +20,8 @@ from tests.server.conftest import API_SERVERS
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 MESSAGES = [{"role": "user", "content": "def fibonacci(n):"}]
 # Greedy continuations recorded with transformers (tools/build_tiny_llm.py): the served text
 # must match them token for token.

@@ -12,6 +12,8 @@ import pytest
 
 from tests.server.routes.conftest import SMOL as MODEL
 
+pytestmark = pytest.mark.integration
+
 GREETING = [{"role": "user", "content": "Say hello."}]
 
 

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tests.server.routes.conftest import SMOL as MODEL
 
+pytestmark = pytest.mark.integration
+
 PARAMETERS = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 20}},

@@ -17,6 +17,8 @@ from tests.clients.frameworks.shapes import Person  # `$defs` and `$ref`s: a nes
 from tests.llm.grammars import chained_defs, gbnf_chain
 from tests.server.routes.conftest import SMOL as MODEL
 
+pytestmark = pytest.mark.integration
+
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER_PARAMETERS = {

@@ -14,6 +14,8 @@ from ferry.bench.server_process import default_model_config, ferry_server
 from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
+pytestmark = pytest.mark.integration
+
 RNG = np.random.default_rng(7)
 
 

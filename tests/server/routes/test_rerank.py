@@ -14,6 +14,8 @@ from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferr
 from tests.exporters.tiny_bert import build_tiny_bert, export_rerank_cli
 from tests.server.conftest import API_SERVERS
 
+pytestmark = pytest.mark.integration
+
 QUERY = "when does the ferry leave"
 DOCUMENTS = [
     "the ferry leaves at noon from pier four",

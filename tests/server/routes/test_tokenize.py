@@ -10,6 +10,8 @@ from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferr
 from tests.server.conftest import API_SERVERS
 from tests.server.routes.conftest import SMOL, SMOL_DIR
 
+pytestmark = pytest.mark.integration
+
 TEXT = "the ferry leaves at noon, from pier four"
 MESSAGES = [
     {"role": "system", "content": "You answer briefly."},
