@@ -7,6 +7,9 @@ ARTIFACTS ?= artifacts
 DEFAULT_MODEL := $(ARTIFACTS)/models/all-MiniLM-L6-v2/model.onnx
 DEFAULT_LLM_DIR := $(ARTIFACTS)/models/SmolLM2-135M-Instruct
 DEFAULT_LLM := $(DEFAULT_LLM_DIR)/genai_config.json
+# Two by default: the servers the tests start use more than one core each, so more workers than
+# cores only queue for them (and each worker holds its own servers' memory).
+TEST_WORKERS ?= 2
 FERRY_HOST ?= 127.0.0.1
 FERRY_PORT ?= 8000
 export FERRY_HOST FERRY_PORT
@@ -31,8 +34,9 @@ test: setup model
 	$(VENV)/bin/mypy
 	# Triton's own venv (numpy<2, its server binary from nvidia-pytriton), built once.
 	$(PY) -m ferry.bench.triton_env
-	# The slowest 30 printed at the end: the suite must stay under 25 minutes on a fresh clone.
-	$(PY) -m pytest -q --durations=30
+	# On TEST_WORKERS workers (tests/support/worker_groups.py says which tests share one); the
+	# slowest 30 printed at the end: the suite must stay under 25 minutes on a fresh clone.
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 # The unit tier alone (each test module declares unit, integration or system in `pytestmark`;
 # tests/support/tiers.py fails a unit test that starts a process): no server process, nothing
