@@ -79,6 +79,13 @@ def value(number: int) -> dict[str, np.ndarray]:
     return {"INPUT": np.array([[number]], dtype=np.int32)}
 
 
+async def settle(turns: int = 200) -> None:
+    """Lets every task that can run do so: loop turns, not wall time (a sleep of 10 ms could
+    end before they had, on a loaded machine)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
 async def step(sequences, model, flags, number, timeout_s=5.0):
     turn = sequences.admit(flags)
     result = await sequences.run(turn, value(number), ("OUTPUT",), timeout_s, model)
@@ -128,7 +135,7 @@ async def test_a_sequences_requests_run_in_arrival_order_and_sequences_do_not_mi
         asyncio.create_task(sequences.run(t, value(n), ("OUTPUT",), 5.0, model))
         for t, n in reversed(turns)  # started in the opposite order
     ]
-    await asyncio.sleep(0.01)  # lets every task that can run do so
+    await settle()
     assert [int(c["INPUT"][0, 0]) for c in model.calls] == [100, 200, 300]  # 8 did not wait
     model.gates[1].set()
     results = [int(r["OUTPUT"][0, 0]) for r in reversed(await asyncio.gather(*tasks))]
@@ -194,7 +201,7 @@ async def test_a_new_sequence_past_the_slots_waits_for_one_to_end():
     await step(sequences, model, SequenceFlags(1, start=True), 10)
     waiting = sequences.admit(SequenceFlags(2, start=True))
     task = asyncio.create_task(sequences.run(waiting, value(20), ("OUTPUT",), 5.0, model))
-    await asyncio.sleep(0.01)
+    await settle()
     assert not task.done() and len(model.calls) == 1  # in the backlog
     await step(sequences, model, SequenceFlags(1, end=True), 11)
     assert int((await task)["OUTPUT"][0, 0]) == 20
@@ -206,7 +213,7 @@ async def test_an_idle_sequence_gives_its_slot_to_the_backlog():
     await step(sequences, model, SequenceFlags(1, start=True), 10)
     waiting = sequences.admit(SequenceFlags(2, start=True))
     task = asyncio.create_task(sequences.run(waiting, value(20), ("OUTPUT",), 5.0, model))
-    await asyncio.sleep(0.01)
+    await settle()
     clock.now = 5.0
     sequences.expire()
     assert int((await task)["OUTPUT"][0, 0]) == 20
