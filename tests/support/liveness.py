@@ -28,24 +28,17 @@ def freeze_bound(request_s: float, interval_s: float, baseline_s: float) -> floa
 
 
 class LivenessProbe:
-    """`with LivenessProbe(url) as probe:` polls until the block ends; then `probe.worst_s` is
-    the slowest answer and `probe.failures` the polls not answered 200."""
+    """`with LivenessProbe(url) as probe:` polls from before the block (its idle baseline) until
+    the block, the hostile request, ends; then `probe.assert_lively()` judges the polls."""
 
     def __init__(self, url: str, interval_s: float = 0.01) -> None:
-        self._url = f"{url}/health/live"
+        self._url = url
         self._interval_s = interval_s
-        self._done = threading.Event()
-        self._polled = threading.Event()  # the baseline polls are done: the request may go out
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self.worst_s = 0.0
-        self.baseline_s = 0.0  # the slowest answer before the hostile request
-        self.polls = 0
-        self.failures: list[str] = []
         self.request_s = 0.0  # how long the block (the hostile request) took
+        self._problem: str | None = None
 
     def __enter__(self) -> LivenessProbe:
-        self._thread.start()
-        self._polled.wait(30)
+        self._probe = ContinuousProbe(self._url, self._interval_s)
         self._request_started = time.perf_counter()
         return self
 
@@ -56,39 +49,12 @@ class LivenessProbe:
         traceback: TracebackType | None,
     ) -> None:
         self.request_s = time.perf_counter() - self._request_started
-        self._done.set()
-        self._thread.join()
-
-    def _poll(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._done.is_set():
-                started = time.perf_counter()
-                try:
-                    status = client.get(self._url).status_code
-                except httpx.HTTPError as exc:
-                    self.failures.append(repr(exc))
-                else:
-                    if status != 200:
-                        self.failures.append(f"status {status}")
-                took = time.perf_counter() - started
-                self.polls += 1
-                if self._polled.is_set():
-                    self.worst_s = max(self.worst_s, took)
-                else:
-                    self.baseline_s = max(self.baseline_s, took)
-                    if self.polls >= BASELINE_POLLS:
-                        self._polled.set()
-                self._done.wait(self._interval_s)
+        self._probe.close()
+        self._problem = self._probe.freeze(self.request_s, "the request")
 
     def assert_lively(self) -> None:
-        assert self.polls >= BASELINE_POLLS and not self.failures, self.failures
-        idle = IDLE_POLLS * (self._interval_s + self.baseline_s)
-        bound = freeze_bound(self.request_s, self._interval_s, self.baseline_s)
-        assert self.worst_s <= bound, (
-            f"/health/live waited {self.worst_s * 1000:.0f} ms: past half the request's "
-            f"{self.request_s * 1000:.0f} ms and {IDLE_POLLS} idle polls "
-            f"({idle * 1000:.0f} ms; the slowest idle answer {self.baseline_s * 1000:.0f} ms)"
-        )
+        assert self._probe.polls >= BASELINE_POLLS, self._probe.failures
+        assert self._problem is None, self._problem
 
 
 class ContinuousProbe:
