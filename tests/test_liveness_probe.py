@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.support.liveness import ContinuousProbe
+from tests.support.liveness import IDLE_POLLS, ContinuousProbe
 
 pytestmark = pytest.mark.unit
 
@@ -70,8 +70,8 @@ def test_an_idle_loop_passes(probe):
 
 @pytest.mark.parametrize(("requests_per_hold", "excused"), [(0.25, False), (10, True)])
 def test_a_held_poll_fails_unless_the_request_excuses_it(server, probe, requests_per_hold, excused):
-    # Three times the longest wait the idle polls alone allow (4 of them, interval and answer).
-    hold_s = 3 * 4 * (0.005 + probe.baseline_s)
+    # Three times the longest wait the idle polls alone allow (interval and answer).
+    hold_s = 3 * IDLE_POLLS * (0.005 + probe.baseline_s)
     server.holding.set()
     assert server.held.wait(30)
     time.sleep(hold_s)

@@ -17,12 +17,13 @@ from tests.support.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = "60"
+# Per operation in the fuzzing phase (the coverage phase sends its own boundary cases besides).
+EXAMPLES = "40"
 
 
-# Upper bounds only: this round's routes (Anthropic, the model repository, shared memory, the
-# console) doubled what the fuzzer sends, past the suite's 300 s on a loaded box.
-@pytest.mark.timeout(900)
+# Upper bounds only: 47 operations take the fuzzer 7-9 minutes of one core on this 2-core box,
+# and the suite's other worker shares it; beside a CPU hog, 840 s was not enough.
+@pytest.mark.timeout(1800)
 def test_fuzzing_every_endpoint_finds_no_server_error_or_schema_violation():
     st = REPO / ".venv" / "bin" / "st"
     config = Path(__file__).with_name("schemathesis.toml")
@@ -53,7 +54,7 @@ def test_fuzzing_every_endpoint_finds_no_server_error_or_schema_violation():
             ],
             capture_output=True,
             text=True,
-            timeout=840,
+            timeout=1700,
             cwd=REPO,
             env=env,
         )
