@@ -80,6 +80,7 @@ def model_argument(spec: str) -> dict[str, str]:
 
 def _serve(args: argparse.Namespace) -> int:
     from ferry.server.app import create_app
+    from ferry.server.layout_choice import Host, apply_layout, choose_layout
     from ferry.server.logs import configure_logging
     from ferry.server.serve import serve
     from ferry.server.settings import load_settings
@@ -102,7 +103,9 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as exc:  # pydantic's ValidationError, a bad file or variable: no traceback
         raise SystemExit(f"ferry serve: {exc}") from None
     configure_logging(settings.log_level, settings.log_format)
-    logging.getLogger(__name__).info("ferry: %s", layout(settings))
+    chosen = choose_layout(settings, Host.this())
+    settings = apply_layout(settings, chosen)
+    logging.getLogger(__name__).info("ferry: %s (%s)", layout(settings), chosen.why)
     if settings.api_servers > 1 or settings.replicas > 1:
         from ferry.server.procs.supervisor import run
 

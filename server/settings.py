@@ -325,6 +325,8 @@ class Settings(_Strict):
     # the label set stays bounded whatever clients send.
     priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS
     # API server processes in front of one engine process (server/procs); 1: one process.
+    # Neither this nor replicas set: both chosen from the models and the host at `ferry serve`
+    # (server/layout_choice.py; the start-up log says which and why).
     api_servers: int = Field(default=1, ge=1, le=64)
     # With api_servers > 1: when the engine process has not reported (it does every 0.25 s) for
     # this long (stopped, or its event loop blocked), readiness turns 503 and the LLM streams
