@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from ferry.backends.placement import Device
 
@@ -50,6 +50,21 @@ class TorchOptions(_Placement):
     # `auto` = float16 on CUDA, float32 on the CPU; compile: torch.compile with dynamic shapes.
     dtype: TorchDType = "auto"
     compile: bool = False  # torch.compile the model, with dynamic shapes
+    # On CUDA: each batch replays a CUDA graph captured for its bucket of shapes (rows to a power
+    # of two, length to 16/32/.../512) instead of launching every kernel from Python: the GIL is
+    # held microseconds a batch, not milliseconds (backends/torch_graphs.py). No effect on the CPU.
+    cuda_graphs: bool = False
+
+    @model_validator(mode="after")
+    def _check_cuda_graphs(self) -> TorchOptions:
+        if self.cuda_graphs and self.device == "cpu":
+            raise ValueError('cuda_graphs: no CUDA graph runs on device = "cpu"')
+        if self.cuda_graphs and self.compile:
+            raise ValueError(
+                "cuda_graphs with compile: choose one (torch.compile's own graphs are its "
+                'mode = "reduce-overhead"; cuda_graphs captures the eager model)'
+            )
+        return self
 
 
 class TritonOptions(_Options):

@@ -25,6 +25,7 @@ from ferry.backends.hf_folder import folder_manifest
 from ferry.backends.manifest import Task
 from ferry.backends.options import TorchDType, TorchOptions
 from ferry.backends.placement import Device, torch_device
+from ferry.backends.torch_graphs import CudaGraphs
 from ferry.batcher.padding import PaddedBatch
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 WARMUP_SHAPES = ((1, 8), (4, 32), (8, 64))
 # On a GPU a second batch's host work (copies, kernel launches) overlaps the first's compute.
 CUDA_CONCURRENCY = 2
+# CUDA graphs are captured for batches of up to this many rows (torch_graphs.py).
+GRAPH_MAX_ROWS = 128
 _IMPORT_LOCK = threading.Lock()
 
 
@@ -47,6 +50,7 @@ class TorchBackend:
         dtype: TorchDType = "auto",
         compile: bool = False,
         allow_cpu_fallback: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model_dir = model_dir
         self.task = task
@@ -54,6 +58,8 @@ class TorchBackend:
         self._dtype_setting = dtype
         self._compile = compile
         self._allow_cpu_fallback = allow_cpu_fallback
+        self._cuda_graphs = cuda_graphs
+        self._graphs: dict[Any, CudaGraphs] = {}  # by stream
         self.takes_token_types = True  # transformers' encoders all accept token_type_ids
         self.output_names: tuple[str, ...] = (
             ("last_hidden_state", "sentence_embedding") if task == "embedding" else ("logits",)
@@ -78,6 +84,7 @@ class TorchBackend:
             dtype=options.dtype,
             compile=options.compile,
             allow_cpu_fallback=options.allow_cpu_fallback,
+            cuda_graphs=options.cuda_graphs,
         )
 
     async def start(self) -> None:
@@ -103,17 +110,25 @@ class TorchBackend:
         self._model = await loop.run_in_executor(self._executor, self._load)
         for _ in range(self.max_concurrency):
             # One CUDA stream per concurrent batch, so that two batches really overlap.
-            self._streams.put_nowait(torch.cuda.Stream() if on_cuda else None)  # type: ignore[no-untyped-call]  # unannotated in torch
+            stream = torch.cuda.Stream() if on_cuda else None  # type: ignore[no-untyped-call]  # unannotated in torch
+            if self._cuda_graphs and on_cuda:
+                self._graphs[stream] = CudaGraphs(
+                    self._all_outputs, self.device, stream, GRAPH_MAX_ROWS, self._max_length()
+                )
+            self._streams.put_nowait(stream)
+        if self._cuda_graphs and not on_cuda:
+            logger.warning("torch: %s runs on the CPU: cuda_graphs has no effect", self.model_dir)
         for batch, length in WARMUP_SHAPES:  # and, with compile, the first compilations
             ids = np.ones((batch, length), dtype=np.int64)
             await self.infer(PaddedBatch(ids, ids, (length,) * batch))
         self._ready = True
         logger.info(
-            "torch: %s ready on %s (%s, compile=%s)",
+            "torch: %s ready on %s (%s, compile=%s, cuda_graphs=%s)",
             self.model_dir,
             self.device,
             self.dtype_name,
             self._compile,
+            bool(self._graphs),
         )
 
     def _load(self) -> Any:
@@ -134,27 +149,41 @@ class TorchBackend:
             model = torch.compile(model, dynamic=True)
         return model
 
+    def _max_length(self) -> int:
+        positions = getattr(self._model.config, "max_position_embeddings", 512)
+        return int(min(positions, 512))
+
+    def _all_outputs(self, ids: Any, mask: Any, types: Any) -> dict[str, Any]:
+        """Every output of the task for device tensors: what eager runs and graphs capture."""
+        import torch
+
+        out = self._model(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        if self.task != "embedding":  # a classifier's or a cross-encoder's head
+            return {"logits": out.logits.float()}
+        hidden = out.last_hidden_state.float()
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+        pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
+        return {"last_hidden_state": hidden, "sentence_embedding": pooled}
+
     def _forward(self, batch: PaddedBatch, stream: Any) -> dict[str, np.ndarray]:
         import torch
 
         names = batch.outputs or self.output_names
+        types_np = (
+            np.zeros_like(batch.input_ids) if batch.token_type_ids is None else batch.token_type_ids
+        )
         with torch.inference_mode(), torch.cuda.stream(stream) if stream else nullcontext():
-            ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
-            mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
-            types = (
-                torch.zeros_like(ids)
-                if batch.token_type_ids is None
-                else torch.from_numpy(batch.token_type_ids).to(self.device, non_blocking=True)
-            )
-            out = self._model(input_ids=ids, attention_mask=mask, token_type_ids=types)
-            if self.task != "embedding":  # a classifier's or a cross-encoder's head
-                results = {"logits": out.logits.float()}
-            else:
-                hidden = out.last_hidden_state.float()
-                weights = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-                pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=1)
-                results = {"last_hidden_state": hidden, "sentence_embedding": pooled}
+            graphs = self._graphs.get(stream)
+            results = None
+            if graphs is not None:
+                results = graphs.run(batch.input_ids, batch.attention_mask, types_np)
+            if results is None:  # eager: no graphs, or past the largest bucket
+                ids, mask, types = (
+                    torch.from_numpy(a).to(self.device, non_blocking=True)
+                    for a in (batch.input_ids, batch.attention_mask, types_np)
+                )
+                results = self._all_outputs(ids, mask, types)
             # Only what the batch asked for leaves the device: the hidden states of a batch of
             # 128 x 128 tokens are 25 MB, 4.4 of a 5.7 ms step on an H100 when always copied.
             # .cpu() waits for this stream's work only.

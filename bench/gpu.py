@@ -3,6 +3,7 @@
 Peers, each started alone on the same GPU, fed the same bodies by the same load generator:
   ferry onnxruntime-cuda   Ferry's batcher on ONNX Runtime's CUDA EP
   ferry torch              Ferry's batcher on the torch backend (float16, SDPA)
+  ferry torch cuda_graphs  the same, each batch a replayed CUDA graph (on CUDA only)
   unbatched                a plain FastAPI /predict running ONNX Runtime (CUDA EP) per request
   ferry null backend       Ferry whose backend answers at once: the HTTP front end's ceiling
 and the in-process batched ceiling of each backend (sorted batches straight into the backend,
@@ -40,6 +41,7 @@ from ferry.bench.targets import predict_body
 from ferry.bench.unbatched_server import unbatched_server
 
 FERRY_ORT, FERRY_TORCH = "ferry onnxruntime", "ferry torch"
+FERRY_TORCH_GRAPHS = "ferry torch cuda_graphs"  # on CUDA only: replayed graphs, no launches
 UNBATCHED, NULL = "unbatched FastAPI + ORT", "ferry null backend"
 TARGET_VS_UNBATCHED, TARGET_VS_CEILING = 3.0, 0.7
 READY_TIMEOUT_S = 300.0
@@ -91,6 +93,9 @@ def peers(
         (UNBATCHED, lambda: unbatched_url(model.onnx_dir / "model.onnx", config.device)),
         (NULL, lambda: ferry_url([onnx], module="ferry.bench.null_backend")),
     ]
+    if config.device == "cuda":
+        graphs = ferry_model(config, model.hf_dir, {"kind": "torch", "cuda_graphs": True})
+        found.insert(2, (FERRY_TORCH_GRAPHS, lambda: ferry_url([graphs])))
     for n in (n for n in config.api_servers if n > 1):
         found.append((api_peer(FERRY_ORT, n), lambda n=n: ferry_url([onnx], api_servers=n)))
         found.append(
@@ -177,6 +182,8 @@ def report(config: Config, results: Results) -> str:
             base = results.steps.get((UNBATCHED, set_name, clients))
             levels = [n for n in config.api_servers if n > 1]
             names = [FERRY_ORT, FERRY_TORCH, UNBATCHED, NULL]
+            if config.device == "cuda":
+                names.insert(2, FERRY_TORCH_GRAPHS)
             names += [api_peer(peer, n) for n in levels for peer in (FERRY_ORT, NULL)]
             for name in names:
                 step = results.steps.get((name, set_name, clients))
@@ -224,7 +231,7 @@ def verdicts(config: Config, results: Results) -> list[str]:
 def ceiling_of(peer: str) -> str:
     if peer.startswith(FERRY_ORT):  # api_servers levels too
         return "onnxruntime"
-    return {FERRY_TORCH: "torch"}.get(peer, "")
+    return {FERRY_TORCH: "torch", FERRY_TORCH_GRAPHS: "torch"}.get(peer, "")
 
 
 def ratio(step: Step, other: Step | float | None) -> str:

@@ -13,6 +13,7 @@ from ferry.backends.manifest import ModelManifest
 from ferry.backends.onnxruntime import OnnxRuntimeBackend
 from ferry.backends.placement import DeviceUnavailable
 from ferry.backends.torch_backend import TorchBackend
+from ferry.backends.torch_graphs import CudaGraphs, bucket
 from ferry.batcher import TokenSequence, pad_batch
 from ferry.bench.server_process import ferry_server
 from ferry.exporters.default_model import default_model_source
@@ -67,6 +68,72 @@ async def test_embeddings_match_the_onnx_backend_on_a_padded_batch(hf_dir, defau
     finally:
         await torch_backend.close()
         await onnx_backend.close()
+
+
+async def test_a_batch_padded_to_its_cuda_graph_bucket_answers_as_itself(hf_dir):
+    """The bucketed path CUDA graphs replay (torch_graphs.py), run eagerly on the CPU: the extra
+    rows and positions are masked away, and the outputs cut back to the batch's own."""
+    import torch
+
+    backend = TorchBackend(hf_dir, device="cpu")
+    await backend.start()
+    try:
+        graphs = CudaGraphs(
+            backend._all_outputs, "cpu", None, max_rows=4, max_length=64, capture=False
+        )
+        batch = padded(IDS)  # 3 rows of up to 42 tokens: the 4 x 64 bucket
+        types = np.zeros_like(batch.input_ids)
+        bucketed = graphs.run(batch.input_ids, batch.attention_mask, types)
+        assert bucketed is not None
+        with torch.inference_mode():
+            plain = backend._all_outputs(
+                *(torch.from_numpy(a) for a in (batch.input_ids, batch.attention_mask, types))
+            )
+        for name, want in plain.items():
+            assert bucketed[name].shape == want.shape, name
+        got, want = bucketed["sentence_embedding"], plain["sentence_embedding"]
+        assert torch.max(torch.abs(got - want)) <= 1e-5
+        for row, length in enumerate(batch.lengths):
+            diff = (
+                bucketed["last_hidden_state"][row, :length]
+                - plain["last_hidden_state"][row, :length]
+            )
+            assert torch.max(torch.abs(diff)) <= 1e-4
+        # Past the largest bucket: no graph, the backend runs it eagerly.
+        wide = padded([[101, *range(2000, 2100), 102]])
+        assert (
+            graphs.run(wide.input_ids, wide.attention_mask, np.zeros_like(wide.input_ids)) is None
+        )
+    finally:
+        await backend.close()
+
+
+@pytest.mark.parametrize(
+    ("rows", "length", "want"),
+    [
+        (1, 1, (1, 16)),
+        (3, 17, (4, 32)),
+        (8, 512, (8, 512)),
+        (9, 16, (16, 16)),
+        (129, 8, None),
+        (1, 513, None),
+    ],
+)
+def test_cuda_graph_buckets(rows, length, want):
+    assert bucket(rows, length, max_rows=128, max_length=512) == want
+
+
+@pytest.mark.parametrize(
+    ("options", "refusal"),
+    [({"device": "cpu"}, 'device = "cpu"'), ({"compile": True}, "choose one")],
+)
+def test_cuda_graphs_where_they_cannot_run_are_refused(options, refusal):
+    from pydantic import ValidationError
+
+    from ferry.backends.options import TorchOptions
+
+    with pytest.raises(ValidationError, match=refusal):
+        TorchOptions(kind="torch", cuda_graphs=True, **options)
 
 
 def test_manifest_of_the_hf_folder_is_the_exports(hf_dir, default_model_dir):

@@ -49,10 +49,20 @@ def reference(model: BenchModel) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    ("dtype", "compile"), [("float16", False), ("bfloat16", False), ("float16", True)]
+    ("dtype", "compile", "cuda_graphs"),
+    [
+        ("float16", False, False),
+        ("bfloat16", False, False),
+        ("float16", True, False),
+        ("float16", False, True),  # replayed CUDA graphs, 4 x 128 bucket (torch_graphs.py)
+    ],
 )
-async def test_half_precision_on_cuda_matches_the_cpu(model, reference, dtype, compile):
-    backend = TorchBackend(model.hf_dir, device="cuda", dtype=dtype, compile=compile)
+async def test_half_precision_on_cuda_matches_the_cpu(
+    model, reference, dtype, compile, cuda_graphs
+):
+    backend = TorchBackend(
+        model.hf_dir, device="cuda", dtype=dtype, compile=compile, cuda_graphs=cuda_graphs
+    )
     await backend.start()
     try:
         assert (backend.device, backend.dtype_name) == ("cuda", dtype)

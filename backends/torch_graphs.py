@@ -1,0 +1,120 @@
+"""CUDA graphs for the torch backend: a batch's kernel launches replayed as one (issue 43).
+
+Eager PyTorch launches every kernel of an encoder from Python, holding the GIL for each: for
+MiniLM on an H100 a batch of 1 x 16 tokens took 2.8-4.3 ms, most of it launches, while the event
+loop that feeds the device waited for the same GIL. A CUDA graph captured once for a shape
+replays all of its kernels from the driver in one call.
+
+A graph has fixed shapes, so batches go in buckets: rows up to a power of two, the length up to
+one of LENGTHS. A batch is padded to its bucket as the batcher pads it to its longest row: the
+extra positions and rows are masked (a padding row holds one token, so no softmax runs over
+nothing), and the outputs are cut back to the batch's rows and length. Batches past the largest
+bucket run eagerly. Each stream has its own graphs and memory pool: two batches replay at once.
+Graphs are captured on first use of a bucket, after a warm-up run on a side stream (cuBLAS
+and cuDNN pick their kernels outside the capture).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+LENGTHS = (16, 32, 64, 128, 256, 512)
+# torch tensors: input_ids, attention_mask, token_type_ids -> every output, full bucket shape.
+Forward = Callable[[Any, Any, Any], dict[str, Any]]
+
+
+def bucket(rows: int, length: int, max_rows: int, max_length: int) -> tuple[int, int] | None:
+    """The (rows, length) a batch runs as, or None: past the largest bucket, run eagerly."""
+    padded_rows = 1 << max(0, rows - 1).bit_length()
+    padded_length = next((n for n in LENGTHS if n >= length), None)
+    if padded_rows > max_rows or padded_length is None or padded_length > max_length:
+        return None
+    return padded_rows, padded_length
+
+
+def pad_to(
+    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, shape: tuple[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The batch in a bucket's shape: masked positions and rows, each padding row one token."""
+    rows, length = ids.shape
+    out = [np.zeros(shape, dtype=np.int64) for _ in range(3)]
+    for target, source in zip(out, (ids, mask, types), strict=True):
+        target[:rows, :length] = source
+    out[1][rows:, 0] = 1
+    return out[0], out[1], out[2]
+
+
+class CudaGraphs:
+    """One stream's graphs, by bucket. `capture=False` runs the same padded path eagerly (the
+    CPU, where no graph exists: the bucketing is tested there)."""
+
+    def __init__(
+        self,
+        forward: Forward,
+        device: str,
+        stream: Any,
+        max_rows: int,
+        max_length: int,
+        capture: bool = True,
+    ) -> None:
+        self._forward = forward
+        self._device = device
+        self._stream = stream
+        self._max_rows = max_rows
+        self._max_length = max_length
+        self._capture = capture
+        self._pool: Any = None
+        # bucket -> (static inputs, static outputs, graph)
+        self._graphs: dict[tuple[int, int], tuple[tuple[Any, Any, Any], dict[str, Any], Any]] = {}
+
+    def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, Any] | None:
+        """Every output cut to the batch's rows and length, or None: no bucket holds it."""
+        rows, length = ids.shape
+        shape = bucket(rows, length, self._max_rows, self._max_length)
+        if shape is None:
+            return None
+        import torch
+
+        padded = [torch.from_numpy(a) for a in pad_to(ids, mask, types, shape)]
+        if not self._capture:
+            outputs = self._forward(*(t.to(self._device) for t in padded))
+        else:
+            inputs, outputs, graph = self._graphs.get(shape) or self._captured(shape)
+            for static, tensor in zip(inputs, padded, strict=True):
+                static.copy_(tensor, non_blocking=True)
+            graph.replay()
+        return {name: _cut(value, rows, length) for name, value in outputs.items()}
+
+    def _captured(self, shape: tuple[int, int]) -> tuple[tuple[Any, Any, Any], dict[str, Any], Any]:
+        import torch
+
+        zeros = (torch.zeros(shape, dtype=torch.int64, device=self._device) for _ in range(3))
+        ids, mask, types = zeros
+        mask[:, 0] = 1
+        inputs = (ids, mask, types)
+        warmup = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # unannotated in torch
+        warmup.wait_stream(self._stream)
+        with torch.cuda.stream(warmup):
+            self._forward(*inputs)
+        self._stream.wait_stream(warmup)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+            outputs = self._forward(*inputs)
+        self._graphs[shape] = (inputs, outputs, graph)
+        logger.info("torch: CUDA graph captured for %d x %d tokens", *shape)
+        return self._graphs[shape]
+
+
+def _cut(value: Any, rows: int, length: int) -> Any:
+    """An output of the bucket's shape cut to the batch's: rows first, then the length where the
+    output has one (hidden states), never a pooled output's width."""
+    value = value[:rows]
+    return value[:, :length] if value.dim() == 3 else value
