@@ -8,7 +8,7 @@ Scheduling: the running requests decode together, one onnxruntime forward pass p
 (ortgenai_batch.py over ortgenai_kv.py), a new request's prompt starts on the next turn (up to
 `max_running`), and every prompt's keys and values are kept for the next prompt that shares its
 prefix (ortgenai_prefix.py). A grammar masks its own row there (grammar_rows.py). Requests
-only an og.Generator serves (adapters, `echo`) run on batch-1 generators stepped in turn
+only an og.Generator serves (adapters) run on batch-1 generators stepped in turn
 (ortgenai_lora.py). `deterministic`: greedy text
 independent of load, at a one-stream cost (ortgenai_batch.py). Stop strings are matched by Ferry
 (stops.py).

@@ -12,6 +12,11 @@ Prefix cache: every finished prompt's keys and values are parked in the PrefixCa
 requests running together with one system prompt already share it; a hit copies the shared
 part in and computes only the rest (at least TAIL tokens).
 
+Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
+prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
+og.Model is loaded for it; it reads nothing from the prefix cache (a hit would skip positions it
+must score), and fills it as any other.
+
 Grammars: a constrained request decodes in the same forward pass as the others; its row's
 logits are masked to what its llguidance matcher allows before its token is chosen, and the token
 is consumed after (grammar_rows.py, compiled on a thread pool while the prompt goes in).
@@ -35,6 +40,7 @@ import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
+from ferry.llm.logprobs import next_logprobs
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
 from ferry.llm.ortgenai_prefix import ModelPrefixCache
 from ferry.llm.sampling import Sampler, end_ids
@@ -44,9 +50,10 @@ _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
 
 def needs_generator(adapter: str | None, sampling: SamplingSettings) -> bool:
     """Requests only an og.Generator serves (ortgenai_lora.GeneratorLane): an adapter is bound
-    to a generator, and `echo` wants every prompt position's logits in one piece. A grammar
-    does not: its row is masked here (grammar_rows.py)."""
-    return adapter is not None or sampling.echo
+    to a generator. A grammar is not (its row is masked here, grammar_rows.py), nor is `echo`
+    (each prompt piece's forward gives every position's logits, scored as it goes in)."""
+    del sampling  # every setting is served here; only the adapter decides
+    return adapter is not None
 
 
 class BatchLane:
@@ -86,7 +93,8 @@ class BatchLane:
         assert adapter is None
         block = self._model.new_block(1, len(prompt_ids))
         reused = 0
-        if self.cache is not None:
+        # `echo` scores every prompt position: none may come from the cache (it is filled after).
+        if self.cache is not None and not sampling.echo:
             entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids)
             if entry is not None:
                 block.copy_row(entry.kv, 0, 0, reused)
@@ -98,6 +106,7 @@ class BatchLane:
         job.cached_tokens = reused
         job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are in
         job.pending = list(prompt_ids[reused:])
+        job.prompt_logprobs = (None,) if sampling.echo else None  # the first token has none
         self.jobs.append(job)
         self._prefilling.append(job)
 
@@ -124,7 +133,15 @@ class BatchLane:
         if len(job.pending) - count == 1:
             count -= 1  # leave two for the last piece: a piece of one runs other kernels
         piece, job.pending = job.pending[:count], job.pending[count:]
-        logits = self._model.prefill(job.generator, 0, len(job.tokens), piece)
+        done = len(job.tokens)
+        sampling: SamplingSettings = job.add.sampling
+        if sampling.echo:  # row i of the piece scores prompt token done + i + 1
+            every = self._model.prefill_every(job.generator, 0, done, piece)
+            scored = job.add.prompt_ids[done + 1 : done + 1 + len(piece)]
+            job.prompt_logprobs += next_logprobs(every, scored, sampling.logprobs or 0)
+            logits = every[-1]
+        else:
+            logits = self._model.prefill(job.generator, 0, done, piece)
         job.tokens += piece
         return None if job.pending else logits
 

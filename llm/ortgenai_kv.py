@@ -106,13 +106,20 @@ class KVModel:
     def prefill(self, block: KVBlock, row: int, done: int, ids: list[int]) -> np.ndarray:
         """Run `ids` after the `done` tokens row `row` of `block` holds (room for all of them);
         their keys and values land in the row. Returns the last position's logits."""
+        last: np.ndarray = self.prefill_every(block, row, done, ids)[-1]
+        return last
+
+    def prefill_every(self, block: KVBlock, row: int, done: int, ids: list[int]) -> np.ndarray:
+        """`prefill`, returning every position's logits, [len(ids), vocab]: row i scores the
+        token after ids[i] (the graph computes them all; `echo` and speculation read them).
+        What the row held past `done` is overwritten: a shorter `done` rolls the row back."""
         total = done + len(ids)
         assert total <= block.length
         mask = np.ones((1, total), self._mask_dtype)
         tokens = np.asarray([ids], self._ids_dtype)
         binding = self._bind(block, slice(row, row + 1))
-        row_logits: np.ndarray = self._run(binding, tokens, mask)[0, -1]
-        return row_logits
+        logits: np.ndarray = self._run(binding, tokens, mask)[0]
+        return logits
 
     def decode(
         self, block: KVBlock, rows: int, lengths: np.ndarray, tokens: np.ndarray
