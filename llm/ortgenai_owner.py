@@ -78,6 +78,8 @@ class Job:
     lane: Any = None  # the lane it runs on
     sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
     grammar: Any = None  # Future[grammar_rows.RowGrammar] of a constrained request
+    drafts: Any = None  # batch lane, speculation on: its ngram_draft.NgramDraft
+    draft_length: int = 0  # and the longest draft it checks next
     decoder: TextStream | None = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
@@ -101,6 +103,8 @@ class EngineOptions:
     # Greedy text independent of load: decode steps never run a single row (ortgenai_batch.py).
     deterministic: bool = False
     spin_us: int = 0  # the decoder's pool threads spin this long between ops (0: they sleep)
+    # N-gram drafts of up to this many tokens, checked in one pass for a lone row; 0: off.
+    spec_tokens: int = 0
 
 
 class OwnerLoop:
@@ -139,6 +143,7 @@ class OwnerLoop:
             prefill_chunk=options.prefill_chunk,
             deterministic=options.deterministic,
             grammars=self._grammars,
+            spec_tokens=options.spec_tokens,
         )
         self._deliver = deliver
         self._set_counts = set_counts

@@ -23,6 +23,7 @@ FOREIGN = [
     ("vllm", "max_waiting", 8),
     ("vllm", "prefill_chunk", 0),
     ("vllm", "spin_us", 200),
+    ("vllm", "spec_tokens", 8),
 ]
 OTHER = {"ortgenai": "vllm", "vllm": "ortgenai"}
 
@@ -93,6 +94,7 @@ def test_defaults_are_the_ortgenai_engines():
         ({"engine": "llama"}, "engine must be ortgenai or vllm, got 'llama'"),
         ({"options": {"engine": "vllm"}}, "an engine's settings are keys of the table itself"),
         ({"prefill_chunk": 1}, "prefill_chunk must be 0"),
+        ({"spec_tokens": 65}, "spec_tokens"),
     ],
 )
 def test_other_refusals(fields, refusal):
