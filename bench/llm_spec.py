@@ -1,7 +1,7 @@
 """N-gram speculation on a quoting workload: one stream, speculation off vs on (issue 45).
 
     python -m ferry.bench.llm_spec [--model DIR] [--spec-tokens 8] [--max-tokens 128]
-                                   [--rounds 1] [--deterministic]
+                                   [--rounds 1]
 
 Prompts that ask the model to repeat or edit text or code they give (where prompt lookup should
 pay), each run alone through the ortgenai engine in-process (its owner loop, as served), greedy,
@@ -63,7 +63,6 @@ async def served(args: argparse.Namespace, spec_tokens: int) -> list[tuple[str, 
         args.model,
         name="spec",
         prefix_cache=False,
-        deterministic=args.deterministic,
         spec_tokens=spec_tokens,
     )
     await engine.start()
@@ -85,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=1, help="runs per prompt (fastest kept)")
-    parser.add_argument("--deterministic", action="store_true", help="batch_invariant = true")
     args = parser.parse_args(argv)
     off = asyncio.run(served(args, 0))
     on = asyncio.run(served(args, args.spec_tokens))

@@ -43,7 +43,8 @@ class OrtGenAIOptions(_Options):
     # occurrence of the text's last 3 (down to 2) tokens, in its prompt and output, are checked,
     # up to this many, in one forward pass; 0: off. Off by default: the checking pass runs the
     # prompt's CPU kernels, whose rounding differs from a decode step's, so greedy text may differ
-    # from that without speculation, as it may between one and several streams (docs/apis.md).
+    # from that without speculation, as it may between one and several streams (docs/apis.md);
+    # refused with batch_invariant, whose greedy text must not depend on running alone.
     spec_tokens: int = Field(default=0, ge=0, le=64)
 
     @field_validator("prefill_chunk")

@@ -27,9 +27,13 @@ one forward pass of its next token and the draft (`_verify`: the prompt path, ba
 the longest prefix its own choice agrees with, and one token more. Sampled and constrained rows
 speculate too: the choice is the decode step's own, in sequence. Several rows decode as before
 (checking would take one pass per row). Numerics: the checking pass runs the prompt's kernels,
-which round differently from a decode step's (below); on SmolLM2 int4 the logits of one position
-differ by up to ~1 between the two paths, so greedy text may part from the text without
-speculation at a near tie (bench.llm_spec counts how often); on the fp32 tiny model it does not.
+which round differently from a decode step's of one row or of two (below): on SmolLM2 int4 the
+logits of one position differ by up to ~1 between the paths, so greedy text may part from the
+text without speculation at a near tie (bench.llm_spec counts how often: 6 of 6 identical at
+128 tokens; with one-token n-grams, 5 of 6). In the deterministic mode a lone request's decode
+steps run two rows, whose rounding the checking pass does not share either (one text of two
+parted at token 6), so the settings refuse speculation there; on the fp32 tiny model the
+paths agree (tested).
 
 Batch invariance (SmolLM2-135M int4): a decode step of two or more rows gives every row the same
 logits whatever the other rows hold (tested), but onnxruntime's MatMulNBits runs other kernels
@@ -58,7 +62,8 @@ from ferry.llm.sampling import Sampler, end_ids
 
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
 # Drafts come from n-grams of 3 down to 2 tokens: one token alone matched too often where the
-# answer did not quote (bench.llm_spec: 1.29x with it, 2.14x without, on a loaded 2-core box).
+# answer did not quote (bench.llm_spec: 1.29x with it, 2.14x without, on a loaded 2-core box;
+# that run before the draft length adapted).
 _MIN_NGRAM = 2
 
 
@@ -229,7 +234,7 @@ class BatchLane:
         assert self._block is not None
         chosen: list[tuple[int, Any]] = []
         try:
-            logits = self._model.prefill_every(self._block, 0, start, ids)
+            logits = self._model.prefill_every(self._block, 0, start, ids, keep=True)
             for position, row in enumerate(logits):
                 token = self._choose(job, row)
                 chosen.append((token, job.logprob))
