@@ -5,8 +5,8 @@
 Starts `ferry serve --config CONFIG` on a free port, sends each LLM a few short chats and each
 encoder a few /predict requests, and prints the server process's RSS (and its children's, the
 grammar checkers). `--echo` then sends one `echo` completion with `logprobs` per LLM: the request
-that loads an LLM's second copy of the weights (og.Model, for the generator lane), to see what it
-costs.
+that once loaded an LLM's second copy of the weights (og.Model, for the generator lane); the
+batch lane serves it now, so the RSS should not grow.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ onnxruntime-genai's guidance does inside an og.Generator (its GuidanceLogitsProc
 tokenizer.json vocabulary at the config's `vocab_size`, a mask of allowed ids, only the first
 end-of-sequence id once the grammar stopped), done here in numpy: on the batch lane
 (ortgenai_batch.py) a constrained row decodes in the same forward pass as the free ones; on the
-generator lane (ortgenai_lora.py: adapters, `echo`) the masked logits go back with `set_logits`.
+generator lane (ortgenai_lora.py: adapters) the masked logits go back with `set_logits`.
 
 Compiling: `LLMatcher(...)` releases the GIL while it builds the grammar, so it runs on a small
 thread pool while the request's prompt goes in: the event loop never waits for it, and the owner

@@ -29,6 +29,11 @@ def prompt_logprobs(
     logits: np.ndarray, prompt_ids: list[int], top: int
 ) -> tuple[TokenLogprob | None, ...]:
     """[seq, vocab] logits of a prompt -> each token's entry; row i predicts token i + 1."""
-    rows = log_softmax(logits[: len(prompt_ids) - 1])
-    entries = [token_logprob(row, prompt_ids[i + 1], top) for i, row in enumerate(rows)]
-    return (None, *entries)
+    return (None, *next_logprobs(logits, prompt_ids[1:], top))
+
+
+def next_logprobs(logits: np.ndarray, next_ids: list[int], top: int) -> tuple[TokenLogprob, ...]:
+    """[rows, vocab] logits of consecutive positions -> the entry of next_ids[i] from row i (a
+    prompt in pieces scores each piece as it goes in; rows past next_ids are not read)."""
+    rows = log_softmax(logits[: len(next_ids)])
+    return tuple(token_logprob(row, next_ids[i], top) for i, row in enumerate(rows))

@@ -38,6 +38,14 @@ class OrtGenAIOptions(_Options):
     # owns, 200 decodes SmolLM2 1.2-1.4x faster (bench.llm_int4); on shared cores the spinning
     # threads take them from the event loop and from each other, so 0 (off) by default.
     spin_us: int = Field(default=0, ge=0, le=10_000)
+    # Draft-free speculative decoding (prompt lookup, llama-server's `--spec-type ngram-simple`)
+    # for a request decoding alone (one stream): the tokens that followed the latest earlier
+    # occurrence of the text's last 3 (down to 2) tokens, in its prompt and output, are checked,
+    # up to this many, in one forward pass; 0: off. Off by default: the checking pass runs the
+    # prompt's CPU kernels, whose rounding differs from a decode step's, so greedy text may differ
+    # from that without speculation, as it may between one and several streams (docs/apis.md);
+    # refused with batch_invariant, whose greedy text must not depend on running alone.
+    spec_tokens: int = Field(default=0, ge=0, le=64)
 
     @field_validator("prefill_chunk")
     @classmethod

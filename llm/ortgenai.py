@@ -8,8 +8,9 @@ Scheduling: the running requests decode together, one onnxruntime forward pass p
 (ortgenai_batch.py over ortgenai_kv.py), a new request's prompt starts on the next turn (up to
 `max_running`), and every prompt's keys and values are kept for the next prompt that shares its
 prefix (ortgenai_prefix.py). A grammar masks its own row there (grammar_rows.py). Requests
-only an og.Generator serves (adapters, `echo`) run on batch-1 generators stepped in turn
-(ortgenai_lora.py). `deterministic`: greedy text
+only an og.Generator serves (adapters) run on batch-1 generators stepped in turn
+(ortgenai_lora.py). `spec_tokens` > 0: n-gram speculation for a request decoding alone
+(ortgenai_batch.py, ngram_draft.py). `deterministic`: greedy text
 independent of load, at a one-stream cost (ortgenai_batch.py). Stop strings are matched by Ferry
 (stops.py).
 """
@@ -85,6 +86,7 @@ class OrtGenAIEngine:
         prefill_chunk: int = EngineOptions.prefill_chunk,
         deterministic: bool = False,
         spin_us: int = 0,
+        spec_tokens: int = 0,
         adapters: Mapping[str, Path] | None = None,
         max_adapters: int = 4,
         special_tokens_in_content: bool = False,
@@ -106,6 +108,7 @@ class OrtGenAIEngine:
             prefill_chunk=prefill_chunk,
             deterministic=deterministic,
             spin_us=spin_us,
+            spec_tokens=spec_tokens,
         )
         eos = genai_config["model"].get("eos_token_id", [])
         self._eos_ids = set(eos) if isinstance(eos, list) else {eos}
@@ -271,6 +274,11 @@ class OrtGenAIEngine:
     def spin_us(self) -> int:
         """How long the decoder's pool threads spin between ops before they sleep."""
         return self._options.spin_us
+
+    @property
+    def spec_tokens(self) -> int:
+        """Drafted tokens a speculative step checks at most; 0: no speculation."""
+        return self._options.spec_tokens
 
     @property
     def max_concurrent_generations(self) -> int:

@@ -12,9 +12,28 @@ Prefix cache: every finished prompt's keys and values are parked in the PrefixCa
 requests running together with one system prompt already share it; a hit copies the shared
 part in and computes only the rest (at least TAIL tokens).
 
+Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
+prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
+og.Model is loaded for it; it reads nothing from the prefix cache (a hit would skip positions it
+must score), and fills it as any other.
+
 Grammars: a constrained request decodes in the same forward pass as the others; its row's
 logits are masked to what its llguidance matcher allows before its token is chosen, and the token
 is consumed after (grammar_rows.py, compiled on a thread pool while the prompt goes in).
+
+Speculation (`spec_tokens` > 0, off by default): a request decoding alone drafts the tokens that
+followed the latest earlier occurrence of its last few tokens (ngram_draft.py) and checks them in
+one forward pass of its next token and the draft (`_verify`: the prompt path, batch 1), keeping
+the longest prefix its own choice agrees with, and one token more. Sampled and constrained rows
+speculate too: the choice is the decode step's own, in sequence. Several rows decode as before
+(checking would take one pass per row). Numerics: the checking pass runs the prompt's kernels,
+which round differently from a decode step's of one row or of two (below): on SmolLM2 int4 the
+logits of one position differ by up to ~1 between the paths, so greedy text may part from the
+text without speculation at a near tie (bench.llm_spec counts how often: 6 of 6 identical at
+128 tokens; with one-token n-grams, 5 of 6). In the deterministic mode a lone request's decode
+steps run two rows, whose rounding the checking pass does not share either (one text of two
+parted at token 6), so the settings refuse speculation there; on the fp32 tiny model the
+paths agree (tested).
 
 Batch invariance (SmolLM2-135M int4): a decode step of two or more rows gives every row the same
 logits whatever the other rows hold (tested), but onnxruntime's MatMulNBits runs other kernels
@@ -35,18 +54,25 @@ import numpy as np
 
 from ferry.llm.base import FinishReason, SamplingSettings
 from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
+from ferry.llm.logprobs import next_logprobs
+from ferry.llm.ngram_draft import NgramDraft
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
 from ferry.llm.ortgenai_prefix import ModelPrefixCache
 from ferry.llm.sampling import Sampler, end_ids
 
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
+# Drafts come from n-grams of 3 down to 2 tokens: one token alone matched too often where the
+# answer did not quote (bench.llm_spec: 1.29x with it, 2.14x without, on a loaded 2-core box;
+# that run before the draft length adapted).
+_MIN_NGRAM = 2
 
 
 def needs_generator(adapter: str | None, sampling: SamplingSettings) -> bool:
     """Requests only an og.Generator serves (ortgenai_lora.GeneratorLane): an adapter is bound
-    to a generator, and `echo` wants every prompt position's logits in one piece. A grammar
-    does not: its row is masked here (grammar_rows.py)."""
-    return adapter is not None or sampling.echo
+    to a generator. A grammar is not (its row is masked here, grammar_rows.py), nor is `echo`
+    (each prompt piece's forward gives every position's logits, scored as it goes in)."""
+    del sampling  # every setting is served here; only the adapter decides
+    return adapter is not None
 
 
 class BatchLane:
@@ -62,6 +88,7 @@ class BatchLane:
         prefill_chunk: int = 0,
         deterministic: bool = False,
         grammars: GrammarCompiler | None = None,
+        spec_tokens: int = 0,
     ) -> None:
         self._model = model
         self.max_running = max_running
@@ -69,6 +96,7 @@ class BatchLane:
         self.cache = cache
         self._chunk = prefill_chunk  # 0: a whole prompt in one piece; else at least 2
         self._min_rows = 2 if deterministic else 1
+        self._spec_tokens = spec_tokens  # drafted tokens a verify step checks at most; 0: off
         self.jobs: list[Any] = []  # every job here, in admission order
         self._prefilling: list[Any] = []  # prompt still going in (own block)
         self._rows: list[Any] = []  # decoding; job i sits in row i of self._block
@@ -76,6 +104,7 @@ class BatchLane:
         self._lengths = np.zeros(0, np.int64)  # tokens in each row's KV
         self._tokens = np.zeros(0, np.int64)  # the token each row feeds next
         # The owner loop shares one between its lanes; a lane made alone (tests) has its own.
+        self.drafted = self.accepted = 0  # speculation's tokens drafted and accepted, all told
         self._own_grammars = grammars is None
         self._grammars = GrammarCompiler(model.model_dir) if grammars is None else grammars
 
@@ -86,7 +115,8 @@ class BatchLane:
         assert adapter is None
         block = self._model.new_block(1, len(prompt_ids))
         reused = 0
-        if self.cache is not None:
+        # `echo` scores every prompt position: none may come from the cache (it is filled after).
+        if self.cache is not None and not sampling.echo:
             entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids)
             if entry is not None:
                 block.copy_row(entry.kv, 0, 0, reused)
@@ -98,6 +128,9 @@ class BatchLane:
         job.cached_tokens = reused
         job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are in
         job.pending = list(prompt_ids[reused:])
+        job.prompt_logprobs = (None,) if sampling.echo else None  # the first token has none
+        job.drafts = NgramDraft(prompt_ids, min_n=_MIN_NGRAM) if self._spec_tokens else None
+        job.draft_length = self._spec_tokens
         self.jobs.append(job)
         self._prefilling.append(job)
 
@@ -115,7 +148,9 @@ class BatchLane:
                 continue
             self._join(job, token)
             yield self._outcome(job, token)
-        if self._rows:
+        if len(self._rows) == 1 and (draft := self._draft(self._rows[0])):
+            yield from self._verify(self._rows[0], draft)
+        elif self._rows:
             yield from self._decode()
 
     def _feed(self, job: Any) -> np.ndarray | None:
@@ -124,7 +159,15 @@ class BatchLane:
         if len(job.pending) - count == 1:
             count -= 1  # leave two for the last piece: a piece of one runs other kernels
         piece, job.pending = job.pending[:count], job.pending[count:]
-        logits = self._model.prefill(job.generator, 0, len(job.tokens), piece)
+        done = len(job.tokens)
+        sampling: SamplingSettings = job.add.sampling
+        if sampling.echo:  # row i of the piece scores prompt token done + i + 1
+            every = self._model.prefill_every(job.generator, 0, done, piece)
+            scored = job.add.prompt_ids[done + 1 : done + 1 + len(piece)]
+            job.prompt_logprobs += next_logprobs(every, scored, sampling.logprobs or 0)
+            logits = every[-1]
+        else:
+            logits = self._model.prefill(job.generator, 0, done, piece)
         job.tokens += piece
         return None if job.pending else logits
 
@@ -164,16 +207,69 @@ class BatchLane:
             results.append(self._outcome(job, token))
         return results  # after every row's choice: finishing ones repack the block
 
+    def _draft(self, job: Any) -> list[int]:
+        """Tokens that may follow `job`'s next one (ngram_draft.py); [] when speculation is off
+        or nothing fits. Only a lone decoding row speculates: the attention kernel takes several
+        tokens after a past only at batch 1, so rows would verify one forward pass each."""
+        if job.drafts is None:
+            return []
+        # The verify step emits up to len(draft) + 1 tokens: no more than the request may have.
+        room = job.sampler.sampling.max_tokens - job.generated - 1
+        drafted: list[int] = job.drafts.propose(min(job.draft_length, room))
+        return drafted
+
+    def _verify(
+        self, job: Any, draft: list[int]
+    ) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
+        """One forward pass over the row's next token and `draft` (row 0, alone): the tokens
+        chosen from its positions, in order, while each agrees with the draft, and the one
+        after the last agreeing. The choice is the decode step's own (`_choose`: sampler,
+        penalty, grammar mask, in sequence), so the tokens are those one step at a time would
+        give, sampled ones too: sampling p and keeping the draft only where the sample equals
+        it is the rejection rule for a one-token draft. Keys and values past the last accepted
+        token are left behind the row's length, where the next step writes over them."""
+        start = int(self._lengths[0])
+        ids = [int(self._tokens[0]), *draft]
+        self._reserve(1, start + len(ids))
+        assert self._block is not None
+        chosen: list[tuple[int, Any]] = []
+        try:
+            logits = self._model.prefill_every(self._block, 0, start, ids, keep=True)
+            for position, row in enumerate(logits):
+                token = self._choose(job, row)
+                chosen.append((token, job.logprob))
+                if position == len(draft) or token != draft[position] or token in job.sampler.ends:
+                    break
+        except Exception as exc:  # the forward or its grammar failed: this request only
+            yield job, None, None, exc
+            return
+        self._lengths[0] = start + len(chosen)
+        self._tokens[0] = chosen[-1][0]
+        self.accepted += len(chosen) - 1
+        self.drafted += len(draft)
+        # Hugging Face's heuristic schedule: a draft taken whole earns two more tokens next
+        # time, one cut short costs one (a rejected draft's pass costs more than a decode step).
+        whole = len(chosen) > len(draft)
+        job.draft_length = max(1, min(self._spec_tokens, job.draft_length + (2 if whole else -1)))
+        for token, logprob in chosen:
+            job.logprob = logprob
+            outcome = self._outcome(job, token)
+            yield outcome  # the owner counts it, and may finish the request (a stop string)
+            if outcome[2] is not None or job.generator is None:
+                return
+
     def _choose(self, job: Any, logits: np.ndarray) -> int:
         """`job`'s next token (its log probability noted on it), within its grammar if any."""
         sampler: Sampler = job.sampler
         if job.grammar is None:
             token, job.logprob = sampler.choose(logits)
-            return token
-        grammar: RowGrammar = job.grammar.result()  # raises the compile's error
-        token, job.logprob = sampler.choose(logits, grammar.allowed(logits.shape[-1]))
-        if token not in sampler.ends:  # the end needs no commit: the request is over
-            grammar.consume(token)
+        else:
+            grammar: RowGrammar = job.grammar.result()  # raises the compile's error
+            token, job.logprob = sampler.choose(logits, grammar.allowed(logits.shape[-1]))
+            if token not in sampler.ends:  # the end needs no commit: the request is over
+                grammar.consume(token)
+        if job.drafts is not None:
+            job.drafts.append(token)
         return token
 
     def _outcome(

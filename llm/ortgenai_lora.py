@@ -3,9 +3,9 @@
 Most requests run on the batch lane (ortgenai_batch.py). These do not (ortgenai_batch.
 needs_generator): a LoRA adapter (onnxruntime-genai 0.18 selects adapters only per Generator,
 `set_active_adapter`, before any token goes in; the model must be exported with LoRA inputs,
-tools/build_tiny_lora.py) and `echo` (every prompt position's logits, after one whole
-`append_tokens`). A grammar alone runs on the batch lane; with an adapter or `echo` its mask
-(grammar_rows.py) goes onto the generator's logits (`set_logits`) before each token. Their
+tools/build_tiny_lora.py). A grammar or `echo` alone runs on the batch lane; with an adapter,
+a grammar's mask (grammar_rows.py) goes onto the generator's logits (`set_logits`) before each
+token, and `echo` scores every prompt position after one whole `append_tokens`. Their
 generators are never reused across requests, so unloading an adapter is never held up, and none
 of them reads or fills the prefix cache.
 

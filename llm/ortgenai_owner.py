@@ -7,13 +7,13 @@ steps every running request once per turn, and hands each request's deltas back 
 callbacks it was given. A request that arrives while others decode starts on the next turn.
 
 Two lanes: most requests run on the batch lane (ortgenai_batch.py: one forward pass per turn for
-all of them, prefix cache, grammars masking their own rows); those only an og.Generator serves
-(an adapter, `echo`: ortgenai_batch.needs_generator) run on the generator lane
+all of them, prefix cache, grammars masking their own rows, `echo`); those only an og.Generator
+serves (an adapter: ortgenai_batch.needs_generator) run on the generator lane
 (ortgenai_lora.py), one step each. Grammars are Ferry's on both (grammar_rows.py).
 
 The generator lane's og.Model is a second copy of the weights (the batch lane runs its own
 InferenceSession), so it is loaded only when first needed: at start when adapters are
-configured, else on the first `echo` + `logprobs` request. Text comes from `tokenizers`
+configured, else never. Text comes from `tokenizers`
 (detokenize.py): og's token stream drops bytes that are not UTF-8.
 """
 
@@ -78,6 +78,8 @@ class Job:
     lane: Any = None  # the lane it runs on
     sampler: Any = None  # batch lane: its token choice (sampling.Sampler)
     grammar: Any = None  # Future[grammar_rows.RowGrammar] of a constrained request
+    drafts: Any = None  # batch lane, speculation on: its ngram_draft.NgramDraft
+    draft_length: int = 0  # and the longest draft it checks next
     decoder: TextStream | None = None
     generated: int = field(default=0)
     logprob: TokenLogprob | None = None  # the last token's, when sampling.logprobs is set
@@ -101,6 +103,8 @@ class EngineOptions:
     # Greedy text independent of load: decode steps never run a single row (ortgenai_batch.py).
     deterministic: bool = False
     spin_us: int = 0  # the decoder's pool threads spin this long between ops (0: they sleep)
+    # N-gram drafts of up to this many tokens, checked in one pass for a lone row; 0: off.
+    spec_tokens: int = 0
 
 
 class OwnerLoop:
@@ -139,6 +143,7 @@ class OwnerLoop:
             prefill_chunk=options.prefill_chunk,
             deterministic=options.deterministic,
             grammars=self._grammars,
+            spec_tokens=options.spec_tokens,
         )
         self._deliver = deliver
         self._set_counts = set_counts
@@ -150,7 +155,7 @@ class OwnerLoop:
     def generator_lane(self) -> GeneratorLane:
         """The generator lane, its og.Model loaded on the first call (module docstring)."""
         if self._lane is None:
-            log.info("loading %s's og.Model for its generator lane (adapters, echo)", self._name)
+            log.info("loading %s's og.Model for its generator lane (adapters)", self._name)
             model = self._og.Model(str(self._model_dir))
             self._lane = GeneratorLane(
                 self._og, model, self._eos_ids, self._grammars, prefill_chunk=self._prefill_chunk

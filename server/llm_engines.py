@@ -44,6 +44,7 @@ def build_llm_engine(settings: LLMSettings, prefix_store: PrefixCache | None = N
         prefill_chunk=options.prefill_chunk,
         deterministic=settings.batch_invariant,
         spin_us=options.spin_us,
+        spec_tokens=options.spec_tokens,
         adapters=settings.adapters,
         max_adapters=settings.max_adapters,
         special_tokens_in_content=settings.special_tokens_in_content,

@@ -219,6 +219,15 @@ class LLMSettings(_Strict):
             raise ValueError(f"{len(self.adapters)} adapters but max_adapters={self.max_adapters}")
         return self
 
+    @model_validator(mode="after")
+    def _check_speculation(self) -> LLMSettings:
+        # A lone request speculates, and a checking pass rounds as a prompt does: its greedy text
+        # would depend on whether it runs alone, the very thing batch_invariant rules out.
+        speculates = isinstance(self.options, OrtGenAIOptions) and self.options.spec_tokens > 0
+        if self.batch_invariant and speculates:
+            raise ValueError("spec_tokens: speculation cannot be combined with batch_invariant")
+        return self
+
 
 def setting_location(where: Sequence[str | int]) -> tuple[str | int, ...]:
     """A pydantic error's location as the settings are written: an LLM's engine options are

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
@@ -237,11 +238,11 @@ async def test_close_makes_the_engine_not_ready(reference: dict[str, Any]) -> No
         await collect(engine, "r1", reference["cases"][0]["prompt"], GREEDY)
 
 
-async def test_the_weights_are_loaded_a_second_time_only_for_the_generator_lane(
-    monkeypatch: pytest.MonkeyPatch, reference: dict[str, Any]
+async def test_echo_never_loads_the_weights_a_second_time(
+    monkeypatch: pytest.MonkeyPatch, reference: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """og.Model is a second copy of the weights next to the batch lane's session: none at start
-    or for plain requests, one on the first `echo` request (the generator lane), kept after."""
+    """og.Model is a second copy of the weights next to the batch lane's session, loaded only
+    for adapters (the generator lane): not at start, for plain requests or for `echo`."""
     import onnxruntime_genai as og
 
     loads: list[str] = []
@@ -252,16 +253,17 @@ async def test_the_weights_are_loaded_a_second_time_only_for_the_generator_lane(
         return real_model(path)
 
     monkeypatch.setattr(og, "Model", counted)
+    caplog.set_level(logging.INFO, logger="ferry.llm.ortgenai_owner")
     engine = OrtGenAIEngine(ONNX_DIR, name="once")
     await engine.start()
     try:
         prompt = reference["cases"][0]["prompt"]
         await collect(engine, "plain", prompt, GREEDY)
-        assert loads == []
         echo = SamplingSettings(max_tokens=2, temperature=0.0, logprobs=1, echo=True)
-        for request_id in ("echo-1", "echo-2"):
-            deltas = await collect(engine, request_id, prompt, echo)
-            assert deltas[0].prompt_logprobs is not None
-        assert loads == [str(ONNX_DIR)]
+        deltas = await collect(engine, "echo", prompt, echo)
+        assert deltas[0].prompt_logprobs is not None
+        assert len(deltas[0].prompt_logprobs) == len(ids(prompt))
+        assert loads == []
+        assert "for its generator lane" not in caplog.text
     finally:
         await engine.close()

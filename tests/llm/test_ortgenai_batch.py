@@ -1,17 +1,23 @@
 """The batch lane (ortgenai_batch.py) on the real SmolLM2-135M int4: rows stay packed as requests
-finish, a request joins while others decode and takes its prompt from the prefix cache, and in
-the deterministic mode every request's greedy tokens are the ones it gets alone."""
+finish, a request joins while others decode and takes its prompt from the prefix cache, in
+the deterministic mode every request's greedy tokens are the ones it gets alone, and `echo` gives
+the answers the og.Generator lane gave."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
+import onnxruntime_genai as og
 import pytest
 
 from ferry.llm.base import Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.grammar_rows import GrammarCompiler
 from ferry.llm.ortgenai_batch import BatchLane, needs_generator
 from ferry.llm.ortgenai_kv import KVModel
+from ferry.llm.ortgenai_lora import GeneratorLane
 from ferry.llm.ortgenai_owner import AddRequest, Job
 from ferry.llm.ortgenai_prefix import ModelPrefixCache, PrefixCache
 from ferry.llm.stops import StopMatcher
@@ -81,12 +87,12 @@ def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, p
     assert out["late"] == out["first"] == alone(kv_model, prompts[0], 8)
 
 
-def test_adapters_grammars_and_echo_need_a_generator():
+def test_only_adapters_need_a_generator():
     plain = SamplingSettings()
     assert not needs_generator(None, plain)
     assert not needs_generator(None, SamplingSettings(logprobs=2, seed=3, temperature=0.7))
+    assert not needs_generator(None, SamplingSettings(echo=True, logprobs=5))
     assert needs_generator("zen", plain)
-    assert needs_generator(None, SamplingSettings(echo=True))
 
 
 def test_a_constrained_row_decodes_in_the_same_step_as_free_ones(kv_model, prompts):
@@ -110,3 +116,69 @@ def test_a_constrained_row_decodes_in_the_same_step_as_free_ones(kv_model, promp
 def test_a_grammar_alone_needs_no_generator():
     assert not needs_generator(None, SamplingSettings(guidance=Guidance("regex", "[a-z]+")))
     assert needs_generator("zen", SamplingSettings(guidance=Guidance("regex", "[a-z]+")))
+
+
+@pytest.fixture(scope="module")
+def generator_lane() -> Iterator[GeneratorLane]:
+    """The og.Generator lane on an og.Model of its own: where `echo` was served before."""
+    grammars = GrammarCompiler(REAL_MODEL)
+    lane = GeneratorLane(og, og.Model(str(REAL_MODEL)), EOS, grammars)
+    yield lane
+    lane.release()
+    grammars.close()
+
+
+def served(lane: Any, request: Job) -> tuple[Any, list[int], list[Any]]:
+    """`request` run alone on `lane`: its echoed prompt entries, new tokens and their entries."""
+    lane.begin(request, None, request.add.prompt_ids, request.add.sampling)
+    echoed, tokens, entries = None, [], []
+    while lane.jobs:
+        for j, token, finish, error in lane.step():
+            assert error is None
+            echoed = echoed or j.prompt_logprobs
+            entries.append(j.logprob)
+            if token is not None:
+                j.generated += 1
+                tokens.append(token)
+            if finish is not None:
+                lane.remove(j)
+    return echoed, tokens, entries
+
+
+def same_entries(got: Any, expected: Any) -> None:
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected, strict=True):
+        if theirs is None:
+            assert mine is None
+            continue
+        assert mine.token_id == theirs.token_id
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-5)
+        assert [t for t, _ in mine.top] == [t for t, _ in theirs.top]
+        assert [lp for _, lp in mine.top] == pytest.approx([lp for _, lp in theirs.top], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("question", "chunk", "settings"),
+    [
+        # A prompt in pieces of 8: each piece's forward scores its own positions.
+        ("What is the capital of France?", 8, {"max_tokens": 6, "logprobs": 3}),
+        # The penalty (test_default_llm holds the batch lane's to og's own): equal here too.
+        ("Write a poem about dreams.", 0, {"max_tokens": 32, "repetition_penalty": 1.3}),
+    ],
+)
+def test_echo_on_the_batch_lane_answers_as_the_generator_lane_did(
+    kv_model, generator_lane, question, chunk, settings
+):
+    prompt = ChatTokenizer(REAL_MODEL).encode_chat([{"role": "user", "content": question}])
+    sampling = SamplingSettings(temperature=0.0, echo=True, **settings)
+    before = served(generator_lane, Job(AddRequest("og", prompt, sampling), StopMatcher(())))
+    cache = ModelPrefixCache(PrefixCache(2**30), "m", kv_model.token_bytes)
+    lane = BatchLane(kv_model, 4, EOS, cache=cache, prefill_chunk=chunk)
+    served(lane, job("warm", prompt, 2))  # a cached prompt must not stand in for echo's scores
+    request = Job(AddRequest("batch", prompt, sampling), StopMatcher(()))
+    echoed, tokens, entries = served(lane, request)
+    assert request.cached_tokens == 0
+    assert len(echoed) == len(prompt) and [e.token_id for e in echoed[1:]] == prompt[1:]
+    same_entries(echoed, before[0])
+    assert tokens == before[1]
+    same_entries(entries, before[2])

@@ -1,4 +1,4 @@
-"""Log probabilities on the real tiny model through OrtGenAIEngine (its Generator lane)."""
+"""Log probabilities on the real tiny model through OrtGenAIEngine (its batch lane)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,7 @@ def test_echoed_prompt_logprobs_are_the_in_process_log_softmax(client, reference
     assert served[1:] == pytest.approx(expected, abs=1e-4)
 
 
-def test_repetition_penalty_applies_on_both_onnxruntime_genai_lanes(client, references):
+def test_repetition_penalty_applies_with_logprobs_and_with_echo(client, references):
     og_model, chat, eos = references[DEFAULT_LLM]
     question = "Write a poem about dreams."
     ids = chat.encode_chat([{"role": "user", "content": question}])
@@ -109,15 +109,16 @@ def test_repetition_penalty_applies_on_both_onnxruntime_genai_lanes(client, refe
     penalised, _ = greedy(og_model, ids, 32, eos, repetition_penalty=1.3)
     assert penalised != plain  # the penalty changes this answer: the checks below can fail
     expected = chat.decode(penalised)
-    # The batch lane (numpy sampling), with logprobs too, and an og.Generator of its own (echo).
+    # The batch lane (numpy sampling), with logprobs too, and with echo (whose prompt goes in
+    # scored; test_ortgenai_batch holds it to the og.Generator lane, with the penalty too).
     batch_lane = ask(client, question, max_tokens=32, extra_body=PENALTY)
     with_logprobs = ask(client, question, max_tokens=32, extra_body=PENALTY, logprobs=True)
-    generator_lane = client.completions.create(
+    echoed = client.completions.create(
         model=DEFAULT_LLM, prompt=ids, max_tokens=32, temperature=0, echo=True, extra_body=PENALTY
     )
     assert batch_lane.choices[0].message.content == expected
     assert with_logprobs.choices[0].message.content == expected
-    assert generator_lane.choices[0].text == chat.decode(ids) + expected
+    assert echoed.choices[0].text == chat.decode(ids) + expected
 
 
 def test_what_onnxruntime_genai_cannot_honour_is_a_400_naming_it(client):

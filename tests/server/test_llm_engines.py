@@ -52,6 +52,12 @@ def test_batch_invariant_makes_the_ortgenai_engine_deterministic(switch):
     assert build_llm_engine(settings).deterministic is switch
 
 
+@pytest.mark.parametrize(("fields", "spec_tokens"), [({}, 0), ({"spec_tokens": 6}, 6)])
+def test_speculation_reaches_the_ortgenai_engine_off_by_default(fields, spec_tokens):
+    settings = LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, **fields)
+    assert build_llm_engine(settings).spec_tokens == spec_tokens
+
+
 def test_spin_us_reaches_the_ortgenai_engine():
     # Refused for vllm: tests/server/test_llm_settings.py, with every other engine option.
     settings = LLMSettings(name=TINY_LLM, path=TINY_LLM_DIR, spin_us=200)

@@ -23,6 +23,7 @@ FOREIGN = [
     ("vllm", "max_waiting", 8),
     ("vllm", "prefill_chunk", 0),
     ("vllm", "spin_us", 200),
+    ("vllm", "spec_tokens", 8),
 ]
 OTHER = {"ortgenai": "vllm", "vllm": "ortgenai"}
 
@@ -93,6 +94,10 @@ def test_defaults_are_the_ortgenai_engines():
         ({"engine": "llama"}, "engine must be ortgenai or vllm, got 'llama'"),
         ({"options": {"engine": "vllm"}}, "an engine's settings are keys of the table itself"),
         ({"prefill_chunk": 1}, "prefill_chunk must be 0"),
+        ({"spec_tokens": 65}, "spec_tokens"),
+        # Speculation is for a lone request only, with other rounding: greedy text would depend
+        # on load, which batch_invariant rules out (measured on SmolLM2, ortgenai_batch.py).
+        ({"spec_tokens": 8, "batch_invariant": True}, "cannot be combined with batch_invariant"),
     ],
 )
 def test_other_refusals(fields, refusal):
