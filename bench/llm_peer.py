@@ -15,8 +15,10 @@ means `cache_prompt: false` on every llama request and `prefix_cache = false` in
 `--deterministic` serves Ferry with `batch_invariant = true` (greedy text independent of load).
 
 Prints per model tokens/s and the median time to first token per cell with Ferry / llama ratios,
-and whether each server's greedy text is identical at every stream count. Not part of
-`make test`.
+Ferry against its own bare decode step at a batch of the stream count (bench.llm_int4's step on
+the model Ferry serves, measured in this run before the servers start: the most a served
+stream could decode), and whether each server's greedy text is identical at every stream count.
+Not part of `make test`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from ferry.bench.llm_int4 import decode_tok_s
 from ferry.bench.llm_peer_models import (
     DEFAULT_CACHE,
     LLAMA_QUANTIZE,
@@ -43,6 +46,7 @@ from ferry.bench.llm_peer_models import (
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.server_process import ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.ortgenai_kv import KVModel
 
 MODELS = {"smollm2": ["smollm2"], "qwen05b": ["qwen05b"], "both": ["smollm2", "qwen05b"]}
 QUESTIONS = (
@@ -194,7 +198,20 @@ def ferry_config(
     }
 
 
-def report(results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace) -> None:
+def bare_steps(model: PeerModel, streams: list[int], steps: int) -> dict[int, float]:
+    """Tokens/s of the bare decode step of the model Ferry serves, at a batch of each stream
+    count: its own session (llm/ortgenai_kv.KVModel, one thread per core), no server."""
+    kv = KVModel(model.ferry_dir, 0)
+    decode_tok_s(kv, max(streams), 40, 4)  # first-run allocations and prepacking
+    return {
+        batch: statistics.median(decode_tok_s(kv, batch, 40, steps)[0] for _ in range(3))
+        for batch in streams
+    }
+
+
+def report(
+    results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace, bare: dict[int, float]
+) -> None:
     names = sorted({name for name, _, _ in results}, reverse=True)  # llama, then ferry
     for cache in (False, True):
         print(f"\nprompt cache {'on' if cache else 'off'}:")
@@ -206,6 +223,8 @@ def report(results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace)
                 llama, ferry = cells
                 line += f"   ferry/llama tok/s {ferry.tok_s / llama.tok_s:.2f}x"
                 line += f", TTFT {ferry.ttft_ms / max(llama.ttft_ms, 1e-9):.2f}x"
+            ferry_tok_s = results[("ferry", cache, streams)].tok_s
+            line += f"; ferry / bare step {ferry_tok_s / bare[streams]:.2f}x"
             print(line)
     print("\ngreedy text identical at every stream count (per prompt):")
     for name in names:
@@ -234,7 +253,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("build them with: nice -n 19 tools/build_llama_server.sh")
     for model in peer_models(MODELS[args.model], args.cache):
         print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
-        report(run_model(model, args), args)
+        bare = bare_steps(model, args.streams, args.max_tokens)
+        steps = ", ".join(f"batch {b}: {rate:.0f}" for b, rate in bare.items())
+        print(f"  bare decode step, tok/s: {steps}", flush=True)
+        report(run_model(model, args), args, bare)
 
 
 def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, bool, int], Cell]:

@@ -35,9 +35,10 @@ def test_the_report_gives_ratios_and_counts_identical_greedy_texts(capsys) -> No
             changed = "b" if streams == 8 and not cache else "a"
             results[("llama", cache, streams)] = cell(100, 1.0, 0.2, {0: "x", 1: "y"})
             results[("ferry", cache, streams)] = cell(150, 1.0, 0.1, {0: "x", 1: changed})
-    report(results, argparse.Namespace(streams=[1, 8]))
+    report(results, argparse.Namespace(streams=[1, 8]), bare={1: 200.0, 8: 300.0})
     out = capsys.readouterr().out
     assert "ferry/llama tok/s 1.50x, TTFT 0.50x" in out
+    assert "ferry / bare step 0.75x" in out and "ferry / bare step 0.50x" in out
     assert "ferry, cache off: 1/2" in out and "ferry, cache on: 2/2" in out
     assert "llama, cache off: 2/2" in out
 
