@@ -72,12 +72,13 @@ class CudaGraphs:
         self._pool: Any = None
         # bucket -> (static inputs, static outputs, graph)
         self._graphs: dict[tuple[int, int], tuple[tuple[Any, Any, Any], dict[str, Any], Any]] = {}
+        self._uncapturable: set[tuple[int, int]] = set()  # their capture failed: run eagerly
 
     def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, Any] | None:
         """Every output cut to the batch's rows and length, or None: no bucket holds it."""
         rows, length = ids.shape
         shape = bucket(rows, length, self._max_rows, self._max_length)
-        if shape is None:
+        if shape is None or shape in self._uncapturable:
             return None
         import torch
 
@@ -85,13 +86,31 @@ class CudaGraphs:
         if not self._capture:
             outputs = self._forward(*(t.to(self._device) for t in padded))
         else:
-            inputs, outputs, graph = self._graphs.get(shape) or self._captured(shape)
+            captured = self._graphs.get(shape) or self._captured(shape)
+            if captured is None:
+                return None
+            inputs, outputs, graph = captured
             for static, tensor in zip(inputs, padded, strict=True):
                 static.copy_(tensor, non_blocking=True)
             graph.replay()
         return {name: _cut(value, rows, length) for name, value in outputs.items()}
 
-    def _captured(self, shape: tuple[int, int]) -> tuple[tuple[Any, Any, Any], dict[str, Any], Any]:
+    def _captured(
+        self, shape: tuple[int, int]
+    ) -> tuple[tuple[Any, Any, Any], dict[str, Any], Any] | None:
+        """The bucket's graph, captured now; None when the model cannot be captured (a host
+        sync inside its forward, as a data-dependent mask check): that bucket then runs eagerly,
+        and the log says so once."""
+        try:
+            return self._capture_now(shape)
+        except RuntimeError as exc:
+            self._uncapturable.add(shape)
+            logger.warning("torch: no CUDA graph for %d x %d tokens (%s): eager", *shape, exc)
+            return None
+
+    def _capture_now(
+        self, shape: tuple[int, int]
+    ) -> tuple[tuple[Any, Any, Any], dict[str, Any], Any]:
         import torch
 
         zeros = (torch.zeros(shape, dtype=torch.int64, device=self._device) for _ in range(3))
@@ -106,7 +125,10 @@ class CudaGraphs:
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+        # thread_local: the other stream's thread may launch and synchronise meanwhile.
+        with torch.cuda.graph(
+            graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"
+        ):
             outputs = self._forward(*inputs)
         self._graphs[shape] = (inputs, outputs, graph)
         logger.info("torch: CUDA graph captured for %d x %d tokens", *shape)
