@@ -7,7 +7,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
+from ferry.batcher import (
+    BatchLimits,
+    DeadlineExceeded,
+    MicroBatcher,
+    PaddedBatch,
+    QueueFull,
+    SequenceLimits,
+)
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_batcher import RecordingBackend, make, seq
 
@@ -77,7 +84,10 @@ async def test_a_request_that_the_queue_would_make_late_is_refused_at_once():
 
 async def test_an_empty_queue_admits_even_a_short_deadline():
     batcher, gate = await calibrated(0.01)
+    # Admitted (no QueueFull): nothing ahead of it. Whether the 50 ms then hold is the wall
+    # clock's on a loaded box, not admission's, so the answer may be a result or a deadline.
     (only,) = batcher.submit([seq(1, 2, 3, 4)], timeout_s=0.05)
     gate.set()
-    await only
+    (outcome,) = await asyncio.gather(only, return_exceptions=True)
+    assert isinstance(outcome, dict | DeadlineExceeded), outcome
     await batcher.close(1)
