@@ -38,16 +38,16 @@ def bucket(rows: int, length: int, max_rows: int, max_length: int) -> tuple[int,
     return padded_rows, padded_length
 
 
-def pad_to(
-    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, shape: tuple[int, int]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The batch in a bucket's shape: masked positions and rows, each padding row one token."""
+def pad_into(
+    ids: np.ndarray, mask: np.ndarray, types: np.ndarray, out: tuple[np.ndarray, ...]
+) -> None:
+    """The batch written into a bucket's buffers: masked positions and rows, each padding row
+    one token."""
     rows, length = ids.shape
-    out = [np.zeros(shape, dtype=np.int64) for _ in range(3)]
     for target, source in zip(out, (ids, mask, types), strict=True):
+        target.fill(0)
         target[:rows, :length] = source
     out[1][rows:, 0] = 1
-    return out[0], out[1], out[2]
 
 
 class CudaGraphs:
@@ -73,6 +73,9 @@ class CudaGraphs:
         # bucket -> (static inputs, static outputs, graph)
         self._graphs: dict[tuple[int, int], tuple[tuple[Any, Any, Any], dict[str, Any], Any]] = {}
         self._uncapturable: set[tuple[int, int]] = set()  # their capture failed: run eagerly
+        # Host buffers by bucket, reused batch after batch; pinned on CUDA, so the copy to the
+        # device is asynchronous on the stream.
+        self._host: dict[tuple[int, int], tuple[Any, ...]] = {}
 
     def run(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray) -> dict[str, Any] | None:
         """Every output cut to the batch's rows and length, or None: no bucket holds it."""
@@ -80,9 +83,9 @@ class CudaGraphs:
         shape = bucket(rows, length, self._max_rows, self._max_length)
         if shape is None or shape in self._uncapturable:
             return None
-        import torch
 
-        padded = [torch.from_numpy(a) for a in pad_to(ids, mask, types, shape)]
+        padded = self._host_buffers(shape)
+        pad_into(ids, mask, types, tuple(t.numpy() for t in padded))
         if not self._capture:
             outputs = self._forward(*(t.to(self._device) for t in padded))
         else:
@@ -94,6 +97,16 @@ class CudaGraphs:
                 static.copy_(tensor, non_blocking=True)
             graph.replay()
         return {name: _cut(value, rows, length) for name, value in outputs.items()}
+
+    def _host_buffers(self, shape: tuple[int, int]) -> tuple[Any, ...]:
+        import torch
+
+        if shape not in self._host:
+            pinned = self._capture  # pinning needs CUDA
+            self._host[shape] = tuple(
+                torch.zeros(shape, dtype=torch.int64, pin_memory=pinned) for _ in range(3)
+            )
+        return self._host[shape]
 
     def _captured(
         self, shape: tuple[int, int]

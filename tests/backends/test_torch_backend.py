@@ -83,6 +83,10 @@ async def test_a_batch_padded_to_its_cuda_graph_bucket_answers_as_itself(hf_dir)
         )
         batch = padded(IDS)  # 3 rows of up to 42 tokens: the 4 x 64 bucket
         types = np.zeros_like(batch.input_ids)
+        # First a fuller batch of the same bucket: its tokens must not linger in the reused
+        # host buffers.
+        full = padded([[101, *range(3000, 3060), 102]] * 4)
+        assert graphs.run(full.input_ids, full.attention_mask, np.ones_like(full.input_ids))
         bucketed = graphs.run(batch.input_ids, batch.attention_mask, types)
         assert bucketed is not None
         with torch.inference_mode():
