@@ -36,7 +36,9 @@ test: setup model
 	$(PY) -m ferry.bench.triton_env
 	# On TEST_WORKERS workers (tests/support/worker_groups.py says which tests share one); the
 	# slowest 30 printed at the end: the suite must stay under 25 minutes on a fresh clone.
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=30
+	# --no-loadscope-reorder: groups go out in collection order, the minute-long ones first
+	# (xdist would otherwise send the groups with the most tests first, the long fuzzer last).
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=30
 
 # The unit tier alone (each test module declares unit, integration or system in `pytestmark`;
 # tests/support/tiers.py fails a unit test that starts a process): no server process, nothing

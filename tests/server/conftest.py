@@ -13,6 +13,11 @@ from tests.server.kserve_support import kserve_server
 # engine process (2, server/procs). A module-scoped fixture with these params is started once
 # per mode.
 API_SERVERS = [pytest.param(1, id="api1"), pytest.param(2, id="api2")]
+# In-process only, for suites whose checks are all decided in the API process before the hop
+# (parsing, validation, tokenizers, response bounds): `api2` would start a second server to
+# re-test the same code. Anything crossing the engine boundary with state (cancellation,
+# deadlines, queues, streaming, engine errors, merged metrics, shutdown) keeps API_SERVERS.
+IN_PROCESS = [pytest.param(1, id="api1")]
 
 
 @pytest.fixture(scope="session", params=API_SERVERS)

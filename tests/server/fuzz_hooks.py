@@ -123,6 +123,10 @@ def before_load_schema(ctx, raw_schema: dict[str, Any]) -> None:
 _probe: ContinuousProbe | None = None
 INFERENCE = ("/predict", "/v1/", "/v2/models/")
 REPLAYS = 2
+# One client for the follow-up /predict and the replays: `httpx.post` builds a client (and its
+# TLS context) per call, ~0.1 s on this box, which was most of the fuzzer's time (thousands of
+# cases, each followed by a /predict).
+_client = httpx.Client(timeout=60)
 
 
 @schemathesis.hook
@@ -147,12 +151,11 @@ def loop_stayed_responsive(ctx, response, case) -> None:
         _probe.settle()
         _probe.slowest()  # the window starts now
         started = time.perf_counter()
-        httpx.request(
+        _client.request(
             response.request.method,
             response.request.url,
             headers={k: v for k, v in response.request.headers.items() if k != "Content-Length"},
             content=response.request.body,
-            timeout=60,
         )
         problem = _froze(_probe, response.request, time.perf_counter() - started)
     assert problem is None, f"{problem}, and again on each of {REPLAYS} replays"
@@ -167,6 +170,6 @@ def _froze(probe: ContinuousProbe, request, request_s: float) -> str | None:
         return problem
     started = time.perf_counter()
     base = f"{url.scheme}://{url.netloc}"
-    answer = httpx.post(f"{base}/predict", json={"input_ids": [101, 7592, 102]}, timeout=60)
+    answer = _client.post(f"{base}/predict", json={"input_ids": [101, 7592, 102]})
     assert answer.status_code == 200, f"a normal /predict got {answer.status_code} after it"
     return probe.freeze(time.perf_counter() - started, "a normal /predict after it")

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import ferry_server
-from tests.server.conftest import API_SERVERS
+from tests.server.conftest import IN_PROCESS
 from tests.support import images
 from tests.support.metrics import metric_value
 
@@ -50,7 +50,9 @@ def graphs(tmp_path_factory):
     }
 
 
-@pytest.fixture(scope="module", params=API_SERVERS)
+# Decoding and its refusals are the API process's; engine batching over the hop:
+# test_batching_corpus.py.
+@pytest.fixture(scope="module", params=IN_PROCESS)
 def server(graphs, request):
     models = [
         {

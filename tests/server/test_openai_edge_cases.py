@@ -11,7 +11,7 @@ import pytest
 
 from ferry.bench.server_process import TINY_LLM, TINY_LLM_DIR, ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
-from tests.server.conftest import API_SERVERS
+from tests.server.conftest import IN_PROCESS
 from tests.support.llm_configs import tiny_llm_config
 
 pytestmark = pytest.mark.integration
@@ -21,7 +21,8 @@ TOKENIZER = ChatTokenizer(TINY_LLM_DIR)
 PROMPT = "import os\n"
 
 
-@pytest.fixture(scope="module", params=API_SERVERS)
+# Refusals are decided in the API process; logprobs' and echo's fields over the wire: test_wire.py.
+@pytest.fixture(scope="module", params=IN_PROCESS)
 def client(request):
     with ferry_server(
         models=[], llm_models=[tiny_llm_config()], server={"api_servers": request.param}

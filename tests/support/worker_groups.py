@@ -9,9 +9,11 @@ take minutes on their own come first, so that neither worker is left with one at
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 
 # Session-scoped fixtures that start a server or export models: every test using one runs on
 # the worker that built it.
@@ -47,8 +49,28 @@ LONG_FIRST = (
 REPO = Path(__file__).resolve().parents[2]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# A wrapper: the marks must be there before pytest-xdist's own hook reads them, and the group
+# checked in each test id after it.
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Iterator[None]:
     group_for_workers(items, REPO)
+    yield
+    if getattr(config.option, "loadgroup", False):
+        name_groups_in_ids(items)
+
+
+def name_groups_in_ids(items: list[pytest.Item]) -> None:
+    """Ends each test's id with `@group`, where xdist's scheduler reads the group. xdist 3.8
+    writes it to `_nodeid`, which pytest 9.2 no longer reads (pytest-xdist#1386): every test was
+    then a group of its own, a module's tests went round-robin over both workers, and each
+    worker started the module's servers (the Docker stack twice)."""
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        suffix = f"@{mark.args[0]}" if mark else ""
+        if suffix and not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)  # type: ignore[attr-defined]
 
 
 def group_for_workers(items: list[pytest.Item], repo: Path) -> None:

@@ -8,14 +8,15 @@ import openai
 import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL, ferry_server
-from tests.server.conftest import API_SERVERS
+from tests.server.conftest import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
 TEXTS = ["Ferry serves embeddings.", "A second, somewhat longer sentence to embed."]
 
 
-@pytest.fixture(scope="module", params=API_SERVERS)
+# The SDK's shapes and validation, in the API process; encoder rows over the hop: test_predict.py.
+@pytest.fixture(scope="module", params=IN_PROCESS)
 def server(request):
     with ferry_server(server={"api_servers": request.param}) as handle:
         yield handle

@@ -12,7 +12,7 @@ import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
 from tests.exporters.tiny_bert import build_tiny_bert, export_rerank_cli
-from tests.server.conftest import API_SERVERS
+from tests.server.conftest import IN_PROCESS
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,8 @@ def reranker(default_model_dir, tmp_path_factory):
     return bert, out
 
 
-@pytest.fixture(scope="module", params=API_SERVERS)
+# Pairs, sorting and validation are the API process's; encoder rows over the hop: test_predict.py.
+@pytest.fixture(scope="module", params=IN_PROCESS)
 def server(request, reranker):
     models = [default_model_config(name=RERANKER, path=str(reranker[1])), default_model_config()]
     with ferry_server(models, server={"api_servers": request.param}) as handle:

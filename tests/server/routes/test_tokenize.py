@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
-from tests.server.conftest import API_SERVERS
+from tests.server.conftest import IN_PROCESS
 from tests.server.routes.conftest import SMOL, SMOL_DIR
 
 pytestmark = pytest.mark.integration
@@ -19,7 +19,8 @@ MESSAGES = [
 ]
 
 
-@pytest.fixture(scope="module", params=API_SERVERS)
+# The tokenizers stay in the API process (server/procs/remote.py): no hop to test.
+@pytest.fixture(scope="module", params=IN_PROCESS)
 def server(request):
     llm = {"name": SMOL, "engine": "ortgenai", "path": str(SMOL_DIR), "max_running": 2}
     with ferry_server(
