@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,11 +14,8 @@ from starlette.types import ASGIApp
 
 from ferry import __version__
 from ferry.server.dialects import ErrorDialect, install_error_handlers
-from ferry.server.drain import DrainState
-from ferry.server.encoder import EncoderServing
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
-from ferry.server.kserve.shared_memory import SharedMemory
 from ferry.server.metrics import FerryMetrics, LLMMetricsObserver
 from ferry.server.model_repository import ModelRepository
 from ferry.server.openai.grammars import start_grammars
@@ -51,9 +47,8 @@ from ferry.server.routes import (
     shared_memory,
     tokenize,
 )
+from ferry.server.services import Models, Services, app_services, build_services, install
 from ferry.server.settings import Settings
-from ferry.server.tenancy import PriorityPolicy
-from ferry.server.tracing import start_tracing
 
 logger = logging.getLogger(__name__)
 # What each route is (class, key, body types, dialect) is declared in route_table.py; these
@@ -79,15 +74,15 @@ HOT_ROUTES = (
 )
 
 
-async def start_grpc(app: FastAPI) -> Any:  # a grpc.aio.Server, or None when gRPC is off
-    settings = app.state.settings
+async def start_grpc(services: Services) -> Any:  # a grpc.aio.Server, or None when gRPC is off
+    settings = services.settings
     if settings.grpc_port is None:
         return None
     # grpcio and the proto come with tritonclient[grpc], needed only when gRPC is on.
     from ferry.server.kserve.grpc_service import start_grpc_server
 
     return await start_grpc_server(
-        app.state, settings.host, settings.grpc_port, settings.max_body_bytes
+        services, settings.host, settings.grpc_port, settings.max_body_bytes
     )
 
 
@@ -109,20 +104,21 @@ def create_app(
     None serves them here. `replica`: one of `replicas > 1` whole servers on one port."""
     shared = engine is not None or replica is not None  # /metrics: every process's series
     metrics = FerryMetrics(metrics_registry(shared), priority_levels=settings.priority_levels)
+    services = build_services(settings, metrics, region_store(shared), replica)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         registry = await build_runtimes(settings, metrics, engine)
-        app.state.registry = registry
         grammars, grammar_pool = await start_grammars(settings)
         observer = LLMMetricsObserver(metrics)
-        app.state.openai = OpenAIServing(registry, observer=observer, grammars=grammars)
+        openai = OpenAIServing(registry, observer=observer, grammars=grammars)
         metrics.watch_llm_engines(registry.engine_stats)  # read when Prometheus scrapes
         await start_models(registry, loads_here=engine is None)
-        app.state.repository = repository = ModelRepository(settings, registry, metrics)
+        repository = ModelRepository(settings, registry, metrics)
+        services.start(Models(registry, openai, repository))
         repository.start(poll=engine is None)  # else the engine process polls
         logger.info("ferry: serving %s", ", ".join(registry.names()))
-        grpc_server = await start_grpc(app)
+        grpc_server = await start_grpc(services)
         if replica is not None:
             replica.started()
         try:
@@ -130,16 +126,16 @@ def create_app(
         finally:
             if replica is not None:
                 replica.stopping()
-            app.state.drain.begin()
+            services.drain.begin()
             await repository.close()
             if grpc_server is not None:
                 await grpc_server.stop(settings.drain_timeout_s)
             await registry.close(settings.drain_timeout_s)
             if grammar_pool is not None:
                 await grammar_pool.close()
-            if app.state.tracing is not None:
+            if services.tracing is not None:
                 # Exports the spans still buffered (blocking: off the loop).
-                await asyncio.to_thread(app.state.tracing.shutdown)
+                await asyncio.to_thread(services.tracing.shutdown)
 
     hot = HotRoutes()
     app = FerryAPI(
@@ -149,17 +145,7 @@ def create_app(
         version=__version__,
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.tracing = start_tracing(settings)  # None: off, the SDK not imported
-    app.state.drain = DrainState()
-    app.state.replica = replica
-    app.state.started_at = int(time.time())
-    app.state.encoder = EncoderServing(settings)
-    app.state.shared_memory = SharedMemory(region_store(shared), settings.allow_client_shm)
-    app.state.priority_policy = PriorityPolicy(
-        settings.priority_keys, settings.priority_below_default
-    )
+    install(app, services)
     install_error_handlers(app, HTTP_ROUTES.dialect_of)
     for module in HOT_ROUTES:
         module.register_routes(app.router, hot)
@@ -195,16 +181,9 @@ def _dialect_of(method: str, path: str) -> ErrorDialect:
 
 def _outer_layers(inner: ASGIApp, app: FerryAPI) -> ASGIApp:
     # The gateway sees every request and answers the 401/413/503s itself.
-    settings = app.state.settings
-    outer: ASGIApp = Gateway(
-        inner,
-        settings=settings,
-        metrics=app.state.metrics,
-        drain=app.state.drain,
-        hot=app.hot,
-        state=app.state,
-        tracer=app.state.tracing,
-    )
+    services = app_services(app)
+    settings = services.settings
+    outer: ASGIApp = Gateway(inner, services, app.hot)
     if settings.cors_allow_origins:
         # Outside the gateway, so that hot routes' answers carry the CORS headers too.
         outer = CORSMiddleware(

@@ -33,7 +33,6 @@ from ferry.server.content_encoding import (
 )
 from ferry.server.dialects import ErrorDialect, sse_error
 from ferry.server.disconnect import CancelOnDisconnect
-from ferry.server.drain import DrainState
 from ferry.server.errors import (
     BodyTooLarge,
     MalformedRequest,
@@ -44,7 +43,6 @@ from ferry.server.errors import (
     failure,
 )
 from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
-from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, send_reply, send_stream
 from ferry.server.route_policy import SHUTTING_DOWN, RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import (
@@ -57,11 +55,11 @@ from ferry.server.route_table import (
     Route,
     in_flight_group,
 )
-from ferry.server.settings import Settings
+from ferry.server.services import Services
 from ferry.server.tenancy import CLAMPED_HEADER
 
 if TYPE_CHECKING:
-    from ferry.server.otel_tracing import ServerSpan, Tracing
+    from ferry.server.otel_tracing import ServerSpan
 
 TRACERESPONSE = tracing.TRACERESPONSE.encode()
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -71,25 +69,17 @@ STREAM_ABORTED = sse_error(failure(NotReady(SHUTTING_DOWN))).encode()
 
 
 class Gateway:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        settings: Settings,
-        metrics: FerryMetrics,
-        drain: DrainState,
-        hot: HotRoutes,
-        state: object,
-        tracer: Tracing | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, services: Services, hot: HotRoutes) -> None:
         self.app = app
-        self._tracing = tracer  # None: tracing is off
-        self._metrics = metrics
-        self._drain = drain
-        self._policy = RoutePolicy(settings, drain)  # the key and drain rules gRPC applies too
+        # Read once here: each request reads an attribute of the gateway, not of the services.
+        self._tracing = services.tracing  # None: tracing is off
+        self._metrics = metrics = services.metrics
+        self._drain = drain = services.drain
+        # The key and drain rules gRPC applies too.
+        self._policy = RoutePolicy(services.settings, drain)
         self._hot = hot
-        self._state = state
-        self._max_body = settings.max_body_bytes
+        self._services = services  # the hot routes'
+        self._max_body = services.settings.max_body_bytes
         self._in_flight = {c: metrics.in_flight.labels(f"/{c}") for c in IN_FLIGHT_GROUPS}
         self._in_flight[UNMATCHED] = metrics.in_flight.labels(UNMATCHED)
 
@@ -196,7 +186,7 @@ class Gateway:
                     receive = _replay(body, receive)
                 await self.app(scope, receive, send)
                 return _route_path(scope)
-            call = HotCall(self._state, path, body, scope, receive, state, matched[1])
+            call = HotCall(self._services, path, body, scope, receive, state, matched[1])
             await self._dispatch(matched[0], call, send, task)
             return endpoint_label(declared)  # the hot route's declared path, as gRPC's
         except asyncio.CancelledError:

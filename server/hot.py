@@ -15,7 +15,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope
 
@@ -24,6 +24,9 @@ from ferry.server.disconnect import disconnect_future
 from ferry.server.errors import BodyTooLarge
 from ferry.server.replies import Reply, Stream
 from ferry.server.route_table import HTTP_ROUTES, RouteClass
+
+if TYPE_CHECKING:
+    from ferry.server.services import Services
 
 NO_PARAMS: Mapping[str, str] = MappingProxyType({})
 
@@ -37,7 +40,7 @@ class HotCall:
     """One request to a hot route: its body, path parameters and a way to learn that the client
     left."""
 
-    app_state: Any
+    services: Services
     path: str
     body: bytes
     scope: Scope

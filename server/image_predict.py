@@ -29,7 +29,7 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
     unknown = sorted(set(query) - set(QUERY))
     if unknown:
         raise InvalidInput(unknown[0], f"not a parameter of an image body; it takes {list(QUERY)}")
-    model = call.app_state.registry.find(query.get("model", [None])[-1])
+    model = call.services.registry.find(query.get("model", [None])[-1])
     call.state["model_name"] = model.name
     if not is_graph(model) or not model.signature.images:
         raise InvalidInput("model", f"model {model.name!r} declares no image preprocessing")

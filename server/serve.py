@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
 from ferry.server.gc_pauses import GcPauseWatch, keep_gc_off_serving_path
+from ferry.server.services import app_services
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the lifespan first: models started and warm
         if self.started:
-            self._gc_watch = keep_gc_off_serving_path(self._app.state.metrics)
+            self._gc_watch = keep_gc_off_serving_path(app_services(self._app).metrics)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await super().shutdown(sockets)
@@ -46,7 +47,7 @@ class DrainingServer(uvicorn.Server):
         if self._drain_task is not None or self._drain_timeout_s <= 0:
             super().handle_exit(sig, frame)
             return
-        drain = self._app.state.drain
+        drain = app_services(self._app).drain
         drain.begin()
         logger.info("draining: %d requests in flight", drain.in_flight)
 
@@ -87,7 +88,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         access_log=settings.access_log,
         # X-Forwarded-For only matters to the access log; it costs every request otherwise.
         proxy_headers=settings.access_log,
-        http=protocol_class(limits, app.state.metrics.connection_refused),
+        http=protocol_class(limits, app_services(app).metrics.connection_refused),
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
         # A backstop after the drain: connections still open then are closed.
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),

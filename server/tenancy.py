@@ -80,7 +80,7 @@ class PriorityPolicy:
 def call_priority(call: HotCall, priority: int) -> int:
     """An HTTP request's priority after the policy; a clamp is noted for the response header
     (the gateway adds it)."""
-    decided: Prioritized = call.app_state.priority_policy.apply(priority, call.state.get("tenant"))
+    decided: Prioritized = call.services.priority_policy.apply(priority, call.state.get("tenant"))
     if decided.clamped_from is not None:
         call.state["priority_clamped"] = decided.clamped_from
     return decided.priority

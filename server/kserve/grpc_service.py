@@ -63,6 +63,7 @@ from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
 from ferry.server.sequences import SequenceFlags
+from ferry.server.services import Services
 from ferry.server.tenancy import CLAMPED_HEADER
 
 if TYPE_CHECKING:
@@ -205,9 +206,9 @@ def classifications(
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]  # generated, untyped base
-    def __init__(self, state: Any) -> None:
-        self.state = state  # the FastAPI app's state: registry, settings, drain, metrics
-        self._policy = RoutePolicy(state.settings, state.drain)
+    def __init__(self, services: Services) -> None:
+        self.services = services  # the app's: registry, settings, drain, metrics (services.py)
+        self._policy = RoutePolicy(services.settings, services.drain)
 
     async def _call(
         self,
@@ -237,10 +238,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         request_id = bind_grpc(context)  # for its log lines, in its trailing metadata
         route = GRPC_ROUTES[method]
         started, status, counted = time.perf_counter(), 200, False
-        drain = self.state.drain
+        drain = self.services.drain
         server_span = None
-        if self.state.tracing is not None:
-            server_span = _server_span(self.state.tracing, method, context, request_id)
+        if self.services.tracing is not None:
+            server_span = _server_span(self.services.tracing, method, context, request_id)
             traced = batcher_tracing.current.set(server_span.request)
         try:
             tenant = self._policy.tenant(route, lambda: _authorization(context))
@@ -260,7 +261,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 drain.leave()
             # As on HTTP, only inference is labelled with its model (statistics count those), and
             # only served names become label values (bounded series).
-            registry = self.state.registry
+            registry = self.services.registry
             served = route.kind is RouteClass.INFERENCE and (
                 model_name in registry.models or model_name in registry.tensors
             )
@@ -274,12 +275,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 server_span.finish(f"{SERVICE}/{method}", finished, status >= 500)
                 batcher_tracing.current.reset(traced)
             record_request(
-                self.state.metrics, model, endpoint_label(route), status, started, trace_id
+                self.services.metrics, model, endpoint_label(route), status, started, trace_id
             )
 
     def _ready(self) -> Awaitable[bool]:
         async def check() -> bool:
-            return not self.state.drain.draining and await self.state.registry.ready()
+            return not self.services.drain.draining and await self.services.registry.ready()
 
         return check()
 
@@ -296,29 +297,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            registry, name = self.state.registry, request.name
-            if name in self.state.repository.entries and name not in registry.tensors.keys() | (
+            services, name = self.services, request.name
+            registry = services.registry
+            if name in services.repository.entries and name not in registry.tensors.keys() | (
                 registry.models.keys()
             ):  # not loaded (Triton answers not ready, no error), or an LLM
                 ready = registry.readiness().get(name, False)
-                return service_pb2.ModelReadyResponse(ready=ready and not self.state.drain.draining)
+                return service_pb2.ModelReadyResponse(ready=ready and not services.drain.draining)
             model = find_model(registry, name, request.version)
-            ok = not self.state.drain.draining and await model.healthy()
+            ok = not services.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
         return await self._call("ModelReady", context, run, request.name)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         response = service_pb2.ServerMetadataResponse(
-            name=self.state.settings.kserve_server_name,
+            name=self.services.settings.kserve_server_name,
             version=__version__,
-            extensions=served_extensions(self.state.settings.allow_client_shm),
+            extensions=served_extensions(self.services.settings.allow_client_shm),
         )
         return await self._call("ServerMetadata", context, lambda _: _value(response))
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            model = find_model(self.state.registry, request.name, request.version)
+            model = find_model(self.services.registry, request.name, request.version)
             metadata = model_metadata(model)
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
@@ -328,7 +330,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            config = model_config(find_model(self.state.registry, request.name, request.version))
+            config = model_config(find_model(self.services.registry, request.name, request.version))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 
@@ -336,14 +338,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            registry = self.state.registry
+            registry = self.services.registry
             every = [*registry.models, *registry.tensors]
             names = (
                 [find_model(registry, request.name, request.version).name]
                 if request.name
                 else every
             )
-            stats = model_statistics(self.state.metrics.registry, names)
+            stats = model_statistics(self.services.metrics.registry, names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
         return await self._call("ModelStatistics", context, run, request.name)
@@ -406,14 +408,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def _infer(
         self, request: Any, context: grpc.aio.ServicerContext, tenant: str | None
     ) -> service_pb2.ModelInferResponse:
-        model = find_model(self.state.registry, request.model_name, request.model_version)
+        model = find_model(self.services.registry, request.model_name, request.model_version)
         asked = request_priority(_parameter(request.parameters, "priority"))
-        decided = self.state.priority_policy.apply(asked, tenant)
+        decided = self.services.priority_policy.apply(asked, tenant)
         if decided.clamped_from is not None:  # said, as the HTTP header says it
             clamped = (CLAMPED_HEADER.decode(), str(decided.clamped_from))
             context.set_trailing_metadata((*context.trailing_metadata(), clamped))
         sequence = sequence_flags(partial(_parameter, request.parameters))
-        regions = self.state.shared_memory.of(tenant)
+        regions = self.services.shared_memory.of(tenant)
         if is_graph(model):
             return await infer_plain(model, request, decided.priority, regions, sequence)
         refuse_sequence(model.name, {"sequence": sequence})
@@ -423,7 +425,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         placed = output_regions(request, regions)
         # A cancelled call (client gone) cancels this task, and with it the queued work.
         outputs = await infer_tensors(
-            model, self.state.encoder, tensors, wanted, priority=decided.priority
+            model, self.services.encoder, tensors, wanted, priority=decided.priority
         )
         datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
         outputs = classification.apply(outputs, classified)
@@ -436,7 +438,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> Any:
         async def run(tenant: str | None) -> Any:
             response = service_pb2.SystemSharedMemoryStatusResponse()
-            for status in self.state.shared_memory.status(tenant, request.name or None):
+            for status in self.services.shared_memory.status(tenant, request.name or None):
                 response.regions[status["name"]].CopyFrom(
                     service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**status)
                 )
@@ -449,7 +451,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> Any:
         async def run(tenant: str | None) -> Any:
             body = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
-            self.state.shared_memory.register(tenant, request.name, body)
+            self.services.shared_memory.register(tenant, request.name, body)
             return service_pb2.SystemSharedMemoryRegisterResponse()
 
         return await self._call("SystemSharedMemoryRegister", context, run)
@@ -458,7 +460,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
         async def run(tenant: str | None) -> Any:
-            self.state.shared_memory.unregister(tenant, request.name or None)
+            self.services.shared_memory.unregister(tenant, request.name or None)
             return service_pb2.SystemSharedMemoryUnregisterResponse()
 
         return await self._call("SystemSharedMemoryUnregister", context, run)
@@ -487,7 +489,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
             _check_repository(request.repository_name)
-            entries = await self.state.repository.index(request.ready)
+            entries = await self.services.repository.index(request.ready)
             models = [
                 service_pb2.RepositoryIndexResponse.ModelIndex(**e.as_json()) for e in entries
             ]
@@ -497,22 +499,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(tenant: str | None) -> Any:
-            check_tenant_right(self.state.settings, tenant)
+            check_tenant_right(self.services.settings, tenant)
             _check_repository(request.repository_name)
             name = request.model_name
             config, files = load_parameters(name, _repository_parameters(request.parameters))
-            await self.state.repository.load(name, config, files)
+            await self.services.repository.load(name, config, files)
             return service_pb2.RepositoryModelLoadResponse()
 
         return await self._call("RepositoryModelLoad", context, run)
 
     async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(tenant: str | None) -> Any:
-            check_tenant_right(self.state.settings, tenant)
+            check_tenant_right(self.services.settings, tenant)
             _check_repository(request.repository_name)
             name = request.model_name
             dependents = unload_parameters(name, _repository_parameters(request.parameters))
-            await self.state.repository.unload(name, dependents)
+            await self.services.repository.unload(name, dependents)
             return service_pb2.RepositoryModelUnloadResponse()
 
         return await self._call("RepositoryModelUnload", context, run)
@@ -648,7 +650,7 @@ def _unsupported(name: str) -> Callable[[Any, grpc.aio.ServicerContext], Awaitab
 
 
 async def start_grpc_server(
-    state: Any, host: str, port: int, max_message_bytes: int
+    services: Services, host: str, port: int, max_message_bytes: int
 ) -> grpc.aio.Server:
     """Bind and start; the caller stops it (`await server.stop(grace)`) at shutdown."""
     server = grpc.aio.server(
@@ -657,7 +659,7 @@ async def start_grpc_server(
             ("grpc.max_send_message_length", -1),
         ]
     )
-    servicer = InferenceServicer(state)
+    servicer = InferenceServicer(services)
     answer_unsupported_calls(servicer)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:

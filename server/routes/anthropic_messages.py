@@ -22,7 +22,7 @@ from ferry.server.tenancy import DEFAULT_PRIORITY, run_as
 
 async def messages(call: HotCall) -> Reply | Stream:
     body = await parse_body(MessagesRequest, call.body)
-    serving = call.app_state.openai
+    serving = call.services.openai
     texts = body.texts()
     served = resolve_and_bound(call, body.model, "messages", texts, len(texts))
     if isinstance(body.system, str):
@@ -39,7 +39,7 @@ async def tokens(call: HotCall) -> Reply:
     body = await parse_body(CountTokensRequest, call.body)
     texts = body.texts()
     served = resolve_and_bound(call, body.model, "messages", texts, len(texts))
-    return json_reply(await count_tokens(call.app_state.openai, body, served))
+    return json_reply(await count_tokens(call.services.openai, body, served))
 
 
 def register_routes(router: APIRouter, hot: HotRoutes) -> None:

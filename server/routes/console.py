@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 from ferry.server.console_live import read_live
 from ferry.server.metrics import ServedSeries
 from ferry.server.registry import ModelRegistry
+from ferry.server.services import services_of
 
 ASSET_DIR = Path(__file__).resolve().parent.parent / "console"
 MEDIA_TYPES = {
@@ -72,13 +73,13 @@ async def live(request: Request) -> dict[str, Any]:
     """Every served model (its kind and limits) and its metrics' totals now: queue depth,
     batches and the requests in them, padding, requests and errors, latency buckets,
     refusals by reason. Two readings make a rate; the console keeps the history."""
-    state = request.app.state
-    registry: ModelRegistry = state.registry
+    services = services_of(request)
+    registry = services.registry
     names = registry.names()
     return {
         "time": time.time(),
         "served": [_summary(registry, e.name, e.task, e.parent) for e in registry.entries()],
-        **read_live(ServedSeries(state.metrics.registry, names).collect()),
+        **read_live(ServedSeries(services.metrics.registry, names).collect()),
     }
 
 

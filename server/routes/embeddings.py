@@ -72,7 +72,7 @@ def _encode(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
 
 async def create_embeddings(call: HotCall) -> Reply:
     body = await parse_body(EmbeddingRequest, call.body)
-    registry = call.app_state.registry
+    registry = call.services.registry
     model = registry.get(body.model)
     call.state["model_name"] = model.name
     if "sentence_embedding" not in model.outputs.servable:
@@ -82,7 +82,7 @@ async def create_embeddings(call: HotCall) -> Reply:
             "dimensions",
             f"model {model.name!r} has {model.outputs.width('sentence_embedding')} dimensions",
         )
-    encoder = call.app_state.encoder
+    encoder = call.services.encoder
     valid = await encoder.validate(
         model, _inputs(body), ("sentence_embedding",), priority=call_priority(call, body.priority)
     )

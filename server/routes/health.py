@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
 from ferry.server.metrics import ServedSeries
+from ferry.server.services import services_of
 
 router = APIRouter()
 
@@ -38,15 +39,15 @@ async def health(request: Request) -> JSONResponse:
 
 
 async def readiness(request: Request) -> JSONResponse:
-    state = request.app.state
-    models = state.registry.readiness()
-    models_ready = all(models.values()) and await state.registry.ready()
+    services = services_of(request)
+    models = services.registry.readiness()
+    models_ready = all(models.values()) and await services.registry.ready()
     body: dict[str, object] = {"models": models}
-    if state.replica is not None:  # `replicas > 1`: the server is ready when every replica is
-        serving, replicas = state.replica.count()
+    if services.replica is not None:  # `replicas > 1`: the server is ready when every replica is
+        serving, replicas = services.replica.count()
         models_ready = models_ready and serving == replicas
         body["replicas"] = {"ready": serving, "total": replicas}
-    draining = state.drain.draining
+    draining = services.drain.draining
     ok = models_ready and not draining
     status = "ready" if ok else ("draining" if draining else "starting")
     return JSONResponse(
@@ -67,11 +68,12 @@ async def readiness(request: Request) -> JSONResponse:
     },
 )
 async def metrics(request: Request) -> Response:
-    state = request.app.state
+    services = services_of(request)
     # Negotiated as prometheus_client's own server does (`Accept: application/openmetrics-text`).
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-    models = getattr(state, "registry", None)  # set once the models are built
-    shown = state.metrics.registry
+    models = services.models  # None until the models are built
+    shown = services.metrics.registry
     if models is not None:  # only served names as label values (ServedSeries)
-        shown = ServedSeries(shown, models.names())
+        # Typed for a registry, the encoders only call `collect()`, which ServedSeries has.
+        shown = cast(CollectorRegistry, ServedSeries(shown, models.registry.names()))
     return Response(encoder(shown), headers={"Content-Type": content_type})

@@ -65,6 +65,7 @@ from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
 from ferry.server.sequences import SequenceFlags
+from ferry.server.services import services_of
 from ferry.server.tenancy import call_priority
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def _model(request: Request, name: str) -> EncoderModel | GraphModel:
     """The model `name`, at the version its path names (`/versions/{version}`), if it does."""
-    return find_model(request.app.state.registry, name, request.path_params.get("version"))
+    return find_model(services_of(request).registry, name, request.path_params.get("version"))
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -111,17 +112,18 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", responses={503: {"description": "Not ready: `{ready: false}`"}})
 async def ready(request: Request) -> JSONResponse:
-    state = request.app.state
-    ok = not state.drain.draining and await state.registry.ready()
+    services = services_of(request)
+    ok = not services.drain.draining and await services.registry.ready()
     return JSONResponse({"ready": ok}, 200 if ok else 503, None if ok else NOT_READY_HEADERS)
 
 
 @router.get("")
 async def server_metadata(request: Request) -> dict[str, Any]:
+    settings = services_of(request).settings
     return {
-        "name": request.app.state.settings.kserve_server_name,
+        "name": settings.kserve_server_name,
         "version": __version__,
-        "extensions": list(served_extensions(request.app.state.settings.allow_client_shm)),
+        "extensions": list(served_extensions(settings.allow_client_shm)),
     }
 
 
@@ -137,10 +139,10 @@ async def get_model_statistics(name: str, request: Request) -> Response:
 
 
 def _statistics(request: Request, name: str | None) -> Response:
-    registry = request.app.state.registry
-    every = [*registry.models, *registry.tensors]
+    services = services_of(request)
+    every = [*services.registry.models, *services.registry.tensors]
     names = every if name is None else [_model(request, name).name]
-    return JSONResponse(model_statistics(request.app.state.metrics.registry, names))
+    return JSONResponse(model_statistics(services.metrics.registry, names))
 
 
 @router.get("/models/{name}", responses=error_docs(404))
@@ -162,7 +164,7 @@ async def get_model_config(name: str, request: Request) -> Response:
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
 async def model_ready(name: str, request: Request) -> Response:
     model = _model(request, name)
-    ok = not request.app.state.drain.draining and await model.healthy()
+    ok = not services_of(request).drain.draining and await model.healthy()
     headers = None if ok else NOT_READY_HEADERS
     return JSONResponse({"name": model.name, "ready": ok}, 200 if ok else 503, headers)
 
@@ -186,13 +188,13 @@ async def update_trace(request: Request) -> dict[str, Any]:
 
 @router.get("/logging")
 async def get_log_settings(request: Request) -> dict[str, Any]:
-    return log_settings(request.app.state.settings.log_level)
+    return log_settings(services_of(request).settings.log_level)
 
 
 @router.post("/logging", responses=error_docs(400))
 async def update_logging(request: Request) -> dict[str, Any]:
     update = await _json_body(request)
-    return update_log_settings(update, request.app.state.settings.log_level)
+    return update_log_settings(update, services_of(request).settings.log_level)
 
 
 def _traced_model(request: Request) -> None:
@@ -217,7 +219,7 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    model = find_model(call.app_state.registry, call.params["name"], call.params.get("version"))
+    model = find_model(call.services.registry, call.params["name"], call.params.get("version"))
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
     if is_graph(model):
@@ -236,7 +238,7 @@ async def infer(call: HotCall) -> Reply:
     priority = call_priority(call, asked)
     strings = check_classified(classified, _rows(tensors))
     outputs = await infer_tensors(
-        model, call.app_state.encoder, tensors, wanted, call.disconnected(), priority
+        model, call.services.encoder, tensors, wanted, call.disconnected(), priority
     )
     datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
     answer = partial(
@@ -265,7 +267,7 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
         name: "BYTES" if name in classified else model.signature.output(name).datatype
         for name in outputs
     }
-    limit = call.app_state.settings.max_response_bytes
+    limit = call.services.settings.max_response_bytes
     sent = {n: v for n, v in outputs.items() if n not in classified and n not in placed}
     size = check_response_size(sent, limit, binary) + strings * CLASSIFIED_BYTES
     answer = partial(
@@ -277,7 +279,7 @@ async def infer_plain(call: HotCall, model: GraphModel, header_length: str | Non
 
 
 def _regions(call: HotCall) -> TenantRegions:
-    memory: SharedMemory = call.app_state.shared_memory
+    memory: SharedMemory = call.services.shared_memory
     return memory.of(call.state.get("tenant"))
 
 

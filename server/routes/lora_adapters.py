@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ferry.llm.errors import InvalidAdapter, shown_name
 from ferry.server.errors import Forbidden
 from ferry.server.schemas import error_responses
+from ferry.server.services import services_of
 from ferry.server.settings import LLMSettings, Settings
 
 router = APIRouter()
@@ -46,7 +47,7 @@ class UnloadLoRAAdapterRequest(BaseModel):
 
 @router.post("/v1/load_lora_adapter", responses=RESPONSES)
 async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> PlainTextResponse:
-    settings = request.app.state.settings
+    settings = services_of(request).settings
     check_adapter_right(settings, getattr(request.state, "tenant", None))
     if body.load_inplace:
         raise InvalidAdapter("load_inplace", "load_inplace is not supported: unload, then load.")
@@ -57,7 +58,7 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
             f"{settings.max_adapter_name_chars} (max_adapter_name_chars)",
         )
     base, path = adapter_source(body.lora_path, settings.llm_models)
-    await request.app.state.registry.load_adapter(body.lora_name, path, base)
+    await services_of(request).registry.load_adapter(body.lora_name, path, base)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
 
@@ -65,7 +66,8 @@ async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> P
 async def unload_lora_adapter(
     body: UnloadLoRAAdapterRequest, request: Request
 ) -> PlainTextResponse:
-    settings = request.app.state.settings
+    services = services_of(request)
+    settings = services.settings
     check_adapter_right(settings, getattr(request.state, "tenant", None))
     if body.lora_int_id is not None:  # Ferry numbers loads itself; a given id cannot be honoured
         raise InvalidAdapter("lora_int_id", "lora_int_id is not supported: give lora_name.")
@@ -76,9 +78,9 @@ async def unload_lora_adapter(
             "a client cannot unload it",
         )
     # Returns once the requests in flight on the adapter finished and it is freed.
-    await request.app.state.registry.unload_adapter(body.lora_name)
+    await services.registry.unload_adapter(body.lora_name)
     # Its name came from a request: its series go with it (docs/gpu.md's label promise).
-    request.app.state.metrics.forget_model(body.lora_name)
+    services.metrics.forget_model(body.lora_name)
     return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 

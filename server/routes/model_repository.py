@@ -22,6 +22,7 @@ from ferry.server.model_repository import (
     unload_parameters,
 )
 from ferry.server.routes.kserve_v2 import error_docs
+from ferry.server.services import services_of
 
 router = APIRouter(prefix="/v2/repository", tags=["kserve-v2"])
 FORBIDDEN_DOC = {"description": "model_control_mode is not explicit, or the key may not"}
@@ -56,7 +57,7 @@ async def repository_index(request: Request) -> Response:
     unknown = sorted(set(body) - {"ready"})
     if unknown:
         raise MalformedRequest(f"'{unknown[0]}' is not an index field (ready)", unknown[0])
-    entries = await request.app.state.repository.index(ready)
+    entries = await services_of(request).repository.index(ready)
     return JSONResponse([entry.as_json() for entry in entries])
 
 
@@ -66,7 +67,7 @@ async def repository_index(request: Request) -> Response:
 async def load_model(name: str, request: Request) -> Response:
     check_control_right(request)
     config, files = load_parameters(name, _parameters(await _body(request)))
-    await request.app.state.repository.load(name, config, files)
+    await services_of(request).repository.load(name, config, files)
     return Response(status_code=200)
 
 
@@ -74,7 +75,7 @@ async def load_model(name: str, request: Request) -> Response:
 async def unload_model(name: str, request: Request) -> Response:
     check_control_right(request)
     dependents = unload_parameters(name, _parameters(await _body(request)))
-    await request.app.state.repository.unload(name, dependents)
+    await services_of(request).repository.unload(name, dependents)
     return Response(status_code=200)
 
 
@@ -104,4 +105,4 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_control_right(request: Request) -> None:
-    check_tenant_right(request.app.state.settings, getattr(request.state, "tenant", None))
+    check_tenant_right(services_of(request).settings, getattr(request.state, "tenant", None))

@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from ferry.server.errors import UnknownModel
 from ferry.server.schemas import error_responses
+from ferry.server.services import services_of
 
 router = APIRouter()
 
@@ -28,10 +29,10 @@ class ModelList(BaseModel):
 
 
 def model_cards(request: Request) -> list[ModelCard]:
-    state = request.app.state
+    services = services_of(request)
     return [
-        ModelCard(id=e.name, created=state.started_at, task=e.task, parent=e.parent)
-        for e in state.registry.entries()
+        ModelCard(id=e.name, created=services.started_at, task=e.task, parent=e.parent)
+        for e in services.registry.entries()
     ]
 
 

@@ -47,9 +47,9 @@ def resolve_and_bound(
 ) -> ServedModel:
     """The request's model, looked up once (UnknownModel) and kept as the metrics label (a
     configured name only); bounds checked before tokenizing, errors naming `field[i]`."""
-    served: ServedModel = call.app_state.openai.resolve(model)
+    served: ServedModel = call.services.openai.resolve(model)
     call.state["model_name"] = served.name
-    settings = call.app_state.settings
+    settings = call.services.settings
     if items > settings.max_items_per_request:
         raise InvalidInput(field, f"{items} items; at most {settings.max_items_per_request}")
     for index, text in enumerate(texts):
@@ -60,7 +60,7 @@ def resolve_and_bound(
 
 def check_text(call: HotCall, field: str, text: str) -> None:
     """One text within max_chars_per_text and valid Unicode, or a 400 naming `field`."""
-    limit = call.app_state.settings.max_chars_per_text
+    limit = call.services.settings.max_chars_per_text
     if len(text) > limit:
         raise InvalidInput(field, f"{len(text)} characters; at most {limit}")
     if not text.isascii():
@@ -72,7 +72,7 @@ def check_text(call: HotCall, field: str, text: str) -> None:
 
 async def chat_completions(call: HotCall) -> Reply | Stream:
     body = await parse_body(ChatCompletionRequest, call.body)
-    serving = call.app_state.openai
+    serving = call.services.openai
     texts = [m.text for m in body.messages]
     served = resolve_and_bound(call, body.model, "messages", texts, len(body.messages))
     tenant = run_as(call, body.priority, body.cache_salt)
@@ -85,7 +85,7 @@ async def chat_completions(call: HotCall) -> Reply | Stream:
 
 async def completions(call: HotCall) -> Reply | Stream:
     body = await parse_body(CompletionRequest, call.body)
-    serving = call.app_state.openai
+    serving = call.services.openai
     prompts = body.prompts()
     served = resolve_and_bound(call, body.model, "prompt", prompts, len(prompts))
     tenant = run_as(call, body.priority, body.cache_salt)

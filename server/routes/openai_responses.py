@@ -21,7 +21,7 @@ from ferry.server.tenancy import DEFAULT_PRIORITY, run_as
 
 async def responses(call: HotCall) -> Reply | Stream:
     body = await parse_body(ResponsesRequest, call.body)
-    serving = call.app_state.openai
+    serving = call.services.openai
     texts = body.texts()
     served = resolve_and_bound(call, body.model, "input", texts, len(texts))
     if body.instructions:

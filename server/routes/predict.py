@@ -25,7 +25,7 @@ PATH = "/predict"
 
 
 async def predict(call: HotCall) -> Reply:
-    registry = call.app_state.registry
+    registry = call.services.registry
     if image_media(call):  # a raw image body, for a model that decodes images
         return json_reply(await predict_image(call))
     if registry.tensors:  # plain graphs served: the body may be theirs
@@ -36,23 +36,23 @@ async def predict(call: HotCall) -> Reply:
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
             disconnected = call.disconnected()
-            limit = call.app_state.settings.max_response_bytes
+            limit = call.services.settings.max_response_bytes
             return await predict_tensors(model, raw, disconnected, decide, len(call.body), limit)
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
     body = await parse_body(PredictRequest, call.body)
-    model = call.app_state.registry.get(body.model)
+    model = call.services.registry.get(body.model)
     call.state["model_name"] = model.name
     outputs = model.outputs.select(body.outputs)
     if body.inputs is not None:
         texts, seconds = body.texts()
         if seconds is not None:
-            check_firsts("inputs", texts, call.app_state.settings.max_chars_per_text)
+            check_firsts("inputs", texts, call.services.settings.max_chars_per_text)
         inputs: EncoderInputs = Texts(texts, "inputs", body.truncate, pairs=seconds)
     else:
         ids, mask, types = body.token_lists()
         inputs = TokenLists(ids, mask, "input_ids", types)
     timeout_s = body.timeout_ms / 1000 if body.timeout_ms else None
-    encoder = call.app_state.encoder
+    encoder = call.services.encoder
     priority = call_priority(call, body.priority)
     valid = await encoder.validate(model, inputs, outputs, timeout_s, priority)
     result = await encoder.run(model, valid, call.disconnected())

@@ -110,7 +110,7 @@ class ScoreResponse(BaseModel):
 
 
 def _model(call: HotCall, name: str | None) -> EncoderModel:
-    model: EncoderModel = call.app_state.registry.get(name)
+    model: EncoderModel = call.services.registry.get(name)
     call.state["model_name"] = model.name
     check_cross_encoder(model)
     return model
@@ -125,7 +125,7 @@ async def _scores(
     first_field: str = "query",
 ) -> PairScores:
     """Every pair scored through the model's batcher."""
-    encoder, gone = call.app_state.encoder, call.disconnected()
+    encoder, gone = call.services.encoder, call.disconnected()
     return await score_pairs(encoder, model, firsts, seconds, gone, priority, first_field)
 
 
@@ -134,7 +134,7 @@ def _usage(tokens: int) -> dict[str, int]:
 
 
 def _max_chars(call: HotCall) -> int:
-    limit: int = call.app_state.settings.max_chars_per_text
+    limit: int = call.services.settings.max_chars_per_text
     return limit
 
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from ferry.server.errors import MalformedRequest, NotSupported
 from ferry.server.kserve.shared_memory import CUDA_UNSUPPORTED, SharedMemory
 from ferry.server.routes.kserve_v2 import error_docs
+from ferry.server.services import services_of
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 SYSTEM = "/systemsharedmemory"
@@ -20,7 +21,7 @@ CUDA = "/cudasharedmemory"
 
 
 def _shared_memory(request: Request) -> tuple[SharedMemory, str | None]:
-    return request.app.state.shared_memory, getattr(request.state, "tenant", None)
+    return services_of(request).shared_memory, getattr(request.state, "tenant", None)
 
 
 @router.get(f"{SYSTEM}/status", responses=error_docs(401, 403))

@@ -60,9 +60,9 @@ class DetokenizeResponse(BaseModel):
 
 async def tokenize(call: HotCall) -> Reply:
     body = await parse_body(TokenizeRequest, call.body)
-    tokenizer = model_tokenizer(call.app_state.registry, body.model)
+    tokenizer = model_tokenizer(call.services.registry, body.model)
     call.state["model_name"] = tokenizer.name
-    limit = call.app_state.settings.max_chars_per_text
+    limit = call.services.settings.max_chars_per_text
     if body.messages is not None:
         if body.add_special_tokens:
             raise InvalidInput(
@@ -90,7 +90,7 @@ async def tokenize(call: HotCall) -> Reply:
 
 async def detokenize(call: HotCall) -> Reply:
     body = await parse_body(DetokenizeRequest, call.body)
-    tokenizer = model_tokenizer(call.app_state.registry, body.model)
+    tokenizer = model_tokenizer(call.services.registry, body.model)
     call.state["model_name"] = tokenizer.name
     tokenizer.check_ids("tokens", body.tokens)
     return json_reply({"prompt": tokenizer.decode(body.tokens)})

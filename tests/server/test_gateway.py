@@ -14,8 +14,10 @@ from ferry.server.drain import DrainState
 from ferry.server.errors import InvalidInput
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotCall, HotRoutes
+from ferry.server.kserve.shared_memory import LocalRegions
 from ferry.server.metrics import FerryMetrics
 from ferry.server.replies import Reply, Stream
+from ferry.server.services import build_services
 from ferry.server.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -101,16 +103,8 @@ def make(handlers: Handlers) -> tuple[Gateway, DrainState, FerryMetrics]:
     hot.add("POST", "/v1/chat/completions", handlers.streams, OPENAI)
     hot.add("POST", "/v1/embeddings", handlers.refuses, OPENAI)
     hot.add("POST", "/v2/models/{name}/infer", handlers.refuses, KSERVE)
-    drain, metrics = DrainState(), FerryMetrics()
-    gateway = Gateway(
-        framework,
-        settings=Settings(),
-        metrics=metrics,
-        drain=drain,
-        hot=hot,
-        state=None,
-    )
-    return gateway, drain, metrics
+    services = build_services(Settings(), FerryMetrics(), LocalRegions())
+    return Gateway(framework, services, hot), services.drain, services.metrics
 
 
 async def test_an_error_is_answered_in_the_dialect_the_route_was_registered_with():

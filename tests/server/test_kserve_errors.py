@@ -7,6 +7,7 @@ import pytest
 
 from ferry.bench.server_process import DEFAULT_MODEL_DIR
 from ferry.server.app import create_app
+from ferry.server.services import app_services
 from ferry.server.settings import Settings
 
 pytestmark = pytest.mark.unit
@@ -40,7 +41,7 @@ async def test_body_too_large_is_kserve_shaped_on_v2():
 @pytest.mark.parametrize("path", [INFER, "/v2/models/m/ready", "/v2/health/ready"])
 async def test_draining_answers_503_with_retry_after_on_v2(path):
     async with client_for() as client:
-        client._transport.app.state.drain.begin()
+        app_services(client._transport.app).drain.begin()
         response = await (client.post(path, json={}) if path == INFER else client.get(path))
     assert response.status_code == 503
     assert response.headers["retry-after"] == "1"

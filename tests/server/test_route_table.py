@@ -24,6 +24,7 @@ from ferry.server.route_table import (
     RouteClass,
     in_flight_group,
 )
+from ferry.server.services import app_services
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving_app
 
@@ -171,7 +172,7 @@ async def test_every_route_asks_the_key_unless_open_and_refuses_work_while_drain
     for name in GRPC_ROUTES:
         code = await call(target, name, ())
         assert (code == grpc.StatusCode.UNAUTHENTICATED) == (name not in OPEN_GRPC), name
-    app.state.drain.begin()
+    app_services(app).drain.begin()
     for route in HTTP_ROUTES.routes:
         for response in await answers(http, route, AUTH):
             refused = response.status_code == 503 and "shutting down" in response.text

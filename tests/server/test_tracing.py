@@ -117,9 +117,10 @@ def test_a_server_without_tracing_never_loads_the_sdk():
         "import sys\n"
         "from ferry.server.app import create_app\n"
         "from ferry.server.procs import engine_main\n"
+        "from ferry.server.services import app_services\n"
         "from ferry.server.settings import Settings\n"
         "app = create_app(Settings())\n"
-        "assert app.state.tracing is None\n"
+        "assert app_services(app).tracing is None\n"
         "assert not [m for m in sys.modules if m.startswith('opentelemetry.sdk')], 'SDK loaded'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
