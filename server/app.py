@@ -21,7 +21,7 @@ from ferry.server.model_repository import ModelRepository
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
-from ferry.server.procs.replicas import ReplicaRole
+from ferry.server.procs.replica_role import ReplicaRole
 from ferry.server.procs.runtimes import (
     EngineConnection,
     build_runtimes,

@@ -8,11 +8,11 @@ from urllib.parse import parse_qs
 
 import numpy as np
 
+from ferry.server.call_tenancy import call_priority
 from ferry.server.errors import InvalidInput
 from ferry.server.graph_model import is_graph, prepare
 from ferry.server.hot import HotCall
 from ferry.server.route_table import IMAGES
-from ferry.server.tenancy import call_priority
 from ferry.server.tensor_predict import answer_rows
 
 IMAGE_MEDIA = frozenset(media.encode() for media in IMAGES)

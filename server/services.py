@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ferry.server.model_repository import ModelRepository
     from ferry.server.openai.serving import OpenAIServing
     from ferry.server.otel_tracing import Tracing
-    from ferry.server.procs.replicas import ReplicaRole
+    from ferry.server.procs.replica_role import ReplicaRole
     from ferry.server.registry import ModelRegistry
 
 

@@ -22,12 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ferry.server.errors import Forbidden
-
-if TYPE_CHECKING:
-    from ferry.server.hot import HotCall
 
 DEFAULT_PRIORITY = 0
 EVERYONE = "*"
@@ -75,18 +71,3 @@ class PriorityPolicy:
             f"priority {priority} is more urgent than the default ({DEFAULT_PRIORITY}), which "
             f"{who} may not ask for (priority_keys); send {DEFAULT_PRIORITY} or more",
         )
-
-
-def call_priority(call: HotCall, priority: int) -> int:
-    """An HTTP request's priority after the policy; a clamp is noted for the response header
-    (the gateway adds it)."""
-    decided: Prioritized = call.services.priority_policy.apply(priority, call.state.get("tenant"))
-    if decided.clamped_from is not None:
-        call.state["priority_clamped"] = decided.clamped_from
-    return decided.priority
-
-
-def run_as(call: HotCall, priority: int, cache_salt: str | None) -> RunAs:
-    """An HTTP generation's RunAs: the policy applied to its priority, its salt scoped."""
-    tenant = call.state.get("tenant")
-    return RunAs(call_priority(call, priority), cache_scope(tenant, cache_salt))

@@ -29,7 +29,8 @@ from typing import Any
 from ferry.server.logs import configure_logging
 from ferry.server.procs import run_dir
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
-from ferry.server.procs.replicas import ReplicaRole, replica_main
+from ferry.server.procs.replica_role import ReplicaRole
+from ferry.server.procs.replicas import replica_main
 from ferry.server.settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -7,6 +7,7 @@ from fastapi import APIRouter
 
 from ferry.server.anthropic.messages import count_tokens, create_message, stream_message
 from ferry.server.anthropic.protocol import CountTokensRequest, MessagesRequest
+from ferry.server.call_tenancy import run_as
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.request_bodies import parse_body
@@ -17,7 +18,7 @@ from ferry.server.routes.openai_chat import (
     resolve_and_bound,
     respond,
 )
-from ferry.server.tenancy import DEFAULT_PRIORITY, run_as
+from ferry.server.tenancy import DEFAULT_PRIORITY
 
 
 async def messages(call: HotCall) -> Reply | Stream:

@@ -9,13 +9,13 @@ import numpy as np
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ferry.server.call_tenancy import call_priority
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.replies import Reply, json_reply
 from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import PRIORITY_DESCRIPTION, Priority, error_responses
-from ferry.server.tenancy import call_priority
 
 PATH = "/v1/embeddings"
 

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ferry import __version__
+from ferry.server.call_tenancy import call_priority
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
@@ -66,7 +67,6 @@ from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
 from ferry.server.sequences import SequenceFlags
 from ferry.server.services import services_of
-from ferry.server.tenancy import call_priority
 
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])

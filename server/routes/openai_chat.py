@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from ferry.server.call_tenancy import run_as
 from ferry.server.errors import InvalidInput
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.protocol import (
@@ -20,7 +21,6 @@ from ferry.server.registry import ServedModel
 from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import error_responses
-from ferry.server.tenancy import run_as
 
 ERRORS = error_responses(400, 401, 403, 404, 413, 415, 429, 500, 503)
 STREAM_DOC: dict[int | str, dict[str, Any]] = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from ferry.server.call_tenancy import run_as
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.openai.responses import create_response, stream_response
 from ferry.server.openai.responses_protocol import ResponsesRequest
@@ -16,7 +17,7 @@ from ferry.server.routes.openai_chat import (
     resolve_and_bound,
     respond,
 )
-from ferry.server.tenancy import DEFAULT_PRIORITY, run_as
+from ferry.server.tenancy import DEFAULT_PRIORITY
 
 
 async def responses(call: HotCall) -> Reply | Stream:

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 from fastapi import APIRouter
 
+from ferry.server.call_tenancy import call_priority
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.graph_model import is_graph
 from ferry.server.hot import HotCall, HotRoutes, register
@@ -17,7 +18,6 @@ from ferry.server.pair_scoring import check_firsts
 from ferry.server.replies import Reply, json_reply
 from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
-from ferry.server.tenancy import call_priority
 from ferry.server.tensor_predict import predict_tensors
 
 ERROR_RESPONSES = error_responses(401, 403, 404, 413, 415, 422, 429, 500, 503, 504)

@@ -97,8 +97,14 @@ def _guarded(item: pytest.Item) -> Iterator[None]:
     if item.get_closest_marker("unit") is None:
         yield
     else:
-        with no_process_starts(item.nodeid):
+        with no_process_starts(_test_name(item)):
             yield
+
+
+def _test_name(item: pytest.Item) -> str:
+    """The test's id without the `@group` that worker_groups.py appends for xdist's scheduler."""
+    mark = item.get_closest_marker("xdist_group")
+    return item.nodeid.removesuffix(f"@{mark.args[0]}") if mark else item.nodeid
 
 
 # Setup as well as the call: a session fixture a unit test asks for (a server) starts during that
