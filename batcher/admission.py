@@ -81,7 +81,7 @@ class Admission:
 
     def _running_s(self) -> float:
         """What the batches running now add before queued work starts (the recent batch time)."""
-        return self._dispatch.recent_batch_s if self._dispatch.unanswered else 0.0
+        return self._dispatch.recent_batch_s if self._dispatch.running else 0.0
 
     def predicted_wait_s(self, priority: int, extra_s: float = 0.0) -> float | None:
         """When a request of `priority` costing `extra_s` would finish if queued now.

@@ -98,7 +98,7 @@ class Collection:
 
     def _wait_for_more_s(self, queued: list[QueuedRequest], order: list[int], now: float) -> float:
         """How long to wait for more requests before closing the batch (0: close it now)."""
-        if (not self._dispatch.unanswered and self.limits.dispatch_when_idle) or batch_is_full(
+        if (not self._dispatch.running and self.limits.dispatch_when_idle) or batch_is_full(
             queued, self.limits
         ):
             return 0.0

@@ -4,10 +4,6 @@ Owns the concurrent batch slots and the running batches, and what they teach: th
 time and the pace (seconds a batch really took per second admission priced its members at).
 A member that makes the batch fail is found by running each member alone; a hung backend fails
 its batch after the inference timeout; no future is left unresolved whatever path is taken.
-
-A batch gives its slot back as soon as the backend has answered, before its rows are scattered:
-the collector, woken first, forms and launches the next batch before this one's requests are
-answered and encoded, so the device is not idle while the loop renders responses (issue 43).
 """
 
 from __future__ import annotations
@@ -33,22 +29,6 @@ from ferry.batcher.tracing import BatchSpan, batch_span
 from ferry.batcher.types import Batch, Clock, InferFn, Result, clock_or_loop
 
 logger = logging.getLogger(__name__)
-
-
-class _Slot:
-    """One batch's slot, given back once: when its backend call has answered, or when its task
-    ends by any other path."""
-
-    __slots__ = ("_give_back", "_held")
-
-    def __init__(self, give_back: Callable[[], None]) -> None:
-        self._give_back = give_back
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._give_back()
 
 
 class Dispatch:
@@ -84,9 +64,6 @@ class Dispatch:
         # backend takes them: the one that frees a runner starts the first of them.
         self._waiting_starts: deque[list[float]] = deque()
         self.running: set[asyncio.Task[None]] = set()
-        # Batches holding a slot: dispatched and not yet answered by the backend (a batch whose
-        # rows are being scattered no longer counts: the device is free of it).
-        self.unanswered = 0
         self.recent_batch_s = 0.05
         # Seconds a batch really took per second admission priced its members at (recent
         # batches): what the shares leave out (padding to a neighbour's length, a cut short of
@@ -105,15 +82,9 @@ class Dispatch:
 
     def start(self, batch: list[QueuedRequest]) -> None:
         """Run `batch` in a task of its own, on a slot already acquired."""
-        self.unanswered += 1
-        slot = _Slot(self._give_back_slot)
-        task = asyncio.create_task(self._dispatch(batch, slot))
+        task = asyncio.create_task(self._dispatch(batch))
         self.running.add(task)
-        task.add_done_callback(lambda done: self._batch_done(done, slot))
-
-    def _give_back_slot(self) -> None:
-        self.unanswered -= 1
-        self._slots.release()
+        task.add_done_callback(self._batch_done)
 
     async def stop(self) -> None:
         """Cancel the running batches (their members fail with BatchAbandoned)."""
@@ -121,17 +92,17 @@ class Dispatch:
             task.cancel()
         await asyncio.gather(*self.running, return_exceptions=True)
 
-    def _batch_done(self, task: asyncio.Task[None], slot: _Slot) -> None:
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
-        slot.release()
+        self._slots.release()
         if not task.cancelled() and task.exception() is not None:
             logger.error("model %s: batch dispatch crashed", self.name, exc_info=task.exception())
 
-    async def _dispatch(self, batch: list[QueuedRequest], slot: _Slot) -> None:
+    async def _dispatch(self, batch: list[QueuedRequest]) -> None:
         try:
             live = [r for r in batch if not r.future.done()]
             if live:
-                await self._run_batch(live, slot)
+                await self._run_batch(live)
         except asyncio.CancelledError:
             for request in batch:
                 request.fail(BatchAbandoned(f"model {self.name!r} stopped"))
@@ -141,19 +112,15 @@ class Dispatch:
             for request in batch:
                 request.fail(InferenceFailed("the batch ended without a result"))
 
-    async def _run_batch(self, batch: list[QueuedRequest], slot: _Slot | None = None) -> None:
-        """`slot`: given back once the backend answers; None for a member retried alone (the
-        batch's slot is held until every retry is done)."""
+    async def _run_batch(self, batch: list[QueuedRequest]) -> None:
         with batch_span(self.name, [r.trace for r in batch]) as span:
-            await self._run_traced(batch, span, slot)
+            await self._run_traced(batch, span)
 
-    async def _run_traced(
-        self, batch: list[QueuedRequest], span: BatchSpan, slot: _Slot | None
-    ) -> None:
+    async def _run_traced(self, batch: list[QueuedRequest], span: BatchSpan) -> None:
         wanted = _wanted_outputs(batch)
         padded = self._packing.pack([r.sequence for r in batch], wanted)
         span.formed(padded.size, padded.padded_length, padded.real_tokens, padded.padded_tokens)
-        if not self._queue and self.unanswered <= 1:  # this batch's own slot only
+        if not self._queue and len(self.running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)
         now = clock_or_loop(self._clock).time()
         self._observer.batch_formed(
@@ -186,10 +153,6 @@ class Dispatch:
                 if not request.future.done():
                     await self._run_batch([request])
             return
-        if slot is not None:
-            slot.release()
-            if self._queue:  # one loop turn: the collector launches the next batch first
-                await asyncio.sleep(0)
         for request, row in zip(batch, rows, strict=True):
             if not request.future.done():
                 request.future.set_result(row)

@@ -276,28 +276,3 @@ async def test_batches_on_two_runners_are_each_timed_by_their_own_run():
     assert backend.handed == [1000.0, 1000.0, 1000.0, 1001.0, 1004.5]
     assert [seconds for seconds, _, _ in observer.finished] == [1.0, 2.0, 3.0, 4.0, 3.0]
     await batcher.close(1)
-
-
-async def test_the_next_batch_launches_before_the_last_ones_answers_are_handled():
-    """A batch's slot comes back when the backend answers: the next batch is formed and launched
-    before the code waiting on the answers runs (rendering responses), so the device does not
-    wait for the loop (issue 43)."""
-    clock = ManualClock()
-    events: list[str] = []
-
-    async def infer(batch: PaddedBatch) -> dict[str, np.ndarray]:
-        events.append(f"launch {batch.input_ids[0, 0]}")
-        return {"total": np.ones((batch.size, 1), dtype=np.float32)}
-
-    limits = BatchLimits(max_batch_size=1, max_concurrent_batches=1)
-    batcher = MicroBatcher("m", infer, limits, LIMITS, clock=clock)
-    batcher.start()
-
-    async def answer(future: asyncio.Future) -> None:
-        await future
-        events.append(f"answer {len(events)}")
-
-    futures = batcher.submit([seq(1), seq(2), seq(3)])
-    await clock.run_until_done(asyncio.gather(*map(answer, futures)))
-    assert events == ["launch 1", "launch 2", "answer 2", "launch 3", "answer 4", "answer 5"]
-    await batcher.close(1)
