@@ -58,6 +58,10 @@ class GraphModel(ServedModel, Protocol):
     def class_keys(self) -> Mapping[str, list[Any]]:
         """A ZipMap output's classes, in the order of its [N, C] tensor's columns."""
 
+    async def sync_classes(self) -> None:
+        """`class_keys` made to hold every class an answer taught the graph so far, wherever
+        it ran (in an API process: what the engine told it before its reply to another)."""
+
     @property
     def batchable(self) -> bool: ...
     @property

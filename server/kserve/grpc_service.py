@@ -39,7 +39,7 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import model_config, model_metadata
+from ferry.server.kserve.model_config import model_config, model_metadata, synced
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.shared_memory import (
     CUDA_UNSUPPORTED,
@@ -321,7 +321,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
             model = find_model(self.services.registry, request.name, request.version)
-            metadata = model_metadata(model)
+            metadata = model_metadata(await synced(model))
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
             return json_format.ParseDict(metadata, response, ignore_unknown_fields=True)
@@ -330,7 +330,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            config = model_config(find_model(self.services.registry, request.name, request.version))
+            model = find_model(self.services.registry, request.name, request.version)
+            config = model_config(await synced(model))
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 

@@ -26,6 +26,14 @@ def token_inputs(model: EncoderModel) -> tuple[str, ...]:
     return (*TOKEN_INPUTS, TYPES_INPUT) if model.backend.takes_token_types else TOKEN_INPUTS
 
 
+async def synced(model: EncoderModel | GraphModel) -> EncoderModel | GraphModel:
+    """The model with every ZipMap class its answers taught it so far (another API process's
+    request may have), as its metadata and config list them."""
+    if is_graph(model):
+        await model.sync_classes()
+    return model
+
+
 def model_metadata(model: EncoderModel | GraphModel) -> dict[str, Any]:
     if is_graph(model):
         return tensor_metadata(model)

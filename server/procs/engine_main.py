@@ -355,6 +355,9 @@ class EngineServer:
     async def _call(self, peer: bytes, message: wire.Call) -> None:
         reply = wire.Reply(message.rid)
         try:
+            if message.method == wire.SYNC:
+                self._send(peer, reply)
+                return
             if message.method in ("load_model", "unload_model"):
                 await self._change_models(message)
                 self._send(peer, reply)

@@ -48,7 +48,7 @@ from ferry.server.model_repository import repository_entries
 from ferry.server.openai.admission import Admitted
 from ferry.server.procs import wire
 from ferry.server.procs.client import EngineClient
-from ferry.server.procs.wire import GraphInfo, LLMInfo
+from ferry.server.procs.wire import SYNC, GraphInfo, LLMInfo
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import LLMSettings, ModelSettings, Settings
 
@@ -171,6 +171,13 @@ class RemoteTensorModel(_EngineModel):
     @property
     def class_keys(self) -> Mapping[str, list[Any]]:
         return self._client.classes.get(self.name, self._info.class_keys)
+
+    async def sync_classes(self) -> None:
+        """Another API process's request may have taught them: the engine told every API
+        process before that answer, so one round trip has them here."""
+        keys = self.class_keys
+        if any(s.class_map and s.name not in keys for s in self.signature.outputs):
+            await self._client.call(self.name, SYNC)
 
     @property
     def batchable(self) -> bool:

@@ -162,6 +162,11 @@ class Call(msgspec.Struct, tag=True):
     args: tuple[str, ...] = ()
 
 
+# A Call's method the engine answers at once: its Reply comes after every message the engine
+# sent that API process before (one socket keeps their order).
+SYNC = "sync"
+
+
 class Ack(msgspec.Struct, tag=True):
     """An API process has applied an Adapters or Models update."""
 

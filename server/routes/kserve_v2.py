@@ -40,7 +40,7 @@ from ferry.server.kserve.infer import (
     output_names,
     request_priority,
 )
-from ferry.server.kserve.model_config import model_config, model_metadata
+from ferry.server.kserve.model_config import model_config, model_metadata, synced
 from ferry.server.kserve.raw_request import RAW_HEADER_LENGTH, raw_request
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.shared_memory import SharedMemory, TenantRegions, TensorRef, tensor_ref
@@ -148,13 +148,13 @@ def _statistics(request: Request, name: str | None) -> Response:
 @router.get("/models/{name}", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
 async def get_model_metadata(name: str, request: Request) -> Response:
-    return JSONResponse(model_metadata(_model(request, name)))
+    return JSONResponse(model_metadata(await synced(_model(request, name))))
 
 
 @router.get("/models/{name}/config", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
 async def get_model_config(name: str, request: Request) -> Response:
-    return JSONResponse(model_config(_model(request, name)))
+    return JSONResponse(model_config(await synced(_model(request, name))))
 
 
 @router.get(
