@@ -2,6 +2,7 @@
 // Rates, mean batch sizes and padding come from two consecutive readings; p50/p99 from the
 // latency buckets' growth over the last QUANTILE_READINGS readings (as histogram_quantile).
 import { apiJson, KeyNeeded } from "./api.js";
+import { modelCard } from "./cards.js";
 import { drawChart, format } from "./charts.js";
 
 const POLL_MS = 1000;
@@ -118,17 +119,7 @@ const CHAT_CHARTS = [
 function card(entry) {
   let found = cards.get(entry.name);
   if (found) return found;
-  const root = document.createElement("article");
-  root.className = "card";
-  root.dataset.model = entry.name;
-  const head = document.createElement("div");
-  head.className = "card-head";
-  const title = document.createElement("h3");
-  title.textContent = entry.name;
-  const kind = document.createElement("span");
-  kind.className = "badge";
-  kind.textContent = entry.kind;
-  head.append(title, kind);
+  const { root, head } = modelCard(entry.name, entry.kind);
   const stats = document.createElement("div");
   stats.className = "stats";
   const grid = document.createElement("div");

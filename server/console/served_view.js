@@ -1,6 +1,7 @@
 // "What is served": each model's signature (KServe model metadata), its backend and batching
 // limits (KServe model configuration; an LLM's from the live reading), and a curl command.
 import { apiJson, apiKey } from "./api.js";
+import { modelCard } from "./cards.js";
 
 let shown = "";
 let pending = "";
@@ -25,17 +26,8 @@ export function sampleRow(input) {
 }
 
 async function describe(entry) {
-  const root = document.createElement("article");
-  root.className = "card";
-  root.dataset.model = entry.name;
-  const head = document.createElement("div");
-  head.className = "card-head";
-  const title = document.createElement("h3");
-  title.textContent = entry.name;
-  const kind = document.createElement("span");
-  kind.className = "badge";
-  kind.textContent = entry.parent ? `${entry.kind}, adapter on ${entry.parent}` : entry.kind;
-  head.append(title, kind);
+  const badge = entry.parent ? `${entry.kind}, adapter on ${entry.parent}` : entry.kind;
+  const { root, head } = modelCard(entry.name, badge);
   root.append(head);
   try {
     if (entry.kind === "chat") {
