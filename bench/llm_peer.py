@@ -18,7 +18,8 @@ Prints per model tokens/s and the median time to first token per cell with Ferry
 Ferry against its own bare decode step at a batch of the stream count (bench.llm_int4's step on
 the model Ferry serves, measured in this run before the servers start: the most a served
 stream could decode), and whether each server's greedy text is identical at every stream count.
-Not part of `make test`.
+`--ferry-only`: Ferry and its bare step alone, where llama-server is not built. Not part of
+`make test`.
 """
 
 from __future__ import annotations
@@ -246,12 +247,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help="where built models are kept"
     )
+    parser.add_argument(
+        "--ferry-only",
+        action="store_true",
+        help="serve Ferry alone against its bare step (llama-server neither built nor run)",
+    )
     args = parser.parse_args(argv)
     with_llama = LLAMA_SERVER.is_file() and LLAMA_QUANTIZE.is_file()
-    if not with_llama:
+    if not with_llama and not args.ferry_only:
         print(f"llama-server not run: need {LLAMA_SERVER} and {LLAMA_QUANTIZE}")
-        sys.exit("build them with: nice -n 19 tools/build_llama_server.sh")
-    for model in peer_models(MODELS[args.model], args.cache):
+        sys.exit("build them with: nice -n 19 tools/build_llama_server.sh, or pass --ferry-only")
+    with_llama = with_llama and not args.ferry_only
+    for model in peer_models(MODELS[args.model], args.cache, gguf=with_llama):
         print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
         bare = bare_steps(model, args.streams, args.max_tokens)
         steps = ", ".join(f"batch {b}: {rate:.0f}" for b, rate in bare.items())
@@ -267,16 +274,17 @@ def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, boo
         for cache in (False, True):
             config = ferry_config(model, cache, args.deterministic, args.spin_us)
             with ferry_server(models=[], llm_models=[config]) as ferry:
+                served = FerryServer("ferry", ferry.url, "/v1/completions", model.name)
+                if model.gguf is None:  # --ferry-only
+                    _cells([served], prompts, cache, args, results)
+                    continue
                 log = Path(tmp) / f"llama-{cache}.log"
                 with running(llama_process(model.gguf, log, args.llama_threads)) as llama:
                     if not cache:  # the same load log both times
                         repacked = repack_lines(log.read_text(errors="replace"))
                         for line in repacked or ["no repack in its load log: generic kernels"]:
                             print(f"  llama-server: {line}")
-                    peers = [
-                        LlamaServer("llama", llama.url, "/completion"),
-                        FerryServer("ferry", ferry.url, "/v1/completions", model.name),
-                    ]
+                    peers = [LlamaServer("llama", llama.url, "/completion"), served]
                     _cells(peers, prompts, cache, args, results)
     return results
 

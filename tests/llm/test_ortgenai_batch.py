@@ -87,6 +87,22 @@ def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, p
     assert out["late"] == out["first"] == alone(kv_model, prompts[0], 8)
 
 
+def test_a_burst_of_requests_decodes_in_one_decode_block(kv_model, prompts, monkeypatch):
+    """Requests begun together get their decode rows in one block made when the first joins:
+    none regrows it (each growth copied every row while all of them waited)."""
+    lane = BatchLane(kv_model, 8, EOS)
+    burst = [job(str(index), prompts[index % len(prompts)], 4) for index in range(5)]
+    for request in burst:
+        lane.begin(request, None, request.add.prompt_ids, request.add.sampling)
+    made = []  # blocks made from here on: decode blocks only (prompt blocks came at begin)
+    new_block = kv_model.new_block
+    monkeypatch.setattr(kv_model, "new_block", lambda *size: made.append(size) or new_block(*size))
+    out: dict[str, list[int]] = {}
+    while lane.jobs:
+        turn(lane, out)
+    assert len(made) == 1 and made[0][0] >= 5 and len(out) == 5
+
+
 def test_only_adapters_need_a_generator():
     plain = SamplingSettings()
     assert not needs_generator(None, plain)
