@@ -22,11 +22,14 @@ row, but gives each row the same result whatever the other rows are: see ortgena
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+Hook = Callable[[], None] | None
 
 
 @dataclass
@@ -104,14 +107,25 @@ class KVModel:
         shape = (self.layers, rows, self.heads, length, self.head_size)
         return KVBlock(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
 
-    def prefill(self, block: KVBlock, row: int, done: int, ids: list[int]) -> np.ndarray:
+    def prefill(
+        self, block: KVBlock, row: int, done: int, ids: list[int], *, before_run: Hook = None
+    ) -> np.ndarray:
         """Run `ids` after the `done` tokens row `row` of `block` holds (room for all of them);
-        their keys and values land in the row. Returns the last position's logits."""
-        last: np.ndarray = self.prefill_every(block, row, done, ids)[-1]
+        their keys and values land in the row. Returns the last position's logits.
+        `before_run` (here and below): called once the inputs are bound, right before the
+        forward pass releases the GIL (the owner loop hands its deltas over there)."""
+        last: np.ndarray = self.prefill_every(block, row, done, ids, before_run=before_run)[-1]
         return last
 
     def prefill_every(
-        self, block: KVBlock, row: int, done: int, ids: list[int], *, keep: bool = False
+        self,
+        block: KVBlock,
+        row: int,
+        done: int,
+        ids: list[int],
+        *,
+        keep: bool = False,
+        before_run: Hook = None,
     ) -> np.ndarray:
         """`prefill`, returning every position's logits, [len(ids), vocab]: row i scores the
         token after ids[i] (the graph computes them all; `echo` and speculation read them).
@@ -130,11 +144,17 @@ class KVModel:
         else:
             binding = self._bind(block, slice(row, row + 1))
             self._piece_binding = (block, row, binding) if keep else None
-        logits: np.ndarray = self._run(binding, tokens, mask)[0]
+        logits: np.ndarray = self._run(binding, tokens, mask, before_run)[0]
         return logits
 
     def decode(
-        self, block: KVBlock, rows: int, lengths: np.ndarray, tokens: np.ndarray
+        self,
+        block: KVBlock,
+        rows: int,
+        lengths: np.ndarray,
+        tokens: np.ndarray,
+        *,
+        before_run: Hook = None,
     ) -> np.ndarray:
         """One new token for each of the first `rows` rows of `block`, after `lengths[i]` tokens
         each (every length + 1 fits the block). Returns [rows, vocab] logits."""
@@ -145,7 +165,7 @@ class KVModel:
         if self._decode_binding is None or self._decode_binding[0] != key:
             self._decode_binding = (key, self._bind(block, slice(0, rows)))
         ids = np.asarray(tokens, self._ids_dtype).reshape(rows, 1)
-        return self._run(self._decode_binding[1], ids, mask)[:, -1]
+        return self._run(self._decode_binding[1], ids, mask, before_run)[:, -1]
 
     def forget_bindings(self) -> None:
         """Drop the cached bindings (they hold the block they were made for)."""
@@ -165,9 +185,13 @@ class KVModel:
                 binding.bind_ortvalue_output(present, value)
         return binding
 
-    def _run(self, binding: ort.IOBinding, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _run(
+        self, binding: ort.IOBinding, ids: np.ndarray, mask: np.ndarray, before_run: Hook
+    ) -> np.ndarray:
         binding.bind_cpu_input(self._ids_name, ids)
         binding.bind_cpu_input(self._mask_name, mask)
+        if before_run is not None:
+            before_run()
         self._session.run_with_iobinding(binding)
         logits: np.ndarray = binding.get_outputs()[0].numpy()
         return logits
