@@ -22,6 +22,7 @@ row, but gives each row the same result whatever the other rows are: see ortgena
 from __future__ import annotations
 
 import json
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,9 +104,18 @@ class KVModel:
         """Bytes of keys and values one token takes in every layer."""
         return self.layers * 2 * self.heads * self.head_size * 4
 
-    def new_block(self, rows: int, length: int) -> KVBlock:
+    def new_block(self, rows: int, length: int, *, mapped: bool = False) -> KVBlock:
+        """`mapped`: on fresh pages of an anonymous mmap, which the OS zeroes as they are first
+        written: rows never written take no memory and cost nothing to make. (numpy's zeros
+        may come from the heap and be cleared whole: ~15 ms for SmolLM2's 16 rows x 256.)"""
         shape = (self.layers, rows, self.heads, length, self.head_size)
-        return KVBlock(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        if not mapped:
+            return KVBlock(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        size = int(np.prod(shape)) * np.dtype(np.float32).itemsize
+        keys, values = (
+            np.frombuffer(mmap.mmap(-1, size), np.float32).reshape(shape) for _ in range(2)
+        )
+        return KVBlock(keys, values)
 
     def prefill(
         self, block: KVBlock, row: int, done: int, ids: list[int], *, before_run: Hook = None
