@@ -18,7 +18,10 @@ Prints per model tokens/s and the median time to first token per cell with Ferry
 Ferry against its own bare decode step at a batch of the stream count (bench.llm_int4's step on
 the model Ferry serves, measured in this run before the servers start: the most a served
 stream could decode), and whether each server's greedy text is identical at every stream count.
-Not part of `make test`.
+`--ferry-only`: Ferry and its bare step alone, where llama-server is not built. `--py-spy DIR`:
+each Ferry cell recorded with py-spy, and its owner thread's time by what it was doing
+(bench/owner_profile.py: the forward passes, and what sits between decode steps). Not part of
+`make test`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ferry.bench.llm_peer_models import (
     PeerModel,
     peer_models,
 )
+from ferry.bench.owner_profile import OwnerProfile, breakdown, describe
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.server_process import ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
@@ -91,6 +95,8 @@ class Server:
 
 
 class FerryServer(Server):
+    pid: int | None = None  # its process, for --py-spy
+
     def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
         return {
             "model": self.model,
@@ -246,12 +252,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help="where built models are kept"
     )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="record Ferry's cells with py-spy into DIR and print its owner thread's breakdown",
+    )
+    parser.add_argument(
+        "--ferry-only",
+        action="store_true",
+        help="serve Ferry alone against its bare step (llama-server neither built nor run)",
+    )
     args = parser.parse_args(argv)
     with_llama = LLAMA_SERVER.is_file() and LLAMA_QUANTIZE.is_file()
-    if not with_llama:
+    if not with_llama and not args.ferry_only:
         print(f"llama-server not run: need {LLAMA_SERVER} and {LLAMA_QUANTIZE}")
-        sys.exit("build them with: nice -n 19 tools/build_llama_server.sh")
-    for model in peer_models(MODELS[args.model], args.cache):
+        sys.exit("build them with: nice -n 19 tools/build_llama_server.sh, or pass --ferry-only")
+    with_llama = with_llama and not args.ferry_only
+    for model in peer_models(MODELS[args.model], args.cache, gguf=with_llama):
         print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
         bare = bare_steps(model, args.streams, args.max_tokens)
         steps = ", ".join(f"batch {b}: {rate:.0f}" for b, rate in bare.items())
@@ -267,16 +285,18 @@ def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, boo
         for cache in (False, True):
             config = ferry_config(model, cache, args.deterministic, args.spin_us)
             with ferry_server(models=[], llm_models=[config]) as ferry:
+                served = FerryServer("ferry", ferry.url, "/v1/completions", model.name)
+                served.pid = ferry.process.pid
+                if model.gguf is None:  # --ferry-only
+                    _cells([served], prompts, cache, args, results)
+                    continue
                 log = Path(tmp) / f"llama-{cache}.log"
                 with running(llama_process(model.gguf, log, args.llama_threads)) as llama:
                     if not cache:  # the same load log both times
                         repacked = repack_lines(log.read_text(errors="replace"))
                         for line in repacked or ["no repack in its load log: generic kernels"]:
                             print(f"  llama-server: {line}")
-                    peers = [
-                        LlamaServer("llama", llama.url, "/completion"),
-                        FerryServer("ferry", ferry.url, "/v1/completions", model.name),
-                    ]
+                    peers = [LlamaServer("llama", llama.url, "/completion"), served]
                     _cells(peers, prompts, cache, args, results)
     return results
 
@@ -286,13 +306,19 @@ def _cells(peers: list[Server], prompts, cache: bool, args, results) -> None:
         asyncio.run(run_cell(peer, prompts, 8, 4, cache))
     for streams in args.streams:
         for peer in peers:  # in turns, on the same prompts
-            results[(peer.name, cache, streams)] = measure(peer, prompts, streams, args, cache)
-            cell = results[(peer.name, cache, streams)]
-            print(
-                f"  {peer.name} cache={'on' if cache else 'off'} streams={streams}: "
-                f"{cell.tok_s:.1f} tok/s, TTFT {cell.ttft_ms:.0f} ms",
-                flush=True,
-            )
+            label = f"{peer.name} cache={'on' if cache else 'off'} streams={streams}"
+            pid = getattr(peer, "pid", None)
+            if args.py_spy is None or pid is None:
+                cell = measure(peer, prompts, streams, args, cache)
+            else:
+                args.py_spy.mkdir(parents=True, exist_ok=True)
+                path = args.py_spy / f"{label.replace(' ', '-').replace('=', '')}.txt"
+                with OwnerProfile(pid, path):
+                    cell = measure(peer, prompts, streams, args, cache)
+            results[(peer.name, cache, streams)] = cell
+            print(f"  {label}: {cell.tok_s:.1f} tok/s, TTFT {cell.ttft_ms:.0f} ms", flush=True)
+            if args.py_spy is not None and pid is not None:
+                print(f"    owner thread (py-spy): {describe(breakdown(path))}", flush=True)
 
 
 if __name__ == "__main__":

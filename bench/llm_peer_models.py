@@ -73,7 +73,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 class PeerModel:
     name: str  # the name Ferry serves it under
     ferry_dir: Path  # onnxruntime-genai int4 folder
-    gguf: Path  # llama.cpp Q4_0
+    gguf: Path | None  # llama.cpp Q4_0; None: llama-server is not run (not built)
 
 
 def llama_sources() -> Path:
@@ -138,18 +138,18 @@ def ferry_export(hf_dir: Path, out: Path) -> Path:
 
 
 def peer_models(
-    names: list[str], cache: Path, smollm2_dir: Path = DEFAULT_LLM_DIR
+    names: list[str], cache: Path, smollm2_dir: Path = DEFAULT_LLM_DIR, *, gguf: bool = True
 ) -> list[PeerModel]:
-    """The requested models, built into `cache` where missing."""
+    """The requested models, built into `cache` where missing; `gguf` False: Ferry's only."""
     cache.mkdir(parents=True, exist_ok=True)
     models = []
     if "smollm2" in names:
-        gguf = q4_0_gguf(DEFAULT_LLM_HF_DIR, cache / f"{DEFAULT_LLM}.Q4_0.gguf")
-        models.append(PeerModel(DEFAULT_LLM, smollm2_dir, gguf))
+        path = cache / f"{DEFAULT_LLM}.Q4_0.gguf"
+        built = q4_0_gguf(DEFAULT_LLM_HF_DIR, path) if gguf else None
+        models.append(PeerModel(DEFAULT_LLM, smollm2_dir, built))
     if "qwen05b" in names:
         hf_dir = random_qwen05b(cache / f"{QWEN05B}-hf")
         ferry_dir = ferry_export(hf_dir, cache / f"{QWEN05B}-int4")
-        models.append(
-            PeerModel(QWEN05B, ferry_dir, q4_0_gguf(hf_dir, cache / f"{QWEN05B}.Q4_0.gguf"))
-        )
+        path = cache / f"{QWEN05B}.Q4_0.gguf"
+        models.append(PeerModel(QWEN05B, ferry_dir, q4_0_gguf(hf_dir, path) if gguf else None))
     return models

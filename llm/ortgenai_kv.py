@@ -22,11 +22,15 @@ row, but gives each row the same result whatever the other rows are: see ortgena
 from __future__ import annotations
 
 import json
+import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+Hook = Callable[[], None] | None
 
 
 @dataclass
@@ -100,18 +104,38 @@ class KVModel:
         """Bytes of keys and values one token takes in every layer."""
         return self.layers * 2 * self.heads * self.head_size * 4
 
-    def new_block(self, rows: int, length: int) -> KVBlock:
+    def new_block(self, rows: int, length: int, *, mapped: bool = False) -> KVBlock:
+        """`mapped`: on fresh pages of an anonymous mmap, which the OS zeroes as they are first
+        written: rows never written take no memory and cost nothing to make. (numpy's zeros
+        may come from the heap and be cleared whole: ~15 ms for SmolLM2's 16 rows x 256.)"""
         shape = (self.layers, rows, self.heads, length, self.head_size)
-        return KVBlock(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        if not mapped:
+            return KVBlock(np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+        size = int(np.prod(shape)) * np.dtype(np.float32).itemsize
+        keys, values = (
+            np.frombuffer(mmap.mmap(-1, size), np.float32).reshape(shape) for _ in range(2)
+        )
+        return KVBlock(keys, values)
 
-    def prefill(self, block: KVBlock, row: int, done: int, ids: list[int]) -> np.ndarray:
+    def prefill(
+        self, block: KVBlock, row: int, done: int, ids: list[int], *, before_run: Hook = None
+    ) -> np.ndarray:
         """Run `ids` after the `done` tokens row `row` of `block` holds (room for all of them);
-        their keys and values land in the row. Returns the last position's logits."""
-        last: np.ndarray = self.prefill_every(block, row, done, ids)[-1]
+        their keys and values land in the row. Returns the last position's logits.
+        `before_run` (here and below): called once the inputs are bound, right before the
+        forward pass releases the GIL (the owner loop hands its deltas over there)."""
+        last: np.ndarray = self.prefill_every(block, row, done, ids, before_run=before_run)[-1]
         return last
 
     def prefill_every(
-        self, block: KVBlock, row: int, done: int, ids: list[int], *, keep: bool = False
+        self,
+        block: KVBlock,
+        row: int,
+        done: int,
+        ids: list[int],
+        *,
+        keep: bool = False,
+        before_run: Hook = None,
     ) -> np.ndarray:
         """`prefill`, returning every position's logits, [len(ids), vocab]: row i scores the
         token after ids[i] (the graph computes them all; `echo` and speculation read them).
@@ -130,11 +154,17 @@ class KVModel:
         else:
             binding = self._bind(block, slice(row, row + 1))
             self._piece_binding = (block, row, binding) if keep else None
-        logits: np.ndarray = self._run(binding, tokens, mask)[0]
+        logits: np.ndarray = self._run(binding, tokens, mask, before_run)[0]
         return logits
 
     def decode(
-        self, block: KVBlock, rows: int, lengths: np.ndarray, tokens: np.ndarray
+        self,
+        block: KVBlock,
+        rows: int,
+        lengths: np.ndarray,
+        tokens: np.ndarray,
+        *,
+        before_run: Hook = None,
     ) -> np.ndarray:
         """One new token for each of the first `rows` rows of `block`, after `lengths[i]` tokens
         each (every length + 1 fits the block). Returns [rows, vocab] logits."""
@@ -145,7 +175,7 @@ class KVModel:
         if self._decode_binding is None or self._decode_binding[0] != key:
             self._decode_binding = (key, self._bind(block, slice(0, rows)))
         ids = np.asarray(tokens, self._ids_dtype).reshape(rows, 1)
-        return self._run(self._decode_binding[1], ids, mask)[:, -1]
+        return self._run(self._decode_binding[1], ids, mask, before_run)[:, -1]
 
     def forget_bindings(self) -> None:
         """Drop the cached bindings (they hold the block they were made for)."""
@@ -165,9 +195,13 @@ class KVModel:
                 binding.bind_ortvalue_output(present, value)
         return binding
 
-    def _run(self, binding: ort.IOBinding, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def _run(
+        self, binding: ort.IOBinding, ids: np.ndarray, mask: np.ndarray, before_run: Hook
+    ) -> np.ndarray:
         binding.bind_cpu_input(self._ids_name, ids)
         binding.bind_cpu_input(self._mask_name, mask)
+        if before_run is not None:
+            before_run()
         self._session.run_with_iobinding(binding)
         logits: np.ndarray = binding.get_outputs()[0].numpy()
         return logits

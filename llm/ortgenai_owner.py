@@ -144,6 +144,7 @@ class OwnerLoop:
             deterministic=options.deterministic,
             grammars=self._grammars,
             spec_tokens=options.spec_tokens,
+            before_forward=flush,
         )
         self._deliver = deliver
         self._set_counts = set_counts
@@ -163,9 +164,14 @@ class OwnerLoop:
         return self._lane
 
     def serve(self, commands: queue.Queue[object]) -> None:
+        # While the batch lane runs, the last turn's deltas go to the event loop as its next
+        # forward pass starts (BatchLane's before_forward), not before the commands and the
+        # next step's inputs: the loop's wake-up takes the GIL for every stream's SSE work, and
+        # the owner waited that out between steps when it flushed first.
         while True:
-            self._flush()  # before any blocking wait: nothing decoded may sit in the outbox
             idle = not self._waiting and not self._running()
+            if idle or not self.batch.jobs:  # before any blocking wait, or no forward to come
+                self._flush()
             if not self._drain(commands, block=idle):
                 return
             self._admit()

@@ -87,6 +87,32 @@ def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, p
     assert out["late"] == out["first"] == alone(kv_model, prompts[0], 8)
 
 
+def test_requests_joining_one_a_turn_decode_in_one_decode_block(kv_model, prompts, monkeypatch):
+    """The decode block made when the first request joins has a row for every request that may
+    run: the others, joining on later turns, never regrow it (each growth copied every row
+    while all of them waited)."""
+    lane = BatchLane(kv_model, 8, EOS)
+    made = []  # decode blocks (prompt blocks are made unmapped, one per request)
+    new_block = kv_model.new_block
+
+    def counted(rows: int, length: int, mapped: bool = False) -> Any:
+        if mapped:
+            made.append(rows)
+        return new_block(rows, length, mapped=mapped)
+
+    monkeypatch.setattr(kv_model, "new_block", counted)
+    out: dict[str, list[int]] = {}
+    rows = []
+    for index in range(5):
+        request = job(str(index), prompts[index % len(prompts)], 8)
+        lane.begin(request, None, request.add.prompt_ids, request.add.sampling)
+        turn(lane, out)
+        rows.append(len(lane._rows))
+    assert max(rows) > 2  # past two rows the block used to double
+    assert made == [8]
+    lane.release()
+
+
 def test_only_adapters_need_a_generator():
     plain = SamplingSettings()
     assert not needs_generator(None, plain)

@@ -5,6 +5,7 @@ previous turns, waiting work starts by priority. Short generations keep it cheap
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -13,7 +14,10 @@ from typing import Any
 import pytest
 
 from ferry.llm.base import GenerationDelta, SamplingSettings
+from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai import OrtGenAIEngine
+from ferry.llm.ortgenai_kv import KVModel
+from ferry.llm.ortgenai_owner import STOP, AddRequest, EngineOptions, OwnerLoop
 from tests.llm.llm_paths import ONNX_DIR, REAL_MODEL, WAIT_S
 
 pytestmark = pytest.mark.unit
@@ -171,3 +175,50 @@ async def test_waiting_requests_start_lowest_priority_first(reference: dict[str,
     finally:
         await engine.close()
     assert order == ["high", "mid", "low"]
+
+
+def test_a_turns_tokens_go_out_as_the_next_forward_pass_starts(
+    kv_model: KVModel, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two decode steps the owner reads its commands and binds the next step's inputs
+    before it wakes the event loop: the loop's work for every stream (it takes the GIL)
+    overlaps the forward pass instead of the gap between steps."""
+    events: list[str] = []
+    outbox: list[GenerationDelta] = []
+
+    class Commands(queue.Queue[object]):
+        def get(self, block: bool = True, timeout: float | None = None) -> object:
+            events.append("commands")  # get_nowait comes here too
+            return super().get(block, timeout)
+
+    commands = Commands()
+
+    def deliver(request_id: str, delta: GenerationDelta | Exception) -> None:
+        assert isinstance(delta, GenerationDelta)
+        outbox.append(delta)
+        if delta.finish_reason is not None:
+            commands.put(STOP)
+
+    def flush() -> None:
+        if outbox:
+            events.append("flush")
+            outbox.clear()
+
+    run = kv_model._session.run_with_iobinding
+    monkeypatch.setattr(
+        kv_model._session, "run_with_iobinding", lambda *a: events.append("forward") or run(*a)
+    )
+    tokenizer = ChatTokenizer(REAL_MODEL).tokenizer
+    options = EngineOptions(prefix_cache=False)
+    owner = OwnerLoop(None, "m", kv_model, tokenizer, options, {2}, deliver, _ignore, flush)
+    commands.put(AddRequest("a", prompts[0], SamplingSettings(max_tokens=5, temperature=0.0)))
+    owner.serve(commands)
+    owner.release()
+    flushes = [i for i, event in enumerate(events) if event == "flush"]
+    assert len(flushes) == 5  # a token a turn, the first from its prompt
+    # Every flush but the last (the request is over) is the start of a forward pass.
+    assert all(events[i + 1] == "forward" for i in flushes[:-1]), events
+
+
+def _ignore(*counts: object) -> None:
+    pass
