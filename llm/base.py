@@ -154,6 +154,10 @@ class EngineStats:
     # and those that requests waiting in the engine name.
     running_lora_adapters: tuple[str, ...] = ()
     waiting_lora_adapters: tuple[str, ...] = ()
+    # Speculation's counters since start (vLLM's spec_decode_num_draft_tokens and
+    # spec_decode_num_accepted_tokens): tokens drafted, and those the verify step kept.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class GenerateOptions(TypedDict, total=False):

@@ -161,6 +161,7 @@ class OrtGenAIEngine:
         queries, hits = self._cache_counts
         owner = self._owner
         positions, waiting_keys = (0, []) if owner is None else owner.held()
+        drafted, accepted = (0, 0) if owner is None else owner.speculated()
         return EngineStats(
             self._running,
             self._waiting,
@@ -172,6 +173,8 @@ class OrtGenAIEngine:
             waiting_lora_adapters=tuple(
                 sorted({adapter_name(key) for key in waiting_keys if key is not None})
             ),
+            spec_draft_tokens=drafted,
+            spec_accepted_tokens=accepted,
         )
 
     # -- requests (event-loop thread) -------------------------------------------------------------

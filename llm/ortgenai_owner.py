@@ -299,6 +299,10 @@ class OwnerLoop:
         positions = sum(len(job.add.prompt_ids) + job.generated for job in running)
         return positions, [entry[2].add.adapter for entry in list(self._waiting)]
 
+    def speculated(self) -> tuple[int, int]:
+        """Speculation's tokens (drafted, accepted) since start: plain ints, read at scrape time."""
+        return self.batch.drafted, self.batch.accepted
+
     def _publish_counts(self) -> None:
         cache = (0, 0) if self.cache is None else (self.cache.queries, self.cache.hits)
         self._set_counts(self._running(), len(self._waiting), cache)

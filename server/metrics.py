@@ -295,6 +295,18 @@ class FerryMetrics:
             "Prompt tokens found computed in the engine's prefix cache (not recomputed).",
             "prefix_cache_hits",
         )
+        # vLLM's vllm:spec_decode_num_draft_tokens / _accepted_tokens: their ratio is the draft
+        # acceptance rate (`spec_tokens`, n-gram speculation).
+        self.llm_spec_draft_tokens = new.engine_counter(
+            "ferry_llm_spec_decode_draft_tokens",
+            "Tokens speculation drafted (prompt lookup) for a verify step to check.",
+            "spec_draft_tokens",
+        )
+        self.llm_spec_accepted_tokens = new.engine_counter(
+            "ferry_llm_spec_decode_accepted_tokens",
+            "Drafted tokens the verify step accepted (each one a decode step saved).",
+            "spec_accepted_tokens",
+        )
         # The Gateway API Inference Extension's model-server protocol, for its endpoint picker
         # (deploy/k8s/endpoint-picker.yaml): the KVCacheUtilization gauge and the LoRA info.
         self.llm_kv_cache_usage = new.engine_gauge(

@@ -59,6 +59,8 @@ GUIDED_ITL = ferry_metric("llm_guided_itl")
 CACHE_QUERIES = ferry_metric("llm_prefix_cache_queries")
 CACHE_HITS = ferry_metric("llm_prefix_cache_hits")
 KV_USAGE = ferry_metric("llm_kv_cache_usage")
+SPEC_DRAFTED = ferry_metric("llm_spec_draft_tokens")
+SPEC_ACCEPTED = ferry_metric("llm_spec_accepted_tokens")
 LORA_INFO = ferry_metric("llm_lora_info")
 
 

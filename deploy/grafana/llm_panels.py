@@ -16,6 +16,8 @@ from dashboard_kit import (
     RATE,
     REQUESTS,
     RUNNING,
+    SPEC_ACCEPTED,
+    SPEC_DRAFTED,
     STRUCTURED,
     TTFT,
     WAITING,
@@ -65,6 +67,18 @@ LLM = (
         ),
         unit="percentunit",
         description="Share of prompt tokens found computed (vLLM's prefix_cache_hits/queries).",
+    ),
+    Panel(
+        "Speculation: drafted tokens accepted",
+        (
+            (
+                "acceptance",
+                f"{rate_by('', SPEC_ACCEPTED)} / clamp_min({rate_by('', SPEC_DRAFTED)}, 1e-9)",
+            ),
+        ),
+        unit="percentunit",
+        description="Share of prompt-lookup drafts the verify step kept (`spec_tokens` > 0; "
+        "vLLM's spec_decode accepted/draft tokens).",
     ),
     rate_panel(
         "Finished requests/s by reason", "finish_reason", FINISHED, "stop, length, abort, error..."

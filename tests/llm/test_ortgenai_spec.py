@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from ferry.llm.base import GenerationDelta, Guidance, SamplingSettings
+from ferry.llm.base import EngineStats, GenerationDelta, Guidance, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai import OrtGenAIEngine
 from ferry.llm.ortgenai_batch import BatchLane
@@ -75,16 +75,19 @@ def test_speculation_gives_the_tokens_decoding_gives(tiny, prompt, sampling):
 async def test_a_stop_string_and_logprobs_come_out_as_without_speculation(prompt):
     sampling = SamplingSettings(max_tokens=64, temperature=0.0, logprobs=2, stop=("ahi, ahi",))
 
-    async def served(spec_tokens: int) -> list[GenerationDelta]:
+    async def served(spec_tokens: int) -> tuple[list[GenerationDelta], EngineStats]:
         engine = OrtGenAIEngine(ONNX_DIR, name="spec", spec_tokens=spec_tokens)
         await engine.start()
         try:
             run = engine.generate("r", prompt, sampling)
-            return await asyncio.wait_for(_all(run), WAIT_S)
+            return await asyncio.wait_for(_all(run), WAIT_S), engine.stats()
         finally:
             await engine.close()
 
-    plain, speculated = await served(0), await served(6)
+    (plain, off), (speculated, on) = await served(0), await served(6)
+    # What the metrics read (ferry_llm_spec_decode_*): none without speculation.
+    assert (off.spec_draft_tokens, off.spec_accepted_tokens) == (0, 0)
+    assert 0 < on.spec_accepted_tokens <= on.spec_draft_tokens
     assert "".join(d.text for d in speculated) == "".join(d.text for d in plain)
     assert speculated[-1].finish_reason == plain[-1].finish_reason == "stop"
     entries = [[e.token_id for d in run for e in d.logprobs] for run in (plain, speculated)]

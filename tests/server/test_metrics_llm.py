@@ -15,7 +15,16 @@ pytestmark = pytest.mark.unit
 def test_engine_series_are_the_engines_own_counts_at_scrape_time():
     registry = CollectorRegistry()
     metrics = FerryMetrics(registry)
-    stats = {"m": EngineStats(running=2, waiting=3, prefix_cache_queries=10, prefix_cache_hits=4)}
+    stats = {
+        "m": EngineStats(
+            running=2,
+            waiting=3,
+            prefix_cache_queries=10,
+            prefix_cache_hits=4,
+            spec_draft_tokens=9,
+            spec_accepted_tokens=7,
+        )
+    }
     assert "ferry_llm_requests_running{" not in generate_latest(registry).decode()  # no engines
     metrics.watch_llm_engines(lambda: stats)
 
@@ -26,6 +35,8 @@ def test_engine_series_are_the_engines_own_counts_at_scrape_time():
     assert sample("ferry_llm_requests_waiting") == 3
     assert sample("ferry_llm_prefix_cache_queries_total") == 10
     assert sample("ferry_llm_prefix_cache_hits_total") == 4
+    assert sample("ferry_llm_spec_decode_draft_tokens_total") == 9
+    assert sample("ferry_llm_spec_decode_accepted_tokens_total") == 7
     stats["m"] = EngineStats(running=0, waiting=1, prefix_cache_queries=12, prefix_cache_hits=4)
     assert (sample("ferry_llm_requests_running"), sample("ferry_llm_requests_waiting")) == (0, 1)
     assert sample("ferry_llm_prefix_cache_queries_total") == 12  # nothing wrote it: read anew

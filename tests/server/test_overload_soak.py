@@ -20,7 +20,8 @@ from tests.support.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
-SOAK_S = 15  # thousands of requests at twice saturation: enough to see the queue and memory stay bounded
+# Thousands of requests at twice saturation: enough to see the queue and memory stay bounded.
+SOAK_S = 15
 QUEUE_BOUND = 64
 CLIENTS = 256
 
