@@ -1,12 +1,12 @@
 """KServe v2 over gRPC: `inference.GRPCInferenceService`, the proto tritonclient ships.
 
 Runs on `grpc_port` in the server's own event loop, so it shares the HTTP side's models,
-batchers, drain and metrics; inference is `ferry.server.kserve.infer.infer_tensors`, the function
-the HTTP route calls. Tensors arrive as typed contents or raw little-endian bytes (tritonclient's
-default); outputs always go back raw, as Triton sends them. Errors map from Ferry's one error
-table to gRPC status codes. Each call is declared in `route_table.py` (its class and whether it
-needs the key) and goes through the HTTP gateway's key, drain and metrics code
-(`route_policy.py`).
+batchers, drain and metrics; a request is decoded by its model's signature and inferred as the
+HTTP route does it (`ferry.server.kserve.kserve_model`). Tensors arrive as typed contents or raw
+little-endian bytes (tritonclient's default); outputs always go back raw, as Triton sends them.
+Errors map from Ferry's one error table to gRPC status codes. Each call is declared in
+`route_table.py` (its class and whether it needs the key) and goes through the HTTP gateway's
+key, drain and metrics code (`route_policy.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""KServe v2 tensors of any datatype for a plain graph: request inputs read, outputs written.
+"""KServe v2 tensors of any datatype, by a model's signature: request inputs read, outputs written.
 
 Each input is checked against the graph (its name, then its datatype) and its shape against the
 data the request could carry, before its data is read;

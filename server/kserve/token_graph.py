@@ -9,6 +9,7 @@ the model's batcher), as /predict and /v1/embeddings do.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from typing import Any, Unpack
 
 import numpy as np
@@ -37,7 +38,7 @@ class TokenGraph(ModelView[EncoderModel]):
         super().__init__(model)
         self.encoder = encoder
 
-    @property
+    @cached_property  # read several times a request; the view lives for one
     def signature(self) -> Signature:
         # Segment ids are taken from every client (all zeros change nothing); the metadata lists
         # them only for the models whose graph reads them.

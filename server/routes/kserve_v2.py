@@ -3,7 +3,8 @@
 What `tritonclient.http` and perf_analyzer use against Triton: health, server and model
 metadata, model configuration (Triton's JSON), statistics (Triton's extension), readiness and
 `infer` with JSON or binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's
-default). The inference itself is `ferry.server.kserve.infer`, shared with the gRPC service.
+default). Every model is decoded by its signature and inferred alike (a token model is a graph
+whose preprocessing is a tokenizer: `ferry.server.kserve.kserve_model`), as in the gRPC service.
 Errors use KServe's `{"error": "..."}` shape (`dialects.KSERVE`, declared
 for every /v2 route in `route_table.py`).
 """
