@@ -305,7 +305,7 @@ def _known_input(
     want = signature.input(name)
     if datatype == "BYTES" and name in signature.images:
         return replace(want, datatype="BYTES", shape=want.shape[:1])  # one image a row
-    if datatype in want.widens:
+    if isinstance(datatype, str) and datatype in want.widens:  # JSON may send any value
         return replace(want, datatype=datatype)  # read as sent, widened once decoded
     if datatype != want.datatype:
         also = "".join(f" (or {d})" for d in sorted(want.widens))

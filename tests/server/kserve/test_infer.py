@@ -213,6 +213,8 @@ async def test_bad_tensors_are_400s_naming_the_input(client):
     assert "datatype FP32 does not match the model's INT64 (or INT32)" in await refused(
         client, floats
     )
+    odd = {"inputs": [{**ids_input([[101, 102]]), "datatype": {}}]}  # found by the fuzzer
+    assert "datatype {} does not match the model's INT64" in await refused(client, odd)
     misfit = {"inputs": [{**ids_input([[101, 102]]), "shape": [1, 3]}]}
     assert "2 values do not fit shape [1, 3]" in await refused(client, misfit)
 
