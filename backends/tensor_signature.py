@@ -45,6 +45,9 @@ class TensorSpec:
     # The names given here to the graph's unnamed dynamic axes: no other tensor shares them,
     # so an output cannot be cut back along them (never padded unless configured).
     unnamed: frozenset[str] = frozenset()
+    # Narrower datatypes a request may send instead, widened to this one when decoded (a token
+    # model's ids as INT32, as tritonclient's examples send them).
+    widens: frozenset[str] = frozenset()
 
     @property
     def dtype(self) -> np.dtype:

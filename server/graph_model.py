@@ -15,7 +15,6 @@ from dataclasses import replace
 from typing import Any, Protocol, TypedDict, Unpack
 
 import numpy as np
-from typing_extensions import TypeIs
 
 from ferry.backends.batch_plan import BatchPlan
 from ferry.backends.tensor_signature import Signature
@@ -40,7 +39,8 @@ class GraphBackend(Protocol):
 
 
 class GraphModel(ServedModel, Protocol):
-    """Told from an `EncoderModel` by `is_graph` (the routes branch on it)."""
+    """A plain graph (`EncoderModel`s are token models; KServe sees both as graphs:
+    kserve/kserve_model.py)."""
 
     task: str  # GRAPH_TASK, as /v1/models lists it
 
@@ -86,13 +86,6 @@ class GraphModel(ServedModel, Protocol):
 
 
 GRAPH_TASK = "tensor"
-
-
-def is_graph(model: object) -> TypeIs[GraphModel]:
-    """Whether `model` is a plain graph: one attribute read, where `isinstance` against a
-    runtime-checkable Protocol walks its members on every call (75 us a request on Python 3.11,
-    which halved the tabular benchmark's throughput)."""
-    return getattr(model, "task", None) == GRAPH_TASK
 
 
 # The batch limit in elements when the config keeps the token default (2048 suits tokens, not

@@ -10,7 +10,7 @@ import numpy as np
 
 from ferry.server.call_tenancy import call_priority
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import is_graph, prepare
+from ferry.server.graph_model import prepare
 from ferry.server.hot import HotCall
 from ferry.server.route_table import IMAGES
 from ferry.server.tensor_predict import answer_rows
@@ -29,10 +29,12 @@ async def predict_image(call: HotCall) -> dict[str, Any]:
     unknown = sorted(set(query) - set(QUERY))
     if unknown:
         raise InvalidInput(unknown[0], f"not a parameter of an image body; it takes {list(QUERY)}")
-    model = call.services.registry.find(query.get("model", [None])[-1])
-    call.state["model_name"] = model.name
-    if not is_graph(model) or not model.signature.images:
-        raise InvalidInput("model", f"model {model.name!r} declares no image preprocessing")
+    registry, asked = call.services.registry, query.get("model", [None])[-1]
+    model = registry.graph(asked)
+    call.state["model_name"] = model.name if model is not None else registry.get(asked).name
+    if model is None or not model.signature.images:
+        named = call.state["model_name"]
+        raise InvalidInput("model", f"model {named!r} declares no image preprocessing")
     (image_input,) = model.signature.images
     others = [name for name in model.signature.input_names if name != image_input]
     if others:

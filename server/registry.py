@@ -20,7 +20,7 @@ from ferry.llm.errors import InvalidAdapter
 from ferry.llm.ortgenai_prefix import PrefixCache
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import UnknownModel
-from ferry.server.graph_model import GraphModel, is_graph
+from ferry.server.graph_model import GraphModel
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import plain_graph
@@ -95,11 +95,14 @@ class ModelRegistry:
             raise UnknownModel(key or "", self.names())
         return model
 
-    def find(self, name: str | None) -> EncoderModel | GraphModel:
-        """The encoder or plain graph `name` (the default one for None)."""
+    def graph(self, name: str | None) -> GraphModel | None:
+        """The plain graph `name` (the default model for None); None where `name` is an
+        encoder, UnknownModel where it is neither."""
         key = name or self.default_name
-        tensor = self.tensors.get(key) if key is not None else None
-        return tensor if tensor is not None else self.get(name)
+        graph = self.tensors.get(key) if key is not None else None
+        if graph is None:
+            self.get(name)  # an encoder, or refused
+        return graph
 
     def llm(self, name: str) -> ServedModel:
         """The LLM `name`: a base model, or an adapter loaded on one."""
@@ -193,7 +196,7 @@ class ModelRegistry:
     async def retire(self, model: EncoderModel | GraphModel | LLMEngine) -> None:
         """A model taken out: its requests in flight finish (up to drain_timeout_s), then it
         closes."""
-        if isinstance(model, (ModelRuntime, TensorModel)) or is_graph(model):
+        if isinstance(model, (ModelRuntime, TensorModel)):  # what this process runs
             await model.close(self.drain_timeout_s)  # its batcher drains first
             return
         llm: LLMEngine = model  # type: ignore[assignment]  # the other kind

@@ -155,10 +155,17 @@ def _typed_items(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> 
     else:
         allowed = {int}
     if not kinds <= allowed:
-        index, item = next((i, x) for i, x in enumerate(flat) if type(x) not in allowed)
-        raise InvalidInput(
-            f"{name}[{index}]", f"{datatype} data must be {_kind(datatype)}, got {_shown(item)}"
+        wrong = (
+            (i, x)
+            for i, x in enumerate(flat)
+            if type(x) not in allowed and not (datatype in INTEGERS and _huge(x))
         )
+        index, item = next(wrong, (None, None))
+        if index is not None:
+            raise InvalidInput(
+                f"{name}[{index}]",
+                f"{datatype} data must be {_kind(datatype)}, got {_shown(item)}",
+            )
     if datatype == "BYTES":
         return np.array(flat, dtype=object)
     if datatype in FLOATS:
@@ -175,10 +182,17 @@ def _typed_items(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> 
     return _integers(name, datatype, dtype, flat)
 
 
+def _huge(item: Any) -> bool:
+    """orjson reads an integer past 64 bits as a float: such a float is an integer out of
+    range, not a float."""
+    return isinstance(item, float) and item.is_integer() and abs(item) >= 2**63
+
+
 def _integers(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.ndarray:
     limits = np.iinfo(dtype)
     try:  # at C speed: numpy raises for an item outside 64 bits, the bounds check the rest
-        wide = np.array(flat, dtype=np.uint64 if limits.min == 0 else np.int64)
+        huge = float in set(map(type, flat))  # numpy would cast it, not raise
+        wide = None if huge else np.array(flat, dtype=np.uint64 if limits.min == 0 else np.int64)
     except OverflowError:
         wide = None
     if wide is not None and (
@@ -189,7 +203,8 @@ def _integers(name: str, datatype: str, dtype: np.dtype, flat: list[Any]) -> np.
         if not limits.min <= item <= limits.max:
             raise InvalidInput(
                 f"{name}[{index}]",
-                f"{repr(item)[:40]} is outside {datatype}'s range ({limits.min}..{limits.max})",
+                f"{repr(int(item))[:40]} is outside {datatype}'s range "
+                f"({limits.min}..{limits.max})",
             )
     raise AssertionError("an item is out of range")  # pragma: no cover
 

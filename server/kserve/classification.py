@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from ferry.backends import bfloat16
-from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel, class_count, class_labels, is_graph, rows_first
+from ferry.server.kserve.kserve_model import KServeModel
 
 PARAMETER = "classification"
 UNSCORED = ("BYTES", "BOOL")
@@ -47,36 +46,22 @@ def requested(outputs: Iterable[tuple[str, Any]]) -> dict[str, int]:
     return counts
 
 
-def plan(model: EncoderModel | GraphModel, counts: Mapping[str, int]) -> dict[str, Classification]:
+def plan(model: KServeModel, counts: Mapping[str, int]) -> dict[str, Classification]:
     """What each classified output needs, checked against the model before any work."""
     plans = {}
     for name, count in counts.items():
-        datatype, classes, labels, batched = _scores(model, name)
-        if datatype in UNSCORED:
-            raise InvalidInput(name, f"classification needs scores; this output is {datatype}")
-        if classes is not None and count > classes:
+        scores = model.scores(name)
+        if scores.datatype in UNSCORED:
             raise InvalidInput(
-                name, f"classification {count} is more than the output's {classes} classes"
+                name, f"classification needs scores; this output is {scores.datatype}"
             )
-        plans[name] = Classification(count, labels, batched, datatype == "BF16")
+        if scores.classes is not None and count > scores.classes:
+            raise InvalidInput(
+                name, f"classification {count} is more than the output's {scores.classes} classes"
+            )
+        bf16 = scores.datatype == "BF16"
+        plans[name] = Classification(count, scores.labels, scores.batched, bf16)
     return plans
-
-
-def _scores(
-    model: EncoderModel | GraphModel, name: str
-) -> tuple[str, int | None, tuple[str, ...] | None, bool]:
-    """An output's datatype, its classes per row (None: not known before it runs), their labels
-    and whether the model is batched."""
-    if is_graph(model):
-        datatype = model.signature.output(name).datatype
-        batched = rows_first(model) or model.signature.output(name).class_map
-        return datatype, class_count(model, name), class_labels(model, name), batched
-    if model.outputs.is_sequence(name):
-        raise InvalidInput(name, "classification needs one vector of scores a row, not a sequence")
-    id2label = model.manifest.id2label if name == "logits" else {}
-    width = model.outputs.width(name)
-    labels = tuple(id2label.get(i, str(i)) for i in range(width)) if id2label else None
-    return "FP32", width, labels, True
 
 
 def classify(name: str, value: np.ndarray, plan: Classification) -> np.ndarray:

@@ -1,12 +1,12 @@
 """KServe v2 over gRPC: `inference.GRPCInferenceService`, the proto tritonclient ships.
 
 Runs on `grpc_port` in the server's own event loop, so it shares the HTTP side's models,
-batchers, drain and metrics; inference is `ferry.server.kserve.infer.infer_tensors`, the function
-the HTTP route calls. Tensors arrive as typed contents or raw little-endian bytes (tritonclient's
-default); outputs always go back raw, as Triton sends them. Errors map from Ferry's one error
-table to gRPC status codes. Each call is declared in `route_table.py` (its class and whether it
-needs the key) and goes through the HTTP gateway's key, drain and metrics code
-(`route_policy.py`).
+batchers, drain and metrics; a request is decoded by its model's signature and inferred as the
+HTTP route does it (`ferry.server.kserve.kserve_model`). Tensors arrive as typed contents or raw
+little-endian bytes (tritonclient's default); outputs always go back raw, as Triton sends them.
+Errors map from Ferry's one error table to gRPC status codes. Each call is declared in
+`route_table.py` (its class and whether it needs the key) and goes through the HTTP gateway's
+key, drain and metrics code (`route_policy.py`).
 """
 
 from __future__ import annotations
@@ -27,19 +27,12 @@ from ferry import __version__
 from ferry.batcher import tracing as batcher_tracing
 from ferry.server import tracing
 from ferry.server.dialects import kserve_message
-from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import NOT_SUPPORTED, Failure, InvalidInput, NotSupported, failure
-from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
 from ferry.server.kserve import classification
 from ferry.server.kserve.extensions import served_extensions
-from ferry.server.kserve.infer import (
-    ABSENT,
-    deserialize_bytes,
-    infer_tensors,
-    output_names,
-    request_priority,
-)
-from ferry.server.kserve.model_config import model_config, model_metadata, synced
+from ferry.server.kserve.infer import ABSENT, request_priority
+from ferry.server.kserve.kserve_model import KServeModel
+from ferry.server.kserve.lookup import find_model
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.shared_memory import (
     CUDA_UNSUPPORTED,
@@ -49,20 +42,15 @@ from ferry.server.kserve.shared_memory import (
 )
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
-    check_raw_alone,
-    checked_shape,
     decode_grpc_tensors,
-    grpc_regions,
     proto_parameters,
-    region_bytes,
     tensor_blob,
 )
-from ferry.server.kserve.versions import VERSION, find_model
+from ferry.server.kserve.versions import VERSION
 from ferry.server.model_repository import check_tenant_right, load_parameters, unload_parameters
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
-from ferry.server.sequences import SequenceFlags
 from ferry.server.services import Services
 from ferry.server.tenancy import CLAMPED_HEADER
 
@@ -89,7 +77,6 @@ STATUS_CODES = {
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 SERVICE = "inference.GRPCInferenceService"
-INT_TYPES = {"INT64": ("<i8", "int64_contents"), "INT32": ("<i4", "int_contents")}
 
 
 def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
@@ -100,65 +87,6 @@ def grpc_status(failure: Failure) -> tuple[grpc.StatusCode, str, tuple[tuple[str
         code = grpc.StatusCode.UNIMPLEMENTED
     trailers = (("retry-after", "1"),) if failure.retry_after_s is not None else ()
     return code, kserve_message(failure), trailers
-
-
-CONTENTS_FIELD = {"BYTES": "bytes_contents", **{k: f for k, (_, f) in INT_TYPES.items()}}
-
-
-def check_contents(tensor: Any) -> None:
-    """Typed contents only in the field of the tensor's datatype (Triton's rule): INT64 data
-    sent as fp32_contents or bool_contents is refused, not read as an empty tensor."""
-    used = [field.name for field, _ in tensor.contents.ListFields()]
-    expected = CONTENTS_FIELD[tensor.datatype]
-    wrong = [f for f in used if f != expected]
-    if wrong:
-        raise InvalidInput(
-            tensor.name, f"{tensor.datatype} data goes in contents.{expected}, got {wrong[0]}"
-        )
-
-
-def decode_inputs(
-    request: service_pb2.ModelInferRequest, regions: TenantRegions
-) -> dict[str, np.ndarray]:
-    check_raw_alone(request)  # first, as Triton: its clients match its words for this case
-    refs, raw = grpc_regions(request)
-    tensors = {}
-    room = request.ByteSize()
-    for index, tensor in enumerate(request.inputs):
-        ref = refs[index]
-        name = tensor.name
-        shape = checked_shape(name, list(tensor.shape), room + (ref.byte_size if ref else 0))
-        if tensor.datatype != "BYTES" and tensor.datatype not in INT_TYPES:
-            raise InvalidInput(
-                name, f"datatype must be INT64 (token ids) or BYTES (text), got {tensor.datatype}"
-            )
-        check_contents(tensor)
-        content: bytes | memoryview | None = raw.get(index)
-        if ref is not None:
-            in_request = bool(tensor.contents.ListFields())
-            content = region_bytes(regions, ref, name, tensor.datatype, in_request)
-        if tensor.datatype == "BYTES":
-            array = (
-                deserialize_bytes(bytes(content), name)
-                if content is not None
-                else np.array(list(tensor.contents.bytes_contents), dtype=object)
-            )
-        else:
-            dtype, field = INT_TYPES[tensor.datatype]
-            if content is not None and len(content) % np.dtype(dtype).itemsize:
-                message = f"{len(content)} raw bytes are not whole {tensor.datatype} values"
-                raise InvalidInput(name, message)
-            array = (
-                np.frombuffer(content, dtype=dtype)
-                if content is not None
-                else np.asarray(getattr(tensor.contents, field), dtype=np.int64)
-            )
-        try:
-            array = array.reshape(shape)
-        except ValueError:
-            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}") from None
-        tensors[name] = array if tensor.datatype == "BYTES" else array.astype(np.int64)
-    return tensors
 
 
 def encode_outputs(
@@ -197,7 +125,7 @@ def output_regions(
 
 
 def classifications(
-    request: service_pb2.ModelInferRequest, model: EncoderModel | GraphModel
+    request: service_pb2.ModelInferRequest, model: KServeModel
 ) -> dict[str, classification.Classification]:
     """The outputs asked for as Triton's top-k classes (tritonclient's `class_count`)."""
     asked = ((o.name, _parameter(o.parameters, classification.PARAMETER)) for o in request.outputs)
@@ -304,7 +232,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             ):  # not loaded (Triton answers not ready, no error), or an LLM
                 ready = registry.readiness().get(name, False)
                 return service_pb2.ModelReadyResponse(ready=ready and not services.drain.draining)
-            model = find_model(registry, name, request.version)
+            model = self._model(name, request.version)
             ok = not services.drain.draining and await model.healthy()
             return service_pb2.ModelReadyResponse(ready=ok)
 
@@ -320,8 +248,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            model = find_model(self.services.registry, request.name, request.version)
-            metadata = model_metadata(await synced(model))
+            model = self._model(request.name, request.version)
+            await model.sync_classes()  # another API process's request may have taught some
+            metadata = model.metadata()
             # The proto has no place for a ZipMap output's classes (HTTP lists them).
             response = service_pb2.ModelMetadataResponse()
             return json_format.ParseDict(metadata, response, ignore_unknown_fields=True)
@@ -330,8 +259,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
-            model = find_model(self.services.registry, request.name, request.version)
-            config = model_config(await synced(model))
+            model = self._model(request.name, request.version)
+            await model.sync_classes()
+            config = model.config()
             parsed = json_format.ParseDict(config, model_config_pb2.ModelConfig())
             return service_pb2.ModelConfigResponse(config=parsed)
 
@@ -341,11 +271,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         async def run(_: str | None) -> Any:
             registry = self.services.registry
             every = [*registry.models, *registry.tensors]
-            names = (
-                [find_model(registry, request.name, request.version).name]
-                if request.name
-                else every
-            )
+            names = [self._model(request.name, request.version).name] if request.name else every
             stats = model_statistics(self.services.metrics.registry, names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
@@ -406,10 +332,15 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             code, details, _ = grpc_status(failure(exc, route.path))
             await context.abort(code, details)
 
+    def _model(self, name: str, version: str) -> KServeModel:
+        return find_model(self.services.registry, self.services.encoder, name, version)
+
     async def _infer(
         self, request: Any, context: grpc.aio.ServicerContext, tenant: str | None
     ) -> service_pb2.ModelInferResponse:
-        model = find_model(self.services.registry, request.model_name, request.model_version)
+        """One path for every model: outputs and their classification checked, the inputs
+        decoded by the model's signature, then inferred; outputs raw, as Triton sends them."""
+        model = self._model(request.model_name, request.model_version)
         asked = request_priority(_parameter(request.parameters, "priority"))
         decided = self.services.priority_policy.apply(asked, tenant)
         if decided.clamped_from is not None:  # said, as the HTTP header says it
@@ -417,19 +348,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             context.set_trailing_metadata((*context.trailing_metadata(), clamped))
         sequence = sequence_flags(partial(_parameter, request.parameters))
         regions = self.services.shared_memory.of(tenant)
-        if is_graph(model):
-            return await infer_plain(model, request, decided.priority, regions, sequence)
-        refuse_sequence(model.name, {"sequence": sequence})
-        wanted = output_names(model, [o.name for o in request.outputs])
+        wanted = model.output_names([o.name for o in request.outputs])
         classified = classifications(request, model)
-        tensors = decode_inputs(request, regions)
+        tensors = decode_grpc_tensors(request, model.signature, regions)
         placed = output_regions(request, regions)
         # A cancelled call (client gone) cancels this task, and with it the queued work.
-        outputs = await infer_tensors(
-            model, self.services.encoder, tensors, wanted, priority=decided.priority
-        )
-        datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
-        outputs = classification.apply(outputs, classified)
+        result = await model.infer(tensors, wanted, priority=decided.priority, sequence=sequence)
+        outputs = classification.apply(result, classified)
+        datatypes = {
+            name: "BYTES" if name in classified else model.signature.output(name).datatype
+            for name in wanted
+        }
         return encode_outputs(request, outputs, datatypes, regions, placed)
 
     # -- Triton's shared memory extension (kserve/shared_memory.py) ---------------------------
@@ -562,29 +491,6 @@ def _repository_parameters(parameters: Any) -> dict[str, Any]:
         choice = parameter.WhichOneof("parameter_choice")
         values[key] = None if choice is None else getattr(parameter, choice)
     return values
-
-
-async def infer_plain(
-    model: GraphModel,
-    request: Any,
-    priority: int,
-    regions: TenantRegions,
-    sequence: SequenceFlags | None = None,
-) -> service_pb2.ModelInferResponse:
-    """A plain graph: its own inputs and datatypes, outputs raw in the graph's datatypes;
-    `priority` after the policy (server/tenancy.py), `sequence` a stateful graph's."""
-    wanted = output_names(model, [o.name for o in request.outputs])
-    classified = classifications(request, model)
-    tensors = decode_grpc_tensors(request, model.signature, regions)
-    placed = output_regions(request, regions)
-    rows = await prepare(model, tensors)
-    result = await model.infer(rows, wanted, priority=priority, sequence=sequence)
-    outputs = classification.apply({name: result[name] for name in wanted}, classified)
-    datatypes = {
-        name: "BYTES" if name in classified else model.signature.output(name).datatype
-        for name in wanted
-    }
-    return encode_outputs(request, outputs, datatypes, regions, placed)
 
 
 def _parameter(parameters: Any, name: str) -> Any:

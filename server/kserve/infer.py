@@ -1,19 +1,17 @@
-"""One KServe v2 inference, shared by the HTTP route and the gRPC service.
+"""A token model's KServe v2 inference (token_graph.py's `infer`), and the request parameters
+every model's requests share.
 
-Inputs arrive as arrays: `input_ids` (and optionally `attention_mask`) INT64 [batch, seq], or
-`text` BYTES [batch] / [batch, 1] (UTF-8, tokenized here with the model's tokenizer). Padded
-tensors stay padded through validation; each row is queued as a view cut to its real length, so
-the batcher batches it with any other traffic. Outputs are FP32; sequence outputs are padded
-back to the request's width.
+Inputs arrive as arrays, decoded by the model's signature (tensor_codec.py): `input_ids` (and
+optionally `attention_mask`) INT64 [batch, seq], or `text` BYTES [batch] / [batch, 1] (UTF-8,
+tokenized here with the model's tokenizer). Padded tensors stay padded through validation; each
+row is queued as a view cut to its real length, so the batcher batches it with any other
+traffic. Outputs are FP32; sequence outputs are padded back to the request's width.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import struct
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -22,73 +20,8 @@ from ferry.server.encoder import EncoderServing
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenArrays, item_field
 from ferry.server.errors import InvalidInput
-from ferry.server.graph_model import GraphModel, is_graph
 from ferry.server.kserve.model_config import TEXT_INPUT, TOKEN_INPUTS, TYPES_INPUT
-from ferry.server.model_outputs import distinct
 from ferry.server.schemas import PRIORITY_MAX, PRIORITY_MIN
-
-
-def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
-    """Triton's BYTES wire format (each element: 4-byte little-endian length, then the bytes)."""
-    items, offset = [], 0
-    while offset < len(buffer):
-        if offset + 4 > len(buffer):
-            raise InvalidInput(name, "BYTES data ends inside an element's length prefix")
-        (size,) = struct.unpack_from("<I", buffer, offset)
-        offset += 4
-        if offset + size > len(buffer):
-            raise InvalidInput(name, "BYTES element runs past the end of the data")
-        items.append(buffer[offset : offset + size])
-        offset += size
-    return np.array(items, dtype=object)
-
-
-INT_TYPES: dict[str, type[np.signedinteger[Any]]] = {"INT64": np.int64, "INT32": np.int32}
-
-
-def int_data(name: str, datatype: str, data: Any) -> np.ndarray:
-    """JSON `data` of an integer tensor, flat, every item checked: a float, string or bool is
-    refused naming it, as /predict refuses it, never cast (7592.9 is not token 7592)."""
-    if not isinstance(data, list):
-        raise InvalidInput(name, f"{datatype} data must be a list of integers")
-    flat = _flattened(data) if any(isinstance(d, list) for d in data) else data
-    dtype = INT_TYPES[datatype]
-    if set(map(type, flat)) <= {int}:  # the common case, checked at C speed
-        array = np.array(flat, dtype=object if not flat else None)
-        if array.dtype == np.int64 and _fits(array, dtype):
-            return array.astype(dtype, copy=False)
-    limits = np.iinfo(dtype)
-    for index, item in enumerate(flat):
-        # orjson reads integers beyond 64 bits as floats: only those count as out of range.
-        huge = isinstance(item, float) and item.is_integer() and abs(item) >= 2**63
-        if type(item) is not int and not huge:
-            raise InvalidInput(
-                f"{name}[{index}]", f"{datatype} data must be integers, got {_shown(item)}"
-            )
-        if not limits.min <= item <= limits.max:
-            shown = repr(int(item))[:40]
-            raise InvalidInput(
-                f"{name}[{index}]",
-                f"{shown} is outside {datatype}'s range ({limits.min}..{limits.max})",
-            )
-    return np.array(flat, dtype=dtype)
-
-
-def _flattened(data: list[Any]) -> list[Any]:
-    flat: list[Any] = []
-    for item in data:
-        flat.extend(_flattened(item) if isinstance(item, list) else (item,))
-    return flat
-
-
-def _fits(array: np.ndarray, dtype: type) -> bool:
-    limits = np.iinfo(dtype)
-    return array.size == 0 or (limits.min <= array.min() and array.max() <= limits.max)
-
-
-def _shown(item: Any) -> str:
-    kind = {bool: "a boolean", float: "a float", str: "a string"}.get(type(item), "an object")
-    return f"{kind} ({json.dumps(item)[:40]})" if item is not None else "null"
 
 
 def decoded_texts(texts: np.ndarray) -> list[str]:
@@ -152,13 +85,6 @@ def request_priority(value: object = ABSENT) -> int:
             "priority", f"parameters.priority must be within {PRIORITY_MIN}..{PRIORITY_MAX}"
         )
     return value
-
-
-def output_names(model: EncoderModel | GraphModel, names: Sequence[str | None]) -> tuple[str, ...]:
-    """The requested outputs, checked; all of the model's tensors when none are asked for."""
-    if is_graph(model):
-        return distinct(model.select_outputs(names, tensors=True))
-    return model.outputs.select(names, tensors=True)
 
 
 async def infer_tensors(

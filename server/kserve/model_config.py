@@ -1,4 +1,5 @@
-"""A served model described in Triton's shapes: model metadata and model configuration.
+"""A token model described in Triton's shapes: model metadata and model configuration (a
+plain graph's: tensor_config.py).
 
 Both come from the model's real limits (settings, manifest, backend), so perf_analyzer and
 tritonclient size their requests as Ferry will batch them. The configuration is Triton's
@@ -10,8 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from ferry.server.encoder_model import EncoderModel
-from ferry.server.graph_model import GraphModel, is_graph
-from ferry.server.kserve.tensor_config import tensor_config, tensor_metadata
 from ferry.server.kserve.versions import VERSION
 
 # A UTF-8 text input, tokenized by the server: [batch] or [batch, 1] BYTES, one text per row.
@@ -26,17 +25,7 @@ def token_inputs(model: EncoderModel) -> tuple[str, ...]:
     return (*TOKEN_INPUTS, TYPES_INPUT) if model.backend.takes_token_types else TOKEN_INPUTS
 
 
-async def synced(model: EncoderModel | GraphModel) -> EncoderModel | GraphModel:
-    """The model with every ZipMap class its answers taught it so far (another API process's
-    request may have), as its metadata and config list them."""
-    if is_graph(model):
-        await model.sync_classes()
-    return model
-
-
-def model_metadata(model: EncoderModel | GraphModel) -> dict[str, Any]:
-    if is_graph(model):
-        return tensor_metadata(model)
+def token_metadata(model: EncoderModel) -> dict[str, Any]:
     backend = model.backend
     # Only the axes Ferry knows are given sizes; the rest vary (-1), as the protocol allows.
     outputs = [
@@ -56,10 +45,8 @@ def model_metadata(model: EncoderModel | GraphModel) -> dict[str, Any]:
     }
 
 
-def model_config(model: EncoderModel | GraphModel) -> dict[str, Any]:
+def token_config(model: EncoderModel) -> dict[str, Any]:
     """Triton's model configuration JSON (int64 fields as numbers, as Triton prints them)."""
-    if is_graph(model):
-        return tensor_config(model)
     settings, backend = model.settings, model.backend
     limits = settings.batching
     # The batch axis is implicit (max_batch_size > 0); every input is optional because a request

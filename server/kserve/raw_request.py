@@ -15,12 +15,12 @@ from typing import Any
 
 from ferry.backends.tensor_signature import TensorSpec
 from ferry.server.errors import MalformedRequest
-from ferry.server.graph_model import GraphModel, rows_first
+from ferry.server.kserve.kserve_model import KServeModel
 
 RAW_HEADER_LENGTH = "0"
 
 
-def raw_request(model: GraphModel, body: bytes) -> tuple[dict[str, Any], bytes]:
+def raw_request(model: KServeModel, body: bytes) -> tuple[dict[str, Any], bytes]:
     """The JSON header Triton deduces for `body`, and the body in the binary tensor form that
     header describes (a BYTES element length-prefixed)."""
     inputs = model.signature.inputs
@@ -30,7 +30,7 @@ def raw_request(model: GraphModel, body: bytes) -> tuple[dict[str, Any], bytes]:
             f"inputs in '{model.name}' model configuration"
         )
     spec = inputs[0]
-    batch = [1] if rows_first(model) else []
+    batch = [1] if model.rows_first else []
     dims = spec.shape[len(batch) :]
     if spec.datatype == "BYTES":
         if list(dims) != [1]:

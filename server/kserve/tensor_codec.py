@@ -1,4 +1,4 @@
-"""KServe v2 tensors of any datatype for a plain graph: request inputs read, outputs written.
+"""KServe v2 tensors of any datatype, by a model's signature: request inputs read, outputs written.
 
 Each input is checked against the graph (its name, then its datatype) and its shape against the
 data the request could carry, before its data is read;
@@ -19,7 +19,6 @@ import numpy as np
 from ferry.backends import bfloat16
 from ferry.backends.tensor_signature import Signature, TensorSpec
 from ferry.server.errors import InvalidInput, MalformedRequest
-from ferry.server.kserve.infer import deserialize_bytes
 from ferry.server.kserve.shared_memory import TenantRegions, TensorRef, tensor_ref
 from ferry.server.tensor_inputs import MAX_DIMS, typed_array, typed_tensor
 
@@ -42,6 +41,21 @@ def binary_data_size(name: str, spec: dict[str, Any]) -> int | None:
             name, f"parameters.binary_data_size must be a count of bytes, got {size!r:.40}"
         )
     return size
+
+
+def deserialize_bytes(buffer: bytes, name: str) -> np.ndarray:
+    """Triton's BYTES wire format (each element: 4-byte little-endian length, then the bytes)."""
+    items, offset = [], 0
+    while offset < len(buffer):
+        if offset + 4 > len(buffer):
+            raise InvalidInput(name, "BYTES data ends inside an element's length prefix")
+        (size,) = struct.unpack_from("<I", buffer, offset)
+        offset += 4
+        if offset + size > len(buffer):
+            raise InvalidInput(name, "BYTES element runs past the end of the data")
+        items.append(buffer[offset : offset + size])
+        offset += size
+    return np.array(items, dtype=object)
 
 
 def checked_shape(name: str, shape: list[int], room: int) -> list[int]:
@@ -107,10 +121,21 @@ def decode_tensors(
             array = typed_tensor(name, datatype, want.dtype, spec["data"]).reshape(-1)
         else:
             raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
-        if array.size != count:
-            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
-        tensors[name] = array.reshape(shape)
+        tensors[name] = _fitted(name, array, shape, want.datatype, signature)
     return tensors
+
+
+def _fitted(
+    name: str, array: np.ndarray, shape: list[int], sent: str, signature: Signature
+) -> np.ndarray:
+    """`array` in the request's shape, widened to the input's datatype where it was sent in a
+    narrower one the input takes (`TensorSpec.widens`)."""
+    if array.size != math.prod(shape):
+        raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
+    spec = signature.input(name)
+    if sent in spec.widens:
+        array = array.astype(spec.dtype)
+    return array.reshape(shape)
 
 
 def _binary(
@@ -124,12 +149,7 @@ def _binary(
 ) -> np.ndarray:
     if datatype == "BYTES":
         items = deserialize_bytes(bytes(chunk), name)  # a region's BYTES are bytes already
-        if raw:
-            return np.array(items, dtype=object)
-        try:
-            return np.array([item.decode() for item in items], dtype=object)
-        except UnicodeDecodeError:
-            raise InvalidInput(name, "BYTES data must be UTF-8") from None
+        return np.array(items, dtype=object) if raw else _texts(name, items)
     expected = count * dtype.itemsize
     if len(chunk) != expected:
         raise InvalidInput(
@@ -137,6 +157,14 @@ def _binary(
             f"{len(chunk)} bytes of binary data, but shape {shape} of {datatype} takes {expected}",
         )
     return np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
+
+
+def _texts(name: str, items: Any) -> np.ndarray:
+    """BYTES elements as text, refused (not mended) where one is not UTF-8."""
+    try:
+        return np.array([item.decode() for item in items], dtype=object)
+    except UnicodeDecodeError:
+        raise InvalidInput(name, "BYTES data must be UTF-8") from None
 
 
 def tensor_blob(value: np.ndarray, datatype: str) -> bytes:
@@ -239,19 +267,19 @@ def decode_grpc_tensors(
             )
         else:
             field = CONTENTS.get(datatype)
-            if field is None or any(f != field for f in used):
+            wrong = [f for f in used if f != field]
+            if field is None or wrong:
                 where = f"contents.{field}" if field else "raw_input_contents only"
-                raise InvalidInput(name, f"{datatype} data goes in {where}")
+                got = f", got {wrong[0]}" if wrong else ""
+                raise InvalidInput(name, f"{datatype} data goes in {where}{got}")
             items = list(getattr(tensor.contents, field))
             if datatype == "BYTES" and name in signature.images:
                 array = np.array(items, dtype=object)  # encoded images: bytes as sent
+            elif datatype == "BYTES":
+                array = _texts(name, items)
             else:
-                if datatype == "BYTES":
-                    items = [item.decode(errors="replace") for item in items]
                 array = typed_array(name, datatype, want.dtype, items)
-        if array.size != count:
-            raise InvalidInput(name, f"{array.size} values do not fit shape {shape}")
-        tensors[name] = array.reshape(shape)
+        tensors[name] = _fitted(name, array, shape, want.datatype, signature)
     return tensors
 
 
@@ -277,6 +305,11 @@ def _known_input(
     want = signature.input(name)
     if datatype == "BYTES" and name in signature.images:
         return replace(want, datatype="BYTES", shape=want.shape[:1])  # one image a row
+    if isinstance(datatype, str) and datatype in want.widens:  # JSON may send any value
+        return replace(want, datatype=datatype)  # read as sent, widened once decoded
     if datatype != want.datatype:
-        raise InvalidInput(name, f"datatype {datatype} does not match the model's {want.datatype}")
+        also = "".join(f" (or {d})" for d in sorted(want.widens))
+        raise InvalidInput(
+            name, f"datatype {datatype} does not match the model's {want.datatype}{also}"
+        )
     return want

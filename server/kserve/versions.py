@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, UnknownModelVersion
-from ferry.server.graph_model import GraphModel
-from ferry.server.registry import ModelRegistry
 
 VERSION = "1"
 FIELD = "model_version"
@@ -37,12 +34,3 @@ def check_version(model: str, version: str | None) -> None:
         )
     if str(number) != VERSION:
         raise UnknownModelVersion(model, str(number), VERSION)
-
-
-def find_model(
-    registry: ModelRegistry, name: str, version: str | None
-) -> EncoderModel | GraphModel:
-    """The model `name` at `version`: an unknown model first, then an unknown version."""
-    model = registry.find(name)
-    check_version(model.name, version)
-    return model

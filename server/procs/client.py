@@ -32,7 +32,7 @@ import numpy as np
 import zmq
 from prometheus_client import Gauge
 
-from ferry.batcher import TensorRows, TokenSequence
+from ferry.batcher import TensorRows
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed, QueueFull
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
@@ -140,43 +140,28 @@ class EngineClient:
     def submit(
         self,
         model: str,
-        sequences: Sequence[TokenSequence],
-        timeout_s: float | None,
-        outputs: frozenset[str] | None,
-        priority: int,
-        deadline_s: float | None = None,
-    ) -> list[asyncio.Future[Row]]:
-        """`timeout_s` is the request's own (None: the model's default, applied by the engine);
-        `deadline_s` is the one both apply, kept here too."""
-        rid = next(self._ids)
-        lengths, frames = wire.pack_sequences(sequences)
-        names = None if outputs is None else tuple(sorted(outputs))
-        header = wire.Submit(rid, model, lengths, timeout_s, names, priority, tracing.carrier())
-        return self._request(rid, len(sequences), header, frames, deadline_s)
-
-    def submit_tensors(
-        self,
-        model: str,
         rows: TensorRows,
         timeout_s: float | None,
-        outputs: tuple[str, ...],
+        outputs: tuple[str, ...] | None,
         priority: int,
-        deadline_s: float,
-    ) -> asyncio.Future[Row]:
-        """A plain graph's validated request: one future, of the outputs asked for. The
-        timeouts are as `submit`'s."""
+        deadline_s: float | None = None,
+        answers: int = 1,
+    ) -> list[asyncio.Future[Row]]:
+        """A validated request (its tensors, wire.Submit), `answers` futures: one a row of a
+        token model (`wire.sequence_rows`), one for a plain graph's. `timeout_s` is the
+        request's own (None: the model's default, applied by the engine); `deadline_s` is the
+        one both apply, kept here too."""
         rid = next(self._ids)
-        header, frames = wire.pack_tensors(
+        header, frames = wire.pack_request(
             rid, model, rows, timeout_s, outputs, priority, tracing.carrier()
         )
-        (future,) = self._request(rid, 1, header, frames, deadline_s)
-        return future
+        return self._request(rid, answers, header, frames, deadline_s)
 
     def _request(
         self,
         rid: int,
         count: int,
-        header: wire.Submit | wire.SubmitTensors,
+        header: wire.Submit,
         frames: Sequence[bytes | memoryview],
         deadline_s: float | None,
     ) -> list[asyncio.Future[Row]]:

@@ -21,6 +21,7 @@ from typing import cast
 import numpy as np
 import zmq
 
+from ferry.batcher import TensorRows
 from ferry.batcher import tracing as batcher_tracing
 from ferry.llm.base import GenerationDelta, LLMEngine
 from ferry.llm.errors import EngineDead
@@ -143,9 +144,7 @@ class EngineServer:
             # previous engine: no one waits for the answer, so the work is not started.
             return
         if isinstance(message, wire.Submit):
-            self._submit(peer, message, frames)
-        elif isinstance(message, wire.SubmitTensors):
-            self._submit_tensors(peer, message, frames)
+            self._submit(peer, message, wire.unpack_request(message, frames))
         elif isinstance(message, wire.Admit):
             self._admit(peer, message)
         elif isinstance(message, wire.Release):
@@ -211,13 +210,19 @@ class EngineServer:
 
     # -- encoder requests ----------------------------------------------------------------------
 
-    def _submit(self, peer: bytes, message: wire.Submit, frames: list[memoryview]) -> None:
-        sequences = wire.unpack_sequences(message.lengths, *frames)
+    def _submit(self, peer: bytes, message: wire.Submit, rows: TensorRows) -> None:
+        """A request to its model's batcher: a plain graph's rows as they are, a token model's
+        as its sequences (wire.sequence_rows)."""
+        graph = self.graphs.get(message.model)
+        if graph is not None:
+            self._submit_graph(peer, message, graph, rows)
+            return
+        sequences = wire.row_sequences(rows)
         outputs = None if message.outputs is None else frozenset(message.outputs)
         try:
             model = self.encoders[self.registry.get(message.model).name]  # the registry's 404
             if message.timeout_s is not None:  # the floor needs the cost model, which lives here
-                model.check_deadline(max(message.lengths), message.timeout_s)
+                model.check_deadline(max(seq.length for seq in sequences), message.timeout_s)
             with self._traced(message.trace):
                 futures = model.submit_rows(sequences, message.timeout_s, outputs, message.priority)
         except Exception as exc:
@@ -229,21 +234,18 @@ class EngineServer:
         for index, future in enumerate(futures):
             future.add_done_callback(partial(self._row_done, key, index))
 
-    def _submit_tensors(
-        self, peer: bytes, message: wire.SubmitTensors, frames: list[memoryview]
+    def _submit_graph(
+        self, peer: bytes, message: wire.Submit, model: TensorModel, rows: TensorRows
     ) -> None:
-        model = self.graphs.get(message.model)
-        if model is None:  # the API process found it in the same settings: not reached
-            missing = wire.error_to_wire(UnknownModel(message.model, list(self.graphs)))
-            self._send(peer, wire.Failed(message.rid, -1, missing))
-            return
-        rows = wire.unpack_tensors(message, frames)
         # A task, kept as the request's one future: a Cancel cancels it, and with it the
         # queued item (the model's own infer also puts a split request back together).
         with self._traced(message.trace):  # the task takes the context as it is now
             task = asyncio.ensure_future(
                 model.infer(
-                    rows, message.outputs, timeout_s=message.timeout_s, priority=message.priority
+                    rows,
+                    message.outputs or (),
+                    timeout_s=message.timeout_s,
+                    priority=message.priority,
                 )
             )
         key = (peer, message.rid)

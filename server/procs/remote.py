@@ -122,13 +122,15 @@ class RemoteModelRuntime(_EngineModel):
 
     def submit(self, valid: ValidSequences) -> list[asyncio.Future[dict[str, np.ndarray]]]:
         try:
+            sequences = valid.sequences()
             return self._client.submit(
                 self.name,
-                valid.sequences(),
+                wire.sequence_rows(sequences),
                 valid.timeout_s,
-                self.outputs.for_backend(valid.outputs),
+                tuple(sorted(self.outputs.for_backend(valid.outputs))),
                 valid.priority,
-                deadline_s=self._deadline_s(valid.timeout_s),
+                self._deadline_s(valid.timeout_s),
+                answers=len(sequences),
             )
         except QueueFull:
             self.count_refused()
@@ -219,7 +221,7 @@ class RemoteTensorModel(_EngineModel):
         timeout_s, priority, disconnected = infer_options(options)
         refuse_sequence(self.name, options)  # stateful graphs are served in one process
         try:
-            future = self._client.submit_tensors(
+            (future,) = self._client.submit(
                 self.name, rows, timeout_s, tuple(outputs), priority, self._deadline_s(timeout_s)
             )
         except QueueFull:

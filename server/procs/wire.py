@@ -86,23 +86,9 @@ class Models(msgspec.Struct, tag=True):
 
 
 class Submit(msgspec.Struct, tag=True):
-    """Validated token sequences for one request; frames: all ids, then all masks, then all
-    segment ids (int64; empty when the request has none)."""
-
-    rid: int
-    model: str
-    lengths: tuple[int, ...]
-    timeout_s: float | None
-    outputs: tuple[str, ...] | None
-    priority: int
-    # The request's W3C trace context (traceparent, tracestate) when it is traced, so that the
-    # engine's spans join its trace; empty when untraced.
-    trace: dict[str, str] = {}
-
-
-class SubmitTensors(msgspec.Struct, tag=True):
-    """A plain graph's validated request (its TensorRows); frames: one per input, in order.
-    Answered as one Row (index 0) of the outputs asked for."""
+    """A validated request for one model, as tensors (its TensorRows); frames: one per tensor,
+    in order. A plain graph's are its inputs, answered as one Row (index 0); a token model's
+    are its rows end to end, ragged as Triton batches them (`sequence_rows`), one Row each."""
 
     rid: int
     model: str
@@ -113,9 +99,11 @@ class SubmitTensors(msgspec.Struct, tag=True):
     axis_sizes: dict[str, int]
     shape_key: tuple[tuple[str, int], ...]
     timeout_s: float | None
-    outputs: tuple[str, ...]
+    outputs: tuple[str, ...] | None  # None: the model's configured ones
     priority: int
-    trace: dict[str, str] = {}  # as Submit's
+    # The request's W3C trace context (traceparent, tracestate) when it is traced, so that the
+    # engine's spans join its trace; empty when untraced.
+    trace: dict[str, str] = {}
 
 
 class Cancel(msgspec.Struct, tag=True):
@@ -232,7 +220,7 @@ class Stats(msgspec.Struct, tag=True):
     llms_ready: dict[str, bool]
 
 
-ToEngine = Hello | Submit | SubmitTensors | Cancel | Admit | Release | Generate | Call | Ack
+ToEngine = Hello | Submit | Cancel | Admit | Release | Generate | Call | Ack
 ToApi = Info | Row | Failed | Delta | Reply | Stats | Adapters | Classes | Models
 
 encoder = msgspec.msgpack.Encoder()
@@ -243,45 +231,43 @@ to_api = msgspec.msgpack.Decoder(list[ToApi])
 
 def frame_count(header: object) -> int:
     """How many of the frames after the headers belong to this header."""
-    if isinstance(header, Submit):
-        return 3  # ids, masks, segment ids
-    if isinstance(header, Row | SubmitTensors):
+    if isinstance(header, Row | Submit):
         return len(header.names)
     return 0
 
 
-def pack_sequences(sequences: Sequence[TokenSequence]) -> tuple[tuple[int, ...], list[bytes]]:
-    lengths = tuple(seq.length for seq in sequences)
-    ids = np.concatenate([seq.input_ids for seq in sequences]).astype(np.int64, copy=False)
-    masks = np.concatenate([seq.attention_mask for seq in sequences]).astype(np.int64, copy=False)
-    types = b""
+# A token request's tensors: each row's length (Triton's ragged batch input, its element
+# counts), then every row's ids, mask and, where any row has them, segment ids, end to end.
+LENGTHS, IDS, MASK, TYPES = "lengths", "input_ids", "attention_mask", "token_type_ids"
+
+
+def sequence_rows(sequences: Sequence[TokenSequence]) -> TensorRows:
+    tensors = {
+        LENGTHS: np.array([seq.length for seq in sequences], np.int64),
+        IDS: np.concatenate([seq.input_ids for seq in sequences]).astype(np.int64, copy=False),
+        MASK: np.concatenate([seq.attention_mask for seq in sequences]).astype(
+            np.int64, copy=False
+        ),
+    }
     if any(seq.token_type_ids is not None for seq in sequences):
-        types = (
-            np.concatenate(
-                [
-                    np.zeros(seq.length, np.int64)
-                    if seq.token_type_ids is None
-                    else seq.token_type_ids
-                    for seq in sequences
-                ]
-            )
-            .astype(np.int64, copy=False)
-            .tobytes()
-        )
-    return lengths, [ids.tobytes(), masks.tobytes(), types]
+        tensors[TYPES] = np.concatenate(
+            [
+                np.zeros(seq.length, np.int64) if seq.token_type_ids is None else seq.token_type_ids
+                for seq in sequences
+            ]
+        ).astype(np.int64, copy=False)
+    return TensorRows(tensors, len(sequences), {})
 
 
-def unpack_sequences(
-    lengths: Sequence[int], ids: Buffer, masks: Buffer, types: Buffer = b""
-) -> list[TokenSequence]:
-    all_ids = np.frombuffer(ids, dtype=np.int64)
-    all_masks = np.frombuffer(masks, dtype=np.int64)
-    all_types = np.frombuffer(types, dtype=np.int64) if types else None
+def row_sequences(rows: TensorRows) -> list[TokenSequence]:
+    """`sequence_rows` undone: the request's token sequences (views of the frames)."""
+    tensors = rows.tensors
+    ids, masks, types = tensors[IDS], tensors[MASK], tensors.get(TYPES)
     sequences, start = [], 0
-    for length in lengths:
+    for length in tensors[LENGTHS].tolist():
         end = start + length
-        row_types = None if all_types is None else all_types[start:end]
-        sequences.append(TokenSequence(all_ids[start:end], all_masks[start:end], row_types))
+        row_types = None if types is None else types[start:end]
+        sequences.append(TokenSequence(ids[start:end], masks[start:end], row_types))
         start = end
     return sequences
 
@@ -339,17 +325,17 @@ def unpack_row(header: Row, frames: Sequence[Buffer]) -> dict[str, np.ndarray]:
     return unpack_arrays(header.names, header.dtypes, header.shapes, frames)
 
 
-def pack_tensors(
+def pack_request(
     rid: int,
     model: str,
     rows: TensorRows,
     timeout_s: float | None,
-    outputs: tuple[str, ...],
+    outputs: tuple[str, ...] | None,
     priority: int,
     trace: dict[str, str],
-) -> tuple[SubmitTensors, list[memoryview | bytes]]:
+) -> tuple[Submit, list[memoryview | bytes]]:
     dtypes, shapes, frames = pack_arrays(rows.tensors)
-    header = SubmitTensors(
+    header = Submit(
         rid,
         model,
         tuple(rows.tensors),
@@ -366,7 +352,7 @@ def pack_tensors(
     return header, frames
 
 
-def unpack_tensors(header: SubmitTensors, frames: Sequence[Buffer]) -> TensorRows:
+def unpack_request(header: Submit, frames: Sequence[Buffer]) -> TensorRows:
     tensors = unpack_arrays(header.names, header.dtypes, header.shapes, frames)
     return TensorRows(tensors, header.rows, header.axis_sizes, header.shape_key)
 

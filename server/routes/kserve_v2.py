@@ -3,7 +3,8 @@
 What `tritonclient.http` and perf_analyzer use against Triton: health, server and model
 metadata, model configuration (Triton's JSON), statistics (Triton's extension), readiness and
 `infer` with JSON or binary tensor data (Triton's `binary_tensor_data` extension, tritonclient's
-default). The inference itself is `ferry.server.kserve.infer`, shared with the gRPC service.
+default). Every model is decoded by its signature and inferred alike (a token model is a graph
+whose preprocessing is a tokenizer: `ferry.server.kserve.kserve_model`), as in the gRPC service.
 Errors use KServe's `{"error": "..."}` shape (`dialects.KSERVE`, declared
 for every /v2 route in `route_table.py`).
 """
@@ -24,34 +25,21 @@ from pydantic import BaseModel
 
 from ferry import __version__
 from ferry.server.call_tenancy import call_priority
-from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import InvalidInput, MalformedRequest
-from ferry.server.graph_model import GraphModel, is_graph, prepare, refuse_sequence
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
 from ferry.server.kserve import classification
 from ferry.server.kserve.extensions import served_extensions
-from ferry.server.kserve.infer import (
-    ABSENT,
-    INT_TYPES,
-    deserialize_bytes,
-    infer_tensors,
-    int_data,
-    output_names,
-    request_priority,
-)
-from ferry.server.kserve.model_config import model_config, model_metadata, synced
+from ferry.server.kserve.infer import ABSENT, request_priority
+from ferry.server.kserve.kserve_model import KServeModel
+from ferry.server.kserve.lookup import find_model
 from ferry.server.kserve.raw_request import RAW_HEADER_LENGTH, raw_request
 from ferry.server.kserve.sequence_parameters import sequence_flags
 from ferry.server.kserve.shared_memory import SharedMemory, TenantRegions, TensorRef, tensor_ref
 from ferry.server.kserve.statistics import model_statistics
 from ferry.server.kserve.tensor_codec import (
-    binary_data_size,
     decode_tensors,
-    input_region,
-    input_spec,
     parameters,
-    region_bytes,
     tensor_blob,
     tensor_json,
 )
@@ -61,7 +49,7 @@ from ferry.server.kserve.trace_settings import (
     update_log_settings,
     update_trace_settings,
 )
-from ferry.server.kserve.versions import VERSION, find_model
+from ferry.server.kserve.versions import VERSION
 from ferry.server.large_bodies import decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
@@ -97,9 +85,11 @@ def error_docs(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {c: {"model": KServeError, "description": ERROR_DOCS[c]} for c in codes}
 
 
-def _model(request: Request, name: str) -> EncoderModel | GraphModel:
+def _model(request: Request, name: str) -> KServeModel:
     """The model `name`, at the version its path names (`/versions/{version}`), if it does."""
-    return find_model(services_of(request).registry, name, request.path_params.get("version"))
+    services = services_of(request)
+    version = request.path_params.get("version")
+    return find_model(services.registry, services.encoder, name, version)
 
 
 # -- health and metadata ----------------------------------------------------------------------
@@ -148,13 +138,17 @@ def _statistics(request: Request, name: str | None) -> Response:
 @router.get("/models/{name}", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
 async def get_model_metadata(name: str, request: Request) -> Response:
-    return JSONResponse(model_metadata(await synced(_model(request, name))))
+    model = _model(request, name)
+    await model.sync_classes()  # another API process's request may have taught it classes
+    return JSONResponse(model.metadata())
 
 
 @router.get("/models/{name}/config", responses=error_docs(404))
 @router.get("/models/{name}/versions/{version}/config", include_in_schema=False)
 async def get_model_config(name: str, request: Request) -> Response:
-    return JSONResponse(model_config(await synced(_model(request, name))))
+    model = _model(request, name)
+    await model.sync_classes()
+    return JSONResponse(model.config())
 
 
 @router.get(
@@ -219,55 +213,29 @@ INFER_PATHS = ("/v2/models/{name}/infer", "/v2/models/{name}/versions/{version}/
 
 
 async def infer(call: HotCall) -> Reply:
-    model = find_model(call.services.registry, call.params["name"], call.params.get("version"))
+    """One path for every model: the request decoded by the model's signature (in a worker
+    thread when large), checked, then inferred."""
+    services = call.services
+    name, version = call.params["name"], call.params.get("version")
+    model = find_model(services.registry, services.encoder, name, version)
     call.state["model_name"] = model.name
     header_length = call.header(HEADER_LENGTH.lower().encode())
-    if is_graph(model):
-        return await infer_plain(call, model, header_length.decode() if header_length else None)
     length = header_length.decode() if header_length else None
-    regions = _regions(call)
-    # Off the event loop when large: its JSON, and the refusal of JSON that is broken.
-    header, tensors = await decoded(
-        len(call.body), partial(decode_request, call.body, length, regions)
-    )
-    wanted, binary = requested_outputs(header, model)
-    placed = output_regions(header, regions)
-    classified = classifications(header, model)
-    refuse_sequence(model.name, {"sequence": http_sequence(header)})
-    asked = request_priority(parameters(header).get("priority", ABSENT))
-    priority = call_priority(call, asked)
-    strings = check_classified(classified, _rows(tensors))
-    outputs = await infer_tensors(
-        model, call.services.encoder, tensors, wanted, call.disconnected(), priority
-    )
-    datatypes = {name: "BYTES" if name in classified else "FP32" for name in outputs}
-    answer = partial(
-        _answer,
-        Answer(model.name, header.get("id"), binary, datatypes, classified, regions, placed),
-        outputs,
-    )
-    return await written(strings * CLASSIFIED_BYTES, answer)
-
-
-async def infer_plain(call: HotCall, model: GraphModel, header_length: str | None) -> Reply:
-    """A plain graph: its own inputs, of its own datatypes, checked before anything is queued."""
     body, regions = call.body, _regions(call)
-    plain = await decoded(len(body), partial(read_plain, body, header_length, model, regions))
-    header, tensors, wanted, binary, classified = plain
+    read = await decoded(len(body), partial(read_request, body, length, model, regions))
+    header, tensors, wanted, binary, classified = read
     placed = output_regions(header, regions)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
     sequence = http_sequence(header)
     strings = check_classified(classified, _rows(tensors))
-    rows = await prepare(model, tensors)
-    result = await model.infer(
-        rows, wanted, priority=priority, disconnected=call.disconnected(), sequence=sequence
+    outputs = await model.infer(
+        tensors, wanted, priority=priority, disconnected=call.disconnected(), sequence=sequence
     )
-    outputs = {name: result[name] for name in wanted}  # in the order asked for
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype
         for name in outputs
     }
-    limit = call.services.settings.max_response_bytes
+    limit = services.settings.max_response_bytes
     sent = {n: v for n, v in outputs.items() if n not in classified and n not in placed}
     size = check_response_size(sent, limit, binary) + strings * CLASSIFIED_BYTES
     answer = partial(
@@ -346,8 +314,8 @@ def _answer(answer: Answer, outputs: dict[str, np.ndarray]) -> Reply:
     )
 
 
-# A plain graph's request: header, tensors, outputs, binary outputs, classifications.
-PlainRequest = tuple[
+# A request read: header, tensors, outputs, binary outputs, classifications.
+InferRequest = tuple[
     dict[str, Any],
     dict[str, np.ndarray],
     tuple[str, ...],
@@ -356,11 +324,12 @@ PlainRequest = tuple[
 ]
 
 
-def read_plain(
-    body: bytes, header_length: str | None, model: GraphModel, regions: TenantRegions
-) -> PlainRequest:
-    """A plain graph's request read and checked in one go (one hop to a worker thread for a
-    large body): its header, tensors, outputs, binary outputs and classifications."""
+def read_request(
+    body: bytes, header_length: str | None, model: KServeModel, regions: TenantRegions
+) -> InferRequest:
+    """A request read and checked in one go (one hop to a worker thread for a large body): its
+    header, tensors (decoded by the model's signature), outputs, binary outputs and
+    classifications."""
     if header_length == RAW_HEADER_LENGTH:  # Triton's raw form: the body is the one input
         header, body = raw_request(model, body)
         size = 0
@@ -412,51 +381,6 @@ def read_header(body: bytes, header_length: str | None) -> tuple[dict[str, Any],
     return header, size
 
 
-def decode_request(
-    body: bytes, header_length: str | None, regions: TenantRegions
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """JSON header (+ binary tail) -> the header and each input as an array of its shape (an
-    input in a shared memory region is read from there)."""
-    header, offset = read_header(body, header_length)
-    tensors: dict[str, np.ndarray] = {}
-    for spec in header["inputs"]:
-        ref = input_region(spec)
-        name, shape, datatype = input_spec(spec, len(body) + (ref.byte_size if ref else 0))
-        if datatype not in (*INT_TYPES, "BYTES"):
-            message = f"datatype must be INT64 (token ids) or BYTES (text), got {datatype}"
-            raise InvalidInput(name, message)
-        binary_size = binary_data_size(name, spec)
-        region: bytes | memoryview | None = None
-        if ref is not None:
-            in_request = binary_size is not None or "data" in spec
-            region = region_bytes(regions, ref, name, datatype, in_request)
-        if datatype == "BYTES":
-            size_bytes = binary_size or 0
-            if region is not None:
-                tensors[name] = bytes_input({"name": name}, bytes(region), shape)
-                continue
-            tensors[name] = bytes_input(spec, body[offset : offset + size_bytes], shape)
-            offset += size_bytes
-            continue
-        dtype = INT_TYPES[datatype]
-        if region is None and binary_size is None and "data" not in spec:
-            raise InvalidInput(name, "needs 'data' or parameters.binary_data_size")
-        try:
-            if region is not None or binary_size is not None:
-                if region is not None:
-                    chunk: bytes | memoryview = region
-                else:
-                    chunk = body[offset : offset + (binary_size or 0)]
-                    offset += binary_size or 0
-                array = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<"))
-            else:
-                array = int_data(name, datatype, spec["data"])
-            tensors[name] = array.reshape(shape).astype(np.int64)
-        except (ValueError, TypeError) as exc:
-            raise InvalidInput(name, f"data does not fit shape {shape}: {exc}") from None
-    return header, tensors
-
-
 def _header_length(value: str, body_size: int) -> int:
     if not value.isdigit() or int(value) > body_size:
         raise MalformedRequest(
@@ -466,24 +390,8 @@ def _header_length(value: str, body_size: int) -> int:
     return int(value)
 
 
-def bytes_input(spec: dict[str, Any], binary: bytes, shape: list[int]) -> np.ndarray:
-    """BYTES as JSON strings or Triton's length-prefixed binary, in the request's shape."""
-    name = spec["name"]
-    if "data" in spec:
-        data = spec["data"]
-        if not isinstance(data, list) or not all(isinstance(d, str) for d in np.ravel(data)):
-            raise InvalidInput(name, "BYTES data must be a list of strings")
-        array = np.array([d.encode() for d in np.ravel(data)], dtype=object)
-    else:
-        array = deserialize_bytes(binary, name)
-    try:
-        return array.reshape(shape)
-    except ValueError:
-        raise InvalidInput(name, f"{array.size} strings do not fit shape {shape}") from None
-
-
 def requested_outputs(
-    header: dict[str, Any], model: EncoderModel | GraphModel
+    header: dict[str, Any], model: KServeModel
 ) -> tuple[tuple[str, ...], set[str]]:
     """Output names (all of the backend's when none are asked for) and those to send binary."""
     all_binary = bool(parameters(header).get("binary_data_output", False))
@@ -497,7 +405,7 @@ def requested_outputs(
             raise MalformedRequest("'outputs' must be a list of {name} objects", "outputs")
         names.append(spec.get("name"))
         binary.append(all_binary or bool(parameters(spec).get("binary_data", False)))
-    checked = output_names(model, names)
+    checked = model.output_names(names)
     if not specs:
         return checked, set(checked) if all_binary else set()
     # Only checked names go in a set (a name of [] is not hashable).
@@ -505,7 +413,7 @@ def requested_outputs(
 
 
 def classifications(
-    header: dict[str, Any], model: EncoderModel | GraphModel
+    header: dict[str, Any], model: KServeModel
 ) -> dict[str, classification.Classification]:
     """The outputs asked for as Triton's top-k classes (their specs checked already)."""
     specs = header.get("outputs") or []

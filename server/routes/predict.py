@@ -10,7 +10,6 @@ from fastapi import APIRouter
 
 from ferry.server.call_tenancy import call_priority
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
-from ferry.server.graph_model import is_graph
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.image_predict import image_media, predict_image
 from ferry.server.large_bodies import decoded
@@ -30,14 +29,14 @@ async def predict(call: HotCall) -> Reply:
         return json_reply(await predict_image(call))
     if registry.tensors:  # plain graphs served: the body may be theirs
         raw = await decoded(len(call.body), partial(_plain_body, call.body))
-        model = None if raw is None else registry.find(raw.get("model"))
-        if is_graph(model):
-            call.state["model_name"] = model.name
+        graph = None if raw is None else registry.graph(raw.get("model"))
+        if graph is not None:
+            call.state["model_name"] = graph.name
             assert raw is not None  # a model was found in it
             decide = partial(call_priority, call)
             disconnected = call.disconnected()
             limit = call.services.settings.max_response_bytes
-            return await predict_tensors(model, raw, disconnected, decide, len(call.body), limit)
+            return await predict_tensors(graph, raw, disconnected, decide, len(call.body), limit)
     # Parsed and validated in pydantic's Rust core, straight from the bytes.
     body = await parse_body(PredictRequest, call.body)
     model = call.services.registry.get(body.model)

@@ -9,16 +9,15 @@ import json
 import struct
 
 import numpy as np
+import orjson
 import pytest
 import pytest_asyncio
 from tokenizers import Tokenizer
 
 from ferry.bench.server_process import DEFAULT_MODEL, DEFAULT_MODEL_DIR, default_model_config
 from ferry.server.errors import InvalidInput
-from ferry.server.kserve.infer import (
-    deserialize_bytes,
-    request_priority,
-)
+from ferry.server.kserve.infer import request_priority
+from ferry.server.kserve.tensor_codec import deserialize_bytes
 from ferry.server.settings import Settings
 from tests.server.inprocess import serving
 
@@ -171,6 +170,29 @@ async def test_token_ids_and_embeddings_by_shared_memory(client):
 
 
 @in_module_loop
+async def test_int32_token_ids_are_widened_as_json_and_as_binary(client):
+    """The token model's signature takes INT32 ids (tritonclient's examples send them), read
+    by the one decoder every model's requests go through."""
+    ids = TOKENIZER.encode("hello there").ids
+    wide = await infer(client, [ids_input([ids])], outputs=[{"name": EMBEDDING}])
+    narrow = await infer(client, [{**ids_input([ids]), "datatype": "INT32"}])
+    blob = np.asarray([ids], dtype="<i4").tobytes()
+    spec = {"name": "input_ids", "shape": [1, len(ids)], "datatype": "INT32"}
+    head = orjson.dumps(
+        {
+            "inputs": [{**spec, "parameters": {"binary_data_size": len(blob)}}],
+            "outputs": [{"name": EMBEDDING}],
+        }
+    )
+    headers = {"Inference-Header-Content-Length": str(len(head))}
+    response = await client.post(INFER, content=head + blob, headers=headers)
+    assert response.status_code == 200, response.text
+    binary = response.json()["outputs"][0]["data"]
+    assert np.array_equal(wide[EMBEDDING], narrow[EMBEDDING])
+    assert np.array_equal(wide[EMBEDDING][0], np.asarray(binary, dtype=np.float32))
+
+
+@in_module_loop
 async def test_bad_tensors_are_400s_naming_the_input(client):
     truncated = length_prefixed(["abc"])[:-1]
     head = b'{"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",'
@@ -188,9 +210,13 @@ async def test_bad_tensors_are_400s_naming_the_input(client):
     floats = {
         "inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]
     }
-    assert "datatype must be INT64" in await refused(client, floats)
+    assert "datatype FP32 does not match the model's INT64 (or INT32)" in await refused(
+        client, floats
+    )
+    odd = {"inputs": [{**ids_input([[101, 102]]), "datatype": {}}]}  # found by the fuzzer
+    assert "datatype {} does not match the model's INT64" in await refused(client, odd)
     misfit = {"inputs": [{**ids_input([[101, 102]]), "shape": [1, 3]}]}
-    assert "does not fit shape [1, 3]" in await refused(client, misfit)
+    assert "2 values do not fit shape [1, 3]" in await refused(client, misfit)
 
 
 @in_module_loop

@@ -17,14 +17,23 @@ from ferry.server.procs import wire
 pytestmark = pytest.mark.unit
 
 
-def test_sequences_cross_as_three_frames_and_come_back_equal():
+def _crossed(rows: TensorRows, outputs=("y",)) -> tuple[wire.Submit, TensorRows]:
+    """`rows` through the one Submit message and back, as the engine process reads it."""
+    header, frames = wire.pack_request(5, "m", rows, 0.5, outputs, -3, {})
+    (message,) = wire.to_engine.decode(wire.encoder.encode([header]))
+    assert isinstance(message, wire.Submit) and wire.frame_count(message) == len(frames)
+    return message, wire.unpack_request(message, [bytes(f) for f in frames])
+
+
+def test_a_token_request_crosses_as_the_same_message_and_comes_back_equal():
     sequences = [
         TokenSequence.from_ids([101, 7, 102]),
         TokenSequence.from_ids([101, 102], [1, 0]),
     ]
-    lengths, frames = wire.pack_sequences(sequences)
-    back = wire.unpack_sequences(lengths, *frames)
-    assert lengths == (3, 2) and len(frames) == 3 and frames[2] == b""  # no segment ids
+    message, rows = _crossed(wire.sequence_rows(sequences), outputs=None)
+    assert message.names == ("lengths", "input_ids", "attention_mask")  # no segment ids
+    assert message.outputs is None and rows.rows == 2
+    back = wire.row_sequences(rows)
     for sent, got in zip(sequences, back, strict=True):
         np.testing.assert_array_equal(got.input_ids, sent.input_ids)
         np.testing.assert_array_equal(got.attention_mask, sent.attention_mask)
@@ -36,14 +45,10 @@ def test_segment_ids_cross_with_zeros_for_a_row_without_them():
         np.array([101, 7, 102, 8, 102]), np.ones(5, np.int64), np.array([0, 0, 0, 1, 1])
     )
     sequences = [pair, TokenSequence.from_ids([101, 102])]
-    back = wire.unpack_sequences(*_packed(sequences))
+    _, rows = _crossed(wire.sequence_rows(sequences))
+    back = wire.row_sequences(rows)
     np.testing.assert_array_equal(back[0].token_type_ids, [0, 0, 0, 1, 1])
     np.testing.assert_array_equal(back[1].token_type_ids, [0, 0])
-
-
-def _packed(sequences):
-    lengths, frames = wire.pack_sequences(sequences)
-    return (lengths, *frames)
 
 
 def test_a_row_keeps_names_dtypes_and_shapes():
@@ -76,12 +81,12 @@ def test_a_plain_graphs_rows_cross_whatever_their_dtype_strings_included():
     trace = {
         "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-01"
     }  # the request's, for the engine's spans
-    header, frames = wire.pack_tensors(5, "g", rows, 0.5, ("y",), -3, trace)
+    header, frames = wire.pack_request(5, "g", rows, 0.5, ("y",), -3, trace)
     (message,) = wire.to_engine.decode(wire.encoder.encode([header]))
-    assert isinstance(message, wire.SubmitTensors) and wire.frame_count(message) == len(tensors)
+    assert isinstance(message, wire.Submit) and wire.frame_count(message) == len(tensors)
     assert (message.outputs, message.timeout_s, message.priority) == (("y",), 0.5, -3)
     assert message.trace == trace
-    back = wire.unpack_tensors(message, [bytes(f) for f in frames])
+    back = wire.unpack_request(message, [bytes(f) for f in frames])
     assert (back.rows, back.axis_sizes, back.shape_key) == (2, {"T": 2}, (("x:2", 3),))
     for name, value in tensors.items():
         assert back.tensors[name].dtype == value.dtype and back.tensors[name].shape == value.shape
