@@ -45,7 +45,7 @@ class ModelTokenizer:
 
 def model_tokenizer(registry: ModelRegistry, name: str | None) -> ModelTokenizer:
     """The tokenizer of model `name` (the default encoder for None); the registry's 404 else."""
-    if name is None or name in registry.models:
+    if name is None or name in registry.encoders:
         model = registry.get(name)
         tokenizer = model.tokenizer
         return ModelTokenizer(

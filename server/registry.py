@@ -34,7 +34,7 @@ IDLE_CHECK_S = 0.02
 
 
 @dataclass(frozen=True)
-class ServedModel:
+class ServedLLM:
     """An LLM name requests can ask for: a base model, or a LoRA adapter on one."""
 
     name: str
@@ -62,11 +62,11 @@ class ModelRegistry:
         encoders: Mapping[str, EncoderModel] | None = None,
         llms: Mapping[str, LLMEngine] | None = None,
         default_name: str | None = None,
-        tensors: Mapping[str, GraphModel] | None = None,
+        graphs: Mapping[str, GraphModel] | None = None,
     ) -> None:
         self.default_name = default_name  # the encoder a request naming none gets
-        self.models = dict(encoders or {})  # encoders (KServe, /predict, embeddings)
-        self.tensors = dict(tensors or {})  # plain graphs (KServe, /predict)
+        self.encoders = dict(encoders or {})  # token models (KServe, /predict, embeddings)
+        self.graphs = dict(graphs or {})  # plain graphs (KServe, /predict)
         self.llms = dict(llms or {})  # base LLMs by configured name
         self._unloads: set[asyncio.Task[None]] = set()
         self._builder: LocalModels | None = None  # set when this process runs its models
@@ -90,7 +90,7 @@ class ModelRegistry:
     def get(self, name: str | None) -> EncoderModel:
         """The encoder `name` (the default one for None)."""
         key = name or self.default_name
-        model = self.models.get(key) if key is not None else None
+        model = self.encoders.get(key) if key is not None else None
         if model is None:
             raise UnknownModel(key or "", self.names())
         return model
@@ -99,26 +99,26 @@ class ModelRegistry:
         """The plain graph `name` (the default model for None); None where `name` is an
         encoder, UnknownModel where it is neither."""
         key = name or self.default_name
-        graph = self.tensors.get(key) if key is not None else None
+        graph = self.graphs.get(key) if key is not None else None
         if graph is None:
             self.get(name)  # an encoder, or refused
         return graph
 
-    def llm(self, name: str) -> ServedModel:
+    def llm(self, name: str) -> ServedLLM:
         """The LLM `name`: a base model, or an adapter loaded on one."""
         engine = self.llms.get(name)
         if engine is not None:
-            return ServedModel(name, engine, name)
+            return ServedLLM(name, engine, name)
         for base, engine in self.llms.items():
             if name in engine.adapter_names():
-                return ServedModel(name, engine, base, name)
+                return ServedLLM(name, engine, base, name)
         raise UnknownModel(name, self.names())
 
-    def served_llms(self) -> list[ServedModel]:
+    def served_llms(self) -> list[ServedLLM]:
         """Every base LLM and every loaded adapter, by name."""
-        served = [ServedModel(name, engine, name) for name, engine in self.llms.items()]
+        served = [ServedLLM(name, engine, name) for name, engine in self.llms.items()]
         for base, engine in self.llms.items():
-            served += [ServedModel(a, engine, base, a) for a in engine.adapter_names()]
+            served += [ServedLLM(a, engine, base, a) for a in engine.adapter_names()]
         return sorted(served, key=lambda m: m.name)
 
     def entries(self) -> list[ModelEntry]:
@@ -126,8 +126,8 @@ class ModelRegistry:
         pick a default model take the first listed (guidellm does): it should generate."""
         llms = sorted(self.served_llms(), key=lambda m: m.parent is not None)  # stable: by name
         entries = [ModelEntry(m.name, "chat", m.parent) for m in llms]
-        entries += [ModelEntry(name, m.manifest.task) for name, m in self.models.items()]
-        return entries + [ModelEntry(name, m.task) for name, m in self.tensors.items()]
+        entries += [ModelEntry(name, m.manifest.task) for name, m in self.encoders.items()]
+        return entries + [ModelEntry(name, m.task) for name, m in self.graphs.items()]
 
     def names(self) -> list[str]:
         return [entry.name for entry in self.entries()]
@@ -166,9 +166,9 @@ class ModelRegistry:
         model = await self._builder.build(entry)
         old = self.take(entry.name)
         if isinstance(model, ModelRuntime):
-            self.models[entry.name] = model
+            self.encoders[entry.name] = model
         elif isinstance(model, TensorModel):
-            self.tensors[entry.name] = model
+            self.graphs[entry.name] = model
         else:
             self.llms[entry.name] = model
         if old is not None:
@@ -187,7 +187,7 @@ class ModelRegistry:
 
     def take(self, name: str) -> EncoderModel | GraphModel | LLMEngine | None:
         """`name` out of the registry (new requests for it are 404s), not yet closed."""
-        for served in (self.models, self.tensors, self.llms):
+        for served in (self.encoders, self.graphs, self.llms):
             model = served.pop(name, None)
             if model is not None:
                 return model
@@ -208,36 +208,36 @@ class ModelRegistry:
 
     def loads(self) -> int:
         """How many models start() loads (adapters come with their engine)."""
-        return len(self.models) + len(self.tensors) + len(self.llms)
+        return len(self.encoders) + len(self.graphs) + len(self.llms)
 
     async def start(self, progress: Progress | None = None) -> None:
         """Load every model at once; `progress` is told as each one is ready (where they load:
         not in an API process, whose stand-ins only connect)."""
         starts = {
-            **{name: model.start() for name, model in self.models.items()},
-            **{name: model.start() for name, model in self.tensors.items()},
+            **{name: model.start() for name, model in self.encoders.items()},
+            **{name: model.start() for name, model in self.graphs.items()},
             **{name: engine.start() for name, engine in self.llms.items()},
         }
         await asyncio.gather(*(_told(name, start, progress) for name, start in starts.items()))
 
     async def ready(self) -> bool:
         """Every encoder loaded and its backend healthy (KServe's server readiness)."""
-        models: list[EncoderModel | GraphModel] = [*self.models.values(), *self.tensors.values()]
+        models: list[EncoderModel | GraphModel] = [*self.encoders.values(), *self.graphs.values()]
         states = await asyncio.gather(*(model.healthy() for model in models))
         return all(states)
 
     def readiness(self) -> dict[str, bool]:
         """Each served name for /health/ready: encoders loaded, LLMs (and their adapters) on a
         running engine."""
-        encoders = {name: model.ready for name, model in self.models.items()}
-        encoders |= {name: model.ready for name, model in self.tensors.items()}
+        encoders = {name: model.ready for name, model in self.encoders.items()}
+        encoders |= {name: model.ready for name, model in self.graphs.items()}
         return encoders | {m.name: m.engine.is_ready() for m in self.served_llms()}
 
     async def close(self, drain_timeout_s: float) -> None:
         """Encoders drain first (up to the timeout), then the engines stop."""
         await asyncio.gather(
-            *(model.close(drain_timeout_s) for model in self.models.values()),
-            *(model.close(drain_timeout_s) for model in self.tensors.values()),
+            *(model.close(drain_timeout_s) for model in self.encoders.values()),
+            *(model.close(drain_timeout_s) for model in self.graphs.values()),
             return_exceptions=True,
         )
         await asyncio.gather(*(e.close() for e in self.llms.values()), return_exceptions=True)

@@ -23,7 +23,7 @@ from ferry.server.openai.planning import plan_chat
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openai.text_relay import Relayed, relay_text
 from ferry.server.openai.tool_stream import CallStream
-from ferry.server.registry import ServedModel
+from ferry.server.registry import ServedLLM
 from ferry.server.tenancy import RunAs
 
 
@@ -60,7 +60,7 @@ def _input(arguments: str) -> Any:
 async def create_message(
     serving: OpenAIServing,
     request: MessagesRequest,
-    served: ServedModel | None = None,
+    served: ServedLLM | None = None,
     run_as: RunAs | None = None,
 ) -> dict[str, Any]:
     chat = await serving.chat(request.chat(), served, run_as)
@@ -90,7 +90,7 @@ async def create_message(
 
 
 async def count_tokens(
-    serving: OpenAIServing, request: CountTokensRequest, served: ServedModel | None = None
+    serving: OpenAIServing, request: CountTokensRequest, served: ServedLLM | None = None
 ) -> dict[str, int]:
     """The prompt's tokens as the chat path renders it (template, tools); nothing is run."""
     chat = request.to_chat(max_tokens=1)
@@ -101,7 +101,7 @@ async def count_tokens(
 async def stream_message(
     serving: OpenAIServing,
     request: MessagesRequest,
-    served: ServedModel | None = None,
+    served: ServedLLM | None = None,
     run_as: RunAs | None = None,
 ) -> AsyncIterator[str]:
     """Start the generation and wait for its first delta, so early errors are HTTP errors."""

@@ -191,7 +191,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             # only served names become label values (bounded series).
             registry = self.services.registry
             served = route.kind is RouteClass.INFERENCE and (
-                model_name in registry.models or model_name in registry.tensors
+                model_name in registry.encoders or model_name in registry.graphs
             )
             model = model_name if served else ""
             trace_id = None
@@ -227,8 +227,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         async def run(_: str | None) -> Any:
             services, name = self.services, request.name
             registry = services.registry
-            if name in services.repository.entries and name not in registry.tensors.keys() | (
-                registry.models.keys()
+            if name in services.repository.entries and name not in registry.graphs.keys() | (
+                registry.encoders.keys()
             ):  # not loaded (Triton answers not ready, no error), or an LLM
                 ready = registry.readiness().get(name, False)
                 return service_pb2.ModelReadyResponse(ready=ready and not services.drain.draining)
@@ -270,7 +270,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def run(_: str | None) -> Any:
             registry = self.services.registry
-            every = [*registry.models, *registry.tensors]
+            every = [*registry.encoders, *registry.graphs]
             names = [self._model(request.name, request.version).name] if request.name else every
             stats = model_statistics(self.services.metrics.registry, names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())

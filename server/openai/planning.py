@@ -20,7 +20,7 @@ from ferry.server.openai.protocol import (
 )
 from ferry.server.openai.structured import output_guidance, request_kind
 from ferry.server.openai.tools import ToolPlan, checked_tools, plan_tools, render_messages
-from ferry.server.registry import ServedModel
+from ferry.server.registry import ServedLLM
 from ferry.server.tenancy import RunAs
 
 
@@ -38,7 +38,7 @@ class Choice:
 class Plan:
     """A checked request, ready to run."""
 
-    served: ServedModel  # resolved from the request's model: its name is a configured one
+    served: ServedLLM  # resolved from the request's model: its name is a configured one
     response_id: str
     choices: list[Choice]
     prompt_tokens: int  # each distinct prompt once, however many choices it has (as OpenAI bills)
@@ -50,7 +50,7 @@ class Plan:
 
 async def plan_chat(
     request: ChatCompletionRequest,
-    served: ServedModel,
+    served: ServedLLM,
     grammars: Grammars,
     run_as: RunAs | None = None,
 ) -> Plan:
@@ -90,7 +90,7 @@ async def plan_chat(
 
 async def plan_completion(
     request: CompletionRequest,
-    served: ServedModel,
+    served: ServedLLM,
     grammars: Grammars,
     run_as: RunAs | None = None,
 ) -> Plan:
@@ -151,7 +151,7 @@ def _running_as(plan: Plan, run_as: RunAs) -> Plan:
 
 
 def _plan(
-    served: ServedModel,
+    served: ServedLLM,
     response_id: str,
     prompts: list[list[int]],
     n: int,
@@ -183,7 +183,7 @@ def _seeded(sampling: SamplingSettings, choice: int) -> SamplingSettings:
 
 
 async def _encode_chat(
-    tokenizer: Any, served: ServedModel, messages: list[dict[str, Any]], tools: list[Any]
+    tokenizer: Any, served: ServedLLM, messages: list[dict[str, Any]], tools: list[Any]
 ) -> list[int]:
     """The chat prompt's ids. A prompt that cannot fit the context is refused before any
     rendering (its characters counted: tool arguments and descriptions, instructions, every

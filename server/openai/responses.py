@@ -17,7 +17,7 @@ from ferry.server.openai.responses_protocol import ResponsesRequest, responses_e
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openai.text_relay import Relayed, relay_text
 from ferry.server.openai.tool_stream import CallStream
-from ferry.server.registry import ServedModel
+from ferry.server.registry import ServedLLM
 from ferry.server.tenancy import RunAs
 
 _INCOMPLETE = {"length": "max_output_tokens"}
@@ -103,7 +103,7 @@ def call_item(name: str, arguments: str, status: str) -> dict[str, Any]:
 async def create_response(
     serving: OpenAIServing,
     request: ResponsesRequest,
-    served: ServedModel | None = None,
+    served: ServedLLM | None = None,
     run_as: RunAs | None = None,
 ) -> dict[str, Any]:
     try:
@@ -131,7 +131,7 @@ async def create_response(
 async def stream_response(
     serving: OpenAIServing,
     request: ResponsesRequest,
-    served: ServedModel | None = None,
+    served: ServedLLM | None = None,
     run_as: RunAs | None = None,
 ) -> AsyncIterator[str]:
     """Start the generation and wait for its first delta, so early errors are HTTP errors."""

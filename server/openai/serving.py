@@ -42,7 +42,7 @@ from ferry.server.openai.protocol import (
 from ferry.server.openai.streams import Deltas, merge, sse_events
 from ferry.server.openai.tool_models import FunctionCall, ToolCall
 from ferry.server.openai.tool_stream import ToolChunks, read_calls
-from ferry.server.registry import ModelRegistry, ServedModel
+from ferry.server.registry import ModelRegistry, ServedLLM
 from ferry.server.tenancy import RunAs
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class OpenAIServing:
         # never crowd it out mid-way.
         self._admission = Admission()
 
-    def resolve(self, model: str) -> ServedModel:
+    def resolve(self, model: str) -> ServedLLM:
         """The one lookup of a request's model (UnknownModel); routes pass it on."""
         return self._models.llm(model)
 
@@ -85,7 +85,7 @@ class OpenAIServing:
     async def chat(
         self,
         request: ChatCompletionRequest,
-        served: ServedModel | None = None,
+        served: ServedLLM | None = None,
         run_as: RunAs | None = None,
     ) -> ChatCompletionResponse:
         plan = await plan_chat(
@@ -111,7 +111,7 @@ class OpenAIServing:
     async def chat_stream(
         self,
         request: ChatCompletionRequest,
-        served: ServedModel | None = None,
+        served: ServedLLM | None = None,
         run_as: RunAs | None = None,
     ) -> AsyncIterator[str]:
         plan = await plan_chat(
@@ -127,7 +127,7 @@ class OpenAIServing:
     async def completion(
         self,
         request: CompletionRequest,
-        served: ServedModel | None = None,
+        served: ServedLLM | None = None,
         run_as: RunAs | None = None,
     ) -> CompletionResponse:
         plan = await plan_completion(
@@ -152,7 +152,7 @@ class OpenAIServing:
     async def completion_stream(
         self,
         request: CompletionRequest,
-        served: ServedModel | None = None,
+        served: ServedLLM | None = None,
         run_as: RunAs | None = None,
     ) -> AsyncIterator[str]:
         plan = await plan_completion(

@@ -85,11 +85,11 @@ class EngineServer:
 
     @property
     def encoders(self) -> dict[str, ModelRuntime]:
-        return cast(dict[str, ModelRuntime], self.registry.models)
+        return cast(dict[str, ModelRuntime], self.registry.encoders)
 
     @property
     def graphs(self) -> dict[str, TensorModel]:
-        return cast(dict[str, TensorModel], self.registry.tensors)
+        return cast(dict[str, TensorModel], self.registry.graphs)
 
     def _engine(self, name: str) -> LLMEngine:
         engine = self.engines.get(name)

@@ -273,9 +273,9 @@ class RemoteRegistry(ModelRegistry):
         for name, model in built.items():
             self.take(name)
             if isinstance(model, RemoteTensorModel):
-                self.tensors[name] = model
+                self.graphs[name] = model
             elif isinstance(model, RemoteModelRuntime):
-                self.models[name] = model
+                self.encoders[name] = model
             else:
                 self.llms[name] = model
 

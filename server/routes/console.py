@@ -92,7 +92,7 @@ def _summary(registry: ModelRegistry, name: str, task: str, parent: str | None) 
     """A served name as the console's forms need it: which form fits (`kind`), and an LLM's
     limits (an encoder's and a graph's are in its KServe configuration)."""
     summary: dict[str, Any] = {"name": name, "task": task, "kind": task, "parent": parent}
-    graph = registry.tensors.get(name)
+    graph = registry.graphs.get(name)
     if graph is not None and graph.signature.images:
         summary["kind"] = "image"
     if task == "chat":

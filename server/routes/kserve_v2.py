@@ -130,7 +130,7 @@ async def get_model_statistics(name: str, request: Request) -> Response:
 
 def _statistics(request: Request, name: str | None) -> Response:
     services = services_of(request)
-    every = [*services.registry.models, *services.registry.tensors]
+    every = [*services.registry.encoders, *services.registry.graphs]
     names = every if name is None else [_model(request, name).name]
     return JSONResponse(model_statistics(services.metrics.registry, names))
 

@@ -17,7 +17,7 @@ from ferry.server.openai.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
-from ferry.server.registry import ServedModel
+from ferry.server.registry import ServedLLM
 from ferry.server.replies import Reply, Stream, json_reply
 from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import error_responses
@@ -44,10 +44,10 @@ async def respond(
 
 def resolve_and_bound(
     call: HotCall, model: str, field: str, texts: Sequence[str | list[int]], items: int
-) -> ServedModel:
+) -> ServedLLM:
     """The request's model, looked up once (UnknownModel) and kept as the metrics label (a
     configured name only); bounds checked before tokenizing, errors naming `field[i]`."""
-    served: ServedModel = call.services.openai.resolve(model)
+    served: ServedLLM = call.services.openai.resolve(model)
     call.state["model_name"] = served.name
     settings = call.services.settings
     if items > settings.max_items_per_request:

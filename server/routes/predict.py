@@ -27,7 +27,7 @@ async def predict(call: HotCall) -> Reply:
     registry = call.services.registry
     if image_media(call):  # a raw image body, for a model that decodes images
         return json_reply(await predict_image(call))
-    if registry.tensors:  # plain graphs served: the body may be theirs
+    if registry.graphs:  # plain graphs served: the body may be theirs
         raw = await decoded(len(call.body), partial(_plain_body, call.body))
         graph = None if raw is None else registry.graph(raw.get("model"))
         if graph is not None:

@@ -16,7 +16,7 @@ from ferry.llm.vllm import VLLMEngine
 from ferry.server.openai.grammars import Grammars
 from ferry.server.openai.planning import plan_chat, plan_completion
 from ferry.server.openai.protocol import ChatCompletionRequest, CompletionRequest
-from ferry.server.registry import ServedModel
+from ferry.server.registry import ServedLLM
 from tests.exporters.tiny_llms import TEMPLATES
 from tests.llm.fake_vllm import FakeAsyncLLM, RequestOutputKind, sampling_params
 from tests.llm.llm_paths import HF_DIR, MODEL_NAME
@@ -30,7 +30,7 @@ GRAMMARS = Grammars()  # no request here carries a grammar
 
 def served(
     context: int = 256, concurrency: int = 8, tokenizer: ChatTokenizer = TOKENIZER
-) -> ServedModel:
+) -> ServedLLM:
     engine = VLLMEngine(
         FakeAsyncLLM(steps=[]),
         tokenizer,
@@ -40,7 +40,7 @@ def served(
         delta_output_kind=RequestOutputKind.DELTA,
         max_concurrency=concurrency,
     )
-    return ServedModel(MODEL_NAME, engine, MODEL_NAME)
+    return ServedLLM(MODEL_NAME, engine, MODEL_NAME)
 
 
 def chat(**fields: Any) -> ChatCompletionRequest:
