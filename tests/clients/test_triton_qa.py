@@ -98,13 +98,7 @@ L0_HTTP_MODELS = 7  # what test_get_model_repository_index counts
 
 @pytest.mark.parametrize("script", list(PASSING))
 def test_tritons_qa_cases_pass(triton_models, tmp_path, script):
-    run_qa(
-        script,
-        triton_models.http_address,
-        triton_models.grpc_address,
-        PASSING[script],
-        tmp=tmp_path,
-    )
+    run_qa(script, triton_models, PASSING[script], tmp=tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +113,7 @@ def l0_http_server(tmp_path_factory):
 
 @pytest.mark.parametrize("script", list(L0_HTTP_SERVER_PASSING))
 def test_tritons_qa_cases_of_its_own_server_pass(l0_http_server, tmp_path, script):
-    run_qa(
-        script,
-        l0_http_server.http_address,
-        l0_http_server.grpc_address,
-        L0_HTTP_SERVER_PASSING[script],
-        tmp=tmp_path,
-    )
+    run_qa(script, l0_http_server, L0_HTTP_SERVER_PASSING[script], tmp=tmp_path)
 
 
 @pytest.mark.parametrize(

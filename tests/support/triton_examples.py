@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "clients" / "triton_examples"
 QA = Path(__file__).resolve().parents[1] / "clients" / "triton_qa"
@@ -68,12 +69,14 @@ def run_example(
 
 
 def run_qa(
-    script: str, http: str, grpc: str, tests: list[str], *, tmp: Path, timeout_s: float = 300.0
+    script: str, server: Any, tests: list[str], *, tmp: Path, timeout_s: float = 300.0
 ) -> str:
     """Some of the unittest cases of one of Triton's qa scripts (`L0_http/http_test.py`), by
-    name (`HttpTest.test_raw_binary`); fails the test unless they all pass. The scripts import
-    `qa/common` as Triton's tree has it beside them."""
+    name (`HttpTest.test_raw_binary`), against `server` (its `http_address` and `grpc_address`);
+    fails the test unless they all pass. The scripts import `qa/common` as Triton's tree has it
+    beside them."""
     source = QA / script
+    http, grpc = server.http_address, server.grpc_address
     run = subprocess.run(
         example_command(source, http, grpc, (), tmp)[:2] + tests,
         capture_output=True,
