@@ -1,6 +1,6 @@
 """What the server uses of a plain ONNX graph: the routes, KServe and the registry see only this.
-`TensorModel` (tensor_model.py) runs the graph in this process; in an API process
-`RemoteTensorModel` (procs/remote.py) forwards validated rows to the engine process's.
+`GraphRuntime` (graph_runtime.py) runs the graph in this process; in an API process
+`RemoteGraph` (procs/remote.py) forwards validated rows to the engine process's.
 
 The request rules both apply alike (which rows a request holds, which outputs it gets) are here,
 so an API process decides a request's 4xx exactly as the engine process would.

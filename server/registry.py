@@ -21,13 +21,13 @@ from ferry.llm.ortgenai_prefix import PrefixCache
 from ferry.server.encoder_model import EncoderModel
 from ferry.server.errors import UnknownModel
 from ferry.server.graph_model import GraphModel
+from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.llm_engines import build_llm_engine
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import plain_graph
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.progress import Progress
 from ferry.server.settings import LLMSettings, ModelSettings, Settings
-from ferry.server.tensor_model import TensorModel
 
 # How often an unloading LLM's engine is asked whether its generations finished.
 IDLE_CHECK_S = 0.02
@@ -167,13 +167,13 @@ class ModelRegistry:
         old = self.take(entry.name)
         if isinstance(model, ModelRuntime):
             self.encoders[entry.name] = model
-        elif isinstance(model, TensorModel):
+        elif isinstance(model, GraphRuntime):
             self.graphs[entry.name] = model
         else:
             self.llms[entry.name] = model
         if old is not None:
             await self.retire(old)
-            if isinstance(model, (ModelRuntime, TensorModel)):
+            if isinstance(model, (ModelRuntime, GraphRuntime)):
                 await model.healthy()  # the gauge the old one's close set to 0, set again
 
     async def unload(self, name: str) -> bool:
@@ -196,7 +196,7 @@ class ModelRegistry:
     async def retire(self, model: EncoderModel | GraphModel | LLMEngine) -> None:
         """A model taken out: its requests in flight finish (up to drain_timeout_s), then it
         closes."""
-        if isinstance(model, (ModelRuntime, TensorModel)):  # what this process runs
+        if isinstance(model, (ModelRuntime, GraphRuntime)):  # what this process runs
             await model.close(self.drain_timeout_s)  # its batcher drains first
             return
         llm: LLMEngine = model  # type: ignore[assignment]  # the other kind
@@ -261,24 +261,24 @@ async def _idle(engine: LLMEngine) -> None:
 
 def local_models(
     settings: Settings, metrics: FerryMetrics
-) -> tuple[dict[str, ModelRuntime], dict[str, TensorModel]]:
+) -> tuple[dict[str, ModelRuntime], dict[str, GraphRuntime]]:
     """The configured encoders and plain graphs, run in this process (not yet started)."""
     encoders, tensors = {}, {}
     for model in settings.models:
         built = local_model(model, metrics)
-        if isinstance(built, TensorModel):
+        if isinstance(built, GraphRuntime):
             tensors[model.name] = built
         else:
             encoders[model.name] = built
     return encoders, tensors
 
 
-def local_model(settings: ModelSettings, metrics: FerryMetrics) -> ModelRuntime | TensorModel:
+def local_model(settings: ModelSettings, metrics: FerryMetrics) -> ModelRuntime | GraphRuntime:
     """One configured encoder or plain graph, run in this process (not yet started)."""
     graph = plain_graph(settings)
     if graph is None:
         return ModelRuntime(settings, metrics)
-    return TensorModel(settings, graph, metrics)
+    return GraphRuntime(settings, graph, metrics)
 
 
 class LocalModels:
@@ -292,7 +292,7 @@ class LocalModels:
 
     async def build(
         self, entry: ModelSettings | LLMSettings
-    ) -> ModelRuntime | TensorModel | LLMEngine:
+    ) -> ModelRuntime | GraphRuntime | LLMEngine:
         if isinstance(entry, LLMSettings):
             engine = await asyncio.to_thread(build_llm_engine, entry, self.prefix_store)
             try:

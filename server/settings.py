@@ -97,7 +97,7 @@ class ModelSettings(_Strict):
     # Folder with model.onnx, tokenizer.json and ferry_model.json (written by `ferry export`);
     # for `torch`, a Hugging Face encoder folder (config.json, weights, tokenizer.json); or a
     # plain ONNX graph (an .onnx file, or a folder of one without ferry_model.json), served as
-    # named tensors in and out (server/tensor_model.py).
+    # named tensors in and out (server/graph_runtime.py).
     path: Path
     # Outputs returned by /predict unless the request asks for others (a plain graph: all of
     # its outputs unless set).

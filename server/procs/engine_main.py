@@ -27,6 +27,7 @@ from ferry.llm.base import GenerationDelta, LLMEngine
 from ferry.llm.errors import EngineDead
 from ferry.server.errors import UnknownModel
 from ferry.server.gc_pauses import keep_gc_off_serving_path
+from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.logs import configure_logging
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_overrides import Entry, entry_from_json, entry_json
@@ -40,7 +41,6 @@ from ferry.server.procs.parent import on_parent_exit
 from ferry.server.progress import loading_progress
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import LLMSettings, Settings
-from ferry.server.tensor_model import TensorModel
 from ferry.server.tracing import start_tracing
 
 logger = logging.getLogger(__name__)
@@ -88,8 +88,8 @@ class EngineServer:
         return cast(dict[str, ModelRuntime], self.registry.encoders)
 
     @property
-    def graphs(self) -> dict[str, TensorModel]:
-        return cast(dict[str, TensorModel], self.registry.graphs)
+    def graphs(self) -> dict[str, GraphRuntime]:
+        return cast(dict[str, GraphRuntime], self.registry.graphs)
 
     def _engine(self, name: str) -> LLMEngine:
         engine = self.engines.get(name)
@@ -235,7 +235,7 @@ class EngineServer:
             future.add_done_callback(partial(self._row_done, key, index))
 
     def _submit_graph(
-        self, peer: bytes, message: wire.Submit, model: TensorModel, rows: TensorRows
+        self, peer: bytes, message: wire.Submit, model: GraphRuntime, rows: TensorRows
     ) -> None:
         # A task, kept as the request's one future: a Cancel cancels it, and with it the
         # queued item (the model's own infer also puts a split request back together).
@@ -266,7 +266,7 @@ class EngineServer:
         finally:
             batcher_tracing.current.reset(token)
 
-    def _tell_classes(self, model: TensorModel) -> None:
+    def _tell_classes(self, model: GraphRuntime) -> None:
         """ZipMap classes the graph learned since the API processes last heard (its Info was
         sent before a first answer taught them): every API process renders by them."""
         keys = model.class_keys

@@ -144,7 +144,7 @@ class RemoteModelRuntime(_EngineModel):
         self.tokenizer.close()
 
 
-class RemoteTensorModel(_EngineModel):
+class RemoteGraph(_EngineModel):
     """A `GraphModel` whose rows run in the engine process: a request's tensors are checked
     here, by the rules of the engine's model (its signature, learned at start), and its
     outputs rendered here; only valid rows cross."""
@@ -258,7 +258,7 @@ class RemoteRegistry(ModelRegistry):
                 entry = entry_from_json(text) if text else configured[name]
                 assert isinstance(entry, ModelSettings)
                 graph = any(g.name == name for g in info.graphs)
-                kind = RemoteTensorModel if graph else RemoteModelRuntime
+                kind = RemoteGraph if graph else RemoteModelRuntime
                 built[name] = kind(entry, self._client, self._metrics)
         for llm in info.llms:
             text = info.settings.get(llm.name)
@@ -272,7 +272,7 @@ class RemoteRegistry(ModelRegistry):
     def _place(self, built: Mapping[str, RemoteModel]) -> None:
         for name, model in built.items():
             self.take(name)
-            if isinstance(model, RemoteTensorModel):
+            if isinstance(model, RemoteGraph):
                 self.graphs[name] = model
             elif isinstance(model, RemoteModelRuntime):
                 self.encoders[name] = model
@@ -290,7 +290,7 @@ class RemoteRegistry(ModelRegistry):
         for model in gone:
             if isinstance(model, RemoteLLMEngine):
                 await model.close()
-            elif isinstance(model, (RemoteModelRuntime, RemoteTensorModel)):
+            elif isinstance(model, (RemoteModelRuntime, RemoteGraph)):
                 await model.close(0)
 
     async def load(self, entry: ModelSettings | LLMSettings) -> None:
@@ -375,7 +375,7 @@ class RemoteLLMEngine:
         return self._client.llm_stats(self.name) or EngineStats(0, 0)
 
 
-RemoteModel = RemoteModelRuntime | RemoteTensorModel | RemoteLLMEngine
+RemoteModel = RemoteModelRuntime | RemoteGraph | RemoteLLMEngine
 
 
 async def connect(

@@ -13,10 +13,10 @@ from tritonclient.grpc import model_config_pb2
 
 from ferry.backends.batch_plan import plan_batching
 from ferry.backends.tensor_signature import read_signature
+from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.kserve.tensor_config import tensor_config
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
-from ferry.server.tensor_model import TensorModel
 from tests.support import plain_graphs
 
 pytestmark = pytest.mark.unit
@@ -57,9 +57,9 @@ def test_a_batchable_graph_has_no_note(tmp_path):
 
 async def test_start_up_logs_it_and_config_carries_it(onnxmltools_lightgbm, caplog):
     settings = ModelSettings(name="lgbm", path=onnxmltools_lightgbm)
-    model = TensorModel(settings, onnxmltools_lightgbm, FerryMetrics(CollectorRegistry()))
+    model = GraphRuntime(settings, onnxmltools_lightgbm, FerryMetrics(CollectorRegistry()))
     try:
-        with caplog.at_level(logging.WARNING, logger="ferry.server.tensor_model"):
+        with caplog.at_level(logging.WARNING, logger="ferry.server.graph_runtime"):
             await model.start()
         assert not model.batchable
         said = [r.getMessage() for r in caplog.records if "one request at a time" in r.getMessage()]

@@ -24,10 +24,10 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import DEFAULT_MODEL, default_model_config, ferry_server
+from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.metrics import FerryMetrics
 from ferry.server.settings import ModelSettings
-from ferry.server.tensor_model import TensorModel
 from tests.server.conftest import API_SERVERS
 from tests.support import plain_graphs
 from tests.support.liveness import LivenessProbe
@@ -791,7 +791,7 @@ def test_a_missing_model_file_is_an_error_naming_it(tmp_path):
 )
 async def test_settings_a_graph_cannot_honour_stop_its_start(graphs, graph, fields, words):
     settings = ModelSettings(name="m", path=graphs[graph], **fields)
-    model = TensorModel(settings, graphs[graph], FerryMetrics(CollectorRegistry()))
+    model = GraphRuntime(settings, graphs[graph], FerryMetrics(CollectorRegistry()))
     try:
         with pytest.raises(ValueError, match=re.escape(words)):
             await model.start()

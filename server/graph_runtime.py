@@ -56,7 +56,7 @@ from ferry.server.settings import ModelSettings
 logger = logging.getLogger(__name__)
 
 
-class TensorModel:
+class GraphRuntime:
     """A `GraphModel` run in this process."""
 
     task = GRAPH_TASK
