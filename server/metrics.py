@@ -159,6 +159,18 @@ class FerryMetrics:
             "answered yet; past engine_window_bytes (per API process) new requests get a 429.",
             (),
         )
+        self.engine_shm_used = new.gauge(
+            "ferry_engine_shm_used_bytes",
+            "Bytes of the API processes' shared memory arenas held by requests the engine "
+            "process has not answered yet (their tensors of at least engine_shm_min_bytes).",
+            (),
+        )
+        self.engine_shm_fallbacks = new.counter(
+            "ferry_engine_shm_fallbacks",
+            "Requests whose large tensors crossed to the engine process through the socket "
+            "because their API process's arena had no room (engine_shm_arena_bytes).",
+            (),
+        )
         self.queue_wait = new.histogram(
             "ferry_queue_wait_seconds",
             "Time a request waited in the batcher's queue, by priority level.",

@@ -348,6 +348,15 @@ class Settings(_Strict):
     # back). Raise it when a model's queue holds more than this, in bytes, at once; a request
     # larger than the window is sent when nothing else is unanswered.
     engine_window_bytes: int = Field(default=256 * 2**20, ge=0)
+    # With api_servers > 1: a request's tensors of at least this many bytes cross to the engine
+    # process through the API process's shared memory arena (server/procs/arena.py), smaller
+    # ones through the socket (a frame costs less than a block for them). 0: every tensor
+    # crosses the socket (no arena is made).
+    engine_shm_min_bytes: int = Field(default=64 * 2**10, ge=0)
+    # With api_servers > 1: each API process's arena in /dev/shm (reserved at start; a /dev/shm
+    # too small for it turns the arena off, with a warning). A request that finds no room in it
+    # sends its tensors through the socket instead.
+    engine_shm_arena_bytes: int = Field(default=32 * 2**20, ge=0)
     # Full server processes on one port (server/procs/replicas.py), each with its own models,
     # batchers and backends: no process hop per request, every model held N times. For models
     # small enough to copy (tabular, small CNNs, encoders on the CPU); not with api_servers, nor

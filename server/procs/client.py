@@ -15,6 +15,10 @@ So each request's bytes are counted until the engine answers it (rows, a failure
 to a Cancel), and once `window_bytes` are unanswered new requests are refused at once (429,
 QueueFull) instead of queueing more: this process's memory stays bounded whatever the engine
 does. The engine's death clears the count (a new engine has none of that work).
+
+A request's large tensors cross through this process's shared memory arena (arena.py) when it
+has room, else as frames; a block is freed at the same answers that settle the request's
+bytes, and every block at the engine's death.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import zmq
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from ferry.batcher import TensorRows
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed, QueueFull
@@ -38,11 +42,12 @@ from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
 from ferry.server import tracing
 from ferry.server.procs import wire
+from ferry.server.procs.arena import Arena
 from ferry.server.procs.loop_socket import LoopSocket
 
 logger = logging.getLogger(__name__)
 HELLO_EVERY_S = 0.25
-GAUGE_EVERY_S = 0.25  # how often the unanswered bytes are written to their gauge
+GAUGE_EVERY_S = 0.25  # how often the unanswered and arena bytes are written to their gauges
 WINDOW_RETRY_AFTER_S = 1.0
 # The engine holds each request's deadline too and answers when it passes (or refuses one it
 # can never meet, a 422): its answer comes first unless it is stuck. Without this grace, a 1 ms
@@ -62,6 +67,8 @@ class EngineClient:
         heartbeat_timeout_s: float,
         window_bytes: int,
         unanswered_gauge: Gauge | None = None,
+        arena: Arena | None = None,
+        arena_gauges: tuple[Gauge, Counter] | None = None,
     ) -> None:
         self._address = address
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -71,6 +78,9 @@ class EngineClient:
         self.unanswered_bytes = 0
         # Written off the request path (a gauge write costs more than the dict's insert).
         self._gauge = unanswered_gauge
+        self._arena = arena
+        self._arena_gauges = arena_gauges  # its bytes in use, its fallbacks to frames
+        self._arena_mapped = False  # by the engine serving now (its Info said)
         self._heard = 0.0  # time.monotonic() of the engine's latest message
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
@@ -121,8 +131,7 @@ class EngineClient:
             asyncio.create_task(self._greet()),
             asyncio.create_task(self._watch_silence()),
         ]
-        if self._gauge is not None:
-            self._tasks.append(asyncio.create_task(self._report_unanswered(self._gauge)))
+        self._tasks.append(asyncio.create_task(self._report_bytes()))
         await self._connected.wait()
         assert self.info is not None
         return self.info
@@ -134,6 +143,8 @@ class EngineClient:
         if self._socket is not None:
             self._socket.close()
         self._context.term()
+        if self._arena is not None:
+            self._arena.close()
 
     # -- encoder requests ----------------------------------------------------------------------
 
@@ -184,6 +195,11 @@ class EngineClient:
         self._rows[rid] = futures
         self._unanswered[rid] = size
         self.unanswered_bytes += size
+        if self._arena_mapped:
+            assert self._arena is not None
+            header.arena = self._arena.place(rid, frames)
+            if header.arena:
+                frames = [f for i, f in enumerate(frames) if i not in header.arena]
         self._send(header, frames)
 
         def cancelled(future: asyncio.Future[Row]) -> None:
@@ -328,8 +344,11 @@ class EngineClient:
     def _handle(self, message: wire.ToApi, frames: list[memoryview]) -> None:
         future: asyncio.Future[Any] | None  # a row's or a call's
         if isinstance(message, ANSWERS):
-            # Whatever became of its request here (expired, cancelled): the engine has read it.
+            # Whatever became of its request here (expired, cancelled): the engine has read it,
+            # and copied its tensors out of the arena.
             self.unanswered_bytes -= self._unanswered.pop(message.rid, 0)
+            if self._arena is not None:
+                self._arena.free(message.rid)
         if isinstance(message, wire.Row):
             futures = self._rows.get(message.rid)
             if futures is not None:
@@ -403,7 +422,8 @@ class EngineClient:
         """Hello until an engine answers (at start, and after each restart)."""
         while True:
             if not self.alive:
-                self._send(wire.Hello(os.getpid()))
+                arena = "" if self._arena is None else str(self._arena.path)
+                self._send(wire.Hello(os.getpid(), arena))
             await asyncio.sleep(HELLO_EVERY_S)
 
     def _engine_up(self, info: wire.Info) -> None:
@@ -415,6 +435,7 @@ class EngineClient:
             self._models_changed(info, None)
         self.info = info
         self.adapters = {llm.name: llm.adapters for llm in info.llms}
+        self._arena_mapped = info.arena and self._arena is not None
         self._connected.set()
         self._watch(info.pid)
         logger.info("engine process %d connected", info.pid)
@@ -445,12 +466,20 @@ class EngineClient:
             if self.alive and not self.responsive and (self._streams or self._replies):
                 self._engine_stalled()
 
-    async def _report_unanswered(self, gauge: Gauge) -> None:
-        shown = -1
+    async def _report_bytes(self) -> None:
+        unanswered = used = fallbacks = 0
         while True:
-            if self.unanswered_bytes != shown:
-                shown = self.unanswered_bytes
-                gauge.set(shown)
+            if self._gauge is not None and self.unanswered_bytes != unanswered:
+                unanswered = self.unanswered_bytes
+                self._gauge.set(unanswered)
+            if self._arena is not None and self._arena_gauges is not None:
+                used_gauge, fallback_counter = self._arena_gauges
+                if self._arena.blocks.used != used:
+                    used = self._arena.blocks.used
+                    used_gauge.set(used)
+                if self._arena.fallbacks != fallbacks:
+                    fallback_counter.inc(self._arena.fallbacks - fallbacks)
+                    fallbacks = self._arena.fallbacks
             await asyncio.sleep(GAUGE_EVERY_S)
 
     def _engine_stalled(self) -> None:
@@ -478,6 +507,9 @@ class EngineClient:
         # Nothing of it will be answered: a new engine reads and drops what was sent to the old.
         self._unanswered.clear()
         self.unanswered_bytes = 0
+        self._arena_mapped = False  # until the next engine maps it
+        if self._arena is not None:
+            self._arena.clear()
         rows, self._rows = self._rows, {}
         future: asyncio.Future[Any]  # a row's, then a call's
         for futures in rows.values():

@@ -35,6 +35,7 @@ from ferry.server.model_repository import ModelRepository, repository_entries
 from ferry.server.model_runtime import ModelRuntime
 from ferry.server.procs import wire
 from ferry.server.procs.adapter_journal import AdapterJournal, restore
+from ferry.server.procs.arena import ArenaReader
 from ferry.server.procs.llm_admission import Tickets
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
@@ -66,6 +67,7 @@ class EngineServer:
         }
         self._peers: set[bytes] = set()
         self._pidfds: dict[bytes, int] = {}  # per API process, a pidfd on it (its exit)
+        self._arenas: dict[bytes, ArenaReader] = {}  # per API process, its arena mapped
         self._calls: set[asyncio.Task[None]] = set()
         self._seq = itertools.count(1)
         self._acks: dict[int, tuple[set[bytes], asyncio.Event]] = {}
@@ -121,6 +123,8 @@ class EngineServer:
         report.cancel()
         for peer in list(self._pidfds):
             self._unwatch(peer)
+        for arena in self._arenas.values():
+            arena.close()
         await self.registry.close(self._settings.drain_timeout_s)  # encoders drain, then engines
         self._socket.close()
         self._context.term()
@@ -144,7 +148,7 @@ class EngineServer:
             # previous engine: no one waits for the answer, so the work is not started.
             return
         if isinstance(message, wire.Submit):
-            self._submit(peer, message, wire.unpack_request(message, frames))
+            self._submit(peer, message, frames)
         elif isinstance(message, wire.Admit):
             self._admit(peer, message)
         elif isinstance(message, wire.Release):
@@ -164,7 +168,8 @@ class EngineServer:
             if peer not in self._peers:
                 self._peers.add(peer)
                 self._watch(peer, message.pid)
-            self._send(peer, self._info())
+                self._map_arena(peer, message.arena)
+            self._send(peer, self._info(arena=peer in self._arenas))
             self._send(peer, self._stats_now())
 
     # -- the API processes' lives ---------------------------------------------------------------
@@ -186,10 +191,22 @@ class EngineServer:
             asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
 
+    def _map_arena(self, peer: bytes, path: str) -> None:
+        """The API process's arena, mapped once; without it, it sends every tensor as a frame."""
+        if not path:
+            return
+        try:
+            self._arenas[peer] = ArenaReader(path)
+        except (OSError, ValueError) as exc:
+            logger.warning("arena %s not mapped (%s): its tensors cross the socket", path, exc)
+
     def _peer_gone(self, peer: bytes, pid: int) -> None:
         """An API process exited: its generations are aborted and its queued rows dropped (no
         one reads them), and no adapter update waits for its answer."""
         self._unwatch(peer)
+        arena = self._arenas.pop(peer, None)
+        if arena is not None:
+            arena.close()
         self._peers.discard(peer)
         streams = [key for key in self._streams if key[0] == peer]
         rows = [key for key in self._rows if key[0] == peer]
@@ -210,9 +227,16 @@ class EngineServer:
 
     # -- encoder requests ----------------------------------------------------------------------
 
-    def _submit(self, peer: bytes, message: wire.Submit, rows: TensorRows) -> None:
+    def _submit(self, peer: bytes, message: wire.Submit, frames: Sequence[wire.Buffer]) -> None:
         """A request to its model's batcher: a plain graph's rows as they are, a token model's
-        as its sequences (wire.sequence_rows)."""
+        as its sequences (wire.sequence_rows). Its tensors in the arena are copied out now."""
+        try:
+            if message.arena:
+                frames = self._arenas[peer].frames(message.arena, frames)
+            rows = wire.unpack_request(message, frames)
+        except Exception as exc:  # answered all the same: the API process frees the block
+            self._send(peer, wire.Failed(message.rid, -1, wire.error_to_wire(exc)))
+            return
         graph = self.graphs.get(message.model)
         if graph is not None:
             self._submit_graph(peer, message, graph, rows)
@@ -454,7 +478,7 @@ class EngineServer:
 
     # -- what the API processes learn ----------------------------------------------------------
 
-    def _info(self) -> wire.Info:
+    def _info(self, arena: bool = False) -> wire.Info:
         models = tuple(
             wire.ModelInfo(
                 name,
@@ -490,7 +514,7 @@ class EngineServer:
             )
             for name, model in self.graphs.items()
         )
-        return wire.Info(os.getpid(), models, llms, graphs, dict(self._entries))
+        return wire.Info(os.getpid(), models, llms, graphs, dict(self._entries), arena)
 
     def _stats_now(self) -> wire.Stats:
         ready = {name: model.ready for name, model in self.encoders.items()}

@@ -1,6 +1,7 @@
 """The supervisor's temporary directory (`/tmp/ferry-*`: the engine socket, the multiprocess
 metric files, the adapter journal, the shared memory registrations), and the removal of those a
-crashed run left behind.
+crashed run left behind, with the API processes' arenas (`/dev/shm/<its name>-arena-*`,
+arena.py).
 
 The supervisor removes its own on every exit it lives through (normal, SIGTERM, SIGINT, SIGHUP,
 an exception). One that is killed (SIGKILL, the OOM killer) cannot: each directory names its
@@ -17,6 +18,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
+from ferry.server.procs.arena import arena_prefix, remove_arenas
 
 logger = logging.getLogger(__name__)
 PREFIX = "ferry-"
@@ -47,6 +50,7 @@ def remove_leftovers(parent: str | None = None) -> list[str]:
         shutil.rmtree(path, ignore_errors=True)
         if os.path.exists(path):  # not ours to remove after all (another user's files in it)
             continue
+        remove_arenas(arena_prefix(path))
         removed.append(path)
         logger.info("removed %s, left by process %s", path, owner[0])
     return removed

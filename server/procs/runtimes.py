@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from ferry.server.kserve.shared_memory import LocalRegions, RegionStore, SharedRegions
 from ferry.server.metrics import FerryMetrics
+from ferry.server.procs.arena import Arena
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
 from ferry.server.procs.run_dir import REGIONS_ENV
 from ferry.server.registry import ModelRegistry
@@ -29,6 +30,7 @@ class EngineConnection:
 
     address: str  # the engine's ZMQ address
     supervisor_pid: int
+    arena_prefix: str = ""  # its shared memory arena's name, less this process's pid (arena.py)
 
 
 def region_store(shared: bool) -> RegionStore:
@@ -56,10 +58,17 @@ async def build_runtimes(
 
     # A killed supervisor: drain and stop, as on SIGTERM.
     on_parent_exit(engine.supervisor_pid, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    arena = None
+    if engine.arena_prefix:
+        arena = Arena.create(
+            engine.arena_prefix, settings.engine_shm_arena_bytes, settings.engine_shm_min_bytes
+        )
     client = EngineClient(
         engine.address,
         settings.engine_heartbeat_timeout_s,
         settings.engine_window_bytes,
         metrics.engine_unanswered,
+        arena,
+        (metrics.engine_shm_used, metrics.engine_shm_fallbacks),
     )
     return await connect(settings, client, metrics)

@@ -28,6 +28,7 @@ from typing import Any
 
 from ferry.server.logs import configure_logging
 from ferry.server.procs import run_dir
+from ferry.server.procs.arena import arena_prefix, remove_arenas
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
 from ferry.server.procs.replica_role import ReplicaRole
 from ferry.server.procs.replicas import replica_main
@@ -40,7 +41,9 @@ POLL_S = 0.2
 ROLE_ENV = "FERRY_PROCESS"
 
 
-def api_main(settings: Settings, sock: socket.socket, address: str, parent: int) -> None:
+def api_main(
+    settings: Settings, sock: socket.socket, address: str, parent: int, arena_prefix: str
+) -> None:
     """An API process: the usual app, its models and engines stand-ins for the engine's."""
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains
     # the API processes before it stops the engine.
@@ -53,7 +56,8 @@ def api_main(settings: Settings, sock: socket.socket, address: str, parent: int)
     from ferry.server.procs.runtimes import EngineConnection
     from ferry.server.serve import serve
 
-    serve(create_app(settings, EngineConnection(address, parent)), settings, sockets=[sock])
+    engine = EngineConnection(address, parent, arena_prefix)
+    serve(create_app(settings, engine), settings, sockets=[sock])
 
 
 def engine_entry(
@@ -81,6 +85,8 @@ class Supervisor:
         os.environ[MULTIPROC_ENV] = metrics_dir
         os.environ[run_dir.REGIONS_ENV] = os.path.join(self._dir, "shm_regions")
         self._address = f"ipc://{os.path.join(self._dir, 'engine')}"
+        # Each API process's shared memory arena is named by it and this (arena.py).
+        self._arena_prefix = arena_prefix(self._dir)
         # The adapters served, kept across engine restarts (adapter_journal.py).
         self._adapter_journal = Path(self._dir) / "adapters.json"
         self._engine: BaseProcess | None = None
@@ -119,6 +125,7 @@ class Supervisor:
         finally:
             self._sock.close()
             shutil.rmtree(self._dir, ignore_errors=True)
+            remove_arenas(self._arena_prefix)  # what a killed API process left
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self._signals += 1
@@ -152,7 +159,13 @@ class Supervisor:
         else:
             process = self._context.Process(
                 target=api_main,
-                args=(self._settings, self._sock, self._address, os.getpid()),
+                args=(
+                    self._settings,
+                    self._sock,
+                    self._address,
+                    os.getpid(),
+                    self._arena_prefix,
+                ),
                 name=f"ferry-api-{index}",
             )
         kind = "replica" if self._serving is not None else "api"
@@ -212,6 +225,7 @@ class Supervisor:
         process.join()
         assert process.pid is not None
         forget_process(self._metrics_dir, process.pid)
+        remove_arenas(self._arena_prefix, process.pid)  # a crashed API process's
 
     def _stop(self) -> None:
         """Drain the API processes, then stop the engine (it finishes what they handed it)."""

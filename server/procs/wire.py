@@ -28,9 +28,11 @@ Buffer = bytes | memoryview
 
 class Hello(msgspec.Struct, tag=True):
     """An API process asks who serves (sent at start and after an engine restart); the engine
-    watches `pid` and aborts the process's work when it exits."""
+    watches `pid` and aborts the process's work when it exits. `arena`: the path of its shared
+    memory arena (arena.py), which the engine maps; empty when it has none."""
 
     pid: int
+    arena: str = ""
 
 
 class ModelInfo(msgspec.Struct):
@@ -75,6 +77,8 @@ class Info(msgspec.Struct, tag=True):
     # Each served model's settings as the engine runs it (a load's config override applied),
     # as JSON: the API processes check and render its requests by them.
     settings: dict[str, str] = {}
+    # In the answer to a Hello: the engine mapped that API process's arena (it may use it).
+    arena: bool = False
 
 
 class Models(msgspec.Struct, tag=True):
@@ -104,6 +108,9 @@ class Submit(msgspec.Struct, tag=True):
     # The request's W3C trace context (traceparent, tracestate) when it is traced, so that the
     # engine's spans join its trace; empty when untraced.
     trace: dict[str, str] = {}
+    # Its tensors written into the API process's arena instead of a frame (arena.py):
+    # {index: (offset, bytes)}; the frames are the other tensors', in order.
+    arena: dict[int, tuple[int, int]] = {}
 
 
 class Cancel(msgspec.Struct, tag=True):
@@ -231,7 +238,9 @@ to_api = msgspec.msgpack.Decoder(list[ToApi])
 
 def frame_count(header: object) -> int:
     """How many of the frames after the headers belong to this header."""
-    if isinstance(header, Row | Submit):
+    if isinstance(header, Submit):
+        return len(header.names) - len(header.arena)
+    if isinstance(header, Row):
         return len(header.names)
     return 0
 
