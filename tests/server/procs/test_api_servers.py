@@ -12,12 +12,16 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import jsonschema
+import numpy as np
+import onnxruntime
 import openai
 import pytest
+import tritonclient.http as triton_http
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import (
@@ -27,6 +31,7 @@ from ferry.bench.server_process import (
     ferry_server,
     write_config,
 )
+from ferry.server.procs.arena import ARENA_DIR, arena_prefix
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
@@ -43,6 +48,15 @@ CHAT = {
 }
 # The engine's silence that ends what waits on it (and turns readiness 503).
 HEARTBEAT_S = 5.0  # the default: a loaded machine may delay a report by seconds
+# An image's values as one row of the masked graph: its FP32 data and INT64 mask, both past
+# engine_shm_min_bytes (64 KiB), so each request takes one block of this size in its arena.
+PIXELS = 3 * 224 * 224
+REQUEST_BYTES = PIXELS * (4 + 8)
+ARENA_BYTES = 4 * REQUEST_BYTES + REQUEST_BYTES // 2  # four requests' blocks, not five
+UNANSWERED = "ferry_engine_unanswered_bytes"
+SHM_USED = "ferry_engine_shm_used_bytes"
+FALLBACKS = "ferry_engine_shm_fallbacks_total"
+OUTPUTS = ("mean", "masked")
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +79,7 @@ def server(server_tmp: Path):
             "api_servers": 2,
             "drain_timeout_s": 30,
             "engine_heartbeat_timeout_s": HEARTBEAT_S,
+            "engine_shm_arena_bytes": ARENA_BYTES,
         },
         llm_models=[tiny_llm_config(max_running=8)],
         env={"TMPDIR": str(server_tmp)},
@@ -72,6 +87,16 @@ def server(server_tmp: Path):
     ) as handle:
         wait_until(lambda: len(pids(handle, "api")) == 2, what="two API processes")
         yield handle
+
+
+def arenas(run: Path) -> list[Path]:
+    """The run's API processes' arenas in /dev/shm."""
+    return sorted(ARENA_DIR.glob(arena_prefix(str(run)) + "*"))
+
+
+def arena_pids(server_tmp: Path) -> list[int]:
+    (run,) = run_dirs(server_tmp)
+    return sorted(int(path.name.rsplit("-", 1)[1]) for path in arenas(run))
 
 
 def predict(server, client: httpx.Client | None = None) -> int:
@@ -142,7 +167,7 @@ def test_grammars_tool_calls_and_responses_cross_to_the_engine(server):
     jsonschema.validate(json.loads(response.output_text), schema)
 
 
-def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server):
+def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server, server_tmp):
     before = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
     victim, survivor = pids(server, "api")
     os.kill(victim, signal.SIGKILL)
@@ -154,6 +179,8 @@ def test_a_killed_api_process_is_replaced_and_the_other_keeps_serving(server):
     )
     assert survivor in pids(server, "api")
     wait_until(lambda: ready(server), what="readiness")
+    # The dead one's arena removed by the supervisor; its successor makes its own.
+    wait_until(lambda: arena_pids(server_tmp) == pids(server, "api"), what="one arena each")
     # The dead process's requests stay counted: counters never go down.
     after = metric_value(server.metrics(), "ferry_requests_total", endpoint="/predict")
     assert after >= before + 10
@@ -331,6 +358,120 @@ def test_the_generations_of_an_exited_api_process_are_aborted_in_the_engine(serv
     )
 
 
+def image_rows(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    # Whole numbers: every sum is exact, in whatever order a runtime adds them.
+    data = rng.integers(0, 16, (1, PIXELS)).astype(np.float32)
+    return {"data": data, "mask": rng.integers(0, 2, (1, PIXELS), dtype=np.int64)}
+
+
+def triton_infer(server, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request by tritonclient (binary tensors), on a connection of its own."""
+    client = triton_http.InferenceServerClient(
+        server.url.removeprefix("http://"), network_timeout=60
+    )
+    try:
+        inputs = []
+        for name, datatype in (("data", "FP32"), ("mask", "INT64")):
+            tensor = triton_http.InferInput(name, list(feeds[name].shape), datatype)
+            tensor.set_data_from_numpy(feeds[name])
+            inputs.append(tensor)
+        outputs = [triton_http.InferRequestedOutput(n, binary_data=True) for n in OUTPUTS]
+        result = client.infer("masked", inputs, outputs=outputs)
+        return {name: result.as_numpy(name) for name in OUTPUTS}
+    finally:
+        client.close()
+
+
+def test_image_tensors_cross_in_the_arena_or_as_frames_and_answer_as_in_one_process(
+    server, server_tmp: Path
+):
+    """Twelve image-sized requests while the engine is stopped: each API process's arena holds
+    four of them, the others fall back to frames. Every answer, either way, is the graph's
+    answer in one process (api_servers = 1), and the blocks are free once answered."""
+    session = onnxruntime.InferenceSession(str(server_tmp / "masked_mean.onnx"))
+    requests = [image_rows(seed) for seed in range(12)]
+    before = metric_value(server.metrics(), FALLBACKS)
+    (engine,) = pids(server, "engine")
+    pool = ThreadPoolExecutor(len(requests))
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        answers = [pool.submit(triton_infer, server, feeds) for feeds in requests]
+        wait_until(
+            lambda: metric_value(server.metrics(), UNANSWERED) == len(requests) * REQUEST_BYTES,
+            what="every request sent",
+        )
+        # Each process holds min(its requests, 4) blocks; every other request fell back.
+        held = metric_value(server.metrics(), SHM_USED) // REQUEST_BYTES
+        assert 4 <= held <= 8
+        wait_until(
+            lambda: metric_value(server.metrics(), FALLBACKS) == before + len(requests) - held,
+            what="the fallbacks counted",
+        )
+    finally:
+        os.kill(engine, signal.SIGCONT)
+        pool.shutdown(wait=True)
+    for feeds, answer in zip(requests, answers, strict=True):
+        expected = dict(zip(OUTPUTS, session.run(list(OUTPUTS), feeds), strict=True))
+        np.testing.assert_array_equal(answer.result()["masked"], expected["masked"])
+        np.testing.assert_array_equal(answer.result()["mean"], expected["mean"])
+    wait_until(lambda: metric_value(server.metrics(), SHM_USED) == 0, what="every block free")
+
+
+def test_every_block_is_free_again_after_answers_disconnects_and_deadlines(server):
+    """A burst while the engine is stopped: requests answered, requests whose client left
+    (the engine reads each one's cancel before it starts: the Reply to the cancel is all it
+    answers) and requests with a 1 ms deadline (a 504 here; refused by the engine when it
+    resumes, a Failed): the engine's answer to each frees its block."""
+    (engine,) = pids(server, "engine")
+    feeds = image_rows(99)
+    body = {"model": "masked", "inputs": {k: v.tolist() for k, v in feeds.items()}}
+    body["outputs"] = ["mean"]
+    refused = metric_value(server.metrics(), "ferry_rejections_total", reason="deadline")
+
+    async def scenario() -> tuple[list[int], list[int], float]:
+        async def post(extra: dict[str, int], timeout_s: float) -> int:
+            async with httpx.AsyncClient(base_url=server.url, timeout=timeout_s) as client:
+                try:
+                    return (await client.post("/predict", json={**body, **extra})).status_code
+                except httpx.TimeoutException:
+                    return 0  # the client left: its connection closed
+
+        answered = [asyncio.create_task(post({}, 60)) for _ in range(3)]
+        expired = [asyncio.create_task(post({"timeout_ms": 1}, 60)) for _ in range(3)]
+        left = [asyncio.create_task(post({}, 3)) for _ in range(3)]
+        sent = 9 * REQUEST_BYTES
+        while metric_value(await asyncio.to_thread(server.metrics), UNANSWERED) != sent:
+            await asyncio.sleep(0.05)
+        held = metric_value(await asyncio.to_thread(server.metrics), SHM_USED)
+        ended = await asyncio.gather(*expired, *left)
+        os.kill(engine, signal.SIGCONT)
+        return await asyncio.gather(*answered), ended, held
+
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        statuses, ended, held = asyncio.run(scenario())
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert statuses == [200] * 3
+    assert ended == [504] * 3 + [0] * 3
+    assert held >= 4 * REQUEST_BYTES  # the arena was used (each process holds up to four)
+    wait_until(
+        lambda: (
+            metric_value(server.metrics(), "ferry_rejections_total", reason="deadline")
+            == refused + 3
+        ),
+        what="the engine's refusals",
+    )
+    wait_until(
+        lambda: (
+            metric_value(server.metrics(), SHM_USED) == 0
+            and metric_value(server.metrics(), UNANSWERED) == 0
+        ),
+        what="every block free",
+    )
+
+
 def test_a_killed_supervisor_takes_its_processes_with_it_and_the_next_start_cleans_up(
     server, server_tmp: Path
 ):
@@ -338,6 +479,7 @@ def test_a_killed_supervisor_takes_its_processes_with_it_and_the_next_start_clea
     children = list(roles(server.pid))
     assert len(children) == 3
     (left,) = run_dirs(server_tmp)  # the engine socket, metric files, adapter journal
+    assert len(arenas(left)) == 2  # one per API process
     server.process.kill()
     server.process.wait()
     wait_until(lambda: all(gone(pid) for pid in children), what="the orphans to stop")
@@ -348,5 +490,7 @@ def test_a_killed_supervisor_takes_its_processes_with_it_and_the_next_start_clea
         # The next start removed the dead run's directory; its own is removed at SIGTERM.
         (own,) = run_dirs(server_tmp)
         assert own != left
+        assert len(arenas(own)) == 2
         assert handle.stop() == 0
     assert run_dirs(server_tmp) == []
+    assert arenas(left) == arenas(own) == []  # gone from /dev/shm
