@@ -2,6 +2,7 @@
 against the same tensor as KServe v2 binary HTTP: req/s and p50, and their ratio, in one run.
 
     python -m ferry.bench.shm [--duration 5] [--clients 4] [--rounds 2]
+        [--api-servers 2 [--engine-shm-min-bytes 0]]
 
 The model is a graph that only averages each channel (ImageMean), so the figures are the
 transport's: by binary HTTP every request carries the 602 KB tensor through the socket; by
@@ -10,6 +11,9 @@ tritonclient.utils.shared_memory, registered over HTTP), the server reads the te
 the mapping and writes the answer into the client's output region. Each client keeps one
 keep-alive connection and sends its next request when the last is answered (closed loop); the
 two transports alternate for `--rounds` rounds, on one server (allow_client_shm = true).
+With `--api-servers 2` the tensor then crosses from the API process to the engine process too:
+through the API process's arena (server/procs/arena.py), or through the socket with
+`--engine-shm-min-bytes 0`.
 """
 
 from __future__ import annotations
@@ -231,14 +235,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="Seconds per measurement.")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="Alternations of the transports.")
+    parser.add_argument("--api-servers", type=int, default=1, help="The server's api_servers.")
+    parser.add_argument(
+        "--engine-shm-min-bytes",
+        type=int,
+        default=None,
+        help="With --api-servers > 1: engine_shm_min_bytes (0: tensors cross the socket).",
+    )
     args = parser.parse_args(argv)
     from ferry.bench.server_process import ferry_server
 
     with tempfile.TemporaryDirectory(prefix="ferry-shm-") as tmp:
         model = image_mean(Path(tmp) / f"{MODEL}.onnx")
-        server = {"allow_client_shm": True}
+        server: dict[str, object] = {"allow_client_shm": True, "api_servers": args.api_servers}
+        if args.engine_shm_min_bytes is not None:
+            server["engine_shm_min_bytes"] = args.engine_shm_min_bytes
         with ferry_server([], server, args=["--model", f"{MODEL}={model}"]) as ferry:
             results = measure(ferry.url, args.clients, args.duration, args.rounds)
+    print(f"api_servers = {args.api_servers}, engine_shm_min_bytes = {args.engine_shm_min_bytes}")
     print(report(results, args.clients))
     return 0
 

@@ -5,7 +5,9 @@ a block of this arena (one block per request) and its Submit names (offset, byte
 their frames; smaller ones keep their frame, which costs less than a block for them. The socket
 then carries a header, not the tensor: no join into the message, no kernel copies on either
 side (Triton's system shared memory does the same for its clients; vLLM's shm_broadcast for
-its workers, with a ring of fixed chunks where here blocks of any size are freed in any order).
+its workers, with a ring of fixed chunks whose writer waits when it is full; here blocks of any
+size are freed in any order, and a full arena falls back to frames as vLLM's oversized message
+falls back to its socket).
 
 The arena is one file under /dev/shm, created by its API process (mode 0600) and mapped
 read-only by the engine, which copies each tensor out as it reads the request, so every answer
