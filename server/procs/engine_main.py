@@ -123,11 +123,11 @@ class EngineServer:
         report.cancel()
         for peer in list(self._pidfds):
             self._unwatch(peer)
-        for arena in self._arenas.values():
-            arena.close()
         await self.registry.close(self._settings.drain_timeout_s)  # encoders drain, then engines
         self._socket.close()
         self._context.term()
+        for arena in self._arenas.values():  # no request reads them any more
+            arena.close()
         if self._tracing is not None:
             await asyncio.to_thread(self._tracing.shutdown)  # exports what is buffered
         gc_watch.remove()  # before the loop closes
