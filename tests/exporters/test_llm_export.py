@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -150,6 +151,16 @@ def sliding_export(request, tiny_llm_exports) -> tuple[str, Path, Path]:
     return MATRIX[request.param].architecture, hf, exported
 
 
+@pytest.fixture(scope="module")
+def sliding_server(tiny_llm_exports) -> Iterator[tuple[str, dict[Path, str]]]:
+    """One server for every sliding-window export (one each took a start of its own): its URL,
+    and the name each export is served under."""
+    names = {tiny_llm_exports[name][1]: name for name in SLIDING}
+    llm_models = [{"name": n, "engine": "ortgenai", "path": str(p)} for p, n in names.items()]
+    with ferry_server(models=[], llm_models=llm_models) as server:
+        yield server.url, names
+
+
 def attention_windows(model_dir: Path) -> list[int]:
     import onnx
 
@@ -197,10 +208,12 @@ def test_sliding_window_models_compute_what_transformers_does(sliding_export) ->
     assert np.abs(unwindowed - expected).max() > 100 * error  # the window matters here
 
 
-def test_sliding_window_exports_serve_past_the_window(sliding_export) -> None:
+def test_sliding_window_exports_serve_past_the_window(sliding_export, sliding_server) -> None:
     """Served by a real server: greedy text on a prompt three windows long is transformers',
     and a grammar-constrained chat (onnxruntime-genai's Generator lane) answers."""
     _, hf, exported = sliding_export
+    url, names = sliding_server
+    name = names[exported]
     ids = [(7 * i) % 4000 + 5 for i in range(3 * WINDOW)]
     expected = ChatTokenizer(exported).decode(transformers_greedy(hf, [ids], 8)[0])
     schema = {
@@ -210,24 +223,21 @@ def test_sliding_window_exports_serve_past_the_window(sliding_export) -> None:
         "additionalProperties": False,
     }
     long_question = " ".join(["def"] * 3 * WINDOW)
-    with ferry_server(
-        models=[], llm_models=[{"name": "w", "engine": "ortgenai", "path": str(exported)}]
-    ) as server:
-        completion = {"model": "w", "prompt": ids, "max_tokens": 8, "temperature": 0}
-        done = httpx.post(f"{server.url}/v1/completions", json=completion, timeout=60)
-        assert done.status_code == 200, done.text
-        assert done.json()["choices"][0]["text"] == expected
-        chat = {
-            "model": "w",
-            "messages": [{"role": "user", "content": long_question}],
-            "max_tokens": 8,
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "a", "schema": schema},
-            },
-        }
-        done = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
-        assert done.status_code == 200, done.text
+    completion = {"model": name, "prompt": ids, "max_tokens": 8, "temperature": 0}
+    done = httpx.post(f"{url}/v1/completions", json=completion, timeout=60)
+    assert done.status_code == 200, done.text
+    assert done.json()["choices"][0]["text"] == expected
+    chat = {
+        "model": name,
+        "messages": [{"role": "user", "content": long_question}],
+        "max_tokens": 8,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "a", "schema": schema},
+        },
+    }
+    done = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
+    assert done.status_code == 200, done.text
 
 
 def test_a_window_the_export_does_not_apply_is_refused(sliding_export, tmp_path: Path) -> None:

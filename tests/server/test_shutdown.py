@@ -1,10 +1,14 @@
-"""Graceful shutdown: SIGTERM with requests in flight; every accepted request is answered."""
+"""Graceful shutdown: SIGTERM with requests in flight; every accepted request is answered, and
+the stop leaves no traceback in the log. One stop per layout: both tests read it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+import subprocess
 import time
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -20,6 +24,19 @@ LAYOUTS = [
     pytest.param({"api_servers": 2}, id="api2"),
     pytest.param({"replicas": 2}, id="replicas2"),
 ]
+
+
+@dataclass
+class Stop:
+    """What one SIGTERM with a crowd of requests in flight left behind."""
+
+    before: int  # a plain text /predict's status before the crowd
+    accepted: float  # requests in flight when the signal went out
+    statuses: list[int | str]  # each of the crowd's answers (or its transport error)
+    during_drain: list[int]  # readiness and a late /predict, just after the signal
+    retry_after: str | None  # the late /predict's Retry-After
+    returncode: int | None
+    log: str
 
 
 async def _fire(url: str, count: int) -> list[int | str]:
@@ -42,16 +59,16 @@ async def _in_flight(client: httpx.AsyncClient) -> float:
     return metric_value(text, "ferry_in_flight_requests", endpoint="/predict")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_sigterm_drains_in_flight_requests_then_exits_zero(layout):
-    """With API processes: each drains, then the engine stops, and the server exits 0; with
-    replicas, each drains."""
+@pytest.fixture(scope="module", params=LAYOUTS)
+def stop(request) -> Stop:
+    """A server of `layout` answers a plain request, then gets SIGTERM with a crowd in flight."""
     # A deadline far off: admission must not refuse (429) what a slow, busy host would finish.
     config = default_model_config(
         backend={"sessions": 1}, batching={"max_batch_size": 4}, timeout_s=600
     )
-    settings = {"drain_timeout_s": 60, **layout}
+    settings = {"drain_timeout_s": 60, **request.param}
     with ferry_server([config], server=settings) as server:
+        before = httpx.post(f"{server.url}/predict", json={"inputs": "hello"}, timeout=30)
 
         async def scenario() -> tuple[list[int | str], float, list[int], str | None]:
             firing = asyncio.create_task(_fire(server.url, 120))
@@ -70,27 +87,37 @@ def test_sigterm_drains_in_flight_requests_then_exits_zero(layout):
                 await firing,
                 accepted,
                 [ready.status_code, late.status_code],
-                (late.headers.get("retry-after")),
+                late.headers.get("retry-after"),
             )
 
         statuses, accepted, during_drain, retry_after = asyncio.run(scenario())
-        assert during_drain == [503, 503] and retry_after
-        # Every request the server had accepted is answered; none is lost to a dropped socket.
-        assert set(statuses) <= {200, 503}, f"lost requests: {set(statuses)}"
-        assert statuses.count(200) >= accepted
-        deadline = time.monotonic() + 30
-        while server.process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert server.process.returncode == 0
+        with contextlib.suppress(subprocess.TimeoutExpired):  # returncode None: the tests say so
+            server.process.wait(30)
+        return Stop(
+            before.status_code,
+            accepted,
+            statuses,
+            during_drain,
+            retry_after,
+            server.process.returncode,
+            server.log(),
+        )
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_a_stop_leaves_no_traceback_in_the_log(layout):
+def test_sigterm_drains_in_flight_requests_then_exits_zero(stop: Stop):
+    """With API processes: each drains, then the engine stops, and the server exits 0; with
+    replicas, each drains."""
+    assert stop.during_drain == [503, 503] and stop.retry_after
+    # Every request the server had accepted is answered; none is lost to a dropped socket.
+    assert set(stop.statuses) <= {200, 503}, f"lost requests: {set(stop.statuses)}"
+    assert stop.statuses.count(200) >= stop.accepted
+    assert stop.returncode == 0
+
+
+def test_a_stop_leaves_no_traceback_in_the_log(stop: Stop):
     """The collection at interpreter exit ran the GC pause callback on the closed event loop:
     `RuntimeError: Event loop is closed` at every stop (in each API and engine process)."""
-    with ferry_server([default_model_config()], server=layout) as server:
-        reply = httpx.post(f"{server.url}/predict", json={"inputs": "hello"}, timeout=30)
-        assert reply.status_code == 200
-        assert server.stop() == 0
-        log = server.log()
+    assert stop.before == 200
+    assert stop.returncode == 0
+    log = stop.log
     assert "Event loop is closed" not in log and "Traceback" not in log, log[-4000:]
