@@ -112,6 +112,9 @@ def test_a_forced_tool_call_is_a_tool_use_block(claude, stream):
         "messages": WEATHER_QUESTION,
         "tools": [WEATHER],
         "tool_choice": FORCED,
+        # Greedy: at Anthropic's default temperature (1) the arguments may ramble past
+        # max_tokens, and what is tested is the block, not the sampling.
+        "extra_body": GREEDY,
     }
     if stream:
         with claude.messages.stream(**request) as events:
@@ -133,6 +136,7 @@ def test_a_tool_result_round_trip(claude):
         messages=WEATHER_QUESTION,
         tools=[WEATHER],
         tool_choice={"type": "any"},
+        extra_body=GREEDY,
     )
     history = [
         *WEATHER_QUESTION,
@@ -149,7 +153,12 @@ def test_a_tool_result_round_trip(claude):
         },
     ]
     answer = claude.messages.create(
-        model=MODEL, max_tokens=16, messages=history, tools=[WEATHER], tool_choice={"type": "none"}
+        model=MODEL,
+        max_tokens=16,
+        messages=history,
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+        extra_body=GREEDY,
     )
     assert answer.content[0].type == "text" and answer.content[0].text
     counted = claude.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
