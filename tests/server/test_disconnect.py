@@ -32,8 +32,10 @@ def test_disconnected_client_work_is_never_run(api_servers):
                     for _ in range(16)
                 ]
                 await asyncio.sleep(0.05)
-                # This one queues behind the 16 and gives up long before its turn.
-                async with httpx.AsyncClient(base_url=server.url, timeout=0.05) as impatient:
+                # This one queues behind the 16 (252 tokens each, one at a time) and gives up long
+                # before its turn; after 150 ms, not 50: on a loaded host it could give up before
+                # the server had read it (a fresh run counted no cancel with api_servers = 2).
+                async with httpx.AsyncClient(base_url=server.url, timeout=0.15) as impatient:
                     with contextlib.suppress(httpx.TimeoutException):
                         await impatient.post("/predict", json={"input_ids": [101, 7, 102]})
                 return [r.status_code for r in await asyncio.gather(*busy)]
