@@ -130,14 +130,17 @@ def test_a_forced_tool_call_is_a_tool_use_block(claude, stream):
 
 
 def test_a_tool_result_round_trip(claude):
-    call = claude.messages.create(
-        model=MODEL,
-        max_tokens=64,
-        messages=WEATHER_QUESTION,
-        tools=[WEATHER],
-        tool_choice={"type": "any"},
-        extra_body=GREEDY,
-    )
+    def ask(messages: list, max_tokens: int, choice: str):
+        return claude.messages.create(
+            model=MODEL,
+            max_tokens=max_tokens,
+            messages=messages,
+            tools=[WEATHER],
+            tool_choice={"type": choice},
+            extra_body=GREEDY,
+        )
+
+    call = ask(WEATHER_QUESTION, 64, "any")
     history = [
         *WEATHER_QUESTION,
         {"role": "assistant", "content": [block.model_dump() for block in call.content]},
@@ -152,14 +155,7 @@ def test_a_tool_result_round_trip(claude):
             ],
         },
     ]
-    answer = claude.messages.create(
-        model=MODEL,
-        max_tokens=16,
-        messages=history,
-        tools=[WEATHER],
-        tool_choice={"type": "none"},
-        extra_body=GREEDY,
-    )
+    answer = ask(history, 16, "none")
     assert answer.content[0].type == "text" and answer.content[0].text
     counted = claude.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
     assert counted.input_tokens > answer.usage.output_tokens
