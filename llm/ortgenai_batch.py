@@ -10,7 +10,8 @@ block, and the block is kept packed (a finished row takes the last row's place).
 Prefix cache: every finished prompt's keys and values are parked in the PrefixCache
 (ortgenai_prefix.py) at once, under the request's scope (its model and `cache_salt`), so
 requests running together with one system prompt already share it; a hit copies the shared
-part in and computes only the rest (at least TAIL tokens).
+part in and computes only the rest (at least TAIL tokens; in the default mode a hit on all but
+the last token goes straight to a decode row, `_tail`).
 
 Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
 prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
@@ -57,7 +58,7 @@ from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
 from ferry.llm.logprobs import next_logprobs
 from ferry.llm.ngram_draft import NgramDraft
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
-from ferry.llm.ortgenai_prefix import ModelPrefixCache
+from ferry.llm.ortgenai_prefix import TAIL, ModelPrefixCache
 from ferry.llm.sampling import Sampler, end_ids
 
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
@@ -114,16 +115,13 @@ class BatchLane:
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
     ) -> None:
-        """Give `job` its own prompt block, filled from the prefix cache where it can be."""
+        """Give `job` its own prompt block, filled from the prefix cache where it can be; or,
+        where the cache holds all of the prompt but its last token, a decode row at once."""
         assert adapter is None
-        block = self._model.new_block(1, len(prompt_ids))
-        reused = 0
+        entry, reused = None, 0
         # `echo` scores every prompt position: none may come from the cache (it is filled after).
         if self.cache is not None and not sampling.echo:
-            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids)
-            if entry is not None:
-                block.copy_row(entry.kv, 0, 0, reused)
-        job.generator = block  # the owner loop's "running" marker
+            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids, self._tail(sampling))
         job.sampler = Sampler(sampling, prompt_ids, end_ids(self._eos_ids, sampling))
         # Compiled on the pool while the prompt goes in; waited for at the first token.
         guidance = sampling.guidance
@@ -135,7 +133,25 @@ class BatchLane:
         job.drafts = NgramDraft(prompt_ids, min_n=_MIN_NGRAM) if self._spec_tokens else None
         job.draft_length = self._spec_tokens
         self.jobs.append(job)
+        if entry is not None and len(job.pending) == 1:
+            self._add_row(job, entry.kv, reused, job.pending.pop())
+            return
+        job.generator = self._model.new_block(1, len(prompt_ids))  # the owner's "running" mark
+        if entry is not None:
+            job.generator.copy_row(entry.kv, 0, 0, reused)
         self._prefilling.append(job)
+
+    def _tail(self, sampling: SamplingSettings) -> int:
+        """Prompt tokens a cache hit leaves to run. One, in the default mode: that token is
+        the row's first decode input, so a burst of hits starts in one decode step for all
+        (TTFT at 8 streams: a step, not 8 forward passes of a prompt tail). Its keys and first
+        logits then round as a decode step's, not as the prompt's (logits up to ~0.5 apart on
+        SmolLM2 int4), so greedy text may part from the text without the hit at a near tie, as
+        it already parts between one stream and several. The deterministic mode keeps TAIL
+        (bit-identical to no hit); so does a grammar, whose compile the prompt's pass hides."""
+        if self._min_rows > 1 or sampling.guidance is not None:
+            return TAIL
+        return 1
 
     def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
         """(job, token or None, finish reason or None, error or None) for every request that
@@ -184,12 +200,17 @@ class BatchLane:
         prompt: KVBlock = job.generator
         if self.cache is not None:
             self.cache.put(job.add.cache_salt, list(job.tokens), prompt)
+        self._add_row(job, prompt, len(job.tokens), token)
+
+    def _add_row(self, job: Any, source: KVBlock, computed: int, token: int) -> None:
+        """`job` takes the next decode row: the first `computed` positions of `source`'s row 0,
+        `token` its next input."""
         row = len(self._rows)
-        self._reserve(row + 1, len(job.tokens) + 1)
+        self._reserve(row + 1, computed + 1)
         assert self._block is not None
-        self._block.copy_row(prompt, 0, row, len(job.tokens))
+        self._block.copy_row(source, 0, row, computed)
         self._rows.append(job)
-        self._lengths[row] = len(job.tokens)
+        self._lengths[row] = computed
         self._tokens[row] = token
         job.generator = self._block
 

@@ -96,6 +96,10 @@ class KVModel:
         types = {i.name: i.type for i in self._session.get_inputs()}
         self._ids_dtype = np.int32 if types[self._ids_name] == "tensor(int32)" else np.int64
         self._mask_dtype = np.int32 if types[self._mask_name] == "tensor(int32)" else np.int64
+        logits = next(o for o in self._session.get_outputs() if o.name == self._logits_name)
+        self._logits_dtype = np.float16 if logits.type == "tensor(float16)" else np.float32
+        width = logits.shape[-1]
+        self._vocab: int = width if isinstance(width, int) else config["vocab_size"]
         self._decode_binding: tuple[tuple[int, int], ort.IOBinding] | None = None
         self._piece_binding: tuple[KVBlock, int, ort.IOBinding] | None = None
 
@@ -149,8 +153,6 @@ class KVModel:
         kept = self._piece_binding
         if kept is not None and kept[0] is block and kept[1] == row:
             binding = kept[2]
-            # Its logits were allocated for the last piece's length: a new buffer for this one.
-            binding.bind_output(self._logits_name, "cpu")
         else:
             binding = self._bind(block, slice(row, row + 1))
             self._piece_binding = (block, row, binding) if keep else None
@@ -183,8 +185,6 @@ class KVModel:
 
     def _bind(self, block: KVBlock, rows: slice) -> ort.IOBinding:
         binding = self._session.io_binding()
-        # Logits first: outputs come back in binding order; ORT allocates them on every run.
-        binding.bind_output(self._logits_name, "cpu")
         for layer, (past_k, past_v, present_k, present_v) in enumerate(self._kv_names):
             for past, present, array in (
                 (past_k, present_k, block.keys[layer, rows]),
@@ -200,8 +200,11 @@ class KVModel:
     ) -> np.ndarray:
         binding.bind_cpu_input(self._ids_name, ids)
         binding.bind_cpu_input(self._mask_name, mask)
+        # The logits land in an array of ours: reading ORT's own back (IOBinding.get_outputs)
+        # wraps every output, the 2 x layers keys and values too, ~0.2 ms a step in Python.
+        logits = np.empty((*ids.shape, self._vocab), self._logits_dtype)
+        binding.bind_ortvalue_output(self._logits_name, ort.OrtValue.ortvalue_from_numpy(logits))
         if before_run is not None:
             before_run()
         self._session.run_with_iobinding(binding)
-        logits: np.ndarray = binding.get_outputs()[0].numpy()
         return logits
