@@ -8,8 +8,9 @@ short /predict requests at saturation, and CPU per completed request from /proc:
   API            all API processes together (parse, validate, tokenize, render, HTTP)
 and the capacity the split projects on a host of `--cores` cores: the engine loop's bound
 (1000 / engine-loop ms) or the API processes' (cores - 1 for the engine, / API ms), whichever
-is lower. The load generator runs on the same machine; on a 2-core box it takes a core of its
-own, so read the ratios of one run, and the projection rather than the raw rate.
+is lower. The load generator runs on the same machine: wrk by default (bench/wrk_load.py: C, a
+small share of a core), `--loadgen python` for bench/loadgen.py, which takes about a core of
+its own on a 2-core box and so hides whether a second process gains anything.
 
 `--real` serves the real model instead (ONNX Runtime on the same cores: what the split costs or
 gains where the model needs the CPU), `--lengths 8,128` for mixed inputs.
@@ -19,22 +20,21 @@ process. The API column is then the replicas' CPU a request, and the capacity th
 cores they can use (min(N, cores) x 1000 / API ms).
 
 python -m ferry.bench.api_servers [--levels 1,2] [--duration 10] [--concurrency 64] [--cores 16]
-                                  [--real] [--lengths 8,16] [--replicas]
+                                  [--real] [--lengths 8,16] [--replicas] [--loadgen wrk]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ferry.bench.inputs import token_sequences
-from ferry.bench.loadgen import run_load
 from ferry.bench.process_cpu import process_cpu_s, thread_cpu_s
 from ferry.bench.server_process import default_model_config, ferry_server
+from ferry.bench.wrk_load import closed_loop
 
 ROLE_ENV = b"FERRY_PROCESS="
 
@@ -90,6 +90,7 @@ def measure(
     concurrency: int,
     real: bool = False,
     replicas: bool = False,
+    loadgen: str = "wrk",
 ) -> Level:
     model = default_model_config(batching={"max_batch_size": 64, "max_queue_size": 4096})
     module = "ferry" if real else "ferry.bench.null_backend"
@@ -107,9 +108,9 @@ def measure(
             pids = {r: [p for p, v in roles.items() if v == r] for r in ("engine", "api")}
             if replicas:  # every replica is a whole server: its CPU goes in the API column
                 pids["api"] = [p for p, v in roles.items() if v == "replica"]
-        asyncio.run(run_load(server.url, bodies, concurrency, duration_s=min(2.0, duration_s)))
+        closed_loop(server.url, bodies, concurrency, "/predict", min(2.0, duration_s), loadgen)
         before = _cpu(pids)
-        result = asyncio.run(run_load(server.url, bodies, concurrency, duration_s=duration_s))
+        result = closed_loop(server.url, bodies, concurrency, "/predict", duration_s, loadgen)
         after = _cpu(pids)
     n = max(result.statuses.get(200, 0), 1)
     loop, process, api = ((a - b) * 1000 / n for a, b in zip(after, before, strict=True))
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--replicas", action="store_true", help="the levels are replicas, not api_servers"
     )
+    parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
     args = parser.parse_args(argv)
     setting = "replicas" if args.replicas else "api_servers"
     low, high = (int(x) for x in args.lengths.split(","))
@@ -141,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{setting:>11}     req/s  engine loop ms  engine proc ms    API ms  capacity r/s")
     results = []
     for level in levels:
-        results.append(
-            measure(level, bodies, args.duration, args.concurrency, args.real, args.replicas)
-        )
+        layout = {"real": args.real, "replicas": args.replicas, "loadgen": args.loadgen}
+        results.append(measure(level, bodies, args.duration, args.concurrency, **layout))
         print(results[-1].row(args.cores), flush=True)
     base = results[0]
     for result in results[1:]:

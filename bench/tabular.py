@@ -12,6 +12,11 @@ Prints req/s and p50/p99 of each, Ferry's ratios to each peer, and the CPU Ferry
 thread spent per request, all from one run.
 
     python -m ferry.bench.tabular [--duration 15] [--clients 64] [--api-servers 1] [--replicas 1]
+                                  [--loadgen wrk]
+
+The load comes from wrk (bench/wrk_load.py), which leaves the cores to the servers; `--loadgen
+python` for bench/loadgen.py, which takes about a core of the 2-core box and so caps every
+server that could use both (Triton's C++ front end, Ferry's replicas).
 
 `--api-servers N` runs Ferry as N API processes in front of one engine process, `--replicas N`
 as N whole servers on one port (each its own model, batcher and sessions); its CPU per request
@@ -21,7 +26,6 @@ is then that of the whole process tree (no one event loop to single out).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import sys
@@ -31,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ferry.bench.loadgen import LoadResult, run_load
 from ferry.bench.process_cpu import CpuPerRequest, CpuSample
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
+from ferry.bench.wrk_load import Load, closed_loop
 
 MODEL = "gb"
 INPUT, OUTPUT = "float_input", "probabilities"
@@ -162,14 +166,19 @@ def triton_process(model: Path, rows: np.ndarray, work: Path) -> Iterator[str | 
 
 
 def measure(
-    url: str, payloads: list[dict], clients: int, duration_s: float, name: str = MODEL
-) -> LoadResult:
+    url: str,
+    payloads: list[dict],
+    clients: int,
+    duration_s: float,
+    name: str = MODEL,
+    loadgen: str = "wrk",
+) -> Load:
     path = f"/v2/models/{name}/infer"
-    asyncio.run(run_load(url, payloads[:clients], clients, path=path))  # warm up
-    return asyncio.run(run_load(url, payloads, clients, path=path, duration_s=duration_s))
+    closed_loop(url, payloads, clients, path, 1.0, loadgen)  # warm up
+    return closed_loop(url, payloads, clients, path, duration_s, loadgen)
 
 
-def line(name: str, result: LoadResult) -> str:
+def line(name: str, result: Load) -> str:
     p50, p99 = result.percentile_ms(50), result.percentile_ms(99)
     failed = {status: n for status, n in result.statuses.items() if status != 200}
     return f"{name:>10}: {result.throughput:8.1f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms" + (
@@ -177,7 +186,7 @@ def line(name: str, result: LoadResult) -> str:
     )
 
 
-def ratios(label: str, ours: LoadResult, theirs: LoadResult) -> str:
+def ratios(label: str, ours: Load, theirs: Load) -> str:
     """Ours over theirs: throughput and p99, as every any-ONNX benchmark prints them."""
     throughput = ours.throughput / theirs.throughput
     p99 = ours.percentile_ms(99) / theirs.percentile_ms(99)
@@ -192,28 +201,30 @@ def main(argv: list[str] | None = None) -> int:
         "--api-servers", type=int, default=1, help="Ferry's API processes (api_servers)."
     )
     parser.add_argument("--replicas", type=int, default=1, help="Ferry's replicas (replicas).")
+    parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
     args = parser.parse_args(argv)
     tree = args.api_servers > 1 or args.replicas > 1  # every process's CPU: no one event loop
     with tempfile.TemporaryDirectory(prefix="ferry-tabular-") as tmp:
         work = Path(tmp)
         model, rows = export_model(work / "model")
-        payloads = bodies(rows)
-        results: dict[str, LoadResult] = {}
+        load = (bodies(rows), args.clients, args.duration, MODEL, args.loadgen)
+        results: dict[str, Load] = {}
         process = ferry_process(model, work, api_servers=args.api_servers, replicas=args.replicas)
         with running(process) as ferry:
             before = CpuSample.of(ferry.pid or 0, tree)
-            results["ferry"] = measure(ferry.url, payloads, args.clients, args.duration)
+            results["ferry"] = measure(ferry.url, *load)
             cpu = CpuPerRequest.between(
                 before, CpuSample.of(ferry.pid or 0, tree), results["ferry"].completed
             )
         with running(unbatched_process(model, work)) as peer:
-            results["unbatched"] = measure(peer.url, payloads, args.clients, args.duration)
+            results["unbatched"] = measure(peer.url, *load)
         with triton_process(model, rows, work) as triton_url:
             if triton_url is not None:
-                results["triton"] = measure(triton_url, payloads, args.clients, args.duration)
+                results["triton"] = measure(triton_url, *load)
     print(
         f"tabular: breast-cancer gradient boosting, 1 row/request, {args.clients} clients, "
-        f"ferry with {args.api_servers} API process(es), {args.replicas} replica(s)"
+        f"ferry with {args.api_servers} API process(es), {args.replicas} replica(s), "
+        f"load from {args.loadgen}"
     )
     for name, result in results.items():
         print(line(name, result))

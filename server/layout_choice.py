@@ -6,9 +6,11 @@ Two layouts spread Ferry's front end over cores (issue 43), and each suits one k
   not the event loop's, and one device is shared by every API process;
 - **small CPU models** (tabular, small CNNs, encoders) get `replicas`: whole servers on one port,
   each with its own copy, so no request crosses a process.
-Everything else, and every host with fewer than MIN_CORES cores, is served by one process: on two
-cores a second process competes with the backend's own threads and the clients for the same two
-cores (bench.api_servers and bench.tabular on the 2-core box: replicas 2 gave 0.68-1.09x of one).
+Everything else, and every host with fewer than MIN_CORES cores, is served by one process. On two
+cores a second replica pays only where the event loop, not the model, is the limit: with the load
+from wrk (bench/wrk_load.py), replicas 2 gave 2.06x of one on the tabular model but 0.82x (short)
+and 0.56x (mixed) on all-MiniLM, whose ONNX Runtime threads already use both cores; model size
+cannot tell the two apart, so a small host keeps one process and `replicas` is the user's call.
 
 Setting `api_servers` or `replicas` (file, environment or flag) chooses the layout instead;
 the start-up log says which was taken and why.
