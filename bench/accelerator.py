@@ -15,13 +15,15 @@ Beside Ferry on the simulated device: its mean batch size in the measured step (
 ferry_batch_size_requests histogram) and the most batches the device had in flight.
 
 Short (8-16 tokens) and mixed (8-128) text, 64 and 256 clients, one request per text, closed
-loop, the load generator on the same cores as the servers. Both servers stay up and each step
-runs in rounds on one then the other, the order alternating; the verdict lists each round's
-ratio, so the noise is in view. About 60 s by default; on a shared 2-core box the figures
-move between runs, so read the ratios of one run.
+loop, the load generator on the same cores as the servers: wrk (bench/wrk_load.py), which takes
+a small share of a core, or `--loadgen python` (bench/loadgen.py, about a core of its own).
+Both servers stay up and each step runs in rounds on one then the other, the order
+alternating; the verdict lists each round's ratio, so the noise is in view. About 60 s by
+default; on a shared 2-core box the figures move between runs, so read the ratios of one run.
 
 python -m ferry.bench.accelerator [--seconds 4] [--rounds 2] [--warmup 1] [--clients 64,256]
                                   [--api-servers 1] [--launch-ms 1.5 --fixed-ms 1 ...]
+                                  [--loadgen wrk]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ferry.bench import wrk_load
 from ferry.bench.gpu_ceiling import sorted_batches_throughput
 from ferry.bench.inputs import token_sequences
 from ferry.bench.interleaved import block_order, pooled
@@ -65,6 +68,7 @@ class Config:
     max_batch_tokens: int = 16384
     api_servers: int = 1
     rounds: int = 2  # each step's seconds cut into this many rounds, the order alternating
+    loadgen: str = "wrk"  # or "python" (bench/loadgen.py in a process of its own)
 
 
 @dataclass
@@ -136,6 +140,13 @@ def measure(config: Config, results: Results, work: Path) -> None:
         results.max_in_flight = DeviceStats.read(stats_file).max_in_flight
 
 
+def load(config: Config, url: str, bodies: list[dict], clients: int, seconds: float) -> LoadResult:
+    """Closed-loop clients from wrk (bench/wrk_load.py), or from one Python load process."""
+    if config.loadgen == "wrk" and wrk_load.available():
+        return wrk_load.run_wrk(url, bodies, clients, "/predict", seconds).as_load_result()
+    return run_load_processes(None, 1, url, bodies, clients, seconds)
+
+
 def stats_path(work: Path, name: str) -> Path:
     return work / f"{name.replace(' ', '-')}.json"
 
@@ -152,14 +163,14 @@ def measure_step(
     round_s = config.seconds / config.rounds
     for ferry in servers.values():
         if config.warmup_s:
-            run_load_processes(None, 1, ferry.url, bodies, clients, config.warmup_s)
+            load(config, ferry.url, bodies, clients, config.warmup_s)
     rounds: dict[str, list[LoadResult]] = {name: [] for name in servers}
     batched = {name: (0.0, 0.0) for name in servers}  # (requests, batches) in measured rounds
     for index in range(config.rounds):
         for name in block_order(index, list(servers)):
             ferry = servers[name]
             rows, batches = batch_totals(ferry.metrics())
-            rounds[name].append(run_load_processes(None, 1, ferry.url, bodies, clients, round_s))
+            rounds[name].append(load(config, ferry.url, bodies, clients, round_s))
             rows_after, batches_after = batch_totals(ferry.metrics())
             total_rows, total_batches = batched[name]
             batched[name] = (
@@ -272,6 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fixed-ms", type=float, default=defaults.fixed_ms)
     parser.add_argument("--per-token-us", type=float, default=defaults.per_token_us)
     parser.add_argument("--streams", type=int, default=defaults.streams)
+    parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
     return parser.parse_args(argv)
 
 
@@ -288,6 +300,7 @@ def config_from(args: argparse.Namespace) -> Config:
         max_batch_size=args.max_batch_size,
         api_servers=args.api_servers,
         rounds=max(1, args.rounds),
+        loadgen=args.loadgen,
     )
 
 
@@ -307,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{config.seconds:g} s per step in {config.rounds} alternating rounds after"
-        f" {config.warmup_s:g} s of warm-up, closed loop, one load process,"
+        f" {config.warmup_s:g} s of warm-up, closed loop, load from {config.loadgen},"
         f" api_servers = {config.api_servers}, max_batch_size {config.max_batch_size}"
     )
     print(report(config, results))

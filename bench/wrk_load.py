@@ -5,7 +5,7 @@ bench/loadgen.py is Python: on the 2-core box it spends about as much CPU a requ
 server's front end does, so a server that could use both cores never gets the second (two
 replicas on the null backend read 0.87x of one with it, 2.3x with wrk in a first try). wrk sends
 the same pre-encoded JSON bodies, `concurrency` connections each with one request in flight; a
-Lua script cycles through the bodies and writes the totals and latency percentiles as one JSON
+Lua script cycles through the bodies and writes the totals and every percent's latency on one
 line when it ends. A non-2xx answer, a socket error and a timeout all count as failed.
 
 Debian's package (tools/install_wrk.sh); `closed_loop` falls back to bench/loadgen.py where wrk
@@ -22,9 +22,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ferry.bench.loadgen import LoadResult, run_load
 
-PERCENTILES = (50.0, 90.0, 99.0)
+# Every percent's midpoint: enough to rebuild the distribution (`as_load_result`).
+PERCENTILES = tuple(q + 0.5 for q in range(100))
 MARK = "WRK_TOTALS"
 # At the end: requests, microseconds, failed, then the latency percentiles in microseconds.
 _DONE = """
@@ -65,13 +68,27 @@ class WrkResult:
         return {200: self.completed, **({0: self.failed} if self.failed else {})}
 
     def percentile_ms(self, q: float) -> float:
-        return self.percentiles_ms[q]
+        return float(np.percentile(self.as_load_result().latencies_s, q) * 1000)
+
+    def as_load_result(self) -> LoadResult:
+        """The same run as bench/loadgen's result: each percent of the answered requests at its
+        midpoint's latency (wrk keeps a histogram, not each request), so results of several
+        runs merge (bench/loadgen.merge) as their requests' distributions, to a percent."""
+        share, extra = divmod(self.completed, len(PERCENTILES))
+        latencies = []
+        for index, q in enumerate(PERCENTILES):
+            latencies += [self.percentiles_ms[q] / 1000] * (share + (index < extra))
+        return LoadResult(latencies, self.statuses, self.elapsed_s)
 
 
 def script(bodies: list[dict]) -> str:
     """The Lua script: POST each body in turn, then the totals (`done`)."""
-    # Long brackets of a level no JSON text closes: the bodies go in verbatim.
-    quoted = ",\n".join(f"[==[{json.dumps(body)}]==]" for body in bodies)
+    encoded = [json.dumps(body) for body in bodies]
+    # Lua's long brackets, of a level no body closes: the bodies go in verbatim.
+    level = "="
+    while any(f"]{level}]" in text for text in encoded):
+        level += "="
+    quoted = ",\n".join(f"[{level}[{text}]{level}]" for text in encoded)
     return (
         f"local bodies = {{\n{quoted}\n}}\nlocal i = 0\n"
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
