@@ -24,12 +24,14 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from ferry.bench.loadgen import LoadResult, run_load
+from ferry.bench.loadgen import LoadResult
+from ferry.bench.multiload import load_pool, run_load_processes
 from ferry.bench.processes import running
 from ferry.bench.tabular import ferry_process, line, ratios, unbatched_process
 
@@ -156,10 +158,14 @@ def describe_gaps(gaps: list[float]) -> str:
     return f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {ms.max():.2f} ms"
 
 
-def measure(url: str, payloads: list[dict], clients: int, duration_s: float) -> LoadResult:
+def measure(
+    pool: ProcessPoolExecutor, url: str, payloads: list[dict], clients: int, duration_s: float
+) -> LoadResult:
+    """Closed-loop clients from a process of `pool`: the poll thread (LivePoll) is alone with
+    this process's GIL, which it shared with the load's parsing when both ran here."""
     path = f"/v2/models/{MODEL}/infer"
-    asyncio.run(run_load(url, payloads[:clients], min(clients, len(payloads)), path=path))
-    return asyncio.run(run_load(url, payloads, clients, path=path, duration_s=duration_s))
+    run_load_processes(pool, 1, url, payloads[:clients], min(clients, len(payloads)), 1.0, path)
+    return run_load_processes(pool, 1, url, payloads, clients, duration_s, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,18 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     tensors, jpegs = tensor_bodies(), jpeg_bodies()
     results: dict[str, LoadResult] = {}
-    with tempfile.TemporaryDirectory(prefix="ferry-images-") as tmp:
+    with load_pool(1) as pool, tempfile.TemporaryDirectory(prefix="ferry-images-") as tmp:
         work = Path(tmp)
         model = export_model(work)
         with running(ferry_process(model, work, MODEL)) as ferry:
             with LivePoll(ferry.url) as idle:
                 time.sleep(2)
             with LivePoll(ferry.url) as tensor_load:
-                results["ferry"] = measure(ferry.url, tensors, args.clients, args.duration)
+                results["ferry"] = measure(pool, ferry.url, tensors, args.clients, args.duration)
             with LivePoll(ferry.url) as decoding:
-                results["ferry jpeg"] = measure(ferry.url, jpegs, args.clients, args.duration)
+                results["ferry jpeg"] = measure(pool, ferry.url, jpegs, args.clients, args.duration)
         with running(unbatched_process(model, work, MODEL)) as peer:
-            results["unbatched"] = measure(peer.url, tensors, args.clients, args.duration)
+            results["unbatched"] = measure(pool, peer.url, tensors, args.clients, args.duration)
         raw = [base64.b64decode(b["inputs"][0]["data"][0]) for b in jpegs] * 10
         pooled = asyncio.run(loop_gaps(raw, model, pooled=True))
         inline = asyncio.run(loop_gaps(raw, model, pooled=False))

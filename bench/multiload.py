@@ -42,10 +42,11 @@ def run_load_processes(
 ) -> LoadResult:
     """`concurrency` clients over `processes` processes of `pool`, each for `duration_s` seconds.
 
-    Without a pool (or with one process) the load runs in this process.
+    Without a pool the load runs in this process; with one, even for one process, in the pool
+    (a thread measuring beside it then never waits for the load's share of this GIL).
     """
     shares = split_clients(concurrency, processes)
-    if pool is None or len(shares) == 1:
+    if pool is None:
         return _one_process(url, bodies, concurrency, path, duration_s)
     futures = [
         # Each process starts at its own offset, so they do not send the same bodies at once.
