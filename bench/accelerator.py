@@ -14,6 +14,10 @@ and the ratios: simulated / null (issue 43's target: >= 0.9x) and simulated / de
 Beside Ferry on the simulated device: its mean batch size in the measured step (from its own
 ferry_batch_size_requests histogram) and the most batches the device had in flight.
 
+Image tensors too (`--no-images` leaves them out): one [1, 3, 224, 224] FP32 tensor a request
+over KServe v2 JSON, to a plain graph of ResNet's signature (`image_graph`) that the simulated
+device runs at `per_row_us` a row and the null backend answers at once, its batches up to 64.
+
 Short (8-16 tokens) and mixed (8-128) text, 64 and 256 clients, one request per text, closed
 loop, the load generator on the same cores as the servers: wrk (bench/wrk_load.py), which takes
 a small share of a core, or `--loadgen python` (bench/loadgen.py, about a core of its own).
@@ -38,6 +42,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 
 from ferry.bench import wrk_load
@@ -47,7 +54,12 @@ from ferry.bench.interleaved import block_order, pooled
 from ferry.bench.loadgen import LoadResult
 from ferry.bench.multiload import run_load_processes
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, FerryProcess, ferry_server
-from ferry.bench.simulated_device import DeviceStats, DeviceTimes, SimulatedEncoderBackend
+from ferry.bench.simulated_device import (
+    DeviceStats,
+    DeviceTimes,
+    SimulatedDevice,
+    SimulatedEncoderBackend,
+)
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
 
@@ -55,6 +67,10 @@ SIMULATED, NULL, CEILING = "ferry simulated device", "ferry null backend", "devi
 MODULES = {SIMULATED: "ferry.bench.simulated_device", NULL: "ferry.bench.null_backend"}
 TARGET_VS_NULL = 0.9
 BATCH_METRIC = "ferry_batch_size_requests"
+# The image set: FP32 tensors of a CNN's input, to a plain graph of ResNet's signature whose
+# batches the device prices per row (DeviceTimes.per_row_us), over KServe v2 JSON.
+IMAGES, IMAGE_MODEL, IMAGE_SHAPE, CLASSES = "images", "img", (3, 224, 224), 1000
+IMAGE_BODIES = 8  # distinct bodies: each ~1.3 MB of JSON
 
 
 @dataclass(frozen=True)
@@ -69,6 +85,11 @@ class Config:
     api_servers: int = 1
     rounds: int = 2  # each step's seconds cut into this many rounds, the order alternating
     loadgen: str = "wrk"  # or "python" (bench/loadgen.py in a process of its own)
+    images: bool = True  # the image set beside the text sets
+
+    @property
+    def set_names(self) -> list[str]:
+        return [*self.sets, *([IMAGES] if self.images else [])]
 
 
 @dataclass
@@ -94,11 +115,59 @@ def model_config(config: Config) -> dict:
     }
 
 
+def image_graph(path: Path) -> Path:
+    """A graph of ResNet's signature ([N, 3, 224, 224] FP32 in, [N, 1000] logits out), each row
+    its own (a mean per channel, then a product): the backend never runs it, the server reads
+    its signature and batch plan from it."""
+    weights = np.zeros((IMAGE_SHAPE[0], CLASSES), np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["pixel_values"], ["means"], axes=[2, 3], keepdims=0),
+            helper.make_node("MatMul", ["means", "weights"], ["logits"]),
+        ],
+        "image_signature",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["N", *IMAGE_SHAPE])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES])],
+        [numpy_helper.from_array(weights, "weights")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def image_bodies(count: int = IMAGE_BODIES, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "inputs": [
+                {
+                    "name": "pixel_values",
+                    "shape": [1, *IMAGE_SHAPE],
+                    "datatype": "FP32",
+                    "data": rng.random(int(np.prod(IMAGE_SHAPE)), np.float32).round(3).tolist(),
+                }
+            ]
+        }
+        for _ in range(count)
+    ]
+
+
+def image_model_config(config: Config, work: Path) -> dict:
+    return {
+        "name": IMAGE_MODEL,
+        "path": str(image_graph(work / "image_signature.onnx")),
+        "backend": {"kind": "onnxruntime", "sessions": 2},
+        "batching": {"max_batch_size": image_model_config_rows(config), "max_queue_size": 4096},
+    }
+
+
 @contextlib.contextmanager
 def server(name: str, config: Config, stats_file: Path) -> Iterator[FerryProcess]:
     device = replace(config.device, stats_file=str(stats_file))
+    images = [image_model_config(config, stats_file.parent)] if config.images else []
     with ferry_server(
-        [model_config(config)],
+        [model_config(config), *images],
         {"api_servers": config.api_servers},
         env=device.to_env(),
         module=MODULES[name],
@@ -135,16 +204,22 @@ def measure(config: Config, results: Results, work: Path) -> None:
             bodies = [predict_body(ids) for ids in inputs]
             for clients in config.clients:
                 measure_step(config, results, servers, (set_name, clients), bodies)
+        if config.images:
+            bodies, path = image_bodies(), f"/v2/models/{IMAGE_MODEL}/infer"
+            for clients in config.clients:
+                measure_step(config, results, servers, (IMAGES, clients), bodies, path)
     stats_file = stats_path(work, SIMULATED)
     if stats_file.exists():
         results.max_in_flight = DeviceStats.read(stats_file).max_in_flight
 
 
-def load(config: Config, url: str, bodies: list[dict], clients: int, seconds: float) -> LoadResult:
+def load(
+    config: Config, url: str, bodies: list[dict], clients: int, seconds: float, path: str
+) -> LoadResult:
     """Closed-loop clients from wrk (bench/wrk_load.py), or from one Python load process."""
     if config.loadgen == "wrk" and wrk_load.available():
-        return wrk_load.run_wrk(url, bodies, clients, "/predict", seconds).as_load_result()
-    return run_load_processes(None, 1, url, bodies, clients, seconds)
+        return wrk_load.run_wrk(url, bodies, clients, path, seconds).as_load_result()
+    return run_load_processes(None, 1, url, bodies, clients, seconds, path)
 
 
 def stats_path(work: Path, name: str) -> Path:
@@ -157,20 +232,21 @@ def measure_step(
     servers: dict[str, FerryProcess],
     step: tuple[str, int],
     bodies: list[dict],
+    path: str = "/predict",
 ) -> None:
     """One input set at one client count on every server: warm-up, then the rounds."""
     set_name, clients = step
     round_s = config.seconds / config.rounds
     for ferry in servers.values():
         if config.warmup_s:
-            load(config, ferry.url, bodies, clients, config.warmup_s)
+            load(config, ferry.url, bodies, clients, config.warmup_s, path)
     rounds: dict[str, list[LoadResult]] = {name: [] for name in servers}
     batched = {name: (0.0, 0.0) for name in servers}  # (requests, batches) in measured rounds
     for index in range(config.rounds):
         for name in block_order(index, list(servers)):
             ferry = servers[name]
             rows, batches = batch_totals(ferry.metrics())
-            rounds[name].append(load(config, ferry.url, bodies, clients, round_s))
+            rounds[name].append(load(config, ferry.url, bodies, clients, round_s, path))
             rows_after, batches_after = batch_totals(ferry.metrics())
             total_rows, total_batches = batched[name]
             batched[name] = (
@@ -194,15 +270,37 @@ async def device_ceilings(config: Config) -> dict[tuple[str, int], float]:
     """The simulated device alone (no server): sorted batches of each client count's size."""
     backend = SimulatedEncoderBackend(replace(config.device, stats_file=None))
     try:
-        return {
+        ceilings = {
             (set_name, clients): await sorted_batches_throughput(
                 backend, inputs, min(clients, config.max_batch_size)
             )
             for set_name, inputs in config.sets.items()
             for clients in config.clients
         }
+        if config.images:
+            for clients in config.clients:
+                rows = min(clients, image_model_config_rows(config))
+                ceilings[(IMAGES, clients)] = await image_ceiling(backend.device, rows)
+        return ceilings
     finally:
         await backend.close()
+
+
+def image_model_config_rows(config: Config) -> int:
+    return min(config.max_batch_size, 64)
+
+
+async def image_ceiling(device: SimulatedDevice, rows: int, batches: int = 40) -> float:
+    """Images a second: batches of `rows` back to back, as many in flight as the streams."""
+    slots = asyncio.Semaphore(device.times.streams)
+
+    async def run() -> None:
+        async with slots:
+            await device.run(rows, 0, device.times.tensor_device_s(rows))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(run() for _ in range(batches)))
+    return rows * batches / (time.perf_counter() - started)
 
 
 def report(config: Config, results: Results) -> str:
@@ -211,13 +309,14 @@ def report(config: Config, results: Results) -> str:
         f" {'x device':>8}  batch"
     )
     lines = []
-    for set_name, inputs in config.sets.items():
-        lengths = [len(s) for s in inputs]
+    for set_name in config.set_names:
+        if set_name == IMAGES:
+            what = f"1 x {' x '.join(map(str, IMAGE_SHAPE))} FP32, KServe v2 JSON"
+        else:
+            lengths = [len(s) for s in config.sets[set_name]]
+            what = f"{min(lengths)}-{max(lengths)} tokens"
         for clients in config.clients:
-            lines += [
-                f"\n== {set_name} ({min(lengths)}-{max(lengths)} tokens), {clients} clients ==",
-                head,
-            ]
+            lines += [f"\n== {set_name} ({what}), {clients} clients ==", head]
             null = results.steps.get((NULL, set_name, clients))
             ceiling = results.ceilings.get((set_name, clients))
             for name in (SIMULATED, NULL):
@@ -232,7 +331,10 @@ def report(config: Config, results: Results) -> str:
                     f" {step.errors:>6} {ratio(step.throughput, null)}"
                     f" {ratio(step.throughput, ceiling):>8}{batch}"
                 )
-            if ceiling is not None:
+            if ceiling is not None and set_name == IMAGES:
+                rows = min(clients, image_model_config_rows(config))
+                lines.append(f"{CEILING:24s} {ceiling:8.0f}  images/s, batches of {rows}")
+            elif ceiling is not None:
                 lines.append(
                     f"{CEILING:24s} {ceiling:8.0f}  seq/s, batches of "
                     f"{min(clients, config.max_batch_size)} sorted"
@@ -243,7 +345,7 @@ def report(config: Config, results: Results) -> str:
 
 def verdicts(config: Config, results: Results) -> list[str]:
     out = [f"target: ferry on the simulated device >= {TARGET_VS_NULL}x its null backend"]
-    for set_name in config.sets:
+    for set_name in config.set_names:
         for clients in config.clients:
             simulated = results.steps.get((SIMULATED, set_name, clients))
             null = results.steps.get((NULL, set_name, clients))
@@ -282,8 +384,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--launch-ms", type=float, default=defaults.launch_ms, help="GIL held.")
     parser.add_argument("--fixed-ms", type=float, default=defaults.fixed_ms)
     parser.add_argument("--per-token-us", type=float, default=defaults.per_token_us)
+    parser.add_argument("--per-row-us", type=float, default=defaults.per_row_us, help="Images.")
     parser.add_argument("--streams", type=int, default=defaults.streams)
     parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
+    parser.add_argument("--no-images", action="store_true", help="The text sets only.")
     return parser.parse_args(argv)
 
 
@@ -296,11 +400,18 @@ def config_from(args: argparse.Namespace) -> Config:
             "short": token_sequences(args.requests, 8, 16, seed=1),
             "mixed": token_sequences(args.requests, 8, 128, seed=0),
         },
-        device=DeviceTimes(args.launch_ms, args.fixed_ms, args.per_token_us, args.streams),
+        device=DeviceTimes(
+            launch_ms=args.launch_ms,
+            fixed_ms=args.fixed_ms,
+            per_token_us=args.per_token_us,
+            per_row_us=args.per_row_us,
+            streams=args.streams,
+        ),
         max_batch_size=args.max_batch_size,
         api_servers=args.api_servers,
         rounds=max(1, args.rounds),
         loadgen=args.loadgen,
+        images=not args.no_images,
     )
 
 
@@ -315,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     device = config.device
     print(
         f"simulated device: {device.launch_ms:g} ms of GIL per batch, then {device.fixed_ms:g} ms"
-        f" + {device.per_token_us:g} us per padded token without it, {device.streams} streams"
+        f" + {device.per_token_us:g} us per padded token (images: {device.per_row_us:g} us a"
+        f" row) without it, {device.streams} streams"
         f" (most in flight seen: {results.max_in_flight})"
     )
     print(

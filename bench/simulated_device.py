@@ -10,7 +10,10 @@ simulated here:
 - **streams**: `streams` threads, so that many batches are in flight at once, as the torch
   backend runs CUDA_CONCURRENCY = 2.
 Answers are zero embeddings of all-MiniLM's width (as bench/null_backend.py): correctly shaped,
-computed by nobody.
+computed by nobody. A plain graph (images, KServe v2 tensors) runs on a device of its own with
+the same launch and streams, `fixed_ms` plus `per_row_us` a row (50 us: a ResNet-18-sized CNN
+at fp16 on an H100-class GPU, about 20,000 images a second at large batches; an estimate, as
+docs/gpu.md measured no CNN), answering zeros of its outputs' shapes.
 
 Calibration, from the H100 figures in docs/benchmarks.md (2026-11-26: the torch backend, MiniLM's
 shape in float16, the embedding alone, ms per batch over 20 gathered calls; one or two in flight
@@ -53,8 +56,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ferry.backends.options import OnnxRuntimeOptions
 from ferry.batcher.padding import PaddedBatch
-from ferry.bench.null_backend import OUTPUT, WIDTH
+from ferry.bench.null_backend import OUTPUT, WIDTH, ZeroTensorBackend
 from ferry.server.settings import ModelSettings
 
 ENV = "FERRY_SIMULATED_DEVICE"
@@ -65,11 +69,16 @@ class DeviceTimes:
     launch_ms: float = 1.5  # GIL held per batch (kernel launches)
     fixed_ms: float = 1.0  # device time per batch, GIL released
     per_token_us: float = 0.2  # device time per padded token, GIL released
+    per_row_us: float = 50.0  # a plain graph's batches (images): device time per row
     streams: int = 2  # batches in flight at once
     stats_file: str | None = None
 
     def device_s(self, padded_tokens: int) -> float:
         return (self.fixed_ms * 1e3 + self.per_token_us * padded_tokens) / 1e6
+
+    def tensor_device_s(self, rows: int) -> float:
+        """A plain graph's batch of `rows` (an image a row): device time, GIL released."""
+        return (self.fixed_ms * 1e3 + self.per_row_us * rows) / 1e6
 
     def batch_s(self, padded_tokens: int) -> float:
         """One batch alone, launch and device."""
@@ -125,11 +134,14 @@ class SimulatedDevice:
         self._writing = threading.Lock()  # two streams may both see a new maximum
         self._executor = ThreadPoolExecutor(times.streams, thread_name_prefix="sim-stream")
 
-    async def run(self, rows: int, padded_tokens: int) -> None:
+    async def run(self, rows: int, padded_tokens: int, device_s: float | None = None) -> None:
+        """One batch: launched, then `device_s` on the device (by default its padded tokens')."""
+        if device_s is None:
+            device_s = self.times.device_s(padded_tokens)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._batch, rows, padded_tokens)
+        await loop.run_in_executor(self._executor, self._batch, rows, padded_tokens, device_s)
 
-    def _batch(self, rows: int, padded_tokens: int) -> None:
+    def _batch(self, rows: int, padded_tokens: int, device_s: float) -> None:
         with self._lock:
             self.stats.in_flight += 1
             grew = self.stats.in_flight > self.stats.max_in_flight
@@ -139,7 +151,7 @@ class SimulatedDevice:
         began = time.perf_counter()
         hold_gil(self.times.launch_ms / 1e3)
         launched = time.perf_counter()
-        time.sleep(self.times.device_s(padded_tokens))
+        time.sleep(device_s)
         with self._lock:
             self.stats.in_flight -= 1
             self.stats.batches += 1
@@ -197,12 +209,31 @@ def build_simulated_backend(settings: ModelSettings) -> SimulatedEncoderBackend:
     return SimulatedEncoderBackend(DeviceTimes.from_env())
 
 
+class SimulatedTensorBackend(ZeroTensorBackend):
+    """A plain graph (images) on a simulated device of its own: `fixed_ms` + `per_row_us` a
+    batch, after the launch; its answers zeros of its outputs' shapes."""
+
+    def __init__(self, model_path: Path, options: OnnxRuntimeOptions) -> None:
+        super().__init__(model_path, options, self._on_device)
+        self.device = SimulatedDevice(DeviceTimes.from_env())
+        self.max_concurrency = self.device.times.streams  # batches in flight: its streams
+
+    async def _on_device(self, feeds: dict[str, np.ndarray]) -> None:
+        rows = next(iter(feeds.values())).shape[0]
+        await self.device.run(rows, 0, self.device.times.tensor_device_s(rows))
+
+    async def close(self) -> None:
+        await super().close()
+        self.device.close()
+
+
 def install() -> None:
-    """Every text encoder this process builds runs on the simulated device (the one seam, as
-    bench/null_backend.py uses it)."""
-    from ferry.server import model_runtime
+    """Every text encoder and plain graph this process builds runs on the simulated device
+    (the seams bench/null_backend.py uses)."""
+    from ferry.server import graph_runtime, model_runtime
 
     model_runtime.build_backend = build_simulated_backend
+    graph_runtime.OnnxTensorBackend = SimulatedTensorBackend  # type: ignore[misc]  # the seam
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,12 +15,17 @@ import pytest
 
 from ferry.batcher import TokenSequence, pad_batch
 from ferry.bench.accelerator import (
+    IMAGE_MODEL,
+    IMAGES,
+    MODULES,
     NULL,
     SIMULATED,
     Config,
     Results,
     batch_totals,
     device_ceilings,
+    image_bodies,
+    image_model_config,
     report,
 )
 from ferry.bench.loadgen import run_load
@@ -86,7 +91,7 @@ def test_the_device_ceiling_runs_batches_of_each_client_count():
         0.0, 0.0, (2, 8), {"short": [[101, 2000, 102]] * 16}, DeviceTimes(0.1, 0.1, 0.0)
     )
     ceilings = asyncio.run(device_ceilings(config))
-    assert set(ceilings) == {("short", 2), ("short", 8)}
+    assert set(ceilings) == {(s, c) for s in ("short", IMAGES) for c in (2, 8)}
     assert all(v > 0 for v in ceilings.values())
 
 
@@ -150,3 +155,23 @@ def test_a_server_on_the_simulated_device_batches_more_under_load(tmp_path, api_
     assert rows / batches > one_rows / one_batches
     stats = DeviceStats.read(stats_file)
     assert stats.max_in_flight >= 2
+
+
+@pytest.mark.parametrize("name", [SIMULATED, NULL])
+def test_a_plain_graph_answers_image_tensors_with_zeros_of_its_output_shape(tmp_path, name):
+    """The image set's graph keeps its own signature on both stand-in backends; on the
+    simulated device its batches are counted by the row."""
+    stats_file = tmp_path / "device.json"
+    env = DeviceTimes(**{**SLOW.__dict__, "stats_file": str(stats_file)}).to_env()
+    config = Config(1.0, 0.0, (4,), {}, SLOW)
+    body = image_bodies(count=1)[0]
+    with ferry_server(
+        [image_model_config(config, tmp_path)], env=env, module=MODULES[name]
+    ) as server:
+        answer = httpx.post(f"{server.url}/v2/models/{IMAGE_MODEL}/infer", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    (logits,) = answer.json()["outputs"]
+    assert (logits["name"], logits["shape"]) == ("logits", [1, 1000])
+    assert not any(logits["data"])
+    if name == SIMULATED:  # this request's row, and the batch plan's probe at start
+        assert DeviceStats.read(stats_file).rows >= 2
