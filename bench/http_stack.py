@@ -39,13 +39,12 @@ UVICORN, GRANIAN = "ferry (uvicorn)", "granian"
 
 def granian_app() -> FastAPI:
     """Granian's factory: Ferry's app from $FERRY_CONFIG, on the null backend."""
-    from ferry.bench.null_backend import build_null_backend
-    from ferry.server import model_runtime
+    from ferry.bench.null_backend import install
     from ferry.server.app import create_app
     from ferry.server.logs import configure_logging
     from ferry.server.settings import load_settings
 
-    model_runtime.build_backend = build_null_backend
+    install()
     settings = load_settings()
     configure_logging(settings.log_level, settings.log_format)
     return create_app(settings)
