@@ -10,8 +10,8 @@ block, and the block is kept packed (a finished row takes the last row's place).
 Prefix cache: every finished prompt's keys and values are parked in the PrefixCache
 (ortgenai_prefix.py) at once, under the request's scope (its model and `cache_salt`), so
 requests running together with one system prompt already share it; a hit copies the shared
-part in and computes only the rest (at least TAIL tokens; in the default mode a hit on all but
-the last token goes straight to a decode row, `_tail`).
+part in and computes only the rest (at least TAIL tokens; in the default mode, a hit on all but
+the last token of a request joining rows already decoding goes straight to a decode row, `_tail`).
 
 Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
 prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
@@ -142,14 +142,16 @@ class BatchLane:
         self._prefilling.append(job)
 
     def _tail(self, sampling: SamplingSettings) -> int:
-        """Prompt tokens a cache hit leaves to run. One, in the default mode: that token is
-        the row's first decode input, so a burst of hits starts in one decode step for all
-        (TTFT at 8 streams: a step, not 8 forward passes of a prompt tail). Its keys and first
-        logits then round as a decode step's, not as the prompt's (logits up to ~0.5 apart on
-        SmolLM2 int4), so greedy text may part from the text without the hit at a near tie, as
-        it already parts between one stream and several. The deterministic mode keeps TAIL
-        (bit-identical to no hit); so does a grammar, whose compile the prompt's pass hides."""
-        if self._min_rows > 1 or sampling.guidance is not None:
+        """Prompt tokens a cache hit leaves to run. One where the request joins rows already
+        decoding, in the default mode: that token is its first decode input, so requests that
+        arrive during a burst start in the next step for all (TTFT at 8 streams: a step, not a
+        forward pass of a prompt tail each). Its keys and first logits then round as a decode
+        step of several rows, not as the prompt (logits up to ~0.5 apart on SmolLM2 int4), as
+        every later token of a request decoding with others does. A request alone keeps TAIL,
+        so it computes exactly as og's Generator, hit or not (tested: seeded requests repeat);
+        so do the deterministic mode (bit-identical to no hit) and a grammar, whose compile
+        the prompt's pass hides."""
+        if not self._rows or self._min_rows > 1 or sampling.guidance is not None:
             return TAIL
         return 1
 

@@ -87,15 +87,21 @@ def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, p
     assert out["late"] == out["first"] == alone(kv_model, prompts[0], 8)
 
 
-def test_a_burst_of_cached_prompts_starts_in_one_decode_step(kv_model, prompts, monkeypatch):
-    """Default mode: a hit on all but a prompt's last token makes it a decode row at once, so
-    a burst of such requests gets every first token from one forward pass, and the text is
-    the one the prompts gave when they were computed (SmolLM2's first 8 tokens; the last
-    prompt token rounds as a decode step's, which may only part at a near tie)."""
+def test_cached_prompts_joining_a_decode_start_in_its_next_step(kv_model, prompts, monkeypatch):
+    """Default mode: a hit on all but a prompt's last token, while another request decodes,
+    makes it a decode row at once, so a burst of such requests gets every first token from one
+    forward pass, and the text is the one the prompts gave when they were computed (SmolLM2's
+    first 8 tokens; the last prompt token rounds as a decode step's, which may only part at a
+    near tie). A request alone keeps the prompt's last two tokens (as og's Generator computes)."""
     cache = ModelPrefixCache(PrefixCache(2**30), "m", kv_model.token_bytes)
     lane = BatchLane(kv_model, 4, EOS, cache=cache)
     burst = prompts[:3]
     computed = run(lane, [job(str(i), p, 8) for i, p in enumerate(burst)])
+    lone = job("lone", burst[0], 8)
+    lane.begin(lone, None, burst[0], lone.add.sampling)
+    assert lane._prefilling == [lone] and lone.cached_tokens == len(burst[0]) - 2
+    out: dict[str, list[int]] = {}
+    turn(lane, out)  # its prompt's tail, then its first decode step
     forwards = []
     for name in ("prefill_every", "decode"):
         real = getattr(kv_model, name)
@@ -107,14 +113,14 @@ def test_a_burst_of_cached_prompts_starts_in_one_decode_step(kv_model, prompts, 
     jobs = [job(str(i), p, 8) for i, p in enumerate(burst)]
     for j in jobs:
         lane.begin(j, None, j.add.prompt_ids, j.add.sampling)
-    assert lane._rows == jobs and not lane._prefilling
+    assert lane._rows == [lone, *jobs] and not lane._prefilling
     assert [j.cached_tokens for j in jobs] == [len(p) - 1 for p in burst]
-    out: dict[str, list[int]] = {}
     turn(lane, out)
     assert forwards == ["decode"] and all(len(out[j.add.request_id]) == 1 for j in jobs)
     while lane.jobs:
         turn(lane, out)
-    assert out == computed
+    assert out["lone"] == computed["0"]
+    assert {k: v for k, v in out.items() if k != "lone"} == computed
     lane.release()
 
 
