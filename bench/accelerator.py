@@ -42,6 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import httpx
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -145,7 +146,8 @@ def image_bodies(count: int = IMAGE_BODIES, seed: int = 0) -> list[dict]:
                     "name": "pixel_values",
                     "shape": [1, *IMAGE_SHAPE],
                     "datatype": "FP32",
-                    "data": rng.random(int(np.prod(IMAGE_SHAPE)), np.float32).round(3).tolist(),
+                    # Three decimals, as float64: "0.123", not float32's widened digits (3 MB).
+                    "data": rng.random(int(np.prod(IMAGE_SHAPE))).round(3).tolist(),
                 }
             ]
         }
@@ -222,6 +224,28 @@ def load(
     return run_load_processes(None, 1, url, bodies, clients, seconds, path)
 
 
+def settle(ferry: FerryProcess, timeout_s: float = 120.0) -> str:
+    """The server's metrics once it has answered everything sent to it. wrk stops with its
+    requests in flight, which the server still computes (256 image tensors are seconds of
+    JSON here); they must not run into the next round, nor time out the scrape."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = httpx.get(f"{ferry.url}/metrics", headers=ferry.headers, timeout=timeout_s).text
+        if in_flight(text) <= 1 or time.monotonic() > deadline:  # 1: this scrape
+            return text
+        time.sleep(0.1)
+
+
+def in_flight(metrics: str) -> float:
+    """HTTP requests the server is handling, every endpoint (ferry_in_flight_requests)."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "ferry_in_flight_requests"
+        for sample in family.samples
+    )
+
+
 def stats_path(work: Path, name: str) -> Path:
     return work / f"{name.replace(' ', '-')}.json"
 
@@ -240,6 +264,7 @@ def measure_step(
     for ferry in servers.values():
         if config.warmup_s:
             load(config, ferry.url, bodies, clients, config.warmup_s, path)
+            settle(ferry)
     rounds: dict[str, list[LoadResult]] = {name: [] for name in servers}
     batched = {name: (0.0, 0.0) for name in servers}  # (requests, batches) in measured rounds
     for index in range(config.rounds):
@@ -247,7 +272,7 @@ def measure_step(
             ferry = servers[name]
             rows, batches = batch_totals(ferry.metrics())
             rounds[name].append(load(config, ferry.url, bodies, clients, round_s, path))
-            rows_after, batches_after = batch_totals(ferry.metrics())
+            rows_after, batches_after = batch_totals(settle(ferry))
             total_rows, total_batches = batched[name]
             batched[name] = (
                 total_rows + rows_after - rows,
