@@ -71,7 +71,10 @@ BATCH_METRIC = "ferry_batch_size_requests"
 # The image set: FP32 tensors of a CNN's input, to a plain graph of ResNet's signature whose
 # batches the device prices per row (DeviceTimes.per_row_us), over KServe v2 JSON.
 IMAGES, IMAGE_MODEL, IMAGE_SHAPE, CLASSES = "images", "img", (3, 224, 224), 1000
-IMAGE_BODIES = 8  # distinct bodies: each ~1.3 MB of JSON
+IMAGE_BODIES = 8  # distinct bodies: each ~1 MB of JSON
+# An image round lasts at least clients / this many seconds (256 clients: 16 s): the front end
+# decodes a few dozen such bodies a second here, and wrk counts only the answers of its round.
+IMAGE_CLIENTS_PER_S = 16
 
 
 @dataclass(frozen=True)
@@ -261,6 +264,8 @@ def measure_step(
     """One input set at one client count on every server: warm-up, then the rounds."""
     set_name, clients = step
     round_s = config.seconds / config.rounds
+    if set_name == IMAGES:  # answers take seconds: a round must hold many of them
+        round_s = max(round_s, clients / IMAGE_CLIENTS_PER_S)
     for ferry in servers.values():
         if config.warmup_s:
             load(config, ferry.url, bodies, clients, config.warmup_s, path)
