@@ -48,12 +48,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client.parser import text_string_to_metric_families
 
-from ferry.bench import wrk_load
 from ferry.bench.gpu_ceiling import sorted_batches_throughput
 from ferry.bench.inputs import token_sequences
 from ferry.bench.interleaved import block_order, pooled
 from ferry.bench.loadgen import LoadResult
-from ferry.bench.multiload import run_load_processes
 from ferry.bench.server_process import DEFAULT_MODEL_DIR, FerryProcess, ferry_server
 from ferry.bench.simulated_device import (
     DeviceStats,
@@ -63,6 +61,7 @@ from ferry.bench.simulated_device import (
 )
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
+from ferry.bench.wrk_load import closed_loop
 
 SIMULATED, NULL, CEILING = "ferry simulated device", "ferry null backend", "device ceiling"
 MODULES = {SIMULATED: "ferry.bench.simulated_device", NULL: "ferry.bench.null_backend"}
@@ -88,7 +87,7 @@ class Config:
     max_batch_tokens: int = 16384
     api_servers: int = 1
     rounds: int = 2  # each step's seconds cut into this many rounds, the order alternating
-    loadgen: str = "wrk"  # or "python" (bench/loadgen.py in a process of its own)
+    loadgen: str = "wrk"  # or "python" (bench/loadgen.py, in this process)
     images: bool = True  # the image set beside the text sets
 
     @property
@@ -163,7 +162,7 @@ def image_model_config(config: Config, work: Path) -> dict:
         "name": IMAGE_MODEL,
         "path": str(image_graph(work / "image_signature.onnx")),
         "backend": {"kind": "onnxruntime", "sessions": 2},
-        "batching": {"max_batch_size": image_model_config_rows(config), "max_queue_size": 4096},
+        "batching": {"max_batch_size": image_batch_rows(config), "max_queue_size": 4096},
     }
 
 
@@ -218,15 +217,6 @@ def measure(config: Config, results: Results, work: Path) -> None:
         results.max_in_flight = DeviceStats.read(stats_file).max_in_flight
 
 
-def load(
-    config: Config, url: str, bodies: list[dict], clients: int, seconds: float, path: str
-) -> LoadResult:
-    """Closed-loop clients from wrk (bench/wrk_load.py), or from one Python load process."""
-    if config.loadgen == "wrk" and wrk_load.available():
-        return wrk_load.run_wrk(url, bodies, clients, path, seconds).as_load_result()
-    return run_load_processes(None, 1, url, bodies, clients, seconds, path)
-
-
 def settle(ferry: FerryProcess, timeout_s: float = 120.0) -> str:
     """The server's metrics once it has answered everything sent to it. wrk stops with its
     requests in flight, which the server still computes (256 image tensors are seconds of
@@ -268,7 +258,7 @@ def measure_step(
         round_s = max(round_s, clients / IMAGE_CLIENTS_PER_S)
     for ferry in servers.values():
         if config.warmup_s:
-            load(config, ferry.url, bodies, clients, config.warmup_s, path)
+            closed_loop(ferry.url, bodies, clients, path, config.warmup_s, config.loadgen)
             settle(ferry)
     rounds: dict[str, list[LoadResult]] = {name: [] for name in servers}
     batched = {name: (0.0, 0.0) for name in servers}  # (requests, batches) in measured rounds
@@ -276,7 +266,9 @@ def measure_step(
         for name in block_order(index, list(servers)):
             ferry = servers[name]
             rows, batches = batch_totals(ferry.metrics())
-            rounds[name].append(load(config, ferry.url, bodies, clients, round_s, path))
+            rounds[name].append(
+                closed_loop(ferry.url, bodies, clients, path, round_s, config.loadgen)
+            )
             rows_after, batches_after = batch_totals(settle(ferry))
             total_rows, total_batches = batched[name]
             batched[name] = (
@@ -309,14 +301,14 @@ async def device_ceilings(config: Config) -> dict[tuple[str, int], float]:
         }
         if config.images:
             for clients in config.clients:
-                rows = min(clients, image_model_config_rows(config))
+                rows = min(clients, image_batch_rows(config))
                 ceilings[(IMAGES, clients)] = await image_ceiling(backend.device, rows)
         return ceilings
     finally:
         await backend.close()
 
 
-def image_model_config_rows(config: Config) -> int:
+def image_batch_rows(config: Config) -> int:
     return min(config.max_batch_size, 64)
 
 
@@ -362,7 +354,7 @@ def report(config: Config, results: Results) -> str:
                     f" {ratio(step.throughput, ceiling):>8}{batch}"
                 )
             if ceiling is not None and set_name == IMAGES:
-                rows = min(clients, image_model_config_rows(config))
+                rows = min(clients, image_batch_rows(config))
                 lines.append(f"{CEILING:24s} {ceiling:8.0f}  images/s, batches of {rows}")
             elif ceiling is not None:
                 lines.append(

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ferry.bench.loadgen import LoadResult
 from ferry.bench.process_cpu import CpuPerRequest, CpuSample
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
-from ferry.bench.wrk_load import Load, closed_loop
+from ferry.bench.wrk_load import closed_loop
 
 MODEL = "gb"
 INPUT, OUTPUT = "float_input", "probabilities"
@@ -172,13 +173,13 @@ def measure(
     duration_s: float,
     name: str = MODEL,
     loadgen: str = "wrk",
-) -> Load:
+) -> LoadResult:
     path = f"/v2/models/{name}/infer"
     closed_loop(url, payloads, clients, path, 1.0, loadgen)  # warm up
     return closed_loop(url, payloads, clients, path, duration_s, loadgen)
 
 
-def line(name: str, result: Load) -> str:
+def line(name: str, result: LoadResult) -> str:
     p50, p99 = result.percentile_ms(50), result.percentile_ms(99)
     failed = {status: n for status, n in result.statuses.items() if status != 200}
     return f"{name:>10}: {result.throughput:8.1f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms" + (
@@ -186,7 +187,7 @@ def line(name: str, result: Load) -> str:
     )
 
 
-def ratios(label: str, ours: Load, theirs: Load) -> str:
+def ratios(label: str, ours: LoadResult, theirs: LoadResult) -> str:
     """Ours over theirs: throughput and p99, as every any-ONNX benchmark prints them."""
     throughput = ours.throughput / theirs.throughput
     p99 = ours.percentile_ms(99) / theirs.percentile_ms(99)
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         model, rows = export_model(work / "model")
         load = (bodies(rows), args.clients, args.duration, MODEL, args.loadgen)
-        results: dict[str, Load] = {}
+        results: dict[str, LoadResult] = {}
         process = ferry_process(model, work, api_servers=args.api_servers, replicas=args.replicas)
         with running(process) as ferry:
             before = CpuSample.of(ferry.pid or 0, tree)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ferry.bench.loadgen import LoadResult
 from ferry.bench.processes import running
 from ferry.bench.tabular import ferry_process, line, measure, ratios, unbatched_process
-from ferry.bench.wrk_load import Load
 
 MODEL = "masked"
 FEATURES, HIDDEN = 8, 256
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     payloads = bodies(args.bodies)
-    results: dict[str, Load] = {}
+    results: dict[str, LoadResult] = {}
     with tempfile.TemporaryDirectory(prefix="ferry-variable-") as tmp:
         work = Path(tmp)
         model = export_model(work / "model")

@@ -120,9 +120,6 @@ def run_wrk(
     )
 
 
-Load = WrkResult | LoadResult
-
-
 def closed_loop(
     url: str,
     bodies: list[dict],
@@ -130,11 +127,11 @@ def closed_loop(
     path: str,
     duration_s: float,
     generator: str = "wrk",
-) -> Load:
+) -> LoadResult:
     """`concurrency` closed-loop clients for `duration_s` from `generator` ("wrk" or "python";
-    wrk where it is installed)."""
+    wrk where it is installed), as bench/loadgen's result either way."""
     if generator == "wrk" and available():
-        return run_wrk(url, bodies, concurrency, path, duration_s)
+        return run_wrk(url, bodies, concurrency, path, duration_s).as_load_result()
     if generator == "wrk":
         print("wrk is not installed (tools/install_wrk.sh): the Python load generator instead")
     return asyncio.run(run_load(url, bodies, concurrency, path, duration_s))
