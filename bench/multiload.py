@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 
 from ferry.bench.loadgen import LoadResult, merge, run_load
@@ -26,9 +27,13 @@ def split_clients(concurrency: int, processes: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(processes)]
 
 
-def load_pool(processes: int) -> ProcessPoolExecutor:
-    """Worker processes for run_load_processes, started once per benchmark."""
-    return ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+def load_pool(processes: int, niceness: int = 0) -> ProcessPoolExecutor:
+    """Worker processes for run_load_processes, started once per benchmark; `niceness`: they
+    yield the cores to the server (and to a probe), as clients on other hosts would."""
+    context = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(
+        processes, mp_context=context, initializer=os.nice, initargs=(niceness,)
+    )
 
 
 def run_load_processes(

@@ -97,6 +97,19 @@ async def test_health_metrics_and_docs_stay_open(http):
         assert (await http.get(path)).status_code == 200, path
 
 
+@pytest.mark.parametrize(
+    ("path", "body"), [("/health/live", {"status": "alive"}), ("/v2/health/live", {"live": True})]
+)
+async def test_liveness_is_answered_with_its_documented_body_and_counted(http, path, body):
+    # The gateway answers these itself; the framework's routes only document them.
+    response = await http.get(path)
+    assert response.status_code == 200 and response.json() == body
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["x-request-id"]
+    text = (await http.get("/metrics")).text
+    assert metric_value(text, "ferry_requests_total", endpoint=path, status="200") == 1
+
+
 async def test_a_body_over_the_limit_is_413_by_its_length(http):
     response = await http.post("/predict", content=b"x" * (LIMIT + 1), headers=JSON_AUTH)
     assert response.status_code == 413
