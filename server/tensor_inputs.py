@@ -32,6 +32,8 @@ MAX_DIMS = 32
 def typed_tensor(name: str, datatype: str, dtype: np.dtype, data: Any) -> np.ndarray:
     """JSON `data` (a value, or lists nested to any depth) -> an array of `dtype` in the
     nesting's shape, every item of the datatype's kind."""
+    if isinstance(data, np.ndarray):  # converted by the same rules in a worker (json_bodies.py)
+        return data.astype(dtype, copy=False)
     fast = plain_numbers(datatype, dtype, data)
     if fast is not None:
         return fast

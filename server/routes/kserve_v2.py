@@ -28,7 +28,7 @@ from ferry.server.call_tenancy import call_priority
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
-from ferry.server.kserve import classification
+from ferry.server.kserve import classification, json_bodies
 from ferry.server.kserve.extensions import served_extensions
 from ferry.server.kserve.infer import ABSENT, request_priority
 from ferry.server.kserve.kserve_model import KServeModel
@@ -50,7 +50,7 @@ from ferry.server.kserve.trace_settings import (
     update_trace_settings,
 )
 from ferry.server.kserve.versions import VERSION
-from ferry.server.large_bodies import decoded
+from ferry.server.large_bodies import LARGE_BODY_BYTES, decoded
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
 from ferry.server.sequences import SequenceFlags
@@ -226,7 +226,10 @@ async def infer(call: HotCall) -> Reply:
     header_length = call.header(HEADER_LENGTH.lower().encode())
     length = header_length.decode() if header_length else None
     body, regions = call.body, _regions(call)
-    read = await decoded(len(body), partial(read_request, body, length, model, regions))
+    header = None
+    if length is None and len(body) >= LARGE_BODY_BYTES:  # all JSON: parsed by a worker
+        header = await json_bodies.parsed(body)
+    read = await decoded(len(body), partial(read_request, body, length, model, regions, header))
     header, tensors, wanted, binary, classified = read
     placed = output_regions(header, regions)
     priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
@@ -329,14 +332,20 @@ InferRequest = tuple[
 
 
 def read_request(
-    body: bytes, header_length: str | None, model: KServeModel, regions: TenantRegions
+    body: bytes,
+    header_length: str | None,
+    model: KServeModel,
+    regions: TenantRegions,
+    parsed: dict[str, Any] | None = None,
 ) -> InferRequest:
     """A request read and checked in one go (one hop to a worker thread for a large body): its
     header, tensors (decoded by the model's signature), outputs, binary outputs and
-    classifications."""
+    classifications. `parsed`: the all-JSON body as kserve/json_bodies.py parsed it."""
     if header_length == RAW_HEADER_LENGTH:  # Triton's raw form: the body is the one input
         header, body = raw_request(model, body)
         size = 0
+    elif parsed is not None:
+        header, size = parsed, len(body)
     else:
         header, size = read_header(body, header_length)
     wanted, binary = requested_outputs(header, model)

@@ -128,11 +128,17 @@ def alone(session: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> dict[s
     }
 
 
-def infer(server, model: str, inputs: list[dict], outputs: list[str] | None = None):
+def infer(
+    server, model: str, inputs: list[dict], outputs: list[str] | None = None, padding: int = 0
+):
+    """`padding`: that many spaces after the JSON (LARGE_BODY_BYTES: a worker parses it)."""
     body: dict = {"inputs": inputs}
     if outputs:
         body["outputs"] = [{"name": n} for n in outputs]
-    return httpx.post(f"{server.url}/v2/models/{model}/infer", json=body, timeout=30)
+    payload = json.dumps(body).encode() + b" " * padding
+    headers = {"content-type": "application/json"}
+    url = f"{server.url}/v2/models/{model}/infer"
+    return httpx.post(url, content=payload, headers=headers, timeout=30)
 
 
 def kserve_input(name: str, array: np.ndarray) -> dict:
@@ -329,13 +335,15 @@ def every_type_feeds(rows: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-@pytest.mark.parametrize("protocol", ["http", "json", "grpc"])
+@pytest.mark.parametrize("protocol", ["http", "json", "large-json", "grpc"])
 def test_every_datatype_goes_in_and_comes_back_exactly(server, sessions, protocol):
     requests = [every_type_feeds(rows=int(RNG.integers(1, 3))) for _ in range(12)]
+    padding = LARGE_BODY_BYTES if protocol == "large-json" else 0
 
     def send(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if protocol == "json":  # FP16 as JSON numbers too (tritonclient sends it binary only)
-            reply = infer(server, "every_type", [kserve_input(n, a) for n, a in feeds.items()])
+        if "json" in protocol:  # FP16 as JSON numbers too (tritonclient sends it binary only)
+            inputs = [kserve_input(n, a) for n, a in feeds.items()]
+            reply = infer(server, "every_type", inputs, padding=padding)
             assert reply.status_code == 200, reply.text
             return {
                 o["name"]: np.array(o["data"], dtype=TYPES[o["datatype"]]).reshape(o["shape"])
@@ -403,6 +411,35 @@ def test_predict_refuses_what_the_graph_cannot_take_naming_it(server, model, inp
     assert reply.status_code == 422, reply.text
     error = reply.json()["error"]
     assert error["param"] == field and words in error["message"], error
+
+
+KSERVE_BAD_ITEMS = [
+    # (input, datatype, data, the item named, words of the message)
+    ("data", "FP32", [1.0, True], "data[1]", "boolean"),
+    ("data", "FP32", [1.0, "2"], "data[1]", "string"),
+    ("mask", "INT64", [1, 1.5], "mask[1]", "float"),
+    ("mask", "INT64", [1, 2**63], "mask[1]", "range"),
+]
+
+
+@pytest.mark.parametrize("padding", [0, LARGE_BODY_BYTES], ids=["small", "large"])
+def test_a_kserve_json_item_of_the_wrong_kind_is_named_however_large_the_body(server, padding):
+    """A large body's numbers are converted in a worker process (kserve/json_bodies.py); what it
+    cannot convert is refused by the server's own check, in the same words."""
+    for name, datatype, data, item, words in KSERVE_BAD_ITEMS:
+        good = {"data": np.ones((1, 2), np.float32), "mask": np.ones((1, 2), np.int64)}
+        inputs = [kserve_input(n, a) for n, a in good.items() if n != name]
+        inputs.append({"name": name, "datatype": datatype, "shape": [1, 2], "data": data})
+        reply = infer(server, "masked", inputs, padding=padding)
+        assert reply.status_code == 400, reply.text
+        message = reply.json()["error"]
+        assert message.startswith(f"{item}:") and words in message, message
+    broken = httpx.post(
+        f"{server.url}/v2/models/masked/infer",
+        content=b'{"inputs": [' + b" " * padding,
+        headers={"content-type": "application/json"},
+    )
+    assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"], broken.text
 
 
 def test_fp16_as_json_numbers_is_taken_unless_out_of_its_range(server):
