@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
-import os
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -33,6 +32,7 @@ from ferry.server import tracing
 from ferry.server.errors import InvalidInput, TooManyItems
 from ferry.server.image_decode import decode_image
 from ferry.server.settings import ModelSettings
+from ferry.server.worker_cores import default_workers
 
 logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 1.0
@@ -134,17 +134,6 @@ class ImageInputs:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def default_workers() -> int:
-    """One fewer than the cores this process may run on, at least one: the loop keeps a core."""
-    return max(1, available_cores() - 1)
-
-
-def available_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):  # a container's or taskset's share, not the host's
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def _context() -> BaseContext:

@@ -10,8 +10,8 @@ One thread decodes them all, in turn: the GIL lets only one decode at a time any
 more thread wanting it is one more that the event loop queues behind for the GIL (64 clients
 of 1 MB image tensors: six of asyncio's default threads decoding at once).
 
-KServe v2 JSON bodies this large are parsed in a worker process first (kserve/json_bodies.py):
-what is left for the thread is checking arrays, not parsing numbers.
+JSON tensor bodies this large (KServe v2's, and /predict's for plain graphs) are parsed in a
+worker process first (json_bodies.py): what is left for the thread is checking arrays.
 """
 
 from __future__ import annotations

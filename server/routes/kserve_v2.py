@@ -24,11 +24,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from ferry import __version__
+from ferry.server import json_bodies
 from ferry.server.call_tenancy import call_priority
 from ferry.server.errors import InvalidInput, MalformedRequest
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.json_errors import json_error
-from ferry.server.kserve import classification, json_bodies
+from ferry.server.kserve import classification
 from ferry.server.kserve.extensions import served_extensions
 from ferry.server.kserve.infer import ABSENT, request_priority
 from ferry.server.kserve.kserve_model import KServeModel
@@ -340,7 +341,7 @@ def read_request(
 ) -> InferRequest:
     """A request read and checked in one go (one hop to a worker thread for a large body): its
     header, tensors (decoded by the model's signature), outputs, binary outputs and
-    classifications. `parsed`: the all-JSON body as kserve/json_bodies.py parsed it."""
+    classifications. `parsed`: the all-JSON body as json_bodies.py parsed it."""
     if header_length == RAW_HEADER_LENGTH:  # Triton's raw form: the body is the one input
         header, body = raw_request(model, body)
         size = 0

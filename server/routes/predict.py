@@ -8,12 +8,14 @@ from typing import Any
 import orjson
 from fastapi import APIRouter
 
+from ferry.server import json_bodies
 from ferry.server.call_tenancy import call_priority
 from ferry.server.encoder_request import EncoderInputs, Texts, TokenLists
 from ferry.server.hot import HotCall, HotRoutes, register
 from ferry.server.image_predict import image_media, predict_image
-from ferry.server.large_bodies import decoded
+from ferry.server.large_bodies import LARGE_BODY_BYTES, decoded
 from ferry.server.pair_scoring import check_firsts
+from ferry.server.registry import ModelRegistry
 from ferry.server.replies import Reply, json_reply
 from ferry.server.request_bodies import parse_body
 from ferry.server.schemas import PredictRequest, PredictResponse, error_responses
@@ -28,7 +30,11 @@ async def predict(call: HotCall) -> Reply:
     if image_media(call):  # a raw image body, for a model that decodes images
         return json_reply(await predict_image(call))
     if registry.graphs:  # plain graphs served: the body may be theirs
-        raw = await decoded(len(call.body), partial(_plain_body, call.body))
+        raw = None
+        if len(call.body) >= LARGE_BODY_BYTES:  # its numbers made arrays by a worker
+            raw = await json_bodies.parsed_predict(call.body, input_datatypes(registry))
+        if raw is None:
+            raw = await decoded(len(call.body), partial(_plain_body, call.body))
         graph = None if raw is None else registry.graph(raw.get("model"))
         if graph is not None:
             call.state["model_name"] = graph.name
@@ -62,6 +68,17 @@ async def predict(call: HotCall) -> Reply:
             "usage": {"prompt_tokens": result.prompt_tokens, "total_tokens": result.prompt_tokens},
         }
     )
+
+
+def input_datatypes(registry: ModelRegistry) -> dict[str, dict[str, str]]:
+    """Each plain graph's inputs' datatypes, by graph name ("": the default model's)."""
+    datatypes = {
+        name: {spec.name: spec.datatype for spec in graph.signature.inputs}
+        for name, graph in registry.graphs.items()
+    }
+    if registry.default_name in datatypes:
+        datatypes[""] = datatypes[registry.default_name]
+    return datatypes
 
 
 def _plain_body(body: bytes) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ferry.batcher.errors import InferenceFailed
-from ferry.server import image_inputs
+from ferry.server import worker_cores
 from ferry.server.errors import InvalidInput
 from ferry.server.image_decode import decode_image
 from ferry.server.image_inputs import ImageInputs
@@ -39,8 +39,8 @@ def encoded_items() -> list[object]:
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (8, 7)])
 def test_the_default_leaves_the_loop_a_core(monkeypatch, cores, workers):
-    monkeypatch.setattr(image_inputs, "available_cores", lambda: cores)
-    assert image_inputs.default_workers() == workers
+    monkeypatch.setattr(worker_cores, "available_cores", lambda: cores)
+    assert worker_cores.default_workers() == workers
 
 
 def test_images_are_decoded_in_other_processes_as_in_this_one(decoder):

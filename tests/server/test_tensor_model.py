@@ -405,9 +405,16 @@ BAD_JSON_DATA = [
 ]
 
 
+@pytest.mark.parametrize("padding", [0, LARGE_BODY_BYTES], ids=["small", "large"])
 @pytest.mark.parametrize(("model", "inputs", "field", "words"), BAD_JSON_DATA)
-def test_predict_refuses_what_the_graph_cannot_take_naming_it(server, model, inputs, field, words):
-    reply = httpx.post(f"{server.url}/predict", json={"model": model, "inputs": inputs}, timeout=30)
+def test_predict_refuses_what_the_graph_cannot_take_naming_it(
+    server, model, inputs, field, words, padding
+):
+    """However large the body: a large one's numbers are made arrays in a worker process
+    (json_bodies.py), and what it cannot convert the server names in the same words."""
+    payload = json.dumps({"model": model, "inputs": inputs}).encode() + b" " * padding
+    headers = {"content-type": "application/json"}
+    reply = httpx.post(f"{server.url}/predict", content=payload, headers=headers, timeout=30)
     assert reply.status_code == 422, reply.text
     error = reply.json()["error"]
     assert error["param"] == field and words in error["message"], error
@@ -424,7 +431,7 @@ KSERVE_BAD_ITEMS = [
 
 @pytest.mark.parametrize("padding", [0, LARGE_BODY_BYTES], ids=["small", "large"])
 def test_a_kserve_json_item_of_the_wrong_kind_is_named_however_large_the_body(server, padding):
-    """A large body's numbers are converted in a worker process (kserve/json_bodies.py); what it
+    """A large body's numbers are converted in a worker process (json_bodies.py); what it
     cannot convert is refused by the server's own check, in the same words."""
     for name, datatype, data, item, words in KSERVE_BAD_ITEMS:
         good = {"data": np.ones((1, 2), np.float32), "mask": np.ones((1, 2), np.int64)}

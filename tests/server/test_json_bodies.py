@@ -1,4 +1,4 @@
-"""server/kserve/json_bodies.py's worker function, called in-process: what it converts is what the
+"""server/json_bodies.py's worker function, called in-process: what it converts is what the
 server's own conversion gives, and what it cannot convert it leaves for the server to name."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from ferry.backends.tensor_signature import TensorSpec
-from ferry.server.kserve.json_bodies import parse
+from ferry.server.json_bodies import parse, parse_predict
 from ferry.server.tensor_inputs import typed_tensor
 
 pytestmark = pytest.mark.unit
@@ -54,3 +54,28 @@ def test_what_does_not_convert_stays_json(datatype, data):
 @pytest.mark.parametrize("raw", [b"{", b"[]", b'{"inputs": {}}', b'{"id": "x"}', b"\xff"])
 def test_a_body_the_server_must_refuse_comes_back_as_none(raw):
     assert parse(raw) is None
+
+
+DATATYPES = {"gb": {"X": "FP32", "ids": "INT64"}, "": {"X": "FP32", "ids": "INT64"}}
+
+
+@pytest.mark.parametrize("model", ["gb", None])  # None: the default model's datatypes
+def test_predict_inputs_become_arrays_of_the_graphs_datatypes(model):
+    raw = {"inputs": {"X": [[1, 2.5]], "ids": [[1, True]], "other": [1.0]}}
+    if model is not None:
+        raw["model"] = model
+    inputs = parse_predict(orjson.dumps(raw), DATATYPES)["inputs"]
+    np.testing.assert_array_equal(inputs["X"], np.array([[1, 2.5]], np.float32))
+    assert inputs["X"].dtype == np.float32
+    assert inputs["ids"] == [[1, True]]  # a boolean among integers: the server names it
+    assert inputs["other"] == [1.0]  # not an input: the server says so
+
+
+def test_predict_bodies_for_other_models_or_as_records_stay_json():
+    for raw in (
+        {"model": "an-encoder", "inputs": {"X": [1.0]}},
+        {"model": "gb", "inputs": [{"X": 1.0}]},
+    ):
+        assert parse_predict(orjson.dumps(raw), DATATYPES) == raw
+    for broken in (b"{", b"[]", b'{"model": 3}'):
+        assert parse_predict(broken, DATATYPES) is None
