@@ -47,11 +47,8 @@ def parse(body: bytes) -> dict[str, Any] | None:
     for spec in header["inputs"]:
         if not isinstance(spec, dict):
             continue
-        data, datatype = spec.get("data"), spec.get("datatype")
-        if isinstance(data, list) and isinstance(datatype, str) and datatype in NUMBERS:
-            array = plain_numbers(datatype, NUMBERS[datatype], data)
-            if array is not None:
-                spec["data"] = array
+        if "data" in spec:
+            spec["data"] = _array_if_numbers(spec["data"], spec.get("datatype"))
     return header
 
 
@@ -68,12 +65,18 @@ def parse_predict(body: bytes, datatypes: Mapping[str, Mapping[str, str]]) -> di
     inputs, graph = raw.get("inputs"), datatypes.get(raw.get("model") or "", {})
     if isinstance(inputs, dict):
         for name, data in inputs.items():
-            datatype = graph.get(name)
-            if isinstance(data, list) and datatype in NUMBERS:
-                array = plain_numbers(datatype, NUMBERS[datatype], data)
-                if array is not None:
-                    inputs[name] = array
+            inputs[name] = _array_if_numbers(data, graph.get(name))
     return raw
+
+
+def _array_if_numbers(data: Any, datatype: Any) -> Any:
+    """`data` as an array of `datatype` where it is numbers nested in lists that convert, by the
+    server's own rules; else as it came."""
+    if isinstance(data, list) and isinstance(datatype, str) and datatype in NUMBERS:
+        array = plain_numbers(datatype, NUMBERS[datatype], data)
+        if array is not None:
+            return array
+    return data
 
 
 async def parsed(body: bytes) -> dict[str, Any] | None:
