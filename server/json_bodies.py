@@ -56,16 +56,25 @@ def parse_predict(body: bytes, datatypes: Mapping[str, Mapping[str, str]]) -> di
     """In the worker: a /predict body for a plain graph, its named inputs' numbers made arrays
     of the graph's datatypes (`datatypes`: each graph's, by name; "" for the default model);
     None where it is not an object naming a model by a string (the server says why)."""
+    raw = plain_body(body)
+    if raw is None:
+        return None
+    inputs, graph = raw.get("inputs"), datatypes.get(raw.get("model") or "", {})
+    if isinstance(inputs, dict):
+        for name, data in inputs.items():
+            inputs[name] = _array_if_numbers(data, graph.get(name))
+    return raw
+
+
+def plain_body(body: bytes) -> dict[str, Any] | None:
+    """A /predict body as JSON if it is an object naming a model by a string (or none); else
+    None, left to the encoders' parser and its errors."""
     try:
         raw = orjson.loads(body)
     except ValueError:
         return None
     if not isinstance(raw, dict) or not isinstance(raw.get("model", ""), str):
         return None
-    inputs, graph = raw.get("inputs"), datatypes.get(raw.get("model") or "", {})
-    if isinstance(inputs, dict):
-        for name, data in inputs.items():
-            inputs[name] = _array_if_numbers(data, graph.get(name))
     return raw
 
 

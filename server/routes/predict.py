@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
-import orjson
 from fastapi import APIRouter
 
 from ferry.server import json_bodies
@@ -34,7 +32,7 @@ async def predict(call: HotCall) -> Reply:
         if len(call.body) >= LARGE_BODY_BYTES:  # its numbers made arrays by a worker
             raw = await json_bodies.parsed_predict(call.body, input_datatypes(registry))
         if raw is None:
-            raw = await decoded(len(call.body), partial(_plain_body, call.body))
+            raw = await decoded(len(call.body), partial(json_bodies.plain_body, call.body))
         graph = None if raw is None else registry.graph(raw.get("model"))
         if graph is not None:
             call.state["model_name"] = graph.name
@@ -79,18 +77,6 @@ def input_datatypes(registry: ModelRegistry) -> dict[str, dict[str, str]]:
     if registry.default_name in datatypes:
         datatypes[""] = datatypes[registry.default_name]
     return datatypes
-
-
-def _plain_body(body: bytes) -> dict[str, Any] | None:
-    """The body as JSON if it is an object naming a model by a string (or none); else None,
-    left to the encoders' parser and its errors."""
-    try:
-        raw = orjson.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("model", ""), str):
-        return None
-    return raw
 
 
 def register_routes(router: APIRouter, hot: HotRoutes) -> None:
