@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp
 
 from ferry import __version__
+from ferry.server import json_bodies
 from ferry.server.dialects import ErrorDialect, install_error_handlers
 from ferry.server.gateway import Gateway
 from ferry.server.hot import HotRoutes
@@ -133,6 +134,7 @@ def create_app(
             await registry.close(settings.drain_timeout_s)
             if grammar_pool is not None:
                 await grammar_pool.close()
+            await json_bodies.shutdown()
             if services.tracing is not None:
                 # Exports the spans still buffered (blocking: off the loop).
                 await asyncio.to_thread(services.tracing.shutdown)

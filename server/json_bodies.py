@@ -148,10 +148,17 @@ class _Workers:
                 raise
             self._pool = pool
 
-    def drop(self) -> None:
+    def drop(self, wait: bool = False) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=wait, cancel_futures=True)
 
 
 _WORKERS = _Workers()
+
+
+async def shutdown() -> None:
+    """Stop the workers, if any started, and wait for them to end (the app's shutdown): a
+    spawned API process or replica joins its children as it exits, and its queues stop first,
+    so workers not told to end by then waited for work forever, and so did the process."""
+    await asyncio.to_thread(_WORKERS.drop, True)

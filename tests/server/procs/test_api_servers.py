@@ -25,12 +25,14 @@ import tritonclient.http as triton_http
 
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import (
+    DEFAULT_MODEL,
     REPO,
     TINY_LLM,
     default_model_config,
     ferry_server,
     write_config,
 )
+from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.procs.arena import ARENA_DIR, arena_prefix
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
@@ -499,3 +501,22 @@ def test_a_killed_supervisor_takes_its_processes_with_it_and_the_next_start_clea
         assert handle.stop() == 0
     assert run_dirs(server_tmp) == []
     assert arenas(left) == arenas(own) == []  # gone from /dev/shm
+
+
+def test_api_processes_that_parsed_large_bodies_in_workers_still_exit():
+    """An API process joins its children as it exits: the JSON workers (server/json_bodies.py)
+    must be told to end first, or it waits for them forever (it did, orphaned, after SIGTERM)."""
+    model = default_model_config(backend={"sessions": 1})
+    ids = {"name": "input_ids", "shape": [1, 4], "datatype": "INT64", "data": [101, 7, 8, 102]}
+    body = json.dumps({"inputs": [ids]}).encode() + b" " * LARGE_BODY_BYTES  # a worker parses it
+    with ferry_server([model], server={"api_servers": 2}) as server:
+        for _ in range(4):  # over both API processes
+            reply = httpx.post(
+                f"{server.url}/v2/models/{DEFAULT_MODEL}/infer",
+                content=body,
+                headers={"content-type": "application/json"},
+                timeout=60,
+            )
+            assert reply.status_code == 200, reply.text
+        children = list(roles(server.pid))
+    wait_until(lambda: all(gone(pid) for pid in children), what="the API processes to exit")
