@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
@@ -32,7 +30,7 @@ from ferry.server import tracing
 from ferry.server.errors import InvalidInput, TooManyItems
 from ferry.server.image_decode import decode_image
 from ferry.server.settings import ModelSettings
-from ferry.server.worker_cores import default_workers
+from ferry.server.worker_cores import default_workers, worker_context
 
 logger = logging.getLogger(__name__)
 RETRY_AFTER_S = 1.0
@@ -63,7 +61,7 @@ class ImageInputs:
     def _new_pool(self) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(
             self.workers,
-            mp_context=_context(),
+            mp_context=worker_context("ferry.server.image_decode"),
             initializer=lower_this_thread,  # the event loop first (backends/thread_priority.py)
             initargs=(self._niceness,),
         )
@@ -134,17 +132,6 @@ class ImageInputs:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _context() -> BaseContext:
-    """Workers forked from a server process that imported only the decoder, where the platform
-    has one: never forked from this threaded process, and started in milliseconds, not the
-    second a fresh interpreter takes to import numpy and Pillow."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ferry.server.image_decode"])
-    return context
 
 
 def _where(name: str, items: np.ndarray, index: int) -> str:

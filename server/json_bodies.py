@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ import orjson
 
 from ferry.backends.tensor_signature import DATATYPES
 from ferry.server.tensor_inputs import plain_numbers
-from ferry.server.worker_cores import default_workers
+from ferry.server.worker_cores import default_workers, worker_context
 
 logger = logging.getLogger(__name__)
 # The datatypes JSON numbers may be sent as (BF16 goes as binary only), and their arrays' dtypes.
@@ -135,12 +133,7 @@ class _Workers:
         with self._lock:  # once, whichever body came first
             if self._pool is not None:
                 return
-            context: BaseContext = multiprocessing.get_context("spawn")
-            if "forkserver" in multiprocessing.get_all_start_methods():
-                forkserver = multiprocessing.get_context("forkserver")
-                forkserver.set_forkserver_preload([__name__])
-                context = forkserver
-            pool = ProcessPoolExecutor(default_workers(), mp_context=context)
+            pool = ProcessPoolExecutor(default_workers(), mp_context=worker_context(__name__))
             try:
                 pool.submit(int).result()
             except BaseException:
