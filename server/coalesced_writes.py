@@ -32,6 +32,10 @@ class CoalescedWrites:
         if not self._transport.is_closing():
             self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
 
+    def write_eof(self) -> None:
+        self.flush()  # the FIN goes after what was written
+        self._transport.write_eof()
+
     def close(self) -> None:
         self.flush()  # what was written before the close still goes out
         self._transport.close()

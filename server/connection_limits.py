@@ -42,6 +42,9 @@ REASONS = {
     431: b"Request Header Fields Too Large",
     503: b"Service Unavailable",
 }
+# How long a refused connection is read and dropped before it is closed (as nginx's
+# lingering_timeout): time for the client to read the answer before a reset could discard it.
+LINGER_S = 2.0
 # ferry_connections_refused_total's reasons: a fixed set, whatever the client sends.
 RefusalReason = Literal[
     "header_timeout", "body_timeout", "header_too_large", "too_many_connections"
@@ -193,7 +196,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # Only if no response has started on this connection: never two heads in one stream.
         if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
             self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + reply.body)
-        self.transport.close()
+        self._close_lingering()
+
+    def _close_lingering(self) -> None:
+        """Close without discarding the answer. Closing a socket with unread input makes the
+        kernel send a reset, and a reset can reach the client before it reads the answer (a
+        431 for a head it is still sending). So, as nginx's lingering close: send the answer and
+        a FIN, read and drop what still arrives until the client closes (then the transport
+        closes itself) or `LINGER_S` passes."""
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if not transport.can_write_eof():  # TLS: no half-close
+            transport.close()
+            return
+        transport.write_eof()
+        self.flow.resume_reading()  # a body that outran the app may have paused it
+        self._timer = self.loop.call_later(LINGER_S, transport.close)
 
 
 def _sent_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes:

@@ -139,6 +139,22 @@ def test_oversized_request_heads_get_431(server, headers):
     assert error["type"] == "invalid_request_error" and error["code"] == 431
 
 
+def test_a_client_that_reads_only_after_sending_its_whole_oversized_head_gets_the_431(server):
+    """The server refuses a head while the rest of it is still arriving. Were it to close then,
+    the unread input would make its kernel reset the connection: this client, which reads once
+    it has sent everything, would read a reset where the answer's end should be (without the
+    lingering close: 99 of 100 such clients, 35 of 100 reading at once)."""
+    head = b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2_000_000 + b"\r\n\r\n"
+    for _ in range(5):
+        sock = connect(server.url)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(head)
+        time.sleep(0.05)  # the reset, were there one, is here before the read
+        answer = read_until_closed(sock)
+        sock.close()
+        assert status_of(answer) == 431
+
+
 def read_response(sock: socket.socket) -> bytes:
     """One response on a kept-alive connection (its head and Content-Length bytes of body)."""
     received = b""
