@@ -50,6 +50,7 @@ from ferry.bench.owner_profile import OwnerProfile, breakdown, describe
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.server_process import ferry_server
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.llm.options import OrtGenAIOptions
 from ferry.llm.ortgenai_kv import KVModel
 
 MODELS = {"smollm2": ["smollm2"], "qwen05b": ["qwen05b"], "both": ["smollm2", "qwen05b"]}
@@ -204,10 +205,11 @@ def ferry_config(
     }
 
 
-def bare_steps(model: PeerModel, streams: list[int], steps: int) -> dict[int, float]:
+def bare_steps(model: PeerModel, streams: list[int], steps: int, spin_us: int) -> dict[int, float]:
     """Tokens/s of the bare decode step of the model Ferry serves, at a batch of each stream
-    count: its own session (llm/ortgenai_kv.KVModel, one thread per core), no server."""
-    kv = KVModel(model.ferry_dir, 0)
+    count: its own session (llm/ortgenai_kv.KVModel, one thread per core, spinning as Ferry's
+    does), no server."""
+    kv = KVModel(model.ferry_dir, 0, spin_us=spin_us)
     decode_tok_s(kv, max(streams), 40, 4)  # first-run allocations and prepacking
     return {
         batch: statistics.median(decode_tok_s(kv, batch, 40, steps)[0] for _ in range(3))
@@ -248,7 +250,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--deterministic", action="store_true", help="Ferry's batch_invariant")
-    parser.add_argument("--spin-us", type=int, default=0, help="Ferry's spin_us (llama spins)")
+    parser.add_argument(
+        "--spin-us",
+        type=int,
+        default=OrtGenAIOptions.model_fields["spin_us"].default,
+        help="Ferry's spin_us, and its bare step's (default: Ferry's default)",
+    )
     parser.add_argument(
         "--cache", type=Path, default=DEFAULT_CACHE, help="where built models are kept"
     )
@@ -271,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     with_llama = with_llama and not args.ferry_only
     for model in peer_models(MODELS[args.model], args.cache, gguf=with_llama):
         print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
-        bare = bare_steps(model, args.streams, args.max_tokens)
+        bare = bare_steps(model, args.streams, args.max_tokens, args.spin_us)
         steps = ", ".join(f"batch {b}: {rate:.0f}" for b, rate in bare.items())
         print(f"  bare decode step, tok/s: {steps}", flush=True)
         report(run_model(model, args), args, bare)

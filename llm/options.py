@@ -34,10 +34,13 @@ class OrtGenAIOptions(_Options):
     # streams decoding; 0: a whole prompt at once. 1 is refused: a one-token piece runs other
     # CPU kernels, so greedy text would change.
     prefill_chunk: int = Field(default=256, ge=0)
-    # Microseconds the decoder's thread pool spins between ops before it sleeps. On cores Ferry
-    # owns, 200 decodes SmolLM2 1.2-1.4x faster (bench.llm_int4); on shared cores the spinning
-    # threads take them from the event loop and from each other, so 0 (off) by default.
-    spin_us: int = Field(default=0, ge=0, le=10_000)
+    # Microseconds the decoder's thread pool spins between ops before it sleeps. A decode step
+    # is some 300 ops a few microseconds apart: a pool asleep between them pays a futex wake for
+    # each. 50 spans those gaps but not the hundreds of microseconds between steps, so the
+    # threads sleep whenever the owner does Python work or nothing runs (bench.llm_peer, 2-core
+    # Sapphire Rapids, SmolLM2: 1.27-1.48x tok/s at 1 and 8 streams against 0; 150 and 500 no
+    # better). 0: they sleep at once.
+    spin_us: int = Field(default=50, ge=0, le=10_000)
     # Draft-free speculative decoding (prompt lookup, llama-server's `--spec-type ngram-simple`)
     # for a request decoding alone (one stream): the tokens that followed the latest earlier
     # occurrence of the text's last 3 (down to 2) tokens, in its prompt and output, are checked,

@@ -24,11 +24,17 @@ if [ -z "$SDIST" ]; then
 fi
 tar -xzf "$SDIST" -C "$OUT/src"
 LLAMA="$OUT/src/llama_cpp_python-$VERSION/vendor/llama.cpp"
+# No AMX kernels, even where -march=native has them (Sapphire Rapids): this llama.cpp's AMX
+# buffers crashed llama-server (SIGSEGV in its warmup) on SmolLM2-135M, AMX permitted by the
+# kernel. Its AVX-512 VNNI repacked Q4_0 kernels stay; a decode step is bound by memory, not
+# by the matrix unit.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$LLAMA" -B "$OUT/build" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_SERVER_WEBUI=OFF -DLLAMA_BUILD_WEBUI=OFF \
-    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF
+    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_C_FLAGS="$NO_AMX" -DCMAKE_CXX_FLAGS="$NO_AMX"
 cmake --build "$OUT/build" --target llama-server llama-quantize -j "$JOBS"
 cp "$OUT/build/bin/llama-server" "$OUT/build/bin/llama-quantize" "$OUT/bin/"
 echo "built: $OUT/bin/llama-server $OUT/bin/llama-quantize"
