@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import httpx
 import pytest
 
 from ferry.bench.server_process import default_model_config, ferry_server
+from ferry.bench.simulated_device import DeviceTimes
 from tests.server.conftest import API_SERVERS
 from tests.support.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
 LONG = [101, *range(2000, 2250), 102]
+BUSY = 16
+# The busy requests' device time, a batch of one each, is 16 x 0.25 s = 4 s on any host: a
+# real model's backlog is as long as the host is slow, and a fast host ran it before the
+# impatient client gave up (a CI run counted no cancel).
+DEVICE = DeviceTimes(launch_ms=0.0, fixed_ms=250.0, per_token_us=0.0, streams=1)
+
+
+async def _until_predicts_in_flight(client: httpx.AsyncClient, count: int) -> None:
+    """Until the server handles `count` /predict requests: the impatient one leaves only once
+    the server has it (a client that left before then gave the server nothing to cancel)."""
+    while True:
+        text = (await client.get("/metrics")).text
+        if metric_value(text, "ferry_in_flight_requests", endpoint="/predict") >= count:
+            return
+        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("api_servers", API_SERVERS)
@@ -23,25 +38,32 @@ def test_disconnected_client_work_is_never_run(api_servers):
     config = default_model_config(
         backend={"sessions": 1}, batching={"max_batch_size": 1, "dispatch_when_idle": False}
     )
-    with ferry_server([config], server={"api_servers": api_servers}) as server:
+    with ferry_server(
+        [config],
+        server={"api_servers": api_servers},
+        env=DEVICE.to_env(),
+        module="ferry.bench.simulated_device",
+    ) as server:
 
         async def scenario() -> list[int]:
             async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
                 busy = [
                     asyncio.create_task(client.post("/predict", json={"input_ids": LONG}))
-                    for _ in range(16)
+                    for _ in range(BUSY)
                 ]
-                await asyncio.sleep(0.05)
-                # This one queues behind the 16 (252 tokens each, one at a time) and gives up long
-                # before its turn; after 150 ms, not 50: on a loaded host it could give up before
-                # the server had read it (a fresh run counted no cancel with api_servers = 2).
-                async with httpx.AsyncClient(base_url=server.url, timeout=0.15) as impatient:
-                    with contextlib.suppress(httpx.TimeoutException):
-                        await impatient.post("/predict", json={"input_ids": [101, 7, 102]})
+                await _until_predicts_in_flight(client, BUSY)
+                async with httpx.AsyncClient(base_url=server.url, timeout=60) as impatient:
+                    gives_up = asyncio.create_task(
+                        impatient.post("/predict", json={"input_ids": [101, 7, 102]})
+                    )
+                    await _until_predicts_in_flight(client, BUSY + 1)
+                    # Time to read and queue its 40-byte body, far less than the backlog left.
+                    await asyncio.sleep(0.5)
+                    gives_up.cancel()
                 return [r.status_code for r in await asyncio.gather(*busy)]
 
-        assert asyncio.run(scenario()) == [200] * 16
+        assert asyncio.run(scenario()) == [200] * BUSY
         text = server.metrics()
         assert metric_value(text, "ferry_rejections_total", reason="cancelled") == 1
         # Sixteen batches of one ran: the impatient client's never did.
-        assert metric_value(text, "ferry_batch_size_requests_count") == 16
+        assert metric_value(text, "ferry_batch_size_requests_count") == BUSY
