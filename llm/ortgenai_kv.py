@@ -22,6 +22,7 @@ row, but gives each row the same result whatever the other rows are: see ortgena
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ferry.llm import logits_positions
+
+logger = logging.getLogger(__name__)
 Hook = Callable[[], None] | None
 
 
@@ -90,9 +94,18 @@ class KVModel:
         options.add_session_config_entry("session.intra_op.allow_spinning", str(int(spin_us > 0)))
         if spin_us > 0:
             options.add_session_config_entry("session.intra_op.spin_duration_us", str(spin_us))
-        self._session = ort.InferenceSession(
-            str(model_dir / decoder["filename"]), options, providers=["CPUExecutionProvider"]
-        )
+        graph_file = model_dir / decoder["filename"]
+        rewritten = logits_positions.rewrite(graph_file, self._logits_name)
+        # Logits only where they are read (logits_positions.py); else every position's.
+        self._positions = rewritten is not None
+        if rewritten is None:
+            logger.info("%s: LM head not recognised, logits at every position", graph_file)
+            graph: str | bytes = str(graph_file)
+        else:
+            folder = "session.model_external_initializers_file_folder_path"
+            options.add_session_config_entry(folder, str(model_dir))
+            graph = rewritten
+        self._session = ort.InferenceSession(graph, options, providers=["CPUExecutionProvider"])
         types = {i.name: i.type for i in self._session.get_inputs()}
         self._ids_dtype = np.int32 if types[self._ids_name] == "tensor(int32)" else np.int64
         self._mask_dtype = np.int32 if types[self._mask_name] == "tensor(int32)" else np.int64
@@ -128,7 +141,8 @@ class KVModel:
         their keys and values land in the row. Returns the last position's logits.
         `before_run` (here and below): called once the inputs are bound, right before the
         forward pass releases the GIL (the owner loop hands its deltas over there)."""
-        last: np.ndarray = self.prefill_every(block, row, done, ids, before_run=before_run)[-1]
+        # The last two positions, not one: a head of one row rounds otherwise (logits_positions).
+        last: np.ndarray = self._piece(block, row, done, ids, 2, False, before_run)[-1]
         return last
 
     def prefill_every(
@@ -142,10 +156,23 @@ class KVModel:
         before_run: Hook = None,
     ) -> np.ndarray:
         """`prefill`, returning every position's logits, [len(ids), vocab]: row i scores the
-        token after ids[i] (the graph computes them all; `echo` and speculation read them).
+        token after ids[i] (`echo` and speculation read them all).
         What the row held past `done` is overwritten: a shorter `done` rolls the row back.
         `keep`: bind this row once for the calls after too (speculation's checks on the decode
         block; binding 30 layers costs ~1.5 ms), until `forget_bindings`."""
+        return self._piece(block, row, done, ids, len(ids), keep, before_run)
+
+    def _piece(
+        self,
+        block: KVBlock,
+        row: int,
+        done: int,
+        ids: list[int],
+        positions: int,
+        keep: bool,
+        before_run: Hook,
+    ) -> np.ndarray:
+        """Logits of the last `positions` of `ids` (at most all of them), run after `done`."""
         total = done + len(ids)
         assert total <= block.length
         mask = np.ones((1, total), self._mask_dtype)
@@ -156,7 +183,8 @@ class KVModel:
         else:
             binding = self._bind(block, slice(row, row + 1))
             self._piece_binding = (block, row, binding) if keep else None
-        logits: np.ndarray = self._run(binding, tokens, mask, before_run)[0]
+        first = max(0, len(ids) - positions)
+        logits: np.ndarray = self._run(binding, tokens, mask, before_run, first)[0]
         return logits
 
     def decode(
@@ -177,7 +205,7 @@ class KVModel:
         if self._decode_binding is None or self._decode_binding[0] != key:
             self._decode_binding = (key, self._bind(block, slice(0, rows)))
         ids = np.asarray(tokens, self._ids_dtype).reshape(rows, 1)
-        return self._run(self._decode_binding[1], ids, mask, before_run)[:, -1]
+        return self._run(self._decode_binding[1], ids, mask, before_run, 0)[:, -1]
 
     def forget_bindings(self) -> None:
         """Drop the cached bindings (they hold the block they were made for)."""
@@ -196,13 +224,26 @@ class KVModel:
         return binding
 
     def _run(
-        self, binding: ort.IOBinding, ids: np.ndarray, mask: np.ndarray, before_run: Hook
+        self,
+        binding: ort.IOBinding,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        before_run: Hook,
+        first: int,
     ) -> np.ndarray:
+        """The forward pass; logits [rows, positions, vocab] of the positions from `first` on
+        (every position where the graph computes them all)."""
         binding.bind_cpu_input(self._ids_name, ids)
         binding.bind_cpu_input(self._mask_name, mask)
+        rows, width = ids.shape
+        if self._positions:
+            binding.bind_cpu_input(
+                logits_positions.POSITIONS, np.arange(first, width, dtype=np.int64)
+            )
+            width -= first
         # The logits land in an array of ours: reading ORT's own back (IOBinding.get_outputs)
         # wraps every output, the 2 x layers keys and values too, ~0.2 ms a step in Python.
-        logits = np.empty((*ids.shape, self._vocab), self._logits_dtype)
+        logits = np.empty((rows, width, self._vocab), self._logits_dtype)
         binding.bind_ortvalue_output(self._logits_name, ort.OrtValue.ortvalue_from_numpy(logits))
         if before_run is not None:
             before_run()
