@@ -1,7 +1,7 @@
 """Ferry's CPU LLM serving against llama.cpp's `llama-server` on the same model (issues 27, 38).
 
     python -m ferry.bench.llm_peer [--model smollm2|qwen05b|both] [--rounds 2] [--max-tokens 64]
-                                   [--streams 1 4 8] [--deterministic] [--cache DIR]
+                                   [--streams 1 4 8] [--eos] [--deterministic] [--cache DIR]
 
 Two models (bench/llm_peer_models.py): SmolLM2-135M-Instruct (Ferry: the int4 default model in
 artifacts/models) and a 0.5B-class decoder with Qwen2.5-0.5B's shapes and random weights (Ferry:
@@ -9,7 +9,10 @@ artifacts/models) and a 0.5B-class decoder with Qwen2.5-0.5B's shapes and random
 with `nice -n 19 tools/build_llama_server.sh`), serves each as a Q4_0 GGUF made from the same
 float32 weights, its fastest format on x86 CPUs (its load log's repack lines are printed), with
 `--parallel 8 --cont-batching -t 2`. Both get the same prompt token ids (Ferry's rendering of the
-chat template), stream, decode greedily for `--max-tokens` tokens, and are measured in turns: for
+chat template), stream, decode greedily for `--max-tokens` tokens (`ignore_eos`, as guidellm and
+vLLM's benchmarks ask: with requests ending at their end-of-sequence token, 8 streams decoded 5.5
+rows on average on SmolLM2, and "against the bare step at batch 8" measured the prompts' answer
+lengths, not the serving; `--eos` lets them stop), and are measured in turns: for
 each prompt-cache setting and stream count, llama-server's rounds then Ferry's. Prompt cache off
 means `cache_prompt: false` on every llama request and `prefix_cache = false` in Ferry's config.
 `--deterministic` serves Ferry with `batch_invariant = true` (greedy text independent of load).
@@ -88,7 +91,7 @@ class Server:
     def __init__(self, name: str, url: str, path: str, model: str = "") -> None:
         self.name, self.url, self.path, self.model = name, url, path, model
 
-    def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
+    def body(self, prompt: list[int], max_tokens: int, cache: bool, ignore_eos: bool) -> dict:
         raise NotImplementedError
 
     def parse(self, events: list[dict]) -> tuple[str, int]:
@@ -98,11 +101,12 @@ class Server:
 class FerryServer(Server):
     pid: int | None = None  # its process, for --py-spy
 
-    def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
+    def body(self, prompt: list[int], max_tokens: int, cache: bool, ignore_eos: bool) -> dict:
         return {
             "model": self.model,
             "prompt": prompt,
             "max_tokens": max_tokens,
+            "ignore_eos": ignore_eos,  # vLLM's extension, honoured
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -114,10 +118,11 @@ class FerryServer(Server):
 
 
 class LlamaServer(Server):
-    def body(self, prompt: list[int], max_tokens: int, cache: bool) -> dict:
+    def body(self, prompt: list[int], max_tokens: int, cache: bool, ignore_eos: bool) -> dict:
         return {
             "prompt": prompt,
             "n_predict": max_tokens,
+            "ignore_eos": ignore_eos,
             "temperature": 0,
             "stream": True,
             "cache_prompt": cache,
@@ -130,7 +135,12 @@ class LlamaServer(Server):
 
 
 async def run_cell(
-    server: Server, prompts: list[list[int]], streams: int, max_tokens: int, cache: bool
+    server: Server,
+    prompts: list[list[int]],
+    streams: int,
+    max_tokens: int,
+    cache: bool,
+    ignore_eos: bool,
 ) -> Cell:
     cell = Cell()
     gate = asyncio.Semaphore(streams)
@@ -140,7 +150,7 @@ async def run_cell(
             sent = time.perf_counter()
             first = None
             chunks = []
-            body = server.body(prompts[index], max_tokens, cache)
+            body = server.body(prompts[index], max_tokens, cache, ignore_eos)
             async with client.stream("POST", server.path, json=body) as response:
                 response.raise_for_status()
                 async for chunk in response.aiter_raw():  # parsed after: the client stays light
@@ -169,7 +179,7 @@ def measure(
 ) -> Cell:
     total = Cell()
     for _ in range(args.rounds):
-        cell = asyncio.run(run_cell(server, prompts, streams, args.max_tokens, cache))
+        cell = asyncio.run(run_cell(server, prompts, streams, args.max_tokens, cache, not args.eos))
         total.tokens += cell.tokens
         total.seconds += cell.seconds
         total.ttft_s += cell.ttft_s
@@ -247,6 +257,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="both")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of all prompts per cell")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--eos",
+        action="store_true",
+        help="let a request stop at end-of-sequence (default: every one writes --max-tokens, "
+        "ignore_eos on both servers, so N streams decode N rows as the bare step does)",
+    )
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--llama-threads", type=int, default=2)
     parser.add_argument("--deterministic", action="store_true", help="Ferry's batch_invariant")
@@ -310,7 +326,7 @@ def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, boo
 
 def _cells(peers: list[Server], prompts, cache: bool, args, results) -> None:
     for peer in peers:  # warm-up: first-call allocations, and (cache on) the prompts seen once
-        asyncio.run(run_cell(peer, prompts, 8, 4, cache))
+        asyncio.run(run_cell(peer, prompts, 8, 4, cache, not args.eos))
     for streams in args.streams:
         for peer in peers:  # in turns, on the same prompts
             label = f"{peer.name} cache={'on' if cache else 'off'} streams={streams}"

@@ -51,3 +51,12 @@ def test_repack_lines_are_picked_from_llama_servers_load_log() -> None:
     )
     assert repack_lines(log) == ["load_tensors:   CPU_REPACK model buffer size =    72.14 MiB"]
     assert repack_lines("load_tensors:   CPU_Mapped model buffer size = 70 MiB\n") == []
+
+
+@pytest.mark.parametrize(
+    "server", [FerryServer("ferry", "", "", "m"), LlamaServer("llama", "", "")]
+)
+def test_both_servers_are_asked_to_write_every_token_or_to_stop_at_the_end(server) -> None:
+    """Each server's own field (vLLM's extension on Ferry, llama-server's native one)."""
+    assert server.body([1, 2], 4, True, True)["ignore_eos"] is True
+    assert server.body([1, 2], 4, True, False)["ignore_eos"] is False
