@@ -11,8 +11,7 @@ Prefix cache: every finished prompt's keys and values are parked in the PrefixCa
 (ortgenai_prefix.py) at once, under the request's scope (its model and `cache_salt`), so
 requests running together with one system prompt already share it; a hit copies the shared
 part in and computes only the rest (at least TAIL tokens; in the default mode, a hit on all but
-the last token of a request that will decode with others, rows already decoding or requests
-admitted with it, goes straight to a decode row, `_tail`).
+the last token of a request joining rows already decoding goes straight to a decode row, `_tail`).
 
 Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
 prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
@@ -103,9 +102,6 @@ class BatchLane:
         self._min_rows = 2 if deterministic else 1
         self._spec_tokens = spec_tokens  # drafted tokens a verify step checks at most; 0: off
         self.jobs: list[Any] = []  # every job here, in admission order
-        # Requests the owner admits together this turn, told before their `begin`s: a burst of
-        # cache hits joins the decode block together, as one joins rows already decoding.
-        self.admitting = 0
         self._prefilling: list[Any] = []  # prompt still going in (own block)
         self._rows: list[Any] = []  # decoding; job i sits in row i of self._block
         self._block: KVBlock | None = None
@@ -146,18 +142,16 @@ class BatchLane:
         self._prefilling.append(job)
 
     def _tail(self, sampling: SamplingSettings) -> int:
-        """Prompt tokens a cache hit leaves to run. One where the request will decode with
-        others, in the default mode (rows already decoding, or other requests admitted with
-        it): that token is its first decode input, so requests that arrive in a burst start in
-        the next step for all (TTFT at 8 streams: a step, not a forward pass of a prompt tail
-        each). Its keys and first logits then round as a decode step of several rows, not as
-        the prompt (logits up to ~0.5 apart on SmolLM2 int4), as every later token of a
-        request decoding with others does. A request alone keeps TAIL, so it computes exactly
-        as og's Generator, hit or not (tested: seeded requests repeat); so do the
-        deterministic mode (bit-identical to no hit) and a grammar, whose compile the prompt's
-        pass hides."""
-        company = self._rows or self.admitting > 1
-        if not company or self._min_rows > 1 or sampling.guidance is not None:
+        """Prompt tokens a cache hit leaves to run. One where the request joins rows already
+        decoding, in the default mode: that token is its first decode input, so requests that
+        arrive during a burst start in the next step for all (TTFT at 8 streams: a step, not a
+        forward pass of a prompt tail each). Its keys and first logits then round as a decode
+        step of several rows, not as the prompt (logits up to ~0.5 apart on SmolLM2 int4), as
+        every later token of a request decoding with others does. A request alone keeps TAIL,
+        so it computes exactly as og's Generator, hit or not (tested: seeded requests repeat);
+        so do the deterministic mode (bit-identical to no hit) and a grammar, whose compile
+        the prompt's pass hides."""
+        if not self._rows or self._min_rows > 1 or sampling.guidance is not None:
             return TAIL
         return 1
 

@@ -208,14 +208,6 @@ class OwnerLoop:
                 return True
 
     def _admit(self) -> None:
-        self.batch.admitting = min(len(self._waiting), self.max_running - self._running())
-        try:
-            self._admit_waiting()
-        finally:
-            self.batch.admitting = 0
-        self._publish_counts()
-
-    def _admit_waiting(self) -> None:
         while self._waiting and self._running() < self.max_running:
             _, _, job = heapq.heappop(self._waiting)
             add = job.add
@@ -228,6 +220,7 @@ class OwnerLoop:
                 self._deliver(add.request_id, request_error(exc, add.sampling.guidance))
                 continue
             job.decoder = TextStream(self._text, add.sampling.skip_special_tokens)
+        self._publish_counts()
 
     def _run_call(self, call: OwnerCall) -> None:
         try:

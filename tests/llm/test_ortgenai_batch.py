@@ -245,38 +245,3 @@ def test_echo_on_the_batch_lane_answers_as_the_generator_lane_did(
     same_entries(echoed, before[0])
     assert tokens == before[1]
     same_entries(entries, before[2])
-
-
-def test_a_burst_of_cached_prompts_admitted_together_starts_in_one_decode_step(
-    kv_model, prompts, monkeypatch
-):
-    """Nothing decoding, three hits admitted in one turn (the owner says so): every one a decode
-    row at once, their first tokens from one forward pass; one admitted alone keeps its tail."""
-    cache = ModelPrefixCache(PrefixCache(2**30), "m", kv_model.token_bytes)
-    lane = BatchLane(kv_model, 4, EOS, cache=cache)
-    computed = run(lane, [job(str(i), p, 8) for i, p in enumerate(prompts)])
-    forwards: list[str] = []
-    for name in ("prefill_every", "decode"):
-        real = getattr(kv_model, name)
-        monkeypatch.setattr(
-            kv_model,
-            name,
-            lambda *a, real=real, name=name, **k: forwards.append(name) or real(*a, **k),
-        )
-    lane.admitting = len(prompts)
-    burst = [job(str(i), p, 8) for i, p in enumerate(prompts)]
-    for j in burst:
-        lane.begin(j, None, j.add.prompt_ids, j.add.sampling)
-    lane.admitting = 0
-    assert lane._rows == burst and [j.cached_tokens for j in burst] == [len(p) - 1 for p in prompts]
-    out: dict[str, list[int]] = {}
-    turn(lane, out)
-    assert forwards == ["decode"] and all(len(out[j.add.request_id]) == 1 for j in burst)
-    while lane.jobs:
-        turn(lane, out)
-    assert out == computed  # SmolLM2's first 8 tokens: no near tie in these
-    lane.admitting = 1
-    lone = job("lone", prompts[0], 2)
-    lane.begin(lone, None, prompts[0], lone.add.sampling)
-    assert lane._prefilling == [lone] and lone.cached_tokens == len(prompts[0]) - 2
-    lane.release()

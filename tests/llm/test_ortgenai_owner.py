@@ -220,48 +220,5 @@ def test_a_turns_tokens_go_out_as_the_next_forward_pass_starts(
     assert all(events[i + 1] == "forward" for i in flushes[:-1]), events
 
 
-def test_cached_prompts_admitted_in_one_turn_join_the_decode_block_together(
-    kv_model: KVModel, prompts: list[list[int]]
-) -> None:
-    """The owner tells the batch lane how many it admits at once: a burst of whole-prompt hits
-    (all but the last token cached), arriving when nothing decodes, starts in one decode step
-    instead of a prompt pass each. A lone hit keeps its last two tokens (og's numbers)."""
-    commands: queue.Queue[object] = queue.Queue()
-    firsts: dict[str, GenerationDelta] = {}
-    finished: set[str] = set()
-
-    def deliver(request_id: str, delta: GenerationDelta | Exception) -> None:
-        assert isinstance(delta, GenerationDelta)
-        firsts.setdefault(request_id, delta)
-        if delta.finish_reason is not None:
-            finished.add(request_id)
-            if finished >= expected:
-                commands.put(STOP)
-
-    def served(names: list[str]) -> None:
-        nonlocal expected
-        expected = set(names)
-        for name, prompt in zip(names, prompts, strict=False):
-            commands.put(AddRequest(name, prompt, SamplingSettings(max_tokens=2, temperature=0.0)))
-        owner.serve(commands)
-
-    expected: set[str] = set()
-    tokenizer = ChatTokenizer(REAL_MODEL).tokenizer
-    options = EngineOptions()
-    owner = OwnerLoop(None, "m", kv_model, tokenizer, options, {2}, deliver, _ignore, _nothing)
-    try:
-        served(["warm0", "warm1", "warm2"])
-        served(["lone"])
-        served(["burst0", "burst1", "burst2"])
-    finally:
-        owner.release()
-    assert firsts["lone"].cached_tokens == len(prompts[0]) - 2
-    assert [firsts[f"burst{i}"].cached_tokens for i in range(3)] == [len(p) - 1 for p in prompts]
-
-
 def _ignore(*counts: object) -> None:
-    pass
-
-
-def _nothing() -> None:
     pass
