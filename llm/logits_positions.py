@@ -14,6 +14,9 @@ on the AMD EPYC box of earlier benchmarks (ortgenai_batch.py; on this Sapphire R
 agree). So a prompt piece asks for its last two positions, never one: its last logits are then
 bit-identical to the whole graph's (tested on both models), and so is every greedy text.
 
+The rewrite needs the `onnx` package, which the exporters bring (`export` extra) but a runtime
+install (the Docker image's lock) does not: without it the graph runs as the builder wrote it.
+
 Only a head the rewrite understands is changed: a MatMul or MatMulNBits whose output reaches
 `logits` through nothing but elementwise ops with constant other inputs (a Cast to float32, a
 soft cap), which commute with picking positions. Any other graph is run as it is, every
@@ -23,9 +26,10 @@ position's logits computed (`rewrite` returns None, and the caller logs it).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import onnx
-from onnx import TensorProto, helper
+if TYPE_CHECKING:
+    import onnx
 
 POSITIONS = "ferry_logits_positions"
 _HEADS = frozenset({"MatMul", "MatMulNBits"})
@@ -36,7 +40,13 @@ _ELEMENTWISE = frozenset({"Cast", "Mul", "Div", "Add", "Sub", "Tanh"})
 
 def rewrite(model_file: Path, logits: str) -> bytes | None:
     """The graph of `model_file` (external weights left where they are, not loaded) with its LM
-    head computed at `POSITIONS` only, serialized; None where its head is not recognised."""
+    head computed at `POSITIONS` only, serialized; None where its head is not recognised, or
+    where `onnx` is not installed."""
+    try:
+        import onnx
+        from onnx import TensorProto, helper
+    except ImportError:
+        return None
     model = onnx.load(str(model_file), load_external_data=False)
     graph = model.graph
     head = _lm_head(graph, logits)

@@ -3,6 +3,7 @@ builder's graph computing every position, on the real SmolLM2-135M int4 and the 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -81,3 +82,12 @@ def test_any_other_head_is_left_as_it_is(tmp_path):
     assert logits_positions.rewrite(_graph(tmp_path, "Softmax"), "logits") is None
     assert logits_positions.rewrite(_graph(tmp_path, "Tanh"), "scores") is not None
     assert logits_positions.rewrite(_graph(tmp_path, "Tanh"), "hidden") is None
+
+
+def test_without_the_onnx_package_the_graph_runs_whole(monkeypatch, tmp_path):
+    """A runtime install (the Docker image's lock) has no `onnx`: the model still serves."""
+    monkeypatch.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError
+    assert logits_positions.rewrite(ONNX_DIR / "model.onnx", "logits") is None
+    model = KVModel(ONNX_DIR, 1)
+    assert logits_positions.POSITIONS not in {i.name for i in model._session.get_inputs()}
+    assert model.prefill(model.new_block(1, 8), 0, 0, [3, 4, 5]).ndim == 1
