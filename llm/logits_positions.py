@@ -14,8 +14,8 @@ on the AMD EPYC box of earlier benchmarks (ortgenai_batch.py; on this Sapphire R
 agree). So a prompt piece asks for its last two positions, never one: its last logits are then
 bit-identical to the whole graph's (tested on both models), and so is every greedy text.
 
-The rewrite needs the `onnx` package, which the exporters bring (`export` extra) but a runtime
-install (the Docker image's lock) does not: without it the graph runs as the builder wrote it.
+The graph is read and written with protobuf alone (onnx_subset.py), not the `onnx` package,
+which a runtime install (the Docker image's lock) lacks; external weights are not loaded.
 
 Only a head the rewrite understands is changed: a MatMul or MatMulNBits whose output reaches
 `logits` through nothing but elementwise ops with constant other inputs (a Cast to float32, a
@@ -26,10 +26,9 @@ position's logits computed (`rewrite` returns None, and the caller logs it).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    import onnx
+from ferry.llm import onnx_subset
 
 POSITIONS = "ferry_logits_positions"
 _HEADS = frozenset({"MatMul", "MatMulNBits"})
@@ -39,35 +38,35 @@ _ELEMENTWISE = frozenset({"Cast", "Mul", "Div", "Add", "Sub", "Tanh"})
 
 
 def rewrite(model_file: Path, logits: str) -> bytes | None:
-    """The graph of `model_file` (external weights left where they are, not loaded) with its LM
-    head computed at `POSITIONS` only, serialized; None where its head is not recognised, or
-    where `onnx` is not installed."""
-    try:
-        import onnx
-        from onnx import TensorProto, helper
-    except ImportError:
-        return None
-    model = onnx.load(str(model_file), load_external_data=False)
+    """The graph of `model_file` (its external weights left where they are) with its LM head
+    computed at `POSITIONS` only, serialized; None where its head is not recognised."""
+    model = onnx_subset.ModelProto()
+    model.ParseFromString(model_file.read_bytes())
     graph = model.graph
     head = _lm_head(graph, logits)
     if head is None:
         return None
     hidden = head.input[0]
     picked = f"{hidden}/{POSITIONS}"
-    gather = helper.make_node("Gather", [hidden, POSITIONS], [picked], axis=1, name=POSITIONS)
+    gather = onnx_subset.NodeProto(
+        input=[hidden, POSITIONS], output=[picked], name=POSITIONS, op_type="Gather"
+    )
+    gather.attribute.add(name="axis", i=1, type=onnx_subset.ATTRIBUTE_INT)
     head.input[0] = picked
     nodes = list(graph.node)
     graph.node.insert(nodes.index(head), gather)
-    graph.input.append(helper.make_tensor_value_info(POSITIONS, TensorProto.INT64, ["positions"]))
+    positions = graph.input.add(name=POSITIONS)
+    positions.type.tensor_type.elem_type = onnx_subset.INT64
+    positions.type.tensor_type.shape.dim.add(dim_param="positions")
     # The builder declares logits as [batch, sequence, vocab]: their middle is now the positions.
     for output in graph.output:
-        if output.name == logits and output.type.tensor_type.shape.dim:
+        if output.name == logits and len(output.type.tensor_type.shape.dim) > 1:
             output.type.tensor_type.shape.dim[1].dim_param = "positions"
     serialized: bytes = model.SerializeToString()
     return serialized
 
 
-def _lm_head(graph: onnx.GraphProto, logits: str) -> onnx.NodeProto | None:
+def _lm_head(graph: Any, logits: str) -> Any:
     producers = {out: node for node in graph.node for out in node.output}
     constants = {i.name for i in graph.initializer}
     constants |= {o for n in graph.node if n.op_type == "Constant" for o in n.output}
@@ -81,5 +80,4 @@ def _lm_head(graph: onnx.GraphProto, logits: str) -> onnx.NodeProto | None:
         return None
     if node.op_type == "MatMul" and node.input[1] not in constants:
         return None  # not a weight: something else than a head
-    head: onnx.NodeProto = node
-    return head
+    return node

@@ -99,9 +99,7 @@ class KVModel:
         # Logits only where they are read (logits_positions.py); else every position's.
         self._positions = rewritten is not None
         if rewritten is None:
-            logger.info(
-                "%s: logits at every position (no onnx, or a head not recognised)", graph_file
-            )
+            logger.info("%s: LM head not recognised, logits at every position", graph_file)
             graph: str | bytes = str(graph_file)
         else:
             folder = "session.model_external_initializers_file_folder_path"
