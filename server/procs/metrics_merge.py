@@ -12,6 +12,11 @@ capacity), and the gauges of a state that each replica holds a copy of are decla
 own rule instead (`ferry_model_ready`: the least of them, so 1 only where every replica has the
 model; the cost model's coefficients: the most recent replica's). The supervisor deletes a dead
 process's gauge files, so a killed process's in-flight count leaves with it.
+
+A scrape reads files that other processes create and delete while it runs: a file listed may be
+gone (a dead process's gauges), or may exist before its writer has sized it (a process's first
+series of a kind). prometheus_client forgives only the first, and only for `live*` gauges; either
+would answer /metrics with a 500. A scrape that meets one lists the directory again.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import struct
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
@@ -38,16 +44,38 @@ class MergedRegistry(CollectorRegistry):
     def __init__(self, path: str) -> None:
         super().__init__()
         self._path = path
-        self._files = MultiProcessCollector(None, path)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             collectors = list(self._collector_to_names)
-        for metric in self._files.collect():  # type: ignore[no-untyped-call]  # as above
+        for metric in self._file_metrics():
             yield _without_pid(metric) if metric.type == "gauge" else metric
         for collector in collectors:
             if not isinstance(collector, MetricWrapperBase):
                 yield from collector.collect()
+
+    def _file_metrics(self) -> Iterable[Metric]:
+        for _ in range(_LISTINGS - 1):
+            try:
+                return self._merged_listing()
+            except (FileNotFoundError, struct.error):
+                continue  # a file created or deleted between the listing and its read
+        return self._merged_listing()
+
+    def _merged_listing(self) -> Iterable[Metric]:
+        files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _sized(f)]
+        return MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+
+
+_LISTINGS = 5
+
+
+def _sized(name: str) -> bool:
+    """False for a file whose writer has not sized it yet (it holds no series) or that is gone."""
+    try:
+        return os.path.getsize(name) > 0
+    except FileNotFoundError:
+        return False
 
 
 def _without_pid(metric: Metric) -> Metric:
