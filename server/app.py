@@ -22,7 +22,7 @@ from ferry.server.model_repository import ModelRepository
 from ferry.server.openai.grammars import start_grammars
 from ferry.server.openai.serving import OpenAIServing
 from ferry.server.openapi_statuses import document_invalid_statuses
-from ferry.server.procs.replica_role import ReplicaRole
+from ferry.server.procs.port_role import PortRole
 from ferry.server.procs.runtimes import (
     EngineConnection,
     build_runtimes,
@@ -99,13 +99,14 @@ async def start_models(registry: ModelRegistry, loads_here: bool) -> None:
 def create_app(
     settings: Settings,
     engine: EngineConnection | None = None,
-    replica: ReplicaRole | None = None,
+    replica: PortRole | None = None,
 ) -> FastAPI:
     """`engine`: an API process's (`api_servers > 1`), whose models run in the engine process;
     None serves them here. `replica`: one of `replicas > 1` whole servers on one port."""
     shared = engine is not None or replica is not None  # /metrics: every process's series
     metrics = FerryMetrics(metrics_registry(shared), priority_levels=settings.priority_levels)
-    services = build_services(settings, metrics, region_store(shared), replica)
+    port_role = replica if engine is None else engine.role
+    services = build_services(settings, metrics, region_store(shared), port_role)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -125,8 +126,8 @@ def create_app(
         try:
             yield
         finally:
-            if replica is not None:
-                replica.stopping()
+            if port_role is not None:
+                port_role.mark(0)
             services.drain.begin()
             await repository.close()
             if grpc_server is not None:

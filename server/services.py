@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ferry.server.model_repository import ModelRepository
     from ferry.server.openai.serving import OpenAIServing
     from ferry.server.otel_tracing import Tracing
-    from ferry.server.procs.replica_role import ReplicaRole
+    from ferry.server.procs.port_role import PortRole
     from ferry.server.registry import ModelRegistry
 
 
@@ -54,7 +54,8 @@ class Services:
     shared_memory: SharedMemory
     priority_policy: PriorityPolicy
     tracing: Tracing | None  # None: off, the SDK not imported
-    replica: ReplicaRole | None  # one of `replicas > 1` whole servers on one port
+    # One of N processes on the port (replicas, or API processes); None: the only one.
+    port_role: PortRole | None
     started_at: int  # seconds since the epoch: the models' `created`
     models: Models | None = field(default=None, repr=False)  # None until the lifespan's `start`
 
@@ -83,7 +84,7 @@ def build_services(
     settings: Settings,
     metrics: FerryMetrics,
     regions: RegionStore,
-    replica: ReplicaRole | None = None,
+    port_role: PortRole | None = None,
 ) -> Services:
     """The services known before the models start; `regions`: where shared memory registrations
     live (procs/runtimes.py's `region_store`)."""
@@ -95,7 +96,7 @@ def build_services(
         encoder=EncoderServing(settings),
         shared_memory=SharedMemory(regions, settings.allow_client_shm),
         priority_policy=PriorityPolicy(settings.priority_keys, settings.priority_below_default),
-        replica=replica,
+        port_role=port_role,
         started_at=int(time.time()),
     )
 

@@ -48,6 +48,7 @@ from ferry.server.kserve.tensor_codec import (
 )
 from ferry.server.kserve.versions import VERSION
 from ferry.server.model_repository import check_tenant_right, load_parameters, unload_parameters
+from ferry.server.readiness import server_readiness
 from ferry.server.request_ids import bind_grpc
 from ferry.server.route_policy import RoutePolicy, endpoint_label, record_request
 from ferry.server.route_table import GRPC_ROUTES, RouteClass
@@ -206,11 +207,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 self.services.metrics, model, endpoint_label(route), status, started, trace_id
             )
 
-    def _ready(self) -> Awaitable[bool]:
-        async def check() -> bool:
-            return not self.services.drain.draining and await self.services.registry.ready()
-
-        return check()
+    async def _ready(self) -> bool:
+        return (await server_readiness(self.services)).ready
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._call(

@@ -69,6 +69,7 @@ class EngineClient:
         unanswered_gauge: Gauge | None = None,
         arena: Arena | None = None,
         arena_gauges: tuple[Gauge, Counter] | None = None,
+        on_serving: Callable[[int], None] | None = None,
     ) -> None:
         self._address = address
         self._heartbeat_timeout_s = heartbeat_timeout_s
@@ -81,6 +82,8 @@ class EngineClient:
         self._arena = arena
         self._arena_gauges = arena_gauges  # its bytes in use, its fallbacks to frames
         self._arena_mapped = False  # by the engine serving now (its Info said)
+        # Told the engine's pid at each of its reports, 0 when it stops (port_role.py).
+        self._on_serving = on_serving
         self._heard = 0.0  # time.monotonic() of the engine's latest message
         self._context = zmq.Context()
         self._socket: LoopSocket | None = None
@@ -372,6 +375,8 @@ class EngineClient:
                     future.set_result(message.value)
         elif isinstance(message, wire.Stats):
             self.stats = message
+            if self._on_serving is not None and self.alive and self.info is not None:
+                self._on_serving(self.info.pid)
         elif isinstance(message, wire.Classes):
             self.classes[message.model] = message.keys
         elif isinstance(message, wire.Adapters):
@@ -502,6 +507,8 @@ class EngineClient:
             return
         logger.error("engine process stopped: failing %d waiting requests", self.waiting)
         self._connected.clear()
+        if self._on_serving is not None:
+            self._on_serving(0)
         self._unwatch()
         self.stats = None
         # Nothing of it will be answered: a new engine reads and drops what was sent to the old.

@@ -64,7 +64,8 @@ class MergedRegistry(CollectorRegistry):
 
     def _merged_listing(self) -> Iterable[Metric]:
         files = [f for f in glob.glob(os.path.join(self._path, "*.db")) if _sized(f)]
-        return MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+        merged: list[Metric] = MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
+        return merged
 
 
 _LISTINGS = 5

@@ -8,7 +8,7 @@ listening socket, replaced when one dies, drained on SIGTERM. Their metrics merg
 the API processes' do (metrics_merge.py).
 
 Readiness is the server's, not a replica's: a replica answers /health/ready with 200 only while
-every replica serves. Each marks itself in a flag shared with all (`ReplicaRole`) once its models
+every replica serves. Each marks itself in a flag shared with all (`PortRole`) once its models
 are started, and clears it as it stops; the supervisor clears a dead one's.
 
 LLM engines are refused with replicas (settings.py): an LLM is large, and N copies of its weights
@@ -21,11 +21,11 @@ import os
 import socket
 
 from ferry.server.logs import configure_logging
-from ferry.server.procs.replica_role import ReplicaRole
+from ferry.server.procs.port_role import PortRole
 from ferry.server.settings import Settings
 
 
-def replica_main(settings: Settings, sock: socket.socket, role: ReplicaRole) -> None:
+def replica_main(settings: Settings, sock: socket.socket, role: PortRole) -> None:
     """A replica process: the usual app and its own models, on the supervisor's socket."""
     # As an API process (supervisor.api_main): its own process group, the socket not inherited
     # by the processes it starts.

@@ -18,6 +18,7 @@ from ferry.server.kserve.shared_memory import LocalRegions, RegionStore, SharedR
 from ferry.server.metrics import FerryMetrics
 from ferry.server.procs.arena import Arena
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, MergedRegistry
+from ferry.server.procs.port_role import PortRole
 from ferry.server.procs.run_dir import REGIONS_ENV
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import Settings
@@ -31,6 +32,7 @@ class EngineConnection:
     address: str  # the engine's ZMQ address
     supervisor_pid: int
     arena_prefix: str = ""  # its shared memory arena's name, less this process's pid (arena.py)
+    role: PortRole | None = None  # marked serving while connected to a running engine
 
 
 def region_store(shared: bool) -> RegionStore:
@@ -70,5 +72,6 @@ async def build_runtimes(
         metrics.engine_unanswered,
         arena,
         (metrics.engine_shm_used, metrics.engine_shm_fallbacks),
+        None if engine.role is None else engine.role.mark,
     )
     return await connect(settings, client, metrics)

@@ -30,7 +30,7 @@ from ferry.server.logs import configure_logging
 from ferry.server.procs import run_dir
 from ferry.server.procs.arena import arena_prefix, remove_arenas
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
-from ferry.server.procs.replica_role import ReplicaRole
+from ferry.server.procs.port_role import PortRole
 from ferry.server.procs.replicas import replica_main
 from ferry.server.settings import Settings
 
@@ -42,7 +42,7 @@ ROLE_ENV = "FERRY_PROCESS"
 
 
 def api_main(
-    settings: Settings, sock: socket.socket, address: str, parent: int, arena_prefix: str
+    settings: Settings, sock: socket.socket, address: str, arena_prefix: str, role: PortRole
 ) -> None:
     """An API process: the usual app, its models and engines stand-ins for the engine's."""
     # Its own process group: a terminal's Ctrl-C reaches the supervisor only, which then drains
@@ -56,7 +56,7 @@ def api_main(
     from ferry.server.procs.runtimes import EngineConnection
     from ferry.server.serve import serve
 
-    engine = EngineConnection(address, parent, arena_prefix)
+    engine = EngineConnection(address, role.supervisor_pid, arena_prefix, role)
     serve(create_app(settings, engine), settings, sockets=[sock])
 
 
@@ -94,12 +94,11 @@ class Supervisor:
         # to start (bad model, bad config): the server stops with status 1, no restart loop.
         self._engine_ready = self._context.Event()
         self._engine_was_ready = False
-        # With replicas: one flag per replica, 1 while it serves (ReplicaRole); None: API processes.
-        self._serving = (
-            self._context.RawArray("b", settings.replicas) if settings.replicas > 1 else None
-        )
+        self._replicas = settings.replicas > 1  # else API processes in front of an engine
+        count = settings.replicas if self._replicas else settings.api_servers
+        # Per process on the port, what it serves through; 0: not serving (port_role.py).
+        self._serving = self._context.RawArray("i", count)
         self._replica_was_ready = False
-        count = settings.api_servers if self._serving is None else settings.replicas
         # The API processes, or the replicas: the processes that accept from the socket.
         self._apis: list[BaseProcess | None] = [None] * count
         self._signals = 0
@@ -111,7 +110,7 @@ class Supervisor:
         # Started before any child, so that it does not inherit a child's FERRY_PROCESS.
         resource_tracker.ensure_running()
         try:
-            if self._serving is None:
+            if not self._replicas:
                 self._start_engine()
             for index in range(len(self._apis)):
                 self._start_api(index)
@@ -151,8 +150,9 @@ class Supervisor:
         logger.info("engine process %d started", self._engine.pid)
 
     def _start_api(self, index: int) -> None:
-        if self._serving is not None:
-            role = ReplicaRole(index, self._serving, os.getpid())
+        setting = "replicas" if self._replicas else "api_servers"
+        role = PortRole(index, self._serving, os.getpid(), setting)
+        if self._replicas:
             process = self._context.Process(
                 target=replica_main, args=(self._settings, self._sock, role), name=f"ferry-{index}"
             )
@@ -163,12 +163,12 @@ class Supervisor:
                     self._settings,
                     self._sock,
                     self._address,
-                    os.getpid(),
                     self._arena_prefix,
+                    role,
                 ),
                 name=f"ferry-api-{index}",
             )
-        kind = "replica" if self._serving is not None else "api"
+        kind = "replica" if self._replicas else "api"
         with _role(kind):
             process.start()
         self._apis[index] = process
@@ -182,7 +182,7 @@ class Supervisor:
             connection.wait([p.sentinel for p in children], timeout=POLL_S)
             if self._signals:
                 break
-            if self._serving is not None:  # seen while it serves: a later death restarts it
+            if self._replicas:  # seen while it serves: a later death restarts it
                 self._replica_was_ready |= any(self._serving)
             engine = self._engine
             if engine is not None and not engine.is_alive():
@@ -200,9 +200,10 @@ class Supervisor:
             for index, process in enumerate(self._apis):
                 if process is not None and not process.is_alive():
                     self._reap(process)
-                    if self._serving is not None and not self._replica_died(index, process):
+                    if self._replicas and not self._replica_died(index, process):
                         return 1
-                    what = "API process" if self._serving is None else "replica"
+                    self._serving[index] = 0  # the others answer 503 until its successor serves
+                    what = "replica" if self._replicas else "API process"
                     logger.error("%s %d died (%s): restarting", what, process.pid, process.exitcode)
                     self._start_api(index)
         return 0
@@ -210,9 +211,7 @@ class Supervisor:
     def _replica_died(self, index: int, process: BaseProcess) -> bool:
         """Whether to start another in its place: not when no replica was ever ready (a bad
         model or config fails them all: status 1, no restart loop)."""
-        assert self._serving is not None
         ready = bool(self._serving[index])
-        self._serving[index] = 0  # the others' readiness turns 503 until its successor serves
         self._replica_was_ready |= ready
         if not self._replica_was_ready:
             logger.error("a replica failed to start (status %s)", process.exitcode)

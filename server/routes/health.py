@@ -11,6 +11,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
 from ferry.server.metrics import ServedSeries
+from ferry.server.readiness import server_readiness
 from ferry.server.services import services_of
 
 router = APIRouter()
@@ -43,21 +44,11 @@ async def health(request: Request) -> JSONResponse:
 
 
 async def readiness(request: Request) -> JSONResponse:
-    services = services_of(request)
-    models = services.registry.readiness()
-    models_ready = all(models.values()) and await services.registry.ready()
-    body: dict[str, object] = {"models": models}
-    if services.replica is not None:  # `replicas > 1`: the server is ready when every replica is
-        serving, replicas = services.replica.count()
-        models_ready = models_ready and serving == replicas
-        body["replicas"] = {"ready": serving, "total": replicas}
-    draining = services.drain.draining
-    ok = models_ready and not draining
-    status = "ready" if ok else ("draining" if draining else "starting")
+    state = await server_readiness(services_of(request))
     return JSONResponse(
-        {"status": status, **body},
-        status_code=200 if ok else 503,
-        headers=None if ok else {"Retry-After": "1"},
+        {"status": state.status, **state.detail},
+        status_code=200 if state.ready else 503,
+        headers=None if state.ready else {"Retry-After": "1"},
     )
 
 

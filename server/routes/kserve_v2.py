@@ -52,6 +52,7 @@ from ferry.server.kserve.trace_settings import (
 )
 from ferry.server.kserve.versions import VERSION
 from ferry.server.large_bodies import LARGE_BODY_BYTES, decoded
+from ferry.server.readiness import server_readiness
 from ferry.server.replies import JSON, Reply, dumps
 from ferry.server.response_size import check_response_size, written
 from ferry.server.sequences import SequenceFlags
@@ -107,8 +108,7 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", responses={503: {"description": "Not ready: `{ready: false}`"}})
 async def ready(request: Request) -> JSONResponse:
-    services = services_of(request)
-    ok = not services.drain.draining and await services.registry.ready()
+    ok = (await server_readiness(services_of(request))).ready
     return JSONResponse({"ready": ok}, 200 if ok else 503, None if ok else NOT_READY_HEADERS)
 
 

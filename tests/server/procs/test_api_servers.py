@@ -238,6 +238,34 @@ def test_a_dead_engine_fails_every_waiting_request_with_503_then_comes_back(serv
     assert predict(server) == 200
 
 
+def test_after_an_engine_restart_no_api_process_is_ready_until_every_one_serves_the_new_engine(
+    server,
+):
+    """A probe reaches one API process and the next request perhaps another: one that has not
+    reconnected to the new engine keeps every one at 503."""
+    (engine,) = pids(server, "engine")
+    lagging = pids(server, "api")[0]
+
+    def probe() -> httpx.Response:
+        return httpx.get(f"{server.url}/health/ready", timeout=10)
+
+    # Stopped, it neither sees the engine die nor greets the new one; the other alone accepts.
+    os.kill(lagging, signal.SIGSTOP)
+    try:
+        os.kill(engine, signal.SIGKILL)
+        wait_until(lambda: pids(server, "engine") not in ([], [engine]), what="a new engine")
+        wait_until(lambda: all(probe().json()["models"].values()), what="the new engine's models")
+        response = probe()
+        assert response.status_code == 503
+        assert response.json()["status"] == "starting"
+        assert response.json()["api_servers"] == {"ready": 1, "total": 2}
+        assert predict(server) == 200  # the other serves meanwhile
+    finally:
+        os.kill(lagging, signal.SIGCONT)
+    wait_until(lambda: ready(server), what="every API process on the new engine")
+    assert probe().json()["api_servers"] == {"ready": 2, "total": 2}
+
+
 def test_an_engine_that_cannot_start_stops_the_server_with_status_1(tmp_path):
     """No restart loop for a bad configuration: the API processes are ended, status 1, and
     the run's directory is removed."""
