@@ -10,8 +10,13 @@ block, and the block is kept packed (a finished row takes the last row's place).
 Prefix cache: every finished prompt's keys and values are parked in the PrefixCache
 (ortgenai_prefix.py) at once, under the request's scope (its model and `cache_salt`), so
 requests running together with one system prompt already share it; a hit copies the shared
-part in and computes only the rest (at least TAIL tokens; in the default mode, a hit on all but
-the last token of a request joining rows already decoding goes straight to a decode row, `_tail`).
+part in and computes only the rest (at least TAIL tokens, as a prompt piece), whether the request
+runs alone or joins rows already decoding. A hit on all but the last token once went straight to
+a decode row where others decoded (a burst's first tokens from one step), but that token's keys
+and logits then rounded as a decode step's, not a prompt's, and greedy text depended on what else
+ran: on bench.llm_peer's 8 prompts the same at 1, 4 and 8 streams for 4-6 of 8 with the cache on,
+8 of 8 without it; with the tail a piece, 8 of 8 both ways, and TTFT at 8 streams within the box's
+noise (107-122 ms against 110-129).
 
 Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
 prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
@@ -58,7 +63,7 @@ from ferry.llm.grammar_rows import GrammarCompiler, RowGrammar
 from ferry.llm.logprobs import next_logprobs
 from ferry.llm.ngram_draft import NgramDraft
 from ferry.llm.ortgenai_kv import KVBlock, KVModel
-from ferry.llm.ortgenai_prefix import TAIL, ModelPrefixCache
+from ferry.llm.ortgenai_prefix import ModelPrefixCache
 from ferry.llm.sampling import Sampler, end_ids
 
 _MIN_LENGTH = 256  # the decode block's smallest length; it doubles as rows grow
@@ -115,13 +120,12 @@ class BatchLane:
     def begin(
         self, job: Any, adapter: str | None, prompt_ids: list[int], sampling: SamplingSettings
     ) -> None:
-        """Give `job` its own prompt block, filled from the prefix cache where it can be; or,
-        where the cache holds all of the prompt but its last token, a decode row at once."""
+        """Give `job` its own prompt block, filled from the prefix cache where it can be."""
         assert adapter is None
         entry, reused = None, 0
         # `echo` scores every prompt position: none may come from the cache (it is filled after).
         if self.cache is not None and not sampling.echo:
-            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids, self._tail(sampling))
+            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids)
         job.sampler = Sampler(sampling, prompt_ids, end_ids(self._eos_ids, sampling))
         # Compiled on the pool while the prompt goes in; waited for at the first token.
         guidance = sampling.guidance
@@ -133,27 +137,10 @@ class BatchLane:
         job.drafts = NgramDraft(prompt_ids, min_n=_MIN_NGRAM) if self._spec_tokens else None
         job.draft_length = self._spec_tokens
         self.jobs.append(job)
-        if entry is not None and len(job.pending) == 1:
-            self._add_row(job, entry.kv, reused, job.pending.pop())
-            return
         job.generator = self._model.new_block(1, len(prompt_ids))  # the owner's "running" mark
         if entry is not None:
             job.generator.copy_row(entry.kv, 0, 0, reused)
         self._prefilling.append(job)
-
-    def _tail(self, sampling: SamplingSettings) -> int:
-        """Prompt tokens a cache hit leaves to run. One where the request joins rows already
-        decoding, in the default mode: that token is its first decode input, so requests that
-        arrive during a burst start in the next step for all (TTFT at 8 streams: a step, not a
-        forward pass of a prompt tail each). Its keys and first logits then round as a decode
-        step of several rows, not as the prompt (logits up to ~0.5 apart on SmolLM2 int4), as
-        every later token of a request decoding with others does. A request alone keeps TAIL,
-        so it computes exactly as og's Generator, hit or not (tested: seeded requests repeat);
-        so do the deterministic mode (bit-identical to no hit) and a grammar, whose compile
-        the prompt's pass hides."""
-        if not self._rows or self._min_rows > 1 or sampling.guidance is not None:
-            return TAIL
-        return 1
 
     def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
         """(job, token or None, finish reason or None, error or None) for every request that

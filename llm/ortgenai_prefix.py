@@ -31,8 +31,7 @@ it did).
 Same greedy text with or without a hit: onnxruntime's CPU kernels give bit-identical keys, values
 and logits for a prompt fed in pieces of any length >= 2 (measured: whole, chunks of 2, 3, 7, 16,
 a tail of 2 or 3), but not for a piece of ONE token, which takes other MatMulNBits kernels. So a
-hit leaves at least TAIL tokens of the new prompt to run, and only prompt tokens are kept. (The
-batch lane's default mode asks for a tail of one, which a decode step runs: ortgenai_batch.py.)
+hit leaves at least TAIL tokens of the new prompt to run, and only prompt tokens are kept.
 
 Counters follow vLLM's `prefix_cache_queries` / `prefix_cache_hits` (per model, `ModelPrefixCache`):
 prompt tokens looked up, and those found. Pure Python (blocks are opaque here): tested without a
@@ -83,13 +82,11 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(
-        self, scope: Hashable, prompt: list[int], tail: int = TAIL
-    ) -> tuple[CachedPrefix | None, int]:
+    def lookup(self, scope: Hashable, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
         """The entry of `scope` sharing the longest prefix with `prompt` (now the most recent),
-        and how many prompt tokens it saves: at most len(prompt) - tail, by default so that what
-        runs is computed exactly as without the cache. One walk down the prompt."""
-        limit = len(prompt) - tail
+        and how many prompt tokens it saves: at most len(prompt) - TAIL, so that what runs is
+        computed exactly as without the cache. One walk down the prompt."""
+        limit = len(prompt) - TAIL
         with self._lock:
             node = self._roots.get(scope)
             depth = 0
@@ -164,11 +161,9 @@ class ModelPrefixCache:
         self.queries = 0  # prompt tokens looked up (vLLM: prefix_cache_queries)
         self.hits = 0  # of those, tokens found computed (vLLM: prefix_cache_hits)
 
-    def lookup(
-        self, salt: str | None, prompt: list[int], tail: int = TAIL
-    ) -> tuple[CachedPrefix | None, int]:
+    def lookup(self, salt: str | None, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
         self.queries += len(prompt)
-        entry, reused = self.store.lookup((self._model, salt), prompt, tail)
+        entry, reused = self.store.lookup((self._model, salt), prompt)
         self.hits += reused
         return entry, reused
 
