@@ -11,16 +11,18 @@ JSON on every server, so the load generator cannot tell them apart:
 Prints req/s and p50/p99 of each, Ferry's ratios to each peer, and the CPU Ferry's event-loop
 thread spent per request, all from one run.
 
-    python -m ferry.bench.tabular [--duration 15] [--clients 64] [--api-servers 1] [--replicas 1]
+    python -m ferry.bench.tabular [--duration 15] [--clients 64] [--api-servers N] [--replicas N]
                                   [--loadgen wrk]
 
 The load comes from wrk (bench/wrk_load.py), which leaves the cores to the servers; `--loadgen
 python` for bench/loadgen.py, which takes about a core of the 2-core box and so caps every
 server that could use both (Triton's C++ front end, Ferry's replicas).
 
-`--api-servers N` runs Ferry as N API processes in front of one engine process, `--replicas N`
-as N whole servers on one port (each its own model, batcher and sessions); its CPU per request
-is then that of the whole process tree (no one event loop to single out).
+Ferry runs in the layout it chooses for this model and host (server/layout_choice.py; printed
+from its start-up log) unless `--api-servers N` (N API processes in front of one engine process)
+or `--replicas N` (N whole servers on one port, each its own model, batcher and sessions) sets
+one. With more than one process its CPU per request is that of the whole process tree (no one
+event loop to single out).
 """
 
 from __future__ import annotations
@@ -77,9 +79,15 @@ def bodies(rows: np.ndarray) -> list[dict]:
 
 
 def ferry_process(
-    model: Path, work: Path, name: str = MODEL, api_servers: int = 1, replicas: int = 1
+    model: Path,
+    work: Path,
+    name: str = MODEL,
+    api_servers: int | None = None,
+    replicas: int | None = None,
 ) -> ManagedProcess:
+    """Ferry serving `model`, in the layout given, or else the one it chooses."""
     port = free_port()
+    layout = {"FERRY_API_SERVERS": api_servers, "FERRY_REPLICAS": replicas}
     command = [sys.executable, "-m", "ferry", "serve", "--model", f"{name}={model}"]
     command += ["--port", str(port)]
     return ManagedProcess(
@@ -88,12 +96,16 @@ def ferry_process(
         work / "ferry.log",
         http_ok(f"http://127.0.0.1:{port}/health/ready"),
         url=f"http://127.0.0.1:{port}",
-        env={
-            **os.environ,
-            "FERRY_API_SERVERS": str(api_servers),
-            "FERRY_REPLICAS": str(replicas),
-        },
+        env={**os.environ, **{k: str(v) for k, v in layout.items() if v is not None}},
     )
+
+
+def chosen_layout(log: Path) -> str:
+    """The layout and its reason, from Ferry's start-up log (server/cli.py's `layout`)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if "ferry: " in line and ("(replicas = " in line or "(api_servers = " in line):
+            return line.split("ferry: ", 1)[1]
+    return "not in the log"
 
 
 def unbatched_process(model: Path, work: Path, name: str = MODEL) -> ManagedProcess:
@@ -199,12 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=15.0, help="Seconds per server.")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument(
-        "--api-servers", type=int, default=1, help="Ferry's API processes (api_servers)."
+        "--api-servers", type=int, help="Ferry's API processes (default: Ferry's choice)."
     )
-    parser.add_argument("--replicas", type=int, default=1, help="Ferry's replicas (replicas).")
+    parser.add_argument("--replicas", type=int, help="Ferry's replicas (default: Ferry's choice).")
     parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
     args = parser.parse_args(argv)
-    tree = args.api_servers > 1 or args.replicas > 1  # every process's CPU: no one event loop
     with tempfile.TemporaryDirectory(prefix="ferry-tabular-") as tmp:
         work = Path(tmp)
         model, rows = export_model(work / "model")
@@ -212,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, LoadResult] = {}
         process = ferry_process(model, work, api_servers=args.api_servers, replicas=args.replicas)
         with running(process) as ferry:
+            layout = chosen_layout(work / "ferry.log")
+            tree = "one process" not in layout  # every process's CPU: no one event loop
             before = CpuSample.of(ferry.pid or 0, tree)
             results["ferry"] = measure(ferry.url, *load)
             cpu = CpuPerRequest.between(
@@ -224,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["triton"] = measure(triton_url, *load)
     print(
         f"tabular: breast-cancer gradient boosting, 1 row/request, {args.clients} clients, "
-        f"ferry with {args.api_servers} API process(es), {args.replicas} replica(s), "
-        f"load from {args.loadgen}"
+        f"load from {args.loadgen}\nferry: {layout}"
     )
     for name, result in results.items():
         print(line(name, result))

@@ -6,11 +6,12 @@ Two layouts spread Ferry's front end over cores (issue 43), and each suits one k
   not the event loop's, and one device is shared by every API process;
 - **small CPU models** (tabular, small CNNs, encoders) get `replicas`: whole servers on one port,
   each with its own copy, so no request crosses a process.
-Everything else, and every host with fewer than MIN_CORES cores, is served by one process. On two
-cores a second replica pays only where the event loop, not the model, is the limit: with the load
-from wrk (bench/wrk_load.py), replicas 2 gave 2.06x of one on the tabular model but 0.82x (short)
-and 0.56x (mixed) on all-MiniLM, whose ONNX Runtime threads already use both cores; model size
-cannot tell the two apart, so a small host keeps one process and `replicas` is the user's call.
+Everything else is served by one process. On a host with fewer than MIN_CORES cores a second
+replica pays only where the event loop, not the model, is the limit: with the load from wrk
+(bench/wrk_load.py), replicas 2 gave 2.06x of one on the tabular model but 0.82x (short) and
+0.56x (mixed) on all-MiniLM, whose ONNX Runtime threads already use both cores. Model size cannot
+tell the two apart, the graph's ops can: there, only light graphs (light_graphs.py: trees, linear
+models, elementwise ops; no matrix product or convolution) get a replica per core.
 
 Setting `api_servers` or `replicas` (file, environment or flag) chooses the layout instead;
 the start-up log says which was taken and why.
@@ -22,7 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferry.server.settings import Settings
+from ferry.server.light_graphs import light_graph
+from ferry.server.settings import ModelSettings, Settings
 
 # Fewer cores than this: one process (see the module docstring).
 MIN_CORES = 4
@@ -55,10 +57,11 @@ def choose_layout(settings: Settings, host: Host) -> Layout:
     if configured:
         names = " and ".join(sorted(configured))
         return Layout(settings.api_servers, settings.replicas, f"{names} set in the configuration")
-    single = _one_process_reason(settings, host)
+    single = _one_process_reason(settings)
     if single:
         return Layout(1, 1, single)
-    if _on_gpu(settings, host):
+    small = host.cores < MIN_CORES
+    if _on_gpu(settings, host) and not small:
         count = min(MAX_PROCESSES, max(2, host.cores // 4))
         return Layout(
             count,
@@ -71,12 +74,25 @@ def choose_layout(settings: Settings, host: Host) -> Layout:
         why = "LLMs" if settings.llm_models else f"{held / 2**20:.0f} MiB of models"
         why += " on the CPU, held once (set api_servers to spread the front end)"
         return Layout(1, 1, why)
-    count = min(MAX_PROCESSES, host.cores // 2)
+    if not small:
+        count = min(MAX_PROCESSES, host.cores // 2)
+        return Layout(
+            1,
+            count,
+            f"CPU models of {held / 2**20:.0f} MiB and {host.cores} cores: {count} whole servers "
+            "on one port, half the cores left to the backends' threads (set replicas to choose)",
+        )
+    if host.cores > 1 and settings.models and all(map(_light, settings.models)):
+        count = min(MAX_PROCESSES, host.cores)
+        return Layout(
+            1,
+            count,
+            f"light CPU graphs (trees, linear models: no matrix products) and {host.cores} cores: "
+            f"{count} whole servers on one port, one a core, as the event loop is the limit "
+            "(set replicas to choose)",
+        )
     return Layout(
-        1,
-        count,
-        f"CPU models of {held / 2**20:.0f} MiB and {host.cores} cores: {count} whole servers on "
-        "one port, half the cores left to the backends' threads (set replicas to choose)",
+        1, 1, f"{host.cores} cores: one process (a second would compete for the same cores)"
     )
 
 
@@ -88,9 +104,7 @@ def apply_layout(settings: Settings, layout: Layout) -> Settings:
     return settings.model_copy(update=counts)
 
 
-def _one_process_reason(settings: Settings, host: Host) -> str | None:
-    if host.cores < MIN_CORES:
-        return f"{host.cores} cores: one process (a second would compete for the same cores)"
+def _one_process_reason(settings: Settings) -> str | None:
     if any(m.sequence_batching is not None for m in settings.models):
         return "a model with sequence_batching: its sequences live in one process"
     if settings.model_control_mode == "explicit":
@@ -104,6 +118,10 @@ def _on_gpu(settings: Settings, host: Host) -> bool:
         if device == "cuda" or (device == "auto" and host.gpu):
             return True
     return any(m.options.engine == "vllm" for m in settings.llm_models)
+
+
+def _light(model: ModelSettings) -> bool:
+    return model.backend.kind == "onnxruntime" and light_graph(model.path)
 
 
 def _bytes(path: Path) -> int:

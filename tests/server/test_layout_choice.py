@@ -2,7 +2,10 @@
 
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from ferry.server.layout_choice import (
     MIN_CORES,
@@ -12,6 +15,7 @@ from ferry.server.layout_choice import (
     choose_layout,
 )
 from ferry.server.settings import load_settings
+from tests.support import plain_graphs
 
 pytestmark = pytest.mark.unit
 
@@ -106,3 +110,36 @@ def test_the_chosen_layout_is_one_the_settings_accept(small_model, host):
     applied = apply_layout(configured, chosen)
     assert (applied.api_servers, applied.replicas) == counts(chosen)
     settings([small_model], api_servers=chosen.api_servers, replicas=chosen.replicas)
+
+
+SMALL_HOST = Host(cores=2, gpu=False)
+
+
+def graph_model(name: str, path: Path, **table) -> dict:
+    return {"name": name, "path": str(path), **table}
+
+
+def test_light_graphs_get_a_replica_per_core_on_a_small_host(tmp_path):
+    """Trees and linear models leave the second core idle: the event loop is the limit."""
+    trees = plain_graphs.breast_cancer(tmp_path / "gb.onnx", "gradient_boosting")
+    models = [graph_model("gb", trees), graph_model("iris", plain_graphs.iris_graph())]
+    chosen = choose_layout(settings(models), SMALL_HOST)
+    assert counts(chosen) == (1, 2)
+    assert "light CPU graphs" in chosen.why
+    assert counts(choose_layout(settings(models), Host(cores=1, gpu=False))) == (1, 1)
+
+
+def test_a_graph_with_a_matrix_product_keeps_a_small_host_to_one_process(tmp_path):
+    trees = plain_graphs.breast_cancer(tmp_path / "gb.onnx", "gradient_boosting")
+    product = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "product",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")],
+    )
+    onnx.save(helper.make_model(product), tmp_path / "product.onnx")
+    models = [graph_model("gb", trees), graph_model("product", tmp_path / "product.onnx")]
+    chosen = choose_layout(settings(models), SMALL_HOST)
+    assert counts(chosen) == (1, 1)
+    assert "2 cores: one process" in chosen.why
