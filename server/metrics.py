@@ -243,6 +243,14 @@ class FerryMetrics:
             ("generation",),
             buckets=GC_PAUSE_BUCKETS_S,
         )
+        # Per process (server/loop_lag.py); with API processes or replicas, summed over them.
+        self.event_loop_lag = new.histogram(
+            "ferry_event_loop_lag_seconds",
+            "How late the event loop of a serving process ran a timer that was due: what a "
+            "request or probe arriving then waited before the loop got to it.",
+            (),
+            buckets=GC_PAUSE_BUCKETS_S,
+        )
         self.gc_frozen_objects = Gauge(
             "ferry_gc_frozen_objects",
             "Objects built at start-up and frozen out of the garbage collector's walks; with "

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
 from ferry.server.gc_pauses import GcPauseWatch, keep_gc_off_serving_path
+from ferry.server.loop_lag import LoopLagWatch
 from ferry.server.services import app_services
 from ferry.server.settings import Settings
 
@@ -32,13 +33,19 @@ class DrainingServer(uvicorn.Server):
         self._drain_timeout_s = drain_timeout_s
         self._drain_task: asyncio.Future[None] | None = None
         self._gc_watch: GcPauseWatch | None = None
+        self._lag_watch: LoopLagWatch | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)  # the lifespan first: models started and warm
         if self.started:
-            self._gc_watch = keep_gc_off_serving_path(app_services(self._app).metrics)
+            metrics = app_services(self._app).metrics
+            self._gc_watch = keep_gc_off_serving_path(metrics)
+            self._lag_watch = LoopLagWatch(metrics.event_loop_lag)
+            self._lag_watch.start()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._lag_watch is not None:
+            await self._lag_watch.stop()
         await super().shutdown(sockets)
         if self._gc_watch is not None:  # before the loop closes: collections after it are not timed
             self._gc_watch.remove()

@@ -45,6 +45,7 @@ BACKEND_DURATION = ferry_metric("backend_duration")
 BACKEND_FAILURES = ferry_metric("backend_failures")
 GC_PAUSE = ferry_metric("gc_pause")
 GC_FROZEN = ferry_metric("gc_frozen_objects")
+LOOP_LAG = ferry_metric("event_loop_lag")
 # The LLM path (server/openai/observer.py observes these).
 TTFT = ferry_metric("llm_ttft")
 ITL = ferry_metric("llm_itl")

@@ -11,6 +11,7 @@ from dashboard_kit import (
     GC_FROZEN,
     GC_PAUSE,
     IN_FLIGHT,
+    LOOP_LAG,
     MODEL_READY,
     PADDING_RATIO,
     QUEUE_CAPACITY,
@@ -185,6 +186,13 @@ OVERVIEW = (
         description="Each collection stops the event loop and the threads that start batches. "
         "The start-up heap is frozen once the models are up, so generation 2 stays short "
         "(server/gc_pauses.py).",
+    ),
+    Panel(
+        "Event-loop lag",
+        quantiles(LOOP_LAG, ""),
+        unit="s",
+        description="How late the serving processes' event loops ran a timer that was due: what "
+        "a request or probe arriving then waited before its loop got to it (server/loop_lag.py).",
     ),
     Panel(
         "Frozen start-up objects",

@@ -1,0 +1,44 @@
+"""How late the event loop runs what is due: `ferry_event_loop_lag_seconds`.
+
+Everything a serving process answers waits for its event loop: a request's bytes are read, a
+batch is formed and an answer written only when the loop gets to them. When it runs one long
+callback (a large body parsed in place, a burst of a batch's answers), or waits for the GIL or
+a core, a probe or a request that arrived meanwhile waits too. A timer is the cheapest witness:
+every LAG_EVERY_S a task asks to wake and records how late it woke, as Node.js's
+`eventLoopLag` and prom-client's `nodejs_eventloop_lag_seconds` do. On a quiet server the lag
+is tens of microseconds; bench.images with JPEGs decoded by Ferry on 2 cores measured a p99 of
+6.6-8.6 ms, and its slowest wakes were the loop's own work (its thread's CPU time over the wait
+as long as the wait), not the scheduler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from prometheus_client import Histogram
+
+LAG_EVERY_S = 0.05  # 20 wakes a second: ~0.1 % of a core, and a stall of 50 ms is never missed
+
+
+class LoopLagWatch:
+    def __init__(self, lag: Histogram) -> None:
+        self._lag = lag
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _watch(self) -> None:
+        while True:
+            due = time.perf_counter() + LAG_EVERY_S
+            await asyncio.sleep(LAG_EVERY_S)
+            self._lag.observe(max(0.0, time.perf_counter() - due))
