@@ -7,7 +7,9 @@
 - JPEGs of mixed sizes (scikit-learn's sample photos cropped from 97 x 97 to 427 x 640) sent as
   BYTES (base64) and decoded by Ferry in its worker processes, while a thread polls /health/live
   every 10 ms: its slowest answers tell whether the event loop stalled. The same poll on the
-  idle server, and under the FP32 load (no decoding), tells the machine's own share;
+  idle server, and under the FP32 load (no decoding), tells the machine's own share; Ferry's own
+  `ferry_event_loop_lag_seconds` over each load (wakes later than 5, 10 and 20 ms) tells how much
+  of a slow answer was its loop's;
 - without HTTP: the gaps between 1 ms ticks of an event loop while Ferry's image decoder
   decodes those JPEGs 64 at a time in its workers, and while the loop decodes them itself.
 
@@ -32,6 +34,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from ferry.bench.loadgen import LoadResult
+from ferry.bench.loop_lag_scrape import describe_lag, lag_buckets
 from ferry.bench.multiload import load_pool, run_load_processes
 from ferry.bench.processes import running
 from ferry.bench.tabular import ferry_process, line, ratios, unbatched_process
@@ -214,10 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         with running(ferry_process(model, work, MODEL)) as ferry:
             with LivePoll(ferry.url) as idle:
                 time.sleep(2)
+            lags = [lag_buckets(ferry.url)]
             with LivePoll(ferry.url) as tensor_load:
                 results["ferry"] = measure(pool, ferry.url, tensors, args.clients, args.duration)
+            lags.append(lag_buckets(ferry.url))
             with LivePoll(ferry.url) as decoding:
                 results["ferry jpeg"] = measure(pool, ferry.url, jpegs, args.clients, args.duration)
+            lags.append(lag_buckets(ferry.url))
         with running(unbatched_process(model, work, MODEL)) as peer:
             results["unbatched"] = measure(pool, peer.url, tensors, args.clients, args.duration)
         raw = [base64.b64decode(b["inputs"][0]["data"][0]) for b in jpegs] * 10
@@ -230,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"/health/live, idle: {idle.describe()}")
     print(f"/health/live, FP32 tensors: {tensor_load.describe()}")
     print(f"/health/live, decoding JPEGs: {decoding.describe()}")
+    print(f"Ferry's event-loop lag, FP32 tensors: {describe_lag(lags[0], lags[1])}")
+    print(f"Ferry's event-loop lag, decoding JPEGs: {describe_lag(lags[1], lags[2])}")
     print(f"in-process loop gaps, {len(raw)} JPEGs decoded in the pool: {describe_gaps(pooled)}")
     print(f"in-process loop gaps, the same decoded on the loop: {describe_gaps(inline)}")
     return 0
