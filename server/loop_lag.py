@@ -6,9 +6,9 @@ callback (a large body parsed in place, a burst of a batch's answers), or waits 
 a core, a probe or a request that arrived meanwhile waits too. A timer is the cheapest witness:
 every LAG_EVERY_S a task asks to wake and records how late it woke, as Node.js's
 `eventLoopLag` and prom-client's `nodejs_eventloop_lag_seconds` do. On a quiet server the lag
-is tens of microseconds; bench.images with JPEGs decoded by Ferry on 2 cores measured a p99 of
-6.6-8.6 ms, and its slowest wakes were the loop's own work (its thread's CPU time over the wait
-as long as the wait), not the scheduler's.
+is tens of microseconds. Under bench.images with JPEGs decoded by Ferry on 2 cores, 6-10 % of
+the wakes came over 5 ms late; with a 2 ms wake and its thread's CPU time over each late wait,
+the slowest (12-77 ms) were the loop's own work, not the scheduler's.
 """
 
 from __future__ import annotations
