@@ -11,15 +11,15 @@ LAG = "ferry_event_loop_lag_seconds"
 
 
 def lag_buckets(url: str) -> dict[float, float]:
-    """Cumulative wakes per upper bound (seconds), as scraped now."""
+    """Cumulative wakes per upper bound (seconds), as scraped now, over every process."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    return {
-        float(sample.labels["le"]): sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == LAG
-        for sample in family.samples
-        if sample.name == f"{LAG}_bucket"
-    }
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples if family.name == LAG else ():
+            if sample.name == f"{LAG}_bucket":
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+    return buckets
 
 
 def describe_lag(before: dict[float, float], after: dict[float, float]) -> str:

@@ -243,12 +243,14 @@ class FerryMetrics:
             ("generation",),
             buckets=GC_PAUSE_BUCKETS_S,
         )
-        # Per process (server/loop_lag.py); with API processes or replicas, summed over them.
+        # Per process (server/loop_lag.py), by its role: the API processes' or replicas'
+        # summed, the engine process's apart (it forms the batches and feeds the device).
         self.event_loop_lag = new.histogram(
             "ferry_event_loop_lag_seconds",
             "How late the event loop of a serving process ran a timer that was due: what a "
-            "request or probe arriving then waited before the loop got to it.",
-            (),
+            "request, probe or batch arriving then waited before the loop got to it. `process`: "
+            "server (one process), api, replica or engine.",
+            ("process",),
             buckets=GC_PAUSE_BUCKETS_S,
         )
         self.gc_frozen_objects = Gauge(

@@ -189,10 +189,11 @@ OVERVIEW = (
     ),
     Panel(
         "Event-loop lag",
-        quantiles(LOOP_LAG, ""),
+        quantiles(LOOP_LAG, "", by="process"),
         unit="s",
         description="How late the serving processes' event loops ran a timer that was due: what "
-        "a request or probe arriving then waited before its loop got to it (server/loop_lag.py).",
+        "a request, probe or batch arriving then waited before its loop got to it, by process "
+        "(server, api, replica, engine; server/loop_lag.py).",
     ),
     Panel(
         "Frozen start-up objects",

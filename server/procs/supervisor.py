@@ -31,6 +31,7 @@ from ferry.server.procs import run_dir
 from ferry.server.procs.arena import arena_prefix, remove_arenas
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV, forget_process
 from ferry.server.procs.port_role import PortRole
+from ferry.server.procs.process_role import ROLE_ENV
 from ferry.server.procs.replicas import replica_main
 from ferry.server.settings import Settings
 
@@ -38,7 +39,6 @@ logger = logging.getLogger(__name__)
 # A restarted engine that dies before it is ready again waits this long before the next try.
 RESTART_BACKOFF_S = 1.0
 POLL_S = 0.2
-ROLE_ENV = "FERRY_PROCESS"
 
 
 def api_main(
