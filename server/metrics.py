@@ -47,7 +47,8 @@ LATENCY_BUCKETS_S = (
 DEFAULT_PRIORITY_LEVELS = (-10, 0, 10)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-GC_PAUSE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+# Stops of a process's event loop (collections, its lag): 0.5 ms to 0.5 s.
+PAUSE_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
@@ -241,7 +242,7 @@ class FerryMetrics:
             "Python garbage collections of the serving processes, by generation: each stops "
             "the event loop and the threads that start batches.",
             ("generation",),
-            buckets=GC_PAUSE_BUCKETS_S,
+            buckets=PAUSE_BUCKETS_S,
         )
         # Per process (server/loop_lag.py), by its role: the API processes' or replicas'
         # summed, the engine process's apart (it forms the batches and feeds the device).
@@ -251,7 +252,7 @@ class FerryMetrics:
             "request, probe or batch arriving then waited before the loop got to it. `process`: "
             "server (one process), api, replica or engine.",
             ("process",),
-            buckets=GC_PAUSE_BUCKETS_S,
+            buckets=PAUSE_BUCKETS_S,
         )
         self.gc_frozen_objects = Gauge(
             "ferry_gc_frozen_objects",

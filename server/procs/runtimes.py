@@ -30,9 +30,8 @@ class EngineConnection:
     supervisor that started both. None in its place: everything runs in this process."""
 
     address: str  # the engine's ZMQ address
-    supervisor_pid: int
+    role: PortRole  # its place on the port (and its supervisor), marked while it is connected
     arena_prefix: str = ""  # its shared memory arena's name, less this process's pid (arena.py)
-    role: PortRole | None = None  # marked serving while connected to a running engine
 
 
 def region_store(shared: bool) -> RegionStore:
@@ -59,7 +58,7 @@ async def build_runtimes(
     from ferry.server.procs.remote import connect
 
     # A killed supervisor: drain and stop, as on SIGTERM.
-    on_parent_exit(engine.supervisor_pid, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    on_parent_exit(engine.role.supervisor_pid, lambda: os.kill(os.getpid(), signal.SIGTERM))
     arena = None
     if engine.arena_prefix:
         arena = Arena.create(
@@ -72,6 +71,6 @@ async def build_runtimes(
         metrics.engine_unanswered,
         arena,
         (metrics.engine_shm_used, metrics.engine_shm_fallbacks),
-        None if engine.role is None else engine.role.mark,
+        engine.role.mark,
     )
     return await connect(settings, client, metrics)

@@ -56,7 +56,7 @@ def api_main(
     from ferry.server.procs.runtimes import EngineConnection
     from ferry.server.serve import serve
 
-    engine = EngineConnection(address, role.supervisor_pid, arena_prefix, role)
+    engine = EngineConnection(address, role, arena_prefix)
     serve(create_app(settings, engine), settings, sockets=[sock])
 
 
