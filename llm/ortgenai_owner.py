@@ -152,6 +152,8 @@ class OwnerLoop:
         self._waiting: list[tuple[int, int, Job]] = []  # heap of (priority, arrival, job)
         self._arrivals = itertools.count()
         self._by_id: dict[str, Job] = {}
+        self._commands: queue.Queue[object] = queue.Queue()  # serve()'s
+        self._stopping = False  # STOP came in mid-turn (_take_arrivals)
 
     def generator_lane(self) -> GeneratorLane:
         """The generator lane, its og.Model loaded on the first call (module docstring)."""
@@ -164,6 +166,7 @@ class OwnerLoop:
         return self._lane
 
     def serve(self, commands: queue.Queue[object]) -> None:
+        self._commands = commands
         # While the batch lane runs, the last turn's deltas go to the event loop as its next
         # forward pass starts (BatchLane's before_forward), not before the commands and the
         # next step's inputs: the loop's wake-up takes the GIL for every stream's SSE work, and
@@ -172,7 +175,7 @@ class OwnerLoop:
             idle = not self._waiting and not self._running()
             if idle or not self.batch.jobs:  # before any blocking wait, or no forward to come
                 self._flush()
-            if not self._drain(commands, block=idle):
+            if self._stopping or not self._drain(commands, block=idle):
                 return
             self._admit()
             if self._running():
@@ -240,7 +243,17 @@ class OwnerLoop:
             self._advance(job, token, finish)
             if first:  # a first token goes out now, not after the rest of the turn's prefills
                 self._flush()
+                self._take_arrivals()
         self._publish_counts()
+
+    def _take_arrivals(self) -> None:
+        """Requests that arrived during this turn join it: a burst's prompts go in one after
+        another, not after the decode step of the first ones admitted (8 cached prompts sent
+        together: the first tokens of 7 waited for a decode step and the owner's next turn)."""
+        if self._drain(self._commands, block=False):
+            self._admit()
+        else:
+            self._stopping = True
 
     def _steps(self) -> Any:
         if self.batch.jobs:

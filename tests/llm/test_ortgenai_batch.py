@@ -65,7 +65,9 @@ def test_a_finished_row_is_refilled_and_the_others_decode_on_unchanged(kv_model,
     assert len(out["a"]) == 2 and len(out["b"]) == len(out["c"]) == 8
     assert out["b"] == alone(kv_model, prompts[1], 8)
     assert out["c"] == alone(kv_model, prompts[2], 8)
-    assert lane._block is None  # idle: the decode block is given back
+    assert lane._block is not None  # idle: the decode block is kept for the next requests
+    lane.release()
+    assert lane._block is None
 
 
 def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, prompts):
