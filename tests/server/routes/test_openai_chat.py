@@ -232,9 +232,12 @@ def test_disconnect_before_a_full_answer_stops_generation(server):
         "temperature": 0,
     }
     # The client leaves long before the answer: the 2-layer model writes its 1900 tokens in
-    # about 0.4 s on 2 cores (onnxruntime 1.32), so it gives up after 50 ms.
+    # about 0.4 s on 2 cores (onnxruntime 1.32), so it gives up after 50 ms of waiting for it
+    # (only the read is bounded: a connect or write slowed by a busy box must not end it first).
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=0.05)
+        httpx.post(
+            f"{server.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=0.05)
+        )
     deadline = time.monotonic() + 30
     while aborted() == before:
         assert time.monotonic() < deadline, "the disconnected generation was never aborted"
