@@ -140,6 +140,8 @@ class GeneratorLane:
             # steps, or its deltas, aborts and HTTP wait for a whole turn of every request.
             time.sleep(0)
             generator = job.generator
+            if generator is None:  # aborted during this turn (the owner reads its commands
+                continue  # at each first token)
             top = job.add.sampling.logprobs
             try:
                 if job.pending:

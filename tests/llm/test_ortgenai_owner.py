@@ -17,8 +17,15 @@ from ferry.llm.base import GenerationDelta, SamplingSettings
 from ferry.llm.chat_tokenizer import ChatTokenizer
 from ferry.llm.ortgenai import OrtGenAIEngine
 from ferry.llm.ortgenai_kv import KVModel
-from ferry.llm.ortgenai_owner import STOP, AddRequest, EngineOptions, OwnerLoop
-from tests.llm.llm_paths import ONNX_DIR, REAL_MODEL, WAIT_S
+from ferry.llm.ortgenai_owner import (
+    STOP,
+    AbortRequest,
+    AddRequest,
+    EngineOptions,
+    OwnerCall,
+    OwnerLoop,
+)
+from tests.llm.llm_paths import HF_DIR, ONNX_DIR, REAL_MODEL, WAIT_S, onnx_adapter
 
 pytestmark = pytest.mark.unit
 
@@ -247,6 +254,39 @@ def test_a_request_arriving_during_a_prompt_goes_in_before_the_turns_decode_step
     owner.serve(commands)
     owner.release()
     assert order[:3] == ["a", "b", "a"]  # b's first token before a's second
+
+
+def test_a_request_aborted_during_its_turn_in_the_generator_lane_gets_only_its_abort(
+    reference: dict[str, Any],
+) -> None:
+    """Commands are read at each first token, mid-turn: an adapter request aborted there is
+    skipped by the rest of the turn, not stepped without its generator (a "generation failed"
+    error after its abort)."""
+    import onnxruntime_genai as og
+
+    commands: queue.Queue[object] = queue.Queue()
+    got: dict[str, list[GenerationDelta | Exception]] = {"a": [], "b": []}
+    prompt = reference["cases"][1]["prompt_ids"]
+    greedy = SamplingSettings(max_tokens=3, temperature=0.0)
+
+    def deliver(request_id: str, item: GenerationDelta | Exception) -> None:
+        got[request_id].append(item)
+        if request_id == "a" and len(got["a"]) == 1:
+            commands.put(AbortRequest("b"))  # read before b's step in this turn
+        if len(got["a"]) == 3 and got["b"]:
+            commands.put(STOP)
+
+    kv = KVModel(ONNX_DIR)
+    tokenizer = ChatTokenizer(HF_DIR).tokenizer
+    owner = OwnerLoop(og, "m", kv, tokenizer, EngineOptions(), set(), deliver, _ignore, _ignore)
+    load = OwnerCall(lambda o: o.generator_lane().load("zen#1", onnx_adapter("zen")), _ignore)
+    commands.put(load)
+    for name in ("a", "b"):
+        commands.put(AddRequest(name, prompt, greedy, adapter="zen#1"))
+    owner.serve(commands)
+    owner.release()
+    assert len(got["b"]) == 1, got["b"]
+    assert isinstance(got["b"][0], GenerationDelta) and got["b"][0].finish_reason == "abort"
 
 
 def _ignore(*counts: object) -> None:
