@@ -146,11 +146,8 @@ class MicroBatcher:
         deadline = None if timeout_s is None else now + timeout_s
         costs = [self.admission.request_cost_s(seq.length) for seq in sequences]
         tracer = tracing.current.get()
-        if tracer is None:
+        with contextlib.nullcontext() if tracer is None else tracer.admission():
             self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
-        else:
-            with tracer.admission():
-                self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
         futures = []
         for seq, cost_s in zip(sequences, costs, strict=True):
             request = QueuedRequest(

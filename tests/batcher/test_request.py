@@ -35,3 +35,7 @@ def test_limits_admit_only_what_the_server_validated():
     assert not LIMITS.admits(TokenSequence.from_ids([1, 2], [1]))
     scalar_mask = TokenSequence(np.asarray([1, 2], dtype=np.int64), np.asarray(1, dtype=np.int64))
     assert not LIMITS.admits(scalar_mask)
+    ids = np.asarray([1, 2], dtype=np.int64)
+    segments = np.zeros(2, dtype=np.int64)
+    assert LIMITS.admits(TokenSequence(ids, np.ones(2, dtype=np.int64), segments))
+    assert not LIMITS.admits(TokenSequence(ids, np.ones(2, dtype=np.int64), segments[:1]))
