@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ferry.batcher import BatchLimits, MicroBatcher, PaddedBatch, QueueFull, SequenceLimits
-from ferry.batcher.admission import ADMISSION_SHARE
+from ferry.batcher.admission import ADMISSION_SHARE, request_places
 from ferry.batcher.policy import most_at
 from tests.batcher.manual_clock import ManualClock, settle
 from tests.batcher.test_batcher import seq
@@ -459,3 +459,9 @@ async def test_one_stalled_batch_does_not_refuse_64_clients_whose_queue_drains_i
     await clock.run_until_done(asyncio.gather(*served), step_s=0.01, limit_s=2.0)
     assert clock.now - started < 30.0 * ADMISSION_SHARE
     await batcher.close(0)
+
+
+@pytest.mark.parametrize(("queue_size", "places"), [(64, 32), (3, 1), (1, 1)])
+def test_one_request_may_take_half_the_queue_places_and_always_one(queue_size, places):
+    """Issue 48: the rest of the queue stays for everyone else; a queue of one still serves."""
+    assert request_places(BatchLimits(max_queue_size=queue_size)) == places

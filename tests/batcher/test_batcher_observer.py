@@ -42,7 +42,7 @@ class RecordingObserver:
 
     def batch_formed(self, batch: FormedBatch) -> None:
         self.formed.append(
-            (batch.size, batch.real_tokens, batch.padded_tokens, batch.queue_waits_s)
+            (batch.size, batch.real_tokens, batch.padded_tokens, batch.queue_waits_s, batch.rows)
         )
         self.priorities.append(batch.priority)
 
@@ -83,8 +83,8 @@ async def test_batches_report_shape_waits_duration_and_prediction():
     await clock.advance(0.004)
     futures += batcher.submit([seq(3)])
     await clock.run_until_done(asyncio.gather(*futures))
-    size, real, padded, waits = observer.formed[-1]
-    assert (size, real, padded) == (2, 3, 4)
+    size, real, padded, waits, rows = observer.formed[-1]
+    assert (size, real, padded, rows) == (2, 3, 4, 2)
     assert waits == pytest.approx([0.01, 0.006])
     seconds, failed, predicted = observer.finished[-1]
     assert seconds == pytest.approx(0.004) and failed is False

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from ferry.batcher import BatchLimits, MicroBatcher, SequenceLimits
+from ferry.batcher.packing import TensorPacking
+from ferry.batcher.tensor_padding import TensorBatch, TensorLayout, TensorRows
 from tests.batcher.manual_clock import ManualClock
 from tests.batcher.test_admission import exact_cost_model
 from tests.batcher.test_batcher import RecordingBackend, seq
@@ -278,3 +280,34 @@ async def test_queued_lower_priority_numbers_go_first_and_a_batch_holds_one_prio
     await clock.run_until_done(asyncio.gather(*futures))
     assert backend.batches == [[4, 6], [1, 2, 5], [3, 7]]
     await batcher.close(0)
+
+
+async def test_a_batch_takes_only_tensors_of_the_oldest_request_s_unpadded_shape():
+    """Rows whose unpadded dynamic axes differ (their shape keys) cannot be stacked: a batch
+    holds the oldest request's kind, the others wait for a batch of their own."""
+    layout = TensorLayout(inputs={"x": {}})
+
+    def rows(width: int) -> TensorRows:
+        return TensorRows({"x": np.ones((1, width), np.float32)}, 1, {}, (("x.1", width),))
+
+    batches: list[list[int]] = []
+
+    async def infer(batch: TensorBatch) -> dict[str, np.ndarray]:
+        batches.append([int(w) for w in batch.inputs["x"].sum(axis=1)])
+        return {"y": batch.inputs["x"].sum(axis=1, keepdims=True)}
+
+    clock = ManualClock()
+    batcher = MicroBatcher(
+        "m",
+        infer,
+        BatchLimits(max_queue_delay_s=0.01, dispatch_when_idle=False),
+        None,
+        packing=TensorPacking(layout),
+        clock=clock,
+    )
+    batcher.start()
+    futures = [f for width in (2, 3, 2) for f in batcher.submit([rows(width)])]
+    answers = await clock.run_until_done(asyncio.gather(*futures))
+    await batcher.close(1)
+    assert batches == [[2, 2], [3]]
+    assert [a["y"].tolist() for a in answers] == [[[2.0]], [[3.0]], [[2.0]]]

@@ -77,6 +77,10 @@ def test_segment_ids_pad_with_zeros_and_stay_none_when_nobody_sent_any():
     assert batch.token_type_ids is not None
     assert batch.token_type_ids.tolist() == [[0, 0, 0], [0, 1, 1]]
     assert pad_batch([pair]).token_type_ids.tolist() == [[0, 1, 1]]
+    # A lone member's segment ids of a narrower type (a KServe INT32 tensor) come out int64.
+    narrow = TokenSequence(np.array([5, 6]), np.ones(2, np.int64), np.array([0, 1], np.int32))
+    lone = pad_batch([narrow]).token_type_ids
+    assert lone is not None and lone.dtype == np.int64
     assert (
         pad_batch([TokenSequence.from_ids([8]), TokenSequence.from_ids([9])]).token_type_ids is None
     )
