@@ -152,8 +152,6 @@ class OwnerLoop:
         self._waiting: list[tuple[int, int, Job]] = []  # heap of (priority, arrival, job)
         self._arrivals = itertools.count()
         self._by_id: dict[str, Job] = {}
-        self._commands: queue.Queue[object] = queue.Queue()  # serve()'s
-        self._stopping = False  # STOP came in mid-turn (_take_arrivals)
 
     def generator_lane(self) -> GeneratorLane:
         """The generator lane, its og.Model loaded on the first call (module docstring)."""
@@ -166,7 +164,6 @@ class OwnerLoop:
         return self._lane
 
     def serve(self, commands: queue.Queue[object]) -> None:
-        self._commands = commands
         # While the batch lane runs, the last turn's deltas go to the event loop as its next
         # forward pass starts (BatchLane's before_forward), not before the commands and the
         # next step's inputs: the loop's wake-up takes the GIL for every stream's SSE work, and
@@ -175,11 +172,11 @@ class OwnerLoop:
             idle = not self._waiting and not self._running()
             if idle or not self.batch.jobs:  # before any blocking wait, or no forward to come
                 self._flush()
-            if self._stopping or not self._drain(commands, block=idle):
+            if not self._drain(commands, block=idle):
                 return
             self._admit()
-            if self._running():
-                self._step_lanes()
+            if self._running() and not self._step_lanes(commands):
+                return
 
     def _running(self) -> int:
         lane = self._lane
@@ -233,7 +230,9 @@ class OwnerLoop:
         else:
             call.done(None)
 
-    def _step_lanes(self) -> None:
+    def _step_lanes(self, commands: queue.Queue[object]) -> bool:
+        """One turn of every lane; False once told to stop meanwhile (the turn still ends)."""
+        serving = True
         for job, token, finish, error in self._steps():
             if error is not None:
                 guidance = job.add.sampling.guidance
@@ -243,17 +242,14 @@ class OwnerLoop:
             self._advance(job, token, finish)
             if first:  # a first token goes out now, not after the rest of the turn's prefills
                 self._flush()
-                self._take_arrivals()
+                # Requests that arrived during this turn join it: a burst's prompts go in one
+                # after another, not after the decode step of the first ones admitted (8 cached
+                # prompts sent together: the first tokens of 7 waited for a decode step).
+                serving = serving and self._drain(commands, block=False)
+                if serving:
+                    self._admit()
         self._publish_counts()
-
-    def _take_arrivals(self) -> None:
-        """Requests that arrived during this turn join it: a burst's prompts go in one after
-        another, not after the decode step of the first ones admitted (8 cached prompts sent
-        together: the first tokens of 7 waited for a decode step and the owner's next turn)."""
-        if self._drain(self._commands, block=False):
-            self._admit()
-        else:
-            self._stopping = True
+        return serving
 
     def _steps(self) -> Any:
         if self.batch.jobs:

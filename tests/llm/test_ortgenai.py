@@ -216,7 +216,7 @@ async def test_engine_thread_death_fails_requests_and_readiness(
     engine: OrtGenAIEngine, reference: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Fault injection at the runtime step; everything around it runs for real.
-    def broken_step(self: OwnerLoop) -> None:
+    def broken_step(self: OwnerLoop, commands: object) -> bool:
         raise RuntimeError("simulated runtime crash")
 
     monkeypatch.setattr(OwnerLoop, "_step_lanes", broken_step)

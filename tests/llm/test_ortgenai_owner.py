@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import threading
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -254,6 +255,33 @@ def test_a_request_arriving_during_a_prompt_goes_in_before_the_turns_decode_step
     owner.serve(commands)
     owner.release()
     assert order[:3] == ["a", "b", "a"]  # b's first token before a's second
+
+
+def test_a_stop_read_during_a_turn_ends_the_owner_after_that_turn(
+    kv_model: KVModel, prompts: list[list[int]]
+) -> None:
+    """A STOP read with the arrivals at a first token is not lost: the turn ends, then the
+    owner returns, with the long request far from its end."""
+    commands: queue.Queue[object] = queue.Queue()
+    got: list[GenerationDelta | Exception] = []
+
+    def deliver(request_id: str, item: GenerationDelta | Exception) -> None:
+        got.append(item)
+        if len(got) == 1:
+            commands.put(STOP)  # read at this first token, mid-turn
+
+    tokenizer = ChatTokenizer(REAL_MODEL).tokenizer
+    options = EngineOptions(prefix_cache=False)
+    owner = OwnerLoop(None, "m", kv_model, tokenizer, options, set(), deliver, _ignore, _ignore)
+    commands.put(AddRequest("a", prompts[0], SamplingSettings(max_tokens=200, temperature=0.0)))
+    serving = threading.Thread(target=owner.serve, args=(commands,), daemon=True)
+    serving.start()
+    serving.join(WAIT_S)
+    stopped = not serving.is_alive()
+    if stopped:
+        owner.release()
+    assert stopped, "the owner never saw the STOP it read mid-turn"
+    assert len(got) < 200
 
 
 def test_a_request_aborted_during_its_turn_in_the_generator_lane_gets_only_its_abort(

@@ -281,11 +281,11 @@ async def test_error_after_streaming_began_is_an_sse_error_event(
     stream = await serving.chat_stream(chat_request(reference["cases"][0], max_tokens=200))
     original = OwnerLoop._step_lanes
 
-    def crash_soon(self: OwnerLoop, calls: list[int] = []) -> None:  # noqa: B006
+    def crash_soon(self: OwnerLoop, commands: object, calls: list[int] = []) -> bool:  # noqa: B006
         calls.append(1)
         if len(calls) > 3:
             raise RuntimeError("simulated runtime crash")
-        original(self)
+        return original(self, commands)
 
     monkeypatch.setattr(OwnerLoop, "_step_lanes", crash_soon)  # fault injection after the start
     events = await read_sse(stream)
