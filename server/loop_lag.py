@@ -19,6 +19,9 @@ import time
 
 from prometheus_client import Histogram
 
+from ferry.server.metrics import FerryMetrics
+from ferry.server.procs.process_role import process_role
+
 LAG_EVERY_S = 0.05  # 20 wakes a second: ~0.1 % of a core, and a stall of 50 ms is never missed
 
 
@@ -42,3 +45,10 @@ class LoopLagWatch:
             due = time.perf_counter() + LAG_EVERY_S
             await asyncio.sleep(LAG_EVERY_S)
             self._lag.observe(max(0.0, time.perf_counter() - due))
+
+
+def watch_loop_lag(metrics: FerryMetrics) -> LoopLagWatch:
+    """Time this process's running loop, under its role's label (server, api, replica, engine)."""
+    watch = LoopLagWatch(metrics.event_loop_lag.labels(process_role()))
+    watch.start()
+    return watch

@@ -19,8 +19,7 @@ from fastapi import FastAPI
 
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
 from ferry.server.gc_pauses import GcPauseWatch, keep_gc_off_serving_path
-from ferry.server.loop_lag import LoopLagWatch
-from ferry.server.procs.process_role import process_role
+from ferry.server.loop_lag import LoopLagWatch, watch_loop_lag
 from ferry.server.services import app_services
 from ferry.server.settings import Settings
 
@@ -41,8 +40,7 @@ class DrainingServer(uvicorn.Server):
         if self.started:
             metrics = app_services(self._app).metrics
             self._gc_watch = keep_gc_off_serving_path(metrics)
-            self._lag_watch = LoopLagWatch(metrics.event_loop_lag.labels(process_role()))
-            self._lag_watch.start()
+            self._lag_watch = watch_loop_lag(metrics)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         if self._lag_watch is not None:

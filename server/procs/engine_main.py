@@ -29,7 +29,7 @@ from ferry.server.errors import UnknownModel
 from ferry.server.gc_pauses import keep_gc_off_serving_path
 from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.logs import configure_logging
-from ferry.server.loop_lag import LoopLagWatch
+from ferry.server.loop_lag import watch_loop_lag
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_overrides import Entry, entry_from_json, entry_json
 from ferry.server.model_repository import ModelRepository, repository_entries
@@ -40,7 +40,6 @@ from ferry.server.procs.arena import ArenaReader
 from ferry.server.procs.llm_admission import Tickets
 from ferry.server.procs.loop_socket import LoopSocket
 from ferry.server.procs.parent import on_parent_exit
-from ferry.server.procs.process_role import process_role
 from ferry.server.progress import loading_progress
 from ferry.server.registry import ModelRegistry
 from ferry.server.settings import LLMSettings, Settings
@@ -112,8 +111,7 @@ class EngineServer:
         )
         logger.info("engine process %d serving %s", os.getpid(), self._address)
         gc_watch = keep_gc_off_serving_path(self._metrics)
-        lag_watch = LoopLagWatch(self._metrics.event_loop_lag.labels(process_role()))
-        lag_watch.start()
+        lag_watch = watch_loop_lag(self._metrics)
         if on_ready is not None:
             on_ready()
         report = asyncio.create_task(self._report())
