@@ -35,17 +35,23 @@ from ferry.bench.inputs import token_sequences
 from ferry.bench.process_cpu import process_cpu_s, thread_cpu_s
 from ferry.bench.server_process import default_model_config, ferry_server
 from ferry.bench.wrk_load import closed_loop
+from ferry.server.procs.process_role import ROLE_ENV
 
-ROLE_ENV = b"FERRY_PROCESS="
+ROLE_ENTRY = f"{ROLE_ENV}=".encode()
 
 
 def process_roles(pid: int) -> dict[int, str]:
-    """A server's child processes by FERRY_PROCESS (`engine`, `api`), from /proc."""
+    """A server's living child processes by FERRY_PROCESS (`engine`, `api`, `replica`), from
+    /proc."""
     found = {}
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        for entry in Path(f"/proc/{child}/environ").read_bytes().split(b"\0"):
-            if entry.startswith(ROLE_ENV):
-                found[int(child)] = entry[len(ROLE_ENV) :].decode()
+        try:
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        except (ProcessLookupError, FileNotFoundError):  # died (a zombie until it is reaped)
+            continue
+        for entry in environ:
+            if entry.startswith(ROLE_ENTRY):
+                found[int(child)] = entry[len(ROLE_ENTRY) :].decode()
     return found
 
 

@@ -9,27 +9,14 @@ from pathlib import Path
 
 import httpx
 
+from ferry.bench.api_servers import process_roles
 from tests.support import waiting
 
 READY_TIMEOUT_S = 90.0
 
 
-def roles(pid: int) -> dict[int, str]:
-    """The server's living children by FERRY_PROCESS (engine / api / replica)."""
-    found = {}
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except (ProcessLookupError, FileNotFoundError):  # died (a zombie until it is reaped)
-            continue
-        for entry in environ:
-            if entry.startswith(b"FERRY_PROCESS="):
-                found[int(child)] = entry.split(b"=", 1)[1].decode()
-    return found
-
-
 def pids(server, role: str) -> list[int]:
-    return sorted(p for p, r in roles(server.pid).items() if r == role)
+    return sorted(p for p, r in process_roles(server.pid).items() if r == role)
 
 
 def wait_until(check, timeout_s: float = READY_TIMEOUT_S, what: str = ""):

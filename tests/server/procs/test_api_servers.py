@@ -23,6 +23,7 @@ import openai
 import pytest
 import tritonclient.http as triton_http
 
+from ferry.bench.api_servers import process_roles
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import (
     DEFAULT_MODEL,
@@ -37,7 +38,7 @@ from ferry.server.procs.arena import ARENA_DIR, arena_prefix
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
-from tests.support.server_processes import gone, pids, readiness, ready, roles, wait_until
+from tests.support.server_processes import gone, pids, readiness, ready, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -511,7 +512,7 @@ def test_a_killed_supervisor_takes_its_processes_with_it_and_the_next_start_clea
     server, server_tmp: Path
 ):
     # Last in this module: it ends the module's server.
-    children = list(roles(server.pid))
+    children = list(process_roles(server.pid))
     assert len(children) == 3
     (left,) = run_dirs(server_tmp)  # the engine socket, metric files, adapter journal
     assert len(arenas(left)) == 2  # one per API process
@@ -546,5 +547,5 @@ def test_api_processes_that_parsed_large_bodies_in_workers_still_exit():
                 timeout=60,
             )
             assert reply.status_code == 200, reply.text
-        children = list(roles(server.pid))
+        children = list(process_roles(server.pid))
     wait_until(lambda: all(gone(pid) for pid in children), what="the API processes to exit")

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ferry.bench.api_servers import process_roles
 from ferry.bench.processes import free_port
 from ferry.bench.server_process import REPO, default_model_config, ferry_server, write_config
 from tests.support.llm_configs import tiny_llm_config
@@ -25,7 +26,6 @@ from tests.support.server_processes import (
     gone,
     pids,
     ready,
-    roles,
     wait_until,
 )
 
@@ -83,7 +83,7 @@ def test_each_replica_answers_on_the_one_port_with_no_engine_process(server):
     answered = asyncio.run(scenario())
     assert len(answered) == 2 and all(statuses == [200] for statuses in answered.values())
     # Whole servers: no engine process to hop to, every child a replica.
-    assert sorted(roles(server.pid).values()) == ["replica", "replica"]
+    assert sorted(process_roles(server.pid).values()) == ["replica", "replica"]
 
 
 def test_metrics_sum_the_counters_of_every_replica(server):
