@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from ferry.server.gc_pauses import GcPauseWatch, freeze_startup_heap
 from ferry.server.metrics import FerryMetrics
 from tests.support.metrics import metric_value
-from tests.support.server_processes import pids
+from tests.support.server_processes import pids, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -86,9 +86,15 @@ def test_a_serving_process_froze_its_heap_and_times_its_collections(kserve):
     """The real server: one process, or API processes and an engine process (the fewest
     frozen of any of them; their collections summed)."""
     kserve.metrics()  # a scrape allocates enough for young collections
-    text = kserve.metrics()
-    # A start-up heap is ~100k objects (FastAPI, pydantic, NumPy, ONNX Runtime, the app).
-    assert metric_value(text, "ferry_gc_frozen_objects") > 20_000
+
+    def frozen_everywhere() -> str | None:
+        # A start-up heap is ~100k objects (FastAPI, pydantic, NumPy, ONNX Runtime, the app).
+        # An API process may be marked ready (connected to the engine) a moment before its
+        # server has started and frozen it: the fewest of any process is 0 until then.
+        text = kserve.metrics()
+        return text if metric_value(text, "ferry_gc_frozen_objects") > 20_000 else None
+
+    text = wait_until(frozen_everywhere, what="every process's start-up heap frozen")
     assert metric_value(text, "ferry_gc_pause_seconds_count", generation="0") > 0
     # Its event loops' wakes are timed too (server/loop_lag.py), by the process's role.
     lag = "ferry_event_loop_lag_seconds_count"
