@@ -76,7 +76,9 @@ def test_freezing_takes_what_is_alive_out_of_collections(metrics):
     try:
         frozen = freeze_startup_heap(metrics)
         assert not any(o is alive for o in gc.get_objects())
-        assert frozen == gc.get_freeze_count() > 0
+        # Frozen objects can still die (another thread of this process may drop some), none
+        # can join: the count now is at most the one at freezing.
+        assert 0 < gc.get_freeze_count() <= frozen
         assert metrics.registry.get_sample_value("ferry_gc_frozen_objects") == frozen
     finally:
         gc.unfreeze()  # this test process goes on collecting as before
