@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.source_trees import parsed
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +43,7 @@ def ferry_imports(package: str) -> set[tuple[str, str]]:
 def imported_modules(path: Path) -> list[str]:
     """The absolute module names a file imports."""
     modules = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             modules += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -107,7 +109,7 @@ def module_imports() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for module, path in files.items():
         graph[module] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -145,6 +147,6 @@ def test_no_modules_import_each_other():
 
 
 def test_the_ferry_command_loads_the_benchmarks_only_for_ferry_bench():
-    top_level = ast.parse((REPO / "ferry" / "cli.py").read_text()).body
+    top_level = parsed(REPO / "ferry" / "cli.py").body
     imported = [node.module for node in top_level if isinstance(node, ast.ImportFrom)]
     assert imported and not [name for name in imported if name.startswith("ferry.bench")]

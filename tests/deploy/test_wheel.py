@@ -32,6 +32,7 @@ from ferry.bench.server_process import (
     default_model_config,
     write_config,
 )
+from tests.support.source_trees import parsed
 
 pytestmark = pytest.mark.integration
 
@@ -146,7 +147,7 @@ def test_the_wheel_holds_only_the_ferry_package(built: tuple[Path, str]) -> None
 def imported_modules(source: bytes) -> list[tuple[int, str]]:
     """(line, module) for every absolute import in a Python source."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

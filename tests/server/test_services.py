@@ -13,6 +13,7 @@ from ferry.server.kserve.shared_memory import LocalRegions
 from ferry.server.metrics import FerryMetrics
 from ferry.server.services import NotStarted, app_services, build_services
 from ferry.server.settings import Settings
+from tests.support.source_trees import parsed
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,7 @@ def test_only_the_services_module_touches_the_apps_untyped_state():
     touching = sorted(
         str(path.relative_to(SERVER))
         for path in SERVER.rglob("*.py")
-        if any(_reads_app_state(n) for n in ast.walk(ast.parse(path.read_text())))
+        if any(_reads_app_state(n) for n in ast.walk(parsed(path)))
     )
     assert touching == ["services.py"]
 
