@@ -19,8 +19,11 @@ means `cache_prompt: false` on every llama request and `prefix_cache = false` in
 
 Prints per model tokens/s and the median time to first token per cell with Ferry / llama ratios,
 Ferry against its own bare decode step at a batch of the stream count (bench.llm_int4's step on
-the model Ferry serves, measured in this run before the servers start: the most a served
-stream could decode), and whether each server's greedy text is identical at every stream count.
+the model Ferry serves, in this process, the servers idle: the most a served stream could
+decode; measured right before and right after each Ferry cell and averaged, since this shared
+box's speed drifts within a run: measured once at the start, the bare step at batch 1 read 71
+tok/s where Ferry then served 85), and whether each server's greedy text is identical at every
+stream count.
 `--ferry-only`: Ferry and its bare step alone, where llama-server is not built. `--py-spy DIR`:
 each Ferry cell recorded with py-spy, and its owner thread's time by what it was doing
 (bench/owner_profile.py: the forward passes, and what sits between decode steps). Not part of
@@ -75,6 +78,7 @@ class Cell:
     seconds: float = 0.0
     ttft_s: list[float] = field(default_factory=list)
     texts: dict[int, str] = field(default_factory=dict)  # prompt index -> greedy text
+    bare_tok_s: float = 0.0  # Ferry's cells: its bare decode step around the cell
 
     @property
     def tok_s(self) -> float:
@@ -215,21 +219,20 @@ def ferry_config(
     }
 
 
-def bare_steps(model: PeerModel, streams: list[int], steps: int, spin_us: int) -> dict[int, float]:
-    """Tokens/s of the bare decode step of the model Ferry serves, at a batch of each stream
-    count: its own session (llm/ortgenai_kv.KVModel, one thread per core, spinning as Ferry's
-    does), no server."""
-    kv = KVModel(model.ferry_dir, 0, spin_us=spin_us)
-    decode_tok_s(kv, max(streams), 40, 4)  # first-run allocations and prepacking
-    return {
-        batch: statistics.median(decode_tok_s(kv, batch, 40, steps)[0] for _ in range(3))
-        for batch in streams
-    }
+class BareStep:
+    """The bare decode step of the model Ferry serves: its own session (llm/ortgenai_kv.KVModel,
+    one thread per core, spinning as Ferry's does), no server."""
+
+    def __init__(self, model: PeerModel, steps: int, spin_us: int) -> None:
+        self._kv = KVModel(model.ferry_dir, 0, spin_us=spin_us)
+        self._steps = steps
+        decode_tok_s(self._kv, 8, 40, 4)  # first-run allocations and prepacking
+
+    def tok_s(self, batch: int) -> float:
+        return decode_tok_s(self._kv, batch, 40, self._steps)[0]
 
 
-def report(
-    results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace, bare: dict[int, float]
-) -> None:
+def report(results: dict[tuple[str, bool, int], Cell], args: argparse.Namespace) -> None:
     names = sorted({name for name, _, _ in results}, reverse=True)  # llama, then ferry
     for cache in (False, True):
         print(f"\nprompt cache {'on' if cache else 'off'}:")
@@ -241,8 +244,9 @@ def report(
                 llama, ferry = cells
                 line += f"   ferry/llama tok/s {ferry.tok_s / llama.tok_s:.2f}x"
                 line += f", TTFT {ferry.ttft_ms / max(llama.ttft_ms, 1e-9):.2f}x"
-            ferry_tok_s = results[("ferry", cache, streams)].tok_s
-            line += f"; ferry / bare step {ferry_tok_s / bare[streams]:.2f}x"
+            ferry = results[("ferry", cache, streams)]
+            line += f"; ferry / bare step {ferry.tok_s / ferry.bare_tok_s:.2f}x"
+            line += f" ({ferry.bare_tok_s:.0f} tok/s)"
             print(line)
     print("\ngreedy text identical at every stream count (per prompt):")
     for name in names:
@@ -294,13 +298,13 @@ def main(argv: list[str] | None = None) -> None:
     with_llama = with_llama and not args.ferry_only
     for model in peer_models(MODELS[args.model], args.cache, gguf=with_llama):
         print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
-        bare = bare_steps(model, args.streams, args.max_tokens, args.spin_us)
-        steps = ", ".join(f"batch {b}: {rate:.0f}" for b, rate in bare.items())
-        print(f"  bare decode step, tok/s: {steps}", flush=True)
-        report(run_model(model, args), args, bare)
+        bare = BareStep(model, args.max_tokens, args.spin_us)
+        report(run_model(model, args, bare), args)
 
 
-def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, bool, int], Cell]:
+def run_model(
+    model: PeerModel, args: argparse.Namespace, bare: BareStep
+) -> dict[tuple[str, bool, int], Cell]:
     tokenizer = ChatTokenizer(model.ferry_dir)
     prompts = [tokenizer.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
     results: dict[tuple[str, bool, int], Cell] = {}
@@ -311,7 +315,7 @@ def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, boo
                 served = FerryServer("ferry", ferry.url, "/v1/completions", model.name)
                 served.pid = ferry.process.pid
                 if model.gguf is None:  # --ferry-only
-                    _cells([served], prompts, cache, args, results)
+                    _cells([served], prompts, cache, args, results, bare)
                     continue
                 log = Path(tmp) / f"llama-{cache}.log"
                 with running(llama_process(model.gguf, log, args.llama_threads)) as llama:
@@ -320,17 +324,18 @@ def run_model(model: PeerModel, args: argparse.Namespace) -> dict[tuple[str, boo
                         for line in repacked or ["no repack in its load log: generic kernels"]:
                             print(f"  llama-server: {line}")
                     peers = [LlamaServer("llama", llama.url, "/completion"), served]
-                    _cells(peers, prompts, cache, args, results)
+                    _cells(peers, prompts, cache, args, results, bare)
     return results
 
 
-def _cells(peers: list[Server], prompts, cache: bool, args, results) -> None:
+def _cells(peers: list[Server], prompts, cache: bool, args, results, bare: BareStep) -> None:
     for peer in peers:  # warm-up: first-call allocations, and (cache on) the prompts seen once
         asyncio.run(run_cell(peer, prompts, 8, 4, cache, not args.eos))
     for streams in args.streams:
         for peer in peers:  # in turns, on the same prompts
             label = f"{peer.name} cache={'on' if cache else 'off'} streams={streams}"
             pid = getattr(peer, "pid", None)
+            before = bare.tok_s(streams) if isinstance(peer, FerryServer) else 0.0
             if args.py_spy is None or pid is None:
                 cell = measure(peer, prompts, streams, args, cache)
             else:
@@ -339,7 +344,12 @@ def _cells(peers: list[Server], prompts, cache: bool, args, results) -> None:
                 with OwnerProfile(pid, path):
                     cell = measure(peer, prompts, streams, args, cache)
             results[(peer.name, cache, streams)] = cell
-            print(f"  {label}: {cell.tok_s:.1f} tok/s, TTFT {cell.ttft_ms:.0f} ms", flush=True)
+            line = f"  {label}: {cell.tok_s:.1f} tok/s, TTFT {cell.ttft_ms:.0f} ms"
+            if isinstance(peer, FerryServer):
+                after = bare.tok_s(streams)
+                cell.bare_tok_s = (before + after) / 2
+                line += f"; bare step before / after: {before:.0f} / {after:.0f} tok/s"
+            print(line, flush=True)
             if args.py_spy is not None and pid is not None:
                 print(f"    owner thread (py-spy): {describe(breakdown(path))}", flush=True)
 
