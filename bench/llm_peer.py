@@ -223,10 +223,10 @@ class BareStep:
     """The bare decode step of the model Ferry serves: its own session (llm/ortgenai_kv.KVModel,
     one thread per core, spinning as Ferry's does), no server."""
 
-    def __init__(self, model: PeerModel, steps: int, spin_us: int) -> None:
+    def __init__(self, model: PeerModel, steps: int, spin_us: int, rows: int) -> None:
         self._kv = KVModel(model.ferry_dir, 0, spin_us=spin_us)
         self._steps = steps
-        decode_tok_s(self._kv, 8, 40, 4)  # first-run allocations and prepacking
+        decode_tok_s(self._kv, rows, 40, 4)  # first-run allocations and prepacking
 
     def tok_s(self, batch: int) -> float:
         return decode_tok_s(self._kv, batch, 40, self._steps)[0]
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     with_llama = with_llama and not args.ferry_only
     for model in peer_models(MODELS[args.model], args.cache, gguf=with_llama):
         print(f"\n== {model.name}: Ferry {model.ferry_dir}, llama {model.gguf}", flush=True)
-        bare = BareStep(model, args.max_tokens, args.spin_us)
+        bare = BareStep(model, args.max_tokens, args.spin_us, max(args.streams))
         report(run_model(model, args, bare), args)
 
 
@@ -335,7 +335,8 @@ def _cells(peers: list[Server], prompts, cache: bool, args, results, bare: BareS
         for peer in peers:  # in turns, on the same prompts
             label = f"{peer.name} cache={'on' if cache else 'off'} streams={streams}"
             pid = getattr(peer, "pid", None)
-            before = bare.tok_s(streams) if isinstance(peer, FerryServer) else 0.0
+            ferry = isinstance(peer, FerryServer)  # measured against its bare step around it
+            before = bare.tok_s(streams) if ferry else 0.0
             if args.py_spy is None or pid is None:
                 cell = measure(peer, prompts, streams, args, cache)
             else:
@@ -345,7 +346,7 @@ def _cells(peers: list[Server], prompts, cache: bool, args, results, bare: BareS
                     cell = measure(peer, prompts, streams, args, cache)
             results[(peer.name, cache, streams)] = cell
             line = f"  {label}: {cell.tok_s:.1f} tok/s, TTFT {cell.ttft_ms:.0f} ms"
-            if isinstance(peer, FerryServer):
+            if ferry:
                 after = bare.tok_s(streams)
                 cell.bare_tok_s = (before + after) / 2
                 line += f"; bare step before / after: {before:.0f} / {after:.0f} tok/s"
