@@ -113,7 +113,10 @@ class KVModel:
         self._logits_dtype = np.float16 if logits.type == "tensor(float16)" else np.float32
         width = logits.shape[-1]
         self._vocab: int = width if isinstance(width, int) else config["vocab_size"]
-        self._decode_binding: tuple[tuple[int, int], ort.IOBinding] | None = None
+        # A cached binding is kept with its block and found by the block itself: keyed by
+        # id(block.keys), a mapped block's arrays could die (the binding holds only the mmap)
+        # and a new block's array take that id, then decode through the stale binding.
+        self._decode_binding: tuple[KVBlock, int, ort.IOBinding] | None = None
         self._piece_binding: tuple[KVBlock, int, ort.IOBinding] | None = None
 
     @property
@@ -201,11 +204,14 @@ class KVModel:
         width = int(lengths.max()) + 1
         assert width <= block.length
         mask = (np.arange(width) <= lengths[:, None]).astype(self._mask_dtype)
-        key = (id(block.keys), rows)
-        if self._decode_binding is None or self._decode_binding[0] != key:
-            self._decode_binding = (key, self._bind(block, slice(0, rows)))
+        kept = self._decode_binding
+        if kept is not None and kept[0] is block and kept[1] == rows:
+            binding = kept[2]
+        else:
+            binding = self._bind(block, slice(0, rows))
+            self._decode_binding = (block, rows, binding)
         ids = np.asarray(tokens, self._ids_dtype).reshape(rows, 1)
-        return self._run(self._decode_binding[1], ids, mask, before_run, 0)[:, -1]
+        return self._run(binding, ids, mask, before_run, 0)[:, -1]
 
     def forget_bindings(self) -> None:
         """Drop the cached bindings (they hold the block they were made for)."""

@@ -4,6 +4,9 @@ on the others; prompts in pieces land in their row."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import onnxruntime_genai as og
 import pytest
@@ -63,6 +66,23 @@ def test_a_prompt_in_pieces_fills_its_row_as_in_one_piece(kv_model, prompts):
     used = len(prompts[0])
     assert np.array_equal(whole.keys[:, 1, :, :used], pieces.keys[:, 1, :, :used])
     assert not pieces.keys[:, 0].any()  # the other row is untouched
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_cached_decode_binding_keeps_its_block_alive(kv_model, prompts, mapped):
+    # The binding points into the block's memory but holds no block: a mapped block's arrays
+    # died under it, and a later block whose array took the same id() decoded through the stale
+    # binding, from another block's keys and values (CI saw garbage from the second token on).
+    block = kv_model.new_block(1, 64, mapped=mapped)
+    token = fill(kv_model, block, 0, prompts[0], 8)
+    kv_model.decode(block, 1, np.array([len(prompts[0])]), np.array([token]))
+    keys = weakref.ref(block.keys)
+    del block
+    gc.collect()
+    assert keys() is not None
+    kv_model.forget_bindings()
+    gc.collect()
+    assert keys() is None
 
 
 def test_copy_row_moves_the_first_tokens_only(kv_model):
