@@ -25,6 +25,8 @@ import numpy as np
 
 # Batch sizes whose shares differ by less than this (relative) are a tie, won by the smaller.
 TIE_TOLERANCE = 1e-9
+# The fastest batches: this quantile of their times against the fit's predictions.
+FASTEST_QUANTILE = 0.05
 TERMS = ("fixed", "per_request", "per_token", "per_token_squared", "batch_tokens_squared")
 
 
@@ -58,6 +60,10 @@ class BatchCostModel:
         self.coefficients = np.zeros(len(TERMS))
         self._coefficient_list = [0.0] * len(TERMS)
         self._fitted = False  # some coefficient above zero
+        # The share of its prediction the fastest batches in the window took (their twentieth:
+        # one timing glitch does not set it): on a shared machine the fit follows the load,
+        # the fastest batches what the model needs when idle.
+        self._fastest_share = 1.0
         self.fits = 0  # how many times the coefficients changed
 
     @property
@@ -85,6 +91,10 @@ class BatchCostModel:
         self.coefficients = coefficients
         self._coefficient_list = coefficients.tolist()
         self._fitted = bool(coefficients.any())
+        predicted = x @ coefficients
+        shares = y[predicted > 0] / predicted[predicted > 0]
+        fastest = np.quantile(shares, FASTEST_QUANTILE) if shares.size else 1.0
+        self._fastest_share = float(np.clip(fastest, 0.0, 1.0))
         self._since_fit = 0
         self.fits += 1
 
@@ -99,6 +109,11 @@ class BatchCostModel:
             + n * (per_request + length * (per_token + length * per_token_squared))
             + batch_tokens_squared * tokens * tokens
         )
+
+    def fastest(self, n: int, length: int) -> float:
+        """`predict` scaled to the fastest batch seen against its prediction: about what the
+        batch takes on an idle machine (the deadline floor's estimate)."""
+        return self.predict(n, length) * self._fastest_share
 
     def best_share(self, length: int, most: int) -> tuple[int, float]:
         """The batch size of at most `most` at which a request of `length` tokens costs least,

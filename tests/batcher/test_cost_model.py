@@ -23,6 +23,18 @@ def test_fits_a_known_cost_surface_from_a_few_shapes():
         assert abs(model.predict(n, length) - true_cost(n, length)) < 1e-4
 
 
+def test_fastest_follows_the_idle_batches_where_predict_follows_the_load():
+    # A shared machine: most batches run at twice their cost, a tenth at their own.
+    model = BatchCostModel(refit_every=1)
+    shapes = [(n, length) for n in (1, 4, 16, 32) for length in (16, 64, 128)]
+    for index in range(200):
+        n, length = shapes[index % len(shapes)]
+        model.observe(n, length, true_cost(n, length) * (1 if index % 10 == 0 else 2))
+    for n, length in [(1, 256), (8, 100)]:
+        assert model.predict(n, length) > 1.5 * true_cost(n, length)
+        assert model.fastest(n, length) == pytest.approx(true_cost(n, length), rel=0.2)
+
+
 def test_coefficients_stay_non_negative_on_noisy_data():
     rng = np.random.default_rng(0)
     model = BatchCostModel(refit_every=1)

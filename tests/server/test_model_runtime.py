@@ -49,7 +49,7 @@ async def test_widths_and_sequence_outputs_are_learned_at_start(runtime):
 
 async def test_a_deadline_under_half_the_idle_time_of_the_longest_row_is_refused(runtime):
     longest = runtime.manifest.max_length
-    one_row_s = runtime.batcher.cost_model.predict(1, longest)
+    one_row_s = runtime.batcher.cost_model.fastest(1, longest)
     runtime.check_deadline(longest, one_row_s * 0.6)  # tight, but possible
     with pytest.raises(InvalidInput) as info:
         runtime.check_deadline(longest, one_row_s * 0.4)
