@@ -88,6 +88,7 @@ def card(page, view: str, model: str):
 
 
 def test_the_page_is_the_servers_own_and_lists_every_model_live(page):
+    page.get_by_role("tab", name="Live").click()  # each test opens the view it reads
     response = page.request.get(page.url)
     assert "default-src 'self'" in response.headers["content-security-policy"]
     for model in (DEFAULT_MODEL, DEFAULT_LLM, IMAGE, TABULAR):
@@ -111,8 +112,10 @@ def test_what_is_served_shows_signatures_limits_and_curl(page):
 
 
 def test_the_batch_chart_moves_under_concurrent_load(page, server):
+    page.reload()  # the charts start anew: what other tests sent is not on them
     page.get_by_role("tab", name="Live").click()
     batch = card(page, "live", DEFAULT_MODEL).locator("canvas[data-chart=batch]")
+    batch.wait_for(timeout=WAIT_MS)
     assert batch.get_attribute("data-max") in (None, "")  # no batch yet, nothing drawn
     stop = threading.Event()
 
@@ -177,6 +180,7 @@ def test_two_sentences_are_compared(page):
 
 
 def test_an_uploaded_image_is_classified(page):
+    page.get_by_role("tab", name="Try a model").click()
     page.select_option("#try-model", IMAGE)
     form = page.locator("#form-image")
     form.locator("[name=image]").set_input_files(
@@ -189,6 +193,7 @@ def test_an_uploaded_image_is_classified(page):
 
 
 def test_a_row_goes_to_a_tabular_model(page):
+    page.get_by_role("tab", name="Try a model").click()
     page.select_option("#try-model", TABULAR)
     form = page.locator("#form-tensor")
     row = form.locator("#tensor-inputs input")
