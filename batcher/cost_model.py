@@ -62,8 +62,9 @@ class BatchCostModel:
         self._fitted = False  # some coefficient above zero
         # The share of its prediction the fastest batches in the window took (their twentieth:
         # one timing glitch does not set it): on a shared machine the fit follows the load,
-        # the fastest batches what the model needs when idle.
-        self._fastest_share = 1.0
+        # the fastest batches what the model needs when idle. Found when first asked after a
+        # fit: only requests with a deadline read it, and refits run on the event loop.
+        self._fastest_share: float | None = None
         self.fits = 0  # how many times the coefficients changed
 
     @property
@@ -91,10 +92,7 @@ class BatchCostModel:
         self.coefficients = coefficients
         self._coefficient_list = coefficients.tolist()
         self._fitted = bool(coefficients.any())
-        predicted = x @ coefficients
-        shares = y[predicted > 0] / predicted[predicted > 0]
-        fastest = np.quantile(shares, FASTEST_QUANTILE) if shares.size else 1.0
-        self._fastest_share = float(np.clip(fastest, 0.0, 1.0))
+        self._fastest_share = None
         self._since_fit = 0
         self.fits += 1
 
@@ -113,6 +111,13 @@ class BatchCostModel:
     def fastest(self, n: int, length: int) -> float:
         """`predict` scaled to the fastest batch seen against its prediction: about what the
         batch takes on an idle machine (the deadline floor's estimate)."""
+        if self._fastest_share is None:
+            count = min(self._observed, len(self._seconds))
+            predicted = self._rows[:count] @ self.coefficients
+            positive = predicted > 0
+            shares = self._seconds[:count][positive] / predicted[positive]
+            fastest = np.quantile(shares, FASTEST_QUANTILE) if shares.size else 1.0
+            self._fastest_share = float(np.clip(fastest, 0.0, 1.0))
         return self.predict(n, length) * self._fastest_share
 
     def best_share(self, length: int, most: int) -> tuple[int, float]:

@@ -62,6 +62,10 @@ class KVBlock:
         return self.keys.nbytes + self.values.nbytes
 
 
+# A binding, the block it points into, and the rows it was made for.
+KeptBinding = tuple[KVBlock, int, ort.IOBinding]
+
+
 class KVModel:
     """An onnxruntime-genai model folder's decoder on an InferenceSession. Not thread-safe:
     one owner thread runs it (the session releases the GIL inside `run`)."""
@@ -116,8 +120,8 @@ class KVModel:
         # A cached binding is kept with its block and found by the block itself: keyed by
         # id(block.keys), a mapped block's arrays could die (the binding holds only the mmap)
         # and a new block's array take that id, then decode through the stale binding.
-        self._decode_binding: tuple[KVBlock, int, ort.IOBinding] | None = None
-        self._piece_binding: tuple[KVBlock, int, ort.IOBinding] | None = None
+        self._decode_binding: KeptBinding | None = None
+        self._piece_binding: KeptBinding | None = None
 
     @property
     def token_bytes(self) -> int:
@@ -180,10 +184,8 @@ class KVModel:
         assert total <= block.length
         mask = np.ones((1, total), self._mask_dtype)
         tokens = np.asarray([ids], self._ids_dtype)
-        kept = self._piece_binding
-        if kept is not None and kept[0] is block and kept[1] == row:
-            binding = kept[2]
-        else:
+        binding = _kept_binding(self._piece_binding, block, row)
+        if binding is None:
             binding = self._bind(block, slice(row, row + 1))
             self._piece_binding = (block, row, binding) if keep else None
         first = max(0, len(ids) - positions)
@@ -204,10 +206,8 @@ class KVModel:
         width = int(lengths.max()) + 1
         assert width <= block.length
         mask = (np.arange(width) <= lengths[:, None]).astype(self._mask_dtype)
-        kept = self._decode_binding
-        if kept is not None and kept[0] is block and kept[1] == rows:
-            binding = kept[2]
-        else:
+        binding = _kept_binding(self._decode_binding, block, rows)
+        if binding is None:
             binding = self._bind(block, slice(0, rows))
             self._decode_binding = (block, rows, binding)
         ids = np.asarray(tokens, self._ids_dtype).reshape(rows, 1)
@@ -255,3 +255,10 @@ class KVModel:
             before_run()
         self._session.run_with_iobinding(binding)
         return logits
+
+
+def _kept_binding(kept: KeptBinding | None, block: KVBlock, rows: int) -> ort.IOBinding | None:
+    """The cached binding if it was made for `block` and `rows` (a row, or a count of rows)."""
+    if kept is not None and kept[0] is block and kept[1] == rows:
+        return kept[2]
+    return None
