@@ -118,7 +118,11 @@ class Dispatch:
 
     async def _run_traced(self, batch: list[QueuedRequest], span: BatchSpan) -> None:
         wanted = _wanted_outputs(batch)
-        padded = self._packing.pack([r.sequence for r in batch], wanted)
+        members = [r.sequence for r in batch]
+        if self._packing.off_loop(members):
+            padded = await asyncio.to_thread(self._packing.pack, members, wanted)
+        else:
+            padded = self._packing.pack(members, wanted)
         span.formed(padded.size, padded.padded_length, padded.real_tokens, padded.padded_tokens)
         if not self._queue and len(self.running) <= 1:  # this batch's own task only
             padded = replace(padded, runs_alone=True)

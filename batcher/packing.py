@@ -13,9 +13,21 @@ import numpy as np
 
 from ferry.batcher.errors import InferenceFailed
 from ferry.batcher.padding import PaddedBatch, pad_batch, unpad_outputs
-from ferry.batcher.tensor_padding import TensorBatch, TensorLayout, pad_tensors, split_outputs
+from ferry.batcher.tensor_padding import (
+    TensorBatch,
+    TensorLayout,
+    TensorRows,
+    pad_tensors,
+    split_outputs,
+)
 
 Rows = list[dict[str, np.ndarray]]
+
+# Members of this many bytes in all are stacked in a worker thread, not on the event loop: numpy
+# copies large arrays with the GIL released. 16 images of [3, 224, 224] FP32 (9.6 MB) take
+# 2-3 ms to stack, the event loop's longest turn under image load (bench.images), which every
+# other request and probe waited for. Below it, the hop to a thread costs more than the copy.
+OFF_LOOP_BYTES = 1 << 20
 
 
 class Packing(Protocol):
@@ -24,6 +36,9 @@ class Packing(Protocol):
 
     def unpack(self, batch: Any, outputs: dict[str, np.ndarray]) -> Rows:
         """The backend's batch outputs as each member's own rows."""
+
+    def off_loop(self, members: Sequence[Any]) -> bool:
+        """Whether packing these members copies enough to leave the event loop for."""
 
 
 class TokenPacking:
@@ -42,6 +57,9 @@ class TokenPacking:
                 )
         return unpad_outputs(outputs, batch.lengths, self._sequence_outputs, batch.outputs)
 
+    def off_loop(self, members: Sequence[Any]) -> bool:
+        return False  # token ids: kilobytes a batch
+
 
 class TensorPacking:
     def __init__(self, layout: TensorLayout) -> None:
@@ -52,3 +70,7 @@ class TensorPacking:
 
     def unpack(self, batch: TensorBatch, outputs: dict[str, np.ndarray]) -> Rows:
         return split_outputs(batch, outputs, self._layout)
+
+    def off_loop(self, members: Sequence[TensorRows]) -> bool:
+        total = sum(t.nbytes for m in members for t in m.tensors.values())
+        return len(members) > 1 and total >= OFF_LOOP_BYTES

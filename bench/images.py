@@ -10,6 +10,8 @@
   idle server, and under the FP32 load (no decoding), tells the machine's own share; Ferry's own
   `ferry_event_loop_lag_seconds` over each load (wakes later than 5, 10 and 20 ms) tells how much
   of a slow answer was its loop's;
+- the machine's floor: the same poll, during the JPEG load, of a bare uvloop server in a process
+  of its own (bench/bare_http.py): what the box's scheduler alone adds under that load;
 - without HTTP: the gaps between 1 ms ticks of an event loop while Ferry's image decoder
   decodes those JPEGs 64 at a time in its workers, and while the loop decodes them itself.
 
@@ -36,7 +38,7 @@ import numpy as np
 from ferry.bench.loadgen import LoadResult
 from ferry.bench.loop_lag_scrape import describe_lag, lag_buckets
 from ferry.bench.multiload import load_pool, run_load_processes
-from ferry.bench.processes import running
+from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.tabular import ferry_process, line, ratios, unbatched_process
 
 MODEL = "resnet18"
@@ -201,6 +203,14 @@ def measure(
     return run_load_processes(pool, 1, url, payloads, clients, duration_s, path)
 
 
+def bare_server(work: Path) -> ManagedProcess:
+    """bench/bare_http.py on a free port: the floor Ferry's probe answers are measured against."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "ferry.bench.bare_http", "--port", str(port)]
+    return ManagedProcess("bare", command, work / "bare.log", http_ok(url), url=url)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="Seconds per measurement.")
@@ -221,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             with LivePoll(ferry.url) as tensor_load:
                 results["ferry"] = measure(pool, ferry.url, tensors, args.clients, args.duration)
             lags.append(lag_buckets(ferry.url))
-            with LivePoll(ferry.url) as decoding:
+            with (
+                running(bare_server(work)) as bare,
+                LivePoll(ferry.url) as decoding,
+                LivePoll(bare.url) as floor,
+            ):
                 results["ferry jpeg"] = measure(pool, ferry.url, jpegs, args.clients, args.duration)
             lags.append(lag_buckets(ferry.url))
         with running(unbatched_process(model, work, MODEL)) as peer:
@@ -236,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"/health/live, idle: {idle.describe()}")
     print(f"/health/live, FP32 tensors: {tensor_load.describe()}")
     print(f"/health/live, decoding JPEGs: {decoding.describe()}")
+    print(f"a bare uvloop server beside it (the machine's floor): {floor.describe()}")
     print(f"Ferry's event-loop lag, FP32 tensors: {describe_lag(lags[0], lags[1])}")
     print(f"Ferry's event-loop lag, decoding JPEGs: {describe_lag(lags[1], lags[2])}")
     print(f"in-process loop gaps, {len(raw)} JPEGs decoded in the pool: {describe_gaps(pooled)}")

@@ -26,7 +26,7 @@ import struct
 import termios
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -35,6 +35,9 @@ from ferry.server.coalesced_writes import CoalescedWrites
 from ferry.server.dialects import FERRY
 from ferry.server.disconnect import DISCONNECTED
 from ferry.server.errors import HeadTooLarge, RequestTimeout, TooManyConnections, failure
+
+if TYPE_CHECKING:  # its module imports the metrics, which import this one
+    from ferry.server.inline_liveness import InlineLiveness
 
 Phase = Literal["idle", "head", "body"]
 REASONS = {
@@ -62,9 +65,10 @@ class ConnectionLimits:
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    # Both set on the subclass that `protocol_class` makes.
+    # Set on the subclass that `protocol_class` makes.
     limits: ConnectionLimits
     on_refused: Callable[[RefusalReason], None]
+    liveness: InlineLiveness | None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's: asyncio's takes a BaseTransport
         writes = CoalescedWrites(transport, asyncio.get_running_loop())
@@ -73,6 +77,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._header_count = 0
         self._closed_by_us = False
+        self._answered = False  # this request, a probe answered as it was parsed
         self._timer: asyncio.TimerHandle | None = None
         if len(self.connections) > self.limits.max_connections:
             self._refuse("too_many_connections", TooManyConnections())
@@ -106,6 +111,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # A request began: no keep-alive timeout now, even one armed by a probe answered
+        # earlier in the same read (_answer_probe), before this request was parsed.
+        self._unset_keepalive_if_required()
         self._phase = "head"
         self._header_count = 0
         self._head_size = 0
@@ -131,6 +139,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             message = f"request head over {self.limits.max_header_bytes} bytes"
             self._refuse("header_too_large", HeadTooLarge(message))
             return
+        if self._answer_probe():
+            return
         self._phase = "body"
         self._head_bytes = 0
         self._arm(self.limits.body_timeout_s)
@@ -139,15 +149,41 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        if not self._closed_by_us:
+        if not (self._closed_by_us or self._answered):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
         if self._closed_by_us:
             return
+        if self._answered:
+            self._answered = False
+            return
         self._phase = "idle"
         self._disarm()
         super().on_message_complete()
+
+    def _answer_probe(self) -> bool:
+        """A liveness probe answered now (server/inline_liveness.py), where the connection owes
+        no earlier answer and will be kept open; False: the app answers it."""
+        if self.liveness is None or self.pipeline:
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False
+        if self.parser.get_http_version() != "1.1" or not self.parser.should_keep_alive():
+            return False
+        reply = self.liveness.answer(
+            self.parser.get_method(), self.url, self.headers, self.server_state.default_headers
+        )
+        if reply is None:
+            return False
+        self._answered = True
+        self._phase = "idle"
+        self._disarm()
+        writes = cast(CoalescedWrites, self.transport)
+        writes.write(reply)
+        writes.flush()  # now, not at the end of the loop's turn: that is what it saves
+        self.on_response_complete()  # keep-alive timer, reads resumed, as after any answer
+        return True
 
     def timeout_keep_alive_handler(self) -> None:
         if not self.transport.is_closing() and _unread_bytes(self.transport):
@@ -233,9 +269,12 @@ def _unread_bytes(transport: asyncio.Transport) -> int:
 
 
 def protocol_class(
-    limits: ConnectionLimits, on_refused: Callable[[RefusalReason], None] = lambda _: None
+    limits: ConnectionLimits,
+    on_refused: Callable[[RefusalReason], None] = lambda _: None,
+    liveness: InlineLiveness | None = None,
 ) -> type[GuardedHttpProtocol]:
     """The protocol class uvicorn instantiates per connection, with these limits; `on_refused`
-    hears of every connection it answers itself (408, 431, 503) and closes."""
-    attributes = {"limits": limits, "on_refused": staticmethod(on_refused)}
+    hears of every connection it answers itself (408, 431, 503) and closes; `liveness`, where
+    given, answers liveness probes as they are parsed."""
+    attributes = {"limits": limits, "on_refused": staticmethod(on_refused), "liveness": liveness}
     return type("FerryHttpProtocol", (GuardedHttpProtocol,), attributes)

@@ -120,7 +120,8 @@ class ImageInputs:
             raise InferenceFailed("the image decoder stopped while decoding this request") from None
         finally:
             self._pending -= len(flat)
-        return np.stack(rows)
+        # One image (most requests): a view with the batch axis, not a copy of its pixels.
+        return rows[0][np.newaxis] if len(rows) == 1 else np.stack(rows)
 
     def _replace(self, broken: ProcessPoolExecutor) -> None:
         """A new pool for one whose worker died; the requests it held have failed."""

@@ -18,7 +18,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
+from ferry.server.gateway import LIVENESS
 from ferry.server.gc_pauses import GcPauseWatch, keep_gc_off_serving_path
+from ferry.server.inline_liveness import InlineLiveness
 from ferry.server.loop_lag import LoopLagWatch, watch_loop_lag
 from ferry.server.services import app_services
 from ferry.server.settings import Settings
@@ -76,6 +78,12 @@ class DrainingServer(uvicorn.Server):
 
 def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
     """`sockets`: a listening socket shared by API processes (server/procs); else bind."""
+    services = app_services(app)
+    # Probes answered as parsed, except where the gateway has more to do for them: a span of
+    # their own (tracing), or a key to check.
+    inline = services.tracing is None and not settings.api_key_protects_health
+    bodies = {path: reply.body for path, reply in LIVENESS.items()}
+    liveness = InlineLiveness(services.metrics, bodies) if inline else None
     limits = ConnectionLimits(
         max_connections=settings.max_connections,
         header_timeout_s=settings.header_timeout_s,
@@ -94,7 +102,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         access_log=settings.access_log,
         # X-Forwarded-For only matters to the access log; it costs every request otherwise.
         proxy_headers=settings.access_log,
-        http=protocol_class(limits, app_services(app).metrics.connection_refused),
+        http=protocol_class(limits, services.metrics.connection_refused, liveness),
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
         # A backstop after the drain: connections still open then are closed.
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),

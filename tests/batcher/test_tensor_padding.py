@@ -38,6 +38,14 @@ def test_axes_of_one_name_pad_together_with_each_inputs_own_value():
     assert batch.size * batch.padded_length >= batch.padded_tokens
 
 
+def test_members_of_one_size_stack_as_sent():
+    batch = pad_tensors([member(3), member(3, rows=2)], LAYOUT)
+    assert batch.inputs["data"].tolist() == [[1, 2, 3], [1, 2, 3], [4, 5, 6]]
+    assert batch.inputs["data"].dtype == np.float32
+    assert batch.inputs["mask"].dtype == np.int64
+    assert batch.padded_tokens == batch.real_tokens
+
+
 def test_outputs_are_cut_back_per_member_along_padded_axes_only():
     batch = pad_tensors([member(2), member(3, rows=2)], LAYOUT)
     values = {

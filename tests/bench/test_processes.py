@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from ferry.bench import images
 from ferry.bench.processes import ManagedProcess, ProcessExited, free_port, http_ok, running
 
 pytestmark = pytest.mark.integration
@@ -92,3 +94,9 @@ def test_http_probe_is_false_until_something_answers_200(tmp_path):
 
 def test_stop_before_start_is_a_no_op(tmp_path):
     assert child(tmp_path, "graceful").stop() is None
+
+
+def test_bench_images_floor_server_answers_the_live_poll(tmp_path):
+    with running(images.bare_server(tmp_path)) as bare, images.LivePoll(bare.url) as poll:
+        time.sleep(0.2)
+    assert len(poll.latencies_s) >= 5  # every poll answered 200 (LivePoll asserts it)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 LIMITS = {
     "header_timeout_s": 1.0,
-    "body_timeout_s": 1.0,
+    "body_timeout_s": 2.5,  # past the keep-alive timeout (see the probe's test)
     "keep_alive_timeout_s": 1.0,
     "max_connections": 40,
     "max_header_bytes": 16384,
@@ -197,6 +197,26 @@ def test_a_request_sent_while_the_server_was_stopped_past_the_keep_alive_timeout
         server.process.send_signal(signal.SIGCONT)
     try:
         assert status_of(read_response(sock)) == 200
+    finally:
+        sock.close()
+
+
+def test_a_request_read_with_a_probe_is_not_cut_off_by_the_keep_alive_timeout(server):
+    """A liveness probe answered as it is parsed (server/inline_liveness.py) arms the keep-alive
+    timer before the request after it in the same read is parsed. That request is still served
+    when its body comes after the keep-alive timeout (and within the body's)."""
+    body = b'{"input_ids": [101, 102]}'
+    sock = connect(server.url)
+    try:
+        sock.sendall(
+            b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        time.sleep(1.5 * LIMITS["keep_alive_timeout_s"])
+        sock.sendall(body)
+        assert status_of(read_response(sock)) == 200  # the probe
+        assert status_of(read_response(sock)) == 200  # the request, not a closed connection
     finally:
         sock.close()
 
