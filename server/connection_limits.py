@@ -171,6 +171,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return False
         if self.parser.get_http_version() != "1.1" or not self.parser.should_keep_alive():
             return False
+        if self.parser.should_upgrade():  # a WebSocket handshake is the app's to refuse
+            return False
         reply = self.liveness.answer(
             self.parser.get_method(), self.url, self.headers, self.server_state.default_headers
         )

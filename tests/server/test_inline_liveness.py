@@ -90,12 +90,20 @@ async def test_a_probe_behind_an_unanswered_request_is_left_to_the_app_in_its_tu
     assert transport.written.count(b"from the app") == 2  # both, in order, by the app
 
 
-async def test_other_requests_go_to_the_app():
+@pytest.mark.parametrize(
+    "request_",
+    [
+        PROBE.replace(b"/health/live", b"/health/live?verbose=1"),
+        PROBE.replace(b"GET", b"POST"),
+        OTHER,
+        PROBE.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"),  # then closed
+    ],
+    ids=["query", "post", "other-path", "connection-close"],
+)
+async def test_other_requests_go_to_the_app(request_):
     transport = connection(CollectorRegistry())
-    transport.protocol.data_received(  # type: ignore[attr-defined]
-        PROBE.replace(b"/health/live", b"/health/live?verbose=1") + OTHER
-    )
+    transport.protocol.data_received(request_)  # type: ignore[attr-defined]
     assert transport.written == b""
     for _ in range(10):
         await asyncio.sleep(0)
-    assert transport.written.count(b"from the app") == 2
+    assert transport.written.endswith(b"from the app")
