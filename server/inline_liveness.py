@@ -3,8 +3,9 @@
 Through the ASGI path a probe waits for two more turns of the loop: one that runs its task (with
 every other task ready then: a batch's answers, the next requests' parsing) and one that sends
 what it wrote (server/coalesced_writes.py). Under 64 clients of JPEGs on 2 cores that put the
-probe's p50 at 0.65 ms and its p99 at 8.6-17 ms; answered here, 0.3 ms and 6.8-7.2 ms, beside
-3-5 ms for a bare uvloop server on the same box under the same load (`bench.images`).
+probe's p50 at 0.65 ms and its p99 at 8.6-17 ms; answered here (and batches stacked off the
+loop, batcher/packing.py), 0.3 ms and 6.8-7.2 ms, beside 3-5 ms for a bare uvloop server on the
+same box under the same load (`bench.images`, docs/benchmarks.md).
 
 Only a probe the gateway would answer the same way is answered here: GET or HEAD of exactly
 /health/live or /v2/health/live, HTTP/1.1 keep-alive, with no earlier request of its connection
