@@ -26,7 +26,7 @@ import struct
 import termios
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast, get_args
+from typing import Any, Literal, cast, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -35,9 +35,6 @@ from ferry.server.coalesced_writes import CoalescedWrites
 from ferry.server.dialects import FERRY
 from ferry.server.disconnect import DISCONNECTED
 from ferry.server.errors import HeadTooLarge, RequestTimeout, TooManyConnections, failure
-
-if TYPE_CHECKING:  # its module imports the metrics, which import this one
-    from ferry.server.inline_liveness import InlineLiveness
 
 Phase = Literal["idle", "head", "body"]
 REASONS = {
@@ -53,6 +50,10 @@ RefusalReason = Literal[
     "header_timeout", "body_timeout", "header_too_large", "too_many_connections"
 ]
 REFUSAL_REASONS: tuple[RefusalReason, ...] = get_args(RefusalReason)
+Headers = Iterable[tuple[bytes, bytes]]
+# The whole answer to a request from its method, URL and headers (and the server's default
+# headers), or None for the app to answer it: server/inline_liveness.py's, for probes.
+AnswerAsParsed = Callable[[bytes, bytes, Headers, Headers], bytes | None]
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # Set on the subclass that `protocol_class` makes.
     limits: ConnectionLimits
     on_refused: Callable[[RefusalReason], None]
-    liveness: InlineLiveness | None
+    answer_as_parsed: AnswerAsParsed | None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's: asyncio's takes a BaseTransport
         writes = CoalescedWrites(transport, asyncio.get_running_loop())
@@ -165,7 +166,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _answer_probe(self) -> bool:
         """A liveness probe answered now (server/inline_liveness.py), where the connection owes
         no earlier answer and will be kept open; False: the app answers it."""
-        if self.liveness is None or self.pipeline:
+        if self.answer_as_parsed is None or self.pipeline:
             return False
         if self.cycle is not None and not self.cycle.response_complete:
             return False
@@ -173,7 +174,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return False
         if self.parser.should_upgrade():  # a WebSocket handshake is the app's to refuse
             return False
-        reply = self.liveness.answer(
+        reply = self.answer_as_parsed(
             self.parser.get_method(), self.url, self.headers, self.server_state.default_headers
         )
         if reply is None:
@@ -273,10 +274,14 @@ def _unread_bytes(transport: asyncio.Transport) -> int:
 def protocol_class(
     limits: ConnectionLimits,
     on_refused: Callable[[RefusalReason], None] = lambda _: None,
-    liveness: InlineLiveness | None = None,
+    answer_as_parsed: AnswerAsParsed | None = None,
 ) -> type[GuardedHttpProtocol]:
     """The protocol class uvicorn instantiates per connection, with these limits; `on_refused`
-    hears of every connection it answers itself (408, 431, 503) and closes; `liveness`, where
-    given, answers liveness probes as they are parsed."""
-    attributes = {"limits": limits, "on_refused": staticmethod(on_refused), "liveness": liveness}
+    hears of every connection it answers itself (408, 431, 503) and closes; `answer_as_parsed`,
+    where given, answers the requests it knows (liveness probes) as they are parsed."""
+    attributes = {
+        "limits": limits,
+        "on_refused": staticmethod(on_refused),
+        "answer_as_parsed": staticmethod(answer_as_parsed) if answer_as_parsed else None,
+    }
     return type("FerryHttpProtocol", (GuardedHttpProtocol,), attributes)

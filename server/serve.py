@@ -83,7 +83,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
     # their own (tracing), or a key to check.
     inline = services.tracing is None and not settings.api_key_protects_health
     bodies = {path: reply.body for path, reply in LIVENESS.items()}
-    liveness = InlineLiveness(services.metrics, bodies) if inline else None
+    liveness = InlineLiveness(services.metrics, bodies).answer if inline else None
     limits = ConnectionLimits(
         max_connections=settings.max_connections,
         header_timeout_s=settings.header_timeout_s,

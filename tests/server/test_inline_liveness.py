@@ -62,7 +62,7 @@ def connection(registry: CollectorRegistry) -> Transport:
     bodies = {path: reply.body for path, reply in LIVENESS.items()}
     liveness = InlineLiveness(FerryMetrics(registry), bodies)
     config = uvicorn.Config(app, log_config=None)
-    protocol = protocol_class(LIMITS, liveness=liveness)(config, ServerState(), {})
+    protocol = protocol_class(LIMITS, answer_as_parsed=liveness.answer)(config, ServerState(), {})
     transport = Transport()
     protocol.connection_made(transport)
     transport.protocol = protocol  # type: ignore[attr-defined]  # the test's handle on it
