@@ -212,8 +212,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _request_id(self) -> bytes:
         """The id of a request whose head was read (a body that timed out), else a new one."""
-        sent = _sent_id(self.cycle.scope["headers"]) if self.cycle is not None else b""
-        return request_ids.from_client(sent)
+        return request_ids.of_headers(self.cycle.scope["headers"] if self.cycle is not None else ())
 
     def _refuse(self, reason: RefusalReason, error: Exception) -> None:
         """Answer, count and close; a request already handed to the app sees a disconnect.
@@ -252,10 +251,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         transport.write_eof()
         self.flow.resume_reading()  # a body that outran the app may have paused it
         self._timer = self.loop.call_later(LINGER_S, transport.close)
-
-
-def _sent_id(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
-    return next((v for k, v in headers if k == request_ids.HEADER), b"")
 
 
 def _unread_bytes(transport: asyncio.Transport) -> int:

@@ -17,9 +17,10 @@ the gateway counts it, and says its request id.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from ferry.server import request_ids
+from ferry.server.connection_limits import Headers
 from ferry.server.metrics import FerryMetrics
 from ferry.server.route_policy import record_request
 
@@ -34,8 +35,8 @@ class InlineLiveness:
         self,
         method: bytes,
         url: bytes,
-        headers: Iterable[tuple[bytes, bytes]],
-        default_headers: Iterable[tuple[bytes, bytes]],
+        headers: Headers,
+        default_headers: Headers,
     ) -> bytes | None:
         """The whole HTTP answer to this probe; None for any other request."""
         found = self._by_url.get(url)
@@ -43,13 +44,12 @@ class InlineLiveness:
             return None
         started = time.perf_counter()
         path, body = found
-        sent_id = next((v for k, v in headers if k == request_ids.HEADER), b"")
         head = [
             b"HTTP/1.1 200 OK",
             *(name + b": " + value for name, value in default_headers),  # date, server
             b"content-type: application/json",
             b"content-length: %d" % len(body),
-            request_ids.HEADER + b": " + request_ids.from_client(sent_id),
+            request_ids.HEADER + b": " + request_ids.of_headers(headers),
         ]
         record_request(self._metrics, "", path, 200, started)
         return b"\r\n".join(head) + b"\r\n\r\n" + (body if method == b"GET" else b"")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -38,6 +39,11 @@ def from_client(sent: bytes) -> bytes:
     return new_id()
 
 
+def of_headers(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The id of a request with these raw (lower-cased) HTTP headers: its own, or a new one."""
+    return from_client(next((value for key, value in headers if key == HEADER), b""))
+
+
 class GrpcContext(Protocol):
     """What is used of a grpc.aio.ServicerContext (grpcio is imported only when gRPC is on)."""
 
@@ -57,4 +63,4 @@ def bind_grpc(context: GrpcContext) -> str:
     return request_id
 
 
-__all__ = ["HEADER", "MAX_LENGTH", "bind_grpc", "current", "from_client", "new_id"]
+__all__ = ["HEADER", "MAX_LENGTH", "bind_grpc", "current", "from_client", "new_id", "of_headers"]
