@@ -27,6 +27,10 @@ import numpy as np
 TIE_TOLERANCE = 1e-9
 # The fastest batches: this quantile of their times against the fit's predictions.
 FASTEST_QUANTILE = 0.05
+# The least that share may be: over a young window's few batches the fit's fixed cost is
+# overestimated and a tiny batch takes a sliver of its prediction (a share of ~0.02), which put
+# the deadline floor for a 256-token MiniLM row under 1 ms (a 504 after queueing, not a 422).
+FASTEST_SHARE_MIN = 0.25
 TERMS = ("fixed", "per_request", "per_token", "per_token_squared", "batch_tokens_squared")
 
 
@@ -117,7 +121,7 @@ class BatchCostModel:
             positive = predicted > 0
             shares = self._seconds[:count][positive] / predicted[positive]
             fastest = np.quantile(shares, FASTEST_QUANTILE) if shares.size else 1.0
-            self._fastest_share = float(np.clip(fastest, 0.0, 1.0))
+            self._fastest_share = float(np.clip(fastest, FASTEST_SHARE_MIN, 1.0))
         return self.predict(n, length) * self._fastest_share
 
     def best_share(self, length: int, most: int) -> tuple[int, float]:

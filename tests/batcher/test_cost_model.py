@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ferry.batcher.cost_model import TERMS, BatchCostModel
+from ferry.batcher.cost_model import FASTEST_SHARE_MIN, TERMS, BatchCostModel
 
 pytestmark = pytest.mark.unit
 
@@ -33,6 +33,14 @@ def test_fastest_follows_the_idle_batches_where_predict_follows_the_load():
     for n, length in [(1, 256), (8, 100)]:
         assert model.predict(n, length) > 1.5 * true_cost(n, length)
         assert model.fastest(n, length) == pytest.approx(true_cost(n, length), rel=0.2)
+
+
+def test_fastest_is_never_a_sliver_of_the_prediction():
+    # A young window: a few batches took a fiftieth of what the others did for the same shape.
+    model = BatchCostModel(refit_every=1)
+    for index in range(10):
+        model.observe(1, 8, 0.0006 if index < 3 else 0.03)
+    assert model.fastest(1, 256) >= FASTEST_SHARE_MIN * model.predict(1, 256) > 0
 
 
 def test_coefficients_stay_non_negative_on_noisy_data():
