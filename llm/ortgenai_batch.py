@@ -13,12 +13,12 @@ Prefix cache: every finished prompt's keys and values are parked in the PrefixCa
 (ortgenai_prefix.py) at once, under the request's scope (its model and `cache_salt`), so
 requests running together with one system prompt already share it; a hit copies the shared
 part in and computes only the rest (at least TAIL tokens, as a prompt piece), whether the request
-runs alone or joins rows already decoding. A hit on all but the last token once went straight to
-a decode row where others decoded (a burst's first tokens from one step), but that token's keys
-and logits then rounded as a decode step's, not a prompt's, and greedy text depended on what else
-ran: on bench.llm_peer's 8 prompts the same at 1, 4 and 8 streams for 4-6 of 8 with the cache on,
-8 of 8 without it; with the tail a piece, 8 of 8 both ways, and TTFT at 8 streams within the box's
-noise (107-122 ms against 110-129).
+runs alone or joins rows already decoding; a prompt sent again whole runs nothing, its first
+token chosen from the logits kept with the entry. A hit on all but the last token once went
+straight to a decode row where others decoded (a burst's first tokens from one step), but that
+token's keys and logits then rounded as a decode step's, not a prompt's, and greedy text depended
+on what else ran: on bench.llm_peer's 8 prompts the same at 1, 4 and 8 streams for 4-6 of 8 with
+the cache on, 8 of 8 without it; with the tail a piece, 8 of 8 both ways.
 
 Echo: every prompt piece's forward gives every position's logits, so an `echo` request's
 prompt is scored as it goes in (the entries an og.Generator gives, tested), and no second
@@ -127,7 +127,9 @@ class BatchLane:
         entry, reused = None, 0
         # `echo` scores every prompt position: none may come from the cache (it is filled after).
         if self.cache is not None and not sampling.echo:
-            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids)
+            # A grammar's compile hides behind its prompt's pass: a constrained repeat keeps one.
+            whole = sampling.guidance is None
+            entry, reused = self.cache.lookup(job.add.cache_salt, prompt_ids, whole)
         job.sampler = Sampler(sampling, prompt_ids, end_ids(self._eos_ids, sampling))
         # Compiled on the pool while the prompt goes in; waited for at the first token.
         guidance = sampling.guidance
@@ -135,13 +137,18 @@ class BatchLane:
         job.cached_tokens = reused
         job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are in
         job.pending = list(prompt_ids[reused:])
+        # The whole prompt sent before: its first token comes from the logits kept with it.
+        job.repeat_logits = None if job.pending or entry is None else entry.logits
         job.prompt_logprobs = (None,) if sampling.echo else None  # the first token has none
         job.drafts = NgramDraft(prompt_ids, min_n=_MIN_NGRAM) if self._spec_tokens else None
         job.draft_length = self._spec_tokens
         self.jobs.append(job)
-        job.generator = self._model.new_block(1, len(prompt_ids))  # the owner's "running" mark
-        if entry is not None:
-            job.generator.copy_row(entry.kv, 0, 0, reused)
+        if job.repeat_logits is not None:  # read only, copied into its decode row at once
+            job.generator = entry.kv  # the owner's "running" mark
+        else:
+            job.generator = self._model.new_block(1, len(prompt_ids))
+            if entry is not None:
+                job.generator.copy_row(entry.kv, 0, 0, reused)
         self._prefilling.append(job)
 
     def step(self) -> Iterator[tuple[Any, int | None, FinishReason | None, Exception | None]]:
@@ -160,7 +167,7 @@ class BatchLane:
             except Exception as exc:  # this request failed; the others go on
                 yield job, None, None, exc
                 continue
-            self._join(job, token)
+            self._join(job, token, logits)
             yield self._outcome(job, token)
         if len(self._rows) == 1 and (draft := self._draft(self._rows[0])):
             yield from self._verify(self._rows[0], draft)
@@ -169,6 +176,9 @@ class BatchLane:
 
     def _feed(self, job: Any) -> np.ndarray | None:
         """The next chunk of `job`'s prompt; the last position's logits once it is all in."""
+        if job.repeat_logits is not None:  # nothing to run (ortgenai_prefix.py)
+            repeat: np.ndarray = job.repeat_logits
+            return repeat
         count = self._chunk or len(job.pending)
         if len(job.pending) - count == 1:
             count -= 1  # leave two for the last piece: a piece of one runs other kernels
@@ -189,12 +199,15 @@ class BatchLane:
         job.tokens += piece
         return None if job.pending else logits
 
-    def _join(self, job: Any, token: int) -> None:
-        """A prompt is in: park its keys and values, move them to the next decode row."""
+    def _join(self, job: Any, token: int, logits: np.ndarray) -> None:
+        """A prompt is in: park its keys, values and last logits (unless they came from the
+        cache whole), move them to the next decode row."""
         self._prefilling.remove(job)
         prompt: KVBlock = job.generator
-        if self.cache is not None:
-            self.cache.put(job.add.cache_salt, list(job.tokens), prompt)
+        if self.cache is not None and job.repeat_logits is None:
+            kept = logits.copy()  # one row of its own, not a view of the forward's output
+            kept.flags.writeable = False  # every repeat of the prompt reads it
+            self.cache.put(job.add.cache_salt, list(job.tokens), prompt, kept)
         self._add_row(job, prompt, len(job.tokens), token)
 
     def _add_row(self, job: Any, source: KVBlock, computed: int, token: int) -> None:

@@ -31,7 +31,10 @@ it did).
 Same greedy text with or without a hit: onnxruntime's CPU kernels give bit-identical keys, values
 and logits for a prompt fed in pieces of any length >= 2 (measured: whole, chunks of 2, 3, 7, 16,
 a tail of 2 or 3), but not for a piece of ONE token, which takes other MatMulNBits kernels. So a
-hit leaves at least TAIL tokens of the new prompt to run, and only prompt tokens are kept.
+hit leaves at least TAIL tokens of the new prompt to run, and only prompt tokens are kept; except
+a prompt sent again whole (a retry, `n` choices, an evaluation rerun): an entry keeps its last
+position's logits too, so such a prompt runs nothing and its first token comes from the very
+logits its first run gave (vLLM and llama-server run its last token again).
 
 Counters follow vLLM's `prefix_cache_queries` / `prefix_cache_hits` (per model, `ModelPrefixCache`):
 prompt tokens looked up, and those found. Pure Python (blocks are opaque here): tested without a
@@ -56,6 +59,7 @@ class CachedPrefix:
     tokens: list[int]
     scope: Hashable = None  # (model, salt): only lookups of the same scope see it
     nbytes: int = 0  # what it holds of the budget
+    logits: Any = None  # its last position's (read, never written): a whole repeat runs nothing
 
 
 class _Node:
@@ -82,21 +86,32 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, scope: Hashable, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+    def lookup(
+        self, scope: Hashable, prompt: list[int], whole: bool = True
+    ) -> tuple[CachedPrefix | None, int]:
         """The entry of `scope` sharing the longest prefix with `prompt` (now the most recent),
-        and how many prompt tokens it saves: at most len(prompt) - TAIL, so that what runs is
+        and how many prompt tokens it saves: all of them where an entry is `prompt` itself with
+        its last logits (and `whole`), else at most len(prompt) - TAIL, so that what runs is
         computed exactly as without the cache. One walk down the prompt."""
-        limit = len(prompt) - TAIL
         with self._lock:
             node = self._roots.get(scope)
             depth = 0
-            while node is not None and depth < limit:
+            while node is not None and depth < len(prompt):
                 child = node.children.get(prompt[depth])
                 if child is None:
                     break
                 node, depth = child, depth + 1
-            if node is None or depth == 0:
+            if node is None:
                 return None, 0
+            if whole and depth == len(prompt):
+                kept = [k for k in node.ends or () if self._entries[k].logits is not None]
+                if kept:
+                    self._entries.move_to_end(kept[0])
+                    return self._entries[kept[0]], depth
+            depth = min(depth, len(prompt) - TAIL)
+            if depth <= 0:
+                return None, 0
+            # Every entry through the node reached also holds the prompt's first `depth` tokens.
             key = next(iter(node.holders))
             self._entries.move_to_end(key)
             return self._entries[key], depth
@@ -161,15 +176,18 @@ class ModelPrefixCache:
         self.queries = 0  # prompt tokens looked up (vLLM: prefix_cache_queries)
         self.hits = 0  # of those, tokens found computed (vLLM: prefix_cache_hits)
 
-    def lookup(self, salt: str | None, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+    def lookup(
+        self, salt: str | None, prompt: list[int], whole: bool = True
+    ) -> tuple[CachedPrefix | None, int]:
         self.queries += len(prompt)
-        entry, reused = self.store.lookup((self._model, salt), prompt)
+        entry, reused = self.store.lookup((self._model, salt), prompt, whole)
         self.hits += reused
         return entry, reused
 
-    def put(self, salt: str | None, tokens: list[int], kv: Any) -> None:
-        nbytes = len(tokens) * self._per_token
-        self.store.put(CachedPrefix(kv, tokens, (self._model, salt), nbytes))
+    def put(self, salt: str | None, tokens: list[int], kv: Any, logits: Any = None) -> None:
+        """Park `tokens`' keys and values, and the logits of their last position if given."""
+        nbytes = len(tokens) * self._per_token + getattr(logits, "nbytes", 0)
+        self.store.put(CachedPrefix(kv, tokens, (self._model, salt), nbytes, logits))
 
     def clear(self) -> None:
         self.store.drop_scopes(self._model)

@@ -80,7 +80,7 @@ def test_a_request_joins_while_another_decodes_and_reuses_its_prompt(kv_model, p
         turn(lane, out)
     late = job("late", prompts[0], 8)
     lane.begin(late, None, prompts[0], late.add.sampling)
-    assert late.cached_tokens == len(prompts[0]) - 2  # the whole prompt but the last two
+    assert late.cached_tokens == len(prompts[0])  # the whole prompt, its last logits too
     turn(lane, out)
     # Its first token from its prompt, its second from the decode step it shares with "first".
     assert len(out["late"]) == 2 and len(out["first"]) == 4
@@ -93,13 +93,16 @@ def test_cached_prompts_joining_a_decode_run_their_tails_as_a_lone_request_does(
     """A hit leaves the prompt's last two tokens to a prompt piece whether the request runs alone
     or joins rows already decoding, so its text does not depend on what else runs (as a decode
     row at once, its last prompt token rounded as a decode step's, and greedy text parted from
-    the lone request's at near ties: bench.llm_peer, 4-6 of 8 the same at 1, 4 and 8 streams)."""
+    the lone request's at near ties: bench.llm_peer, 4-6 of 8 the same at 1, 4 and 8 streams).
+    The prompts end in a token the cached ones do not: a whole repeat runs no tail at all."""
     cache = ModelPrefixCache(PrefixCache(2**30), "m", kv_model.token_bytes)
     lane = BatchLane(kv_model, 4, EOS, cache=cache)
-    burst = prompts[:3]
-    computed = run(lane, [job(str(i), p, 8) for i, p in enumerate(burst)])
-    lone = job("lone", burst[0], 8)
-    lane.begin(lone, None, burst[0], lone.add.sampling)
+    run(lane, [job(f"cached {i}", p, 8) for i, p in enumerate(prompts[:3])])
+    burst = [[*p[:-1], p[-1] + 1] for p in prompts[:3]]
+    lone = job("lone", [*prompts[0][:-1], prompts[0][-1] + 2], 8)
+    fresh = [job(str(i), p, 8) for i, p in enumerate(burst)] + [job("lone", lone.add.prompt_ids, 8)]
+    computed = run(BatchLane(kv_model, 4, EOS), fresh)
+    lane.begin(lone, None, lone.add.prompt_ids, lone.add.sampling)
     out: dict[str, list[int]] = {}
     turn(lane, out)  # its prompt's tail, then its first decode step
     jobs = [job(str(i), p, 8) for i, p in enumerate(burst)]
@@ -109,8 +112,32 @@ def test_cached_prompts_joining_a_decode_run_their_tails_as_a_lone_request_does(
     assert [j.cached_tokens for j in jobs] == [len(p) - 2 for p in burst]
     while lane.jobs:
         turn(lane, out)
-    assert out["lone"] == computed["0"]
-    assert {k: v for k, v in out.items() if k != "lone"} == computed
+    assert lone.cached_tokens == len(lone.add.prompt_ids) - 2
+    assert out == computed
+    lane.release()
+
+
+@pytest.mark.parametrize("seed", [None, 7], ids=["greedy", "seeded"])
+def test_a_prompt_sent_again_whole_runs_no_forward_pass_and_answers_the_same(
+    kv_model, prompts, seed
+):
+    """Its last position's logits are kept with its keys and values (ortgenai_prefix.py): the
+    repeat's first token is chosen from them, and its text is the first run's, greedy or
+    sampled with the same seed."""
+    forwards: list[int] = []
+    cache = ModelPrefixCache(PrefixCache(2**30), "m", kv_model.token_bytes)
+    lane = BatchLane(kv_model, 4, EOS, cache=cache, before_forward=lambda: forwards.append(1))
+    sampling = SamplingSettings(max_tokens=8, temperature=0.0 if seed is None else 1.0, seed=seed)
+    first, again = (Job(AddRequest(n, prompts[0], sampling), StopMatcher(())) for n in "ab")
+    answers = run(lane, [first])
+    lane.begin(again, None, prompts[0], sampling)
+    assert again.cached_tokens == len(prompts[0])
+    forwards.clear()
+    turn(lane, answers)  # its first token from the kept logits, its second from a decode step
+    assert len(answers["b"]) == 2 and len(forwards) == 1
+    while lane.jobs:
+        turn(lane, answers)
+    assert answers["b"] == answers["a"]
     lane.release()
 
 

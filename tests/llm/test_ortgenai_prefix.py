@@ -37,6 +37,18 @@ def test_a_whole_prompt_match_still_leaves_two_tokens_to_run() -> None:
     assert cache.lookup(SCOPE, [7, 8, 9]) == (None, 0)  # nothing shared
 
 
+def test_a_prompt_sent_again_whole_reuses_all_of_it_where_its_logits_are_kept() -> None:
+    cache = PrefixCache(10_000)
+    cache.put(CachedPrefix("kept", [1, 2, 3, 4, 5], SCOPE, 5, logits="last"))
+    cache.put(entry("bare", [1, 2, 7, 8]))  # keys and values only (no logits)
+    found, reused = cache.lookup(SCOPE, [1, 2, 3, 4, 5])
+    assert (found.kv, reused) == ("kept", 5)  # nothing left to run
+    assert cache.lookup(SCOPE, [1, 2, 7, 8])[1] == 2  # its last logits unknown: a tail runs
+    assert cache.lookup(SCOPE, [1, 2, 3, 4])[1] == 2  # a prefix of an entry: no logits of its own
+    assert cache.lookup(SCOPE, [1, 2, 3, 4, 5, 6])[1] == 4
+    assert cache.lookup(SCOPE, [1, 2, 3, 4, 5], whole=False)[1] == 3  # a tail runs, if asked
+
+
 def test_an_entry_the_new_one_starts_with_is_dropped() -> None:
     cache = PrefixCache(10_000)
     cache.put(entry("system", [1, 2, 3]))
