@@ -143,10 +143,10 @@ class BatchLane:
         job.drafts = NgramDraft(prompt_ids, min_n=_MIN_NGRAM) if self._spec_tokens else None
         job.draft_length = self._spec_tokens
         self.jobs.append(job)
-        if job.repeat_logits is not None:  # read only, copied into its decode row at once
-            job.generator = entry.kv  # the owner's "running" mark
+        if entry is not None and job.repeat_logits is not None:
+            job.generator = entry.kv  # read only: copied into its decode row at its first turn
         else:
-            job.generator = self._model.new_block(1, len(prompt_ids))
+            job.generator = self._model.new_block(1, len(prompt_ids))  # the "running" mark
             if entry is not None:
                 job.generator.copy_row(entry.kv, 0, 0, reused)
         self._prefilling.append(job)
