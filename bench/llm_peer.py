@@ -15,6 +15,8 @@ rows on average on SmolLM2, and "against the bare step at batch 8" measured the 
 lengths, not the serving; `--eos` lets them stop), and are measured in turns: for
 each prompt-cache setting and stream count, llama-server's rounds then Ferry's. Prompt cache off
 means `cache_prompt: false` on every llama request and `prefix_cache = false` in Ferry's config.
+With it on, every prompt was sent in the cells before: llama-server runs its last token again,
+Ferry's prefix cache runs nothing for it (its entry keeps the last position's logits).
 `--deterministic` serves Ferry with `batch_invariant = true` (greedy text independent of load).
 
 Prints per model tokens/s and the median time to first token per cell with Ferry / llama ratios,
