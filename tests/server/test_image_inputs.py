@@ -37,9 +37,18 @@ def encoded_items() -> list[object]:
     return [*jpegs, *pngs, base64.b64encode(images.encoded(5)).decode()]
 
 
-@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (8, 7)])
-def test_the_default_leaves_the_loop_a_core(monkeypatch, cores, workers):
+@pytest.mark.parametrize(
+    ("cores", "processes", "workers"),
+    [(1, 1, 1), (2, 1, 1), (8, 1, 7), (2, 2, 1), (16, 4, 3), (16, 5, 3)],
+)
+def test_the_default_leaves_the_loop_a_core_and_shares_the_rest(
+    monkeypatch, cores, processes, workers
+):
+    """Each API process or replica starts its own pools: they split the cores, not each take
+    them all."""
     monkeypatch.setattr(worker_cores, "available_cores", lambda: cores)
+    monkeypatch.setattr(worker_cores, "_sharing", 1)  # restored after the test
+    worker_cores.share_cores(processes)
     assert worker_cores.default_workers() == workers
 
 
