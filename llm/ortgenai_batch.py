@@ -137,13 +137,13 @@ class BatchLane:
         job.cached_tokens = reused
         job.tokens = list(prompt_ids[:reused])  # prompt tokens whose keys and values are in
         job.pending = list(prompt_ids[reused:])
-        # The whole prompt sent before: its first token comes from the logits kept with it.
-        job.repeat_logits = None if job.pending or entry is None else entry.logits
+        job.repeat_logits = None  # the logits a whole repeat's first token comes from
         job.prompt_logprobs = (None,) if sampling.echo else None  # the first token has none
         job.drafts = NgramDraft(prompt_ids, min_n=_MIN_NGRAM) if self._spec_tokens else None
         job.draft_length = self._spec_tokens
         self.jobs.append(job)
-        if entry is not None and job.repeat_logits is not None:
+        if entry is not None and not job.pending:  # sent before whole (lookup: logits kept)
+            job.repeat_logits = entry.logits
             job.generator = entry.kv  # read only: copied into its decode row at its first turn
         else:
             job.generator = self._model.new_block(1, len(prompt_ids))  # the "running" mark

@@ -104,10 +104,12 @@ class PrefixCache:
             if node is None:
                 return None, 0
             if whole and depth == len(prompt):
-                kept = [k for k in node.ends or () if self._entries[k].logits is not None]
-                if kept:
-                    self._entries.move_to_end(kept[0])
-                    return self._entries[kept[0]], depth
+                kept = next(
+                    (k for k in node.ends or () if self._entries[k].logits is not None), None
+                )
+                if kept is not None:
+                    self._entries.move_to_end(kept)
+                    return self._entries[kept], depth
             depth = min(depth, len(prompt) - TAIL)
             if depth <= 0:
                 return None, 0

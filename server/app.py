@@ -105,8 +105,9 @@ def create_app(
     """`engine`: an API process's (`api_servers > 1`), whose models run in the engine process;
     None serves them here. `replica`: one of `replicas > 1` whole servers on one port."""
     shared = engine is not None or replica is not None  # /metrics: every process's series
-    # Each API process or replica starts its own worker pools: its share of the cores.
-    share_cores(settings.api_servers if engine else settings.replicas if replica else 1)
+    # Each API process or replica starts its own worker pools: its share of the cores (the two
+    # layouts exclude each other, so the larger count is the one in use).
+    share_cores(max(settings.api_servers, settings.replicas) if shared else 1)
     metrics = FerryMetrics(metrics_registry(shared), priority_levels=settings.priority_levels)
     port_role = replica if engine is None else engine.role
     services = build_services(settings, metrics, region_store(shared), port_role)
