@@ -20,6 +20,7 @@ mixed-load tail (bench/replay.py: mixed p99 1.67x first come, first served, befo
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,18 @@ FASTEST_QUANTILE = 0.05
 # the deadline floor for a 256-token MiniLM row under 1 ms (a 504 after queueing, not a 422).
 FASTEST_SHARE_MIN = 0.25
 TERMS = ("fixed", "per_request", "per_token", "per_token_squared", "batch_tokens_squared")
+
+
+class RowTime(NamedTuple):
+    """One row's time as a quadratic in its length: the cost line at n = 1 in three numbers,
+    so another process (an API process, from the engine's reports) prices a row alone."""
+
+    constant: float
+    per_token: float
+    per_token_squared: float
+
+    def seconds(self, length: int) -> float:
+        return self.constant + length * (self.per_token + length * self.per_token_squared)
 
 
 def _features(n: int, length: int) -> tuple[float, ...]:
@@ -115,6 +128,21 @@ class BatchCostModel:
     def fastest(self, n: int, length: int) -> float:
         """`predict` scaled to the fastest batch seen against its prediction: about what the
         batch takes on an idle machine (the deadline floor's estimate)."""
+        return self.predict(n, length) * self._fastest()
+
+    def fastest_row(self) -> RowTime:
+        """`fastest(1, L)` for every L."""
+        fixed, per_request, per_token, per_token_squared, batch_tokens_squared = (
+            self._coefficient_list
+        )
+        share = self._fastest()
+        return RowTime(
+            (fixed + per_request) * share,
+            per_token * share,
+            (per_token_squared + batch_tokens_squared) * share,
+        )
+
+    def _fastest(self) -> float:
         if self._fastest_share is None:
             count = min(self._observed, len(self._seconds))
             predicted = self._rows[:count] @ self.coefficients
@@ -122,7 +150,7 @@ class BatchCostModel:
             shares = self._seconds[:count][positive] / predicted[positive]
             fastest = np.quantile(shares, FASTEST_QUANTILE) if shares.size else 1.0
             self._fastest_share = float(np.clip(fastest, FASTEST_SHARE_MIN, 1.0))
-        return self.predict(n, length) * self._fastest_share
+        return self._fastest_share
 
     def best_share(self, length: int, most: int) -> tuple[int, float]:
         """The batch size of at most `most` at which a request of `length` tokens costs least,

@@ -14,18 +14,16 @@ from ferry.backends.base import Backend
 from ferry.backends.batch_plan import neighbour_dependent_nodes
 from ferry.backends.onnx_graph_ops import read_graph_ops
 from ferry.batcher import MicroBatcher, PaddedBatch, SequenceLimits, TokenSequence
+from ferry.batcher.cost_model import RowTime
 from ferry.batcher.types import InferFn, Result
+from ferry.server.deadline_floor import refuse_unmeetable
 from ferry.server.encoder_request import ValidSequences
-from ferry.server.errors import InvalidInput
 from ferry.server.metrics import FerryMetrics
 from ferry.server.model_files import token_model_files
 from ferry.server.model_outputs import ModelOutputs
 from ferry.server.settings import ModelSettings
 
 logger = logging.getLogger(__name__)
-
-# A deadline under this share of one row's fastest time is refused as one that cannot be met.
-DEADLINE_FLOOR_SHARE = 0.5
 
 
 def build_backend(settings: ModelSettings) -> Backend:
@@ -155,22 +153,13 @@ class ModelRuntime:
         assert self.batcher is not None, "submit before start"
         return self.batcher.submit(sequences, timeout_s, outputs, priority)
 
-    def check_deadline(self, longest: int, timeout_s: float) -> None:
-        """A deadline shorter than the model's time for the longest row alone, on an idle
-        server, can never be met: a 422 naming timeout_ms before queueing, not a 504 after.
-        That time is the cost model's at its fastest (fitted on a shared machine, its line
-        follows the load: 247 ms for a row measured at 117), and only under half of it."""
+    def fastest_row(self) -> RowTime | None:
+        """One row's time on an idle server, once the cost model is fitted."""
         cost_model = self.batcher.cost_model  # type: ignore[union-attr]  # started before any request
-        if not cost_model.ready:
-            return
-        floor_s = cost_model.fastest(1, longest) * DEADLINE_FLOOR_SHARE
-        if timeout_s < floor_s:
-            raise InvalidInput(
-                "timeout_ms",
-                f"{timeout_s * 1000:g} ms cannot be met: this model needs about "
-                f"{floor_s / DEADLINE_FLOOR_SHARE * 1000:.1f} ms for one row of {longest} tokens "
-                "on an idle server",
-            )
+        return cost_model.fastest_row() if cost_model.ready else None
+
+    def check_deadline(self, longest: int, timeout_s: float) -> None:
+        refuse_unmeetable(self.fastest_row(), longest, timeout_s)
 
     def count_invalid(self) -> None:
         """A request refused by validation, counted with the batcher's own refusals."""

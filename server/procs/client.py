@@ -37,6 +37,7 @@ import zmq
 from prometheus_client import Counter, Gauge
 
 from ferry.batcher import TensorRows
+from ferry.batcher.cost_model import RowTime
 from ferry.batcher.errors import BatcherClosed, DeadlineExceeded, InferenceFailed, QueueFull
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.llm.errors import EngineDead, EngineStalled, GenerationFailed
@@ -330,6 +331,10 @@ class EngineClient:
             f"the engine process has sent nothing for {silent_s:.1f} s (stopped, or stuck); "
             "retry later"
         )
+
+    def fastest_row(self, model: str) -> RowTime | None:
+        """The engine's encoder `model`'s time for a row alone, by its last report."""
+        return None if self.stats is None else self.stats.fastest_rows.get(model)
 
     def llm_stats(self, model: str) -> EngineStats | None:
         return None if self.stats is None else self.stats.llms.get(model)

@@ -522,10 +522,12 @@ class EngineServer:
     def _stats_now(self) -> wire.Stats:
         ready = {name: model.ready for name, model in self.encoders.items()}
         ready |= {name: model.ready for name, model in self.graphs.items()}
+        rows = {name: model.fastest_row() for name, model in self.encoders.items()}
         return wire.Stats(
             {name: engine.stats() for name, engine in self.engines.items()},
             ready,
             {name: engine.is_ready() for name, engine in self.engines.items()},
+            {name: row for name, row in rows.items() if row is not None},
         )
 
     async def _report(self) -> None:

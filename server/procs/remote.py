@@ -26,6 +26,7 @@ from ferry.batcher import TensorRows
 from ferry.batcher.errors import QueueFull
 from ferry.llm.base import EngineStats, GenerationDelta
 from ferry.llm.chat_tokenizer import ChatTokenizer
+from ferry.server.deadline_floor import refuse_unmeetable
 from ferry.server.encoder import gather_results
 from ferry.server.encoder_request import ValidSequences
 from ferry.server.errors import InvalidInput
@@ -137,8 +138,9 @@ class RemoteModelRuntime(_EngineModel):
             raise
 
     def check_deadline(self, longest: int, timeout_s: float) -> None:
-        # The cost model lives in the engine process, which checks the same floor on Submit.
-        pass
+        # The cost model lives in the engine process, which checks the same floor on Submit
+        # (until its first report after the fit reaches here).
+        refuse_unmeetable(self._client.fastest_row(self.name), longest, timeout_s)
 
     async def close(self, drain_timeout_s: float) -> None:
         self.tokenizer.close()

@@ -18,6 +18,7 @@ from ferry.backends.batch_plan import BatchPlan
 from ferry.backends.tensor_signature import Signature
 from ferry.batcher import TensorRows, TokenSequence
 from ferry.batcher import errors as batcher_errors
+from ferry.batcher.cost_model import RowTime
 from ferry.llm import errors as llm_errors
 from ferry.llm.base import EngineStats, GenerationDelta, SamplingSettings
 from ferry.server import errors as server_errors
@@ -225,6 +226,9 @@ class Stats(msgspec.Struct, tag=True):
     llms: dict[str, EngineStats]
     models_ready: dict[str, bool]
     llms_ready: dict[str, bool]
+    # Each encoder's row time once its cost model is fitted: the API processes refuse a
+    # deadline it can never meet themselves (deadline_floor.py).
+    fastest_rows: dict[str, RowTime]
 
 
 ToEngine = Hello | Submit | Cancel | Admit | Release | Generate | Call | Ack

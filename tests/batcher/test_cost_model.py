@@ -33,6 +33,9 @@ def test_fastest_follows_the_idle_batches_where_predict_follows_the_load():
     for n, length in [(1, 256), (8, 100)]:
         assert model.predict(n, length) > 1.5 * true_cost(n, length)
         assert model.fastest(n, length) == pytest.approx(true_cost(n, length), rel=0.2)
+    # What an API process is sent prices a row alone as the engine's own model does.
+    for length in (1, 37, 256, 4000):
+        assert model.fastest_row().seconds(length) == pytest.approx(model.fastest(1, length))
 
 
 def test_fastest_is_never_a_sliver_of_the_prediction():

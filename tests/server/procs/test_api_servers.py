@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from ferry.bench.server_process import (
 )
 from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.procs.arena import ARENA_DIR, arena_prefix
+from ferry.server.procs.engine_main import STATS_EVERY_S
 from tests.support import plain_graphs
 from tests.support.llm_configs import tiny_llm_config
 from tests.support.metrics import metric_value
@@ -308,6 +310,29 @@ def test_a_stopped_engine_gets_504_at_the_deadline_and_readiness_turns_503(serve
     assert status == 504
     wait_until(lambda: ready(server), what="readiness once the engine resumed")
     assert predict(server) == 200
+
+
+def test_a_deadline_the_model_cannot_meet_is_refused_by_the_api_process_alone(server):
+    """The floor is decided where the request is validated, from the engine's reported row
+    time: a 422 even from a stopped engine, not a round trip that races the 1 ms timer here
+    (a 504 beside a CPU hog when the engine checked it)."""
+    ids = [101] + [7592] * 254 + [102]  # MiniLM needs several times 1 ms for 256 tokens
+    for _ in range(8):  # rows of this length, so the fitted line knows them
+        assert httpx.post(f"{server.url}/predict", json={"input_ids": ids}).status_code == 200
+    unmeetable = {"input_ids": ids, "timeout_ms": 1}
+    wait_until(
+        lambda: httpx.post(f"{server.url}/predict", json=unmeetable).status_code == 422,
+        what="the engine's fitted floor",
+    )
+    time.sleep(4 * STATS_EVERY_S)  # the engine's next reports carry the fit
+    (engine,) = pids(server, "engine")
+    os.kill(engine, signal.SIGSTOP)
+    try:
+        answer = httpx.post(f"{server.url}/predict", json=unmeetable, timeout=60)
+    finally:
+        os.kill(engine, signal.SIGCONT)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["param"] == "timeout_ms"
 
 
 def test_a_stopped_engine_ends_chats_with_503_after_its_heartbeat_timeout(server):
