@@ -108,6 +108,8 @@ class DeviceStats:
     in_flight: int = 0
     max_in_flight: int = 0
     launch_s: float = 0.0  # total GIL time spent launching
+    # The process's sys.getswitchinterval(): how long a stream thread may wait for the GIL.
+    switch_interval_s: float = 0.0
 
     @classmethod
     def read(cls, path: Path) -> DeviceStats:
@@ -167,6 +169,7 @@ class SimulatedDevice:
         partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         with self._writing:
             with self._lock:  # the counters as of now, the last writer the newest
+                self.stats.switch_interval_s = sys.getswitchinterval()
                 text = json.dumps(asdict(self.stats))
             partial.write_text(text)
             partial.replace(path)

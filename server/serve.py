@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 from types import FrameType
 
 import uvicorn
@@ -78,6 +79,7 @@ class DrainingServer(uvicorn.Server):
 
 def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
     """`sockets`: a listening socket shared by API processes (server/procs); else bind."""
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     services = app_services(app)
     # Probes answered as parsed, except where the gateway has more to do for them: a span of
     # their own (tracing), or a key to check.

@@ -321,6 +321,11 @@ class Settings(_Strict):
     grammar_compile_timeout_s: float = Field(default=10.0, gt=0)
     grammar_workers: int = Field(default=2, ge=1, le=64)  # processes that check grammars
     grammar_cache_entries: int = Field(default=512, ge=0)  # checked grammars kept (LRU)
+    # How long a thread that wants the GIL waits before the one holding it must let go
+    # (sys.setswitchinterval), in every server process. Python's 5 ms default made a device's
+    # stream thread wait up to 5 ms to launch and again to hand back each batch while the busy
+    # event loop held the GIL (docs/batching.md "The GIL's switch interval").
+    gil_switch_interval_ms: float = Field(default=0.5, gt=0, le=100)
     # KServe v2 gRPC (tritonclient.grpc, perf_analyzer -i grpc) on its own port; off unless set.
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
     # Triton's system shared memory extension (/v2/systemsharedmemory, gRPC SystemSharedMemory*):

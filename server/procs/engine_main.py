@@ -12,6 +12,7 @@ import itertools
 import logging
 import os
 import signal
+import sys
 from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -549,6 +550,7 @@ def engine_main(
 ) -> None:
     """The engine process's entry (multiprocessing spawn target)."""
     configure_logging(settings.log_level, settings.log_format)
+    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
 
     async def main() -> None:
         stop = asyncio.Event()

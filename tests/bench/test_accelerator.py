@@ -129,6 +129,7 @@ def test_a_server_on_the_simulated_device_batches_more_under_load(tmp_path, api_
     """Behind a real server (with API processes: in the engine process they feed)."""
     stats_file = tmp_path / "device.json"
     env = DeviceTimes(**{**SLOW.__dict__, "stats_file": str(stats_file)}).to_env()
+    env["FERRY_GIL_SWITCH_INTERVAL_MS"] = "0.7"
     rng = np.random.default_rng(0)
     bodies = [predict_body([101, *rng.integers(2000, 29000, n).tolist(), 102]) for n in range(40)]
     with ferry_server(
@@ -155,6 +156,8 @@ def test_a_server_on_the_simulated_device_batches_more_under_load(tmp_path, api_
     assert rows / batches > one_rows / one_batches
     stats = DeviceStats.read(stats_file)
     assert stats.max_in_flight >= 2
+    # The stream threads wait that long at most for the GIL the busy loop holds, not 5 ms.
+    assert stats.switch_interval_s == pytest.approx(0.0007)
 
 
 @pytest.mark.parametrize("name", [SIMULATED, NULL])
