@@ -408,6 +408,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--per-token-us", type=float, default=defaults.per_token_us)
     parser.add_argument("--per-row-us", type=float, default=defaults.per_row_us, help="Images.")
     parser.add_argument("--streams", type=int, default=defaults.streams)
+    parser.add_argument(
+        "--launch-on-loop",
+        action="store_true",
+        help="Launch on the event loop's thread, the device's time a timer: no stream threads.",
+    )
     parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
     parser.add_argument("--no-images", action="store_true", help="The text sets only.")
     return parser.parse_args(argv)
@@ -428,6 +433,7 @@ def config_from(args: argparse.Namespace) -> Config:
             per_token_us=args.per_token_us,
             per_row_us=args.per_row_us,
             streams=args.streams,
+            launch_on_loop=args.launch_on_loop,
         ),
         max_batch_size=args.max_batch_size,
         api_servers=args.api_servers,
@@ -450,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         f"simulated device: {device.launch_ms:g} ms of GIL per batch, then {device.fixed_ms:g} ms"
         f" + {device.per_token_us:g} us per padded token (images: {device.per_row_us:g} us a"
         f" row) without it, {device.streams} streams"
+        f"{', launched on the event loop' if device.launch_on_loop else ''}"
         f" (most in flight seen: {results.max_in_flight})"
     )
     print(

@@ -71,6 +71,11 @@ class DeviceTimes:
     per_token_us: float = 0.2  # device time per padded token, GIL released
     per_row_us: float = 50.0  # a plain graph's batches (images): device time per row
     streams: int = 2  # batches in flight at once
+    # The launch on the event loop's own thread and the device's time a timer, with no stream
+    # thread: what a CUDA graph replayed from the loop with an event polled there would be.
+    # Each batch handed to a thread costs the loop GIL handoffs (docs/benchmarks.md, seventh
+    # session); this measures what a backend without them could reach.
+    launch_on_loop: bool = False
     stats_file: str | None = None
 
     def device_s(self, padded_tokens: int) -> float:
@@ -135,15 +140,28 @@ class SimulatedDevice:
         self._lock = threading.Lock()
         self._writing = threading.Lock()  # two streams may both see a new maximum
         self._executor = ThreadPoolExecutor(times.streams, thread_name_prefix="sim-stream")
+        self._streams = asyncio.Semaphore(times.streams)  # launch_on_loop's streams
 
     async def run(self, rows: int, padded_tokens: int, device_s: float | None = None) -> None:
         """One batch: launched, then `device_s` on the device (by default its padded tokens')."""
         if device_s is None:
             device_s = self.times.device_s(padded_tokens)
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._batch, rows, padded_tokens, device_s)
+        if not self.times.launch_on_loop:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self._batch, rows, padded_tokens, device_s)
+            return
+        async with self._streams:
+            launch_s = self._launched()
+            await asyncio.sleep(device_s)
+            self._landed(rows, padded_tokens, launch_s)
 
     def _batch(self, rows: int, padded_tokens: int, device_s: float) -> None:
+        launch_s = self._launched()
+        time.sleep(device_s)
+        self._landed(rows, padded_tokens, launch_s)
+
+    def _launched(self) -> float:
+        """A batch in flight and launched; the GIL time its launch took."""
         with self._lock:
             self.stats.in_flight += 1
             grew = self.stats.in_flight > self.stats.max_in_flight
@@ -152,14 +170,15 @@ class SimulatedDevice:
             self.write_stats()
         began = time.perf_counter()
         hold_gil(self.times.launch_ms / 1e3)
-        launched = time.perf_counter()
-        time.sleep(device_s)
+        return time.perf_counter() - began
+
+    def _landed(self, rows: int, padded_tokens: int, launch_s: float) -> None:
         with self._lock:
             self.stats.in_flight -= 1
             self.stats.batches += 1
             self.stats.rows += rows
             self.stats.padded_tokens += padded_tokens
-            self.stats.launch_s += launched - began
+            self.stats.launch_s += launch_s
 
     def write_stats(self) -> None:
         if self.times.stats_file is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from dataclasses import replace
 
 import httpx
 import numpy as np
@@ -61,15 +63,20 @@ def test_a_batch_costs_its_fixed_time_and_its_padded_tokens():
     assert times.batch_s(16) == pytest.approx(0.0015 + 0.001 + 16 * 0.2e-6)
 
 
-def test_the_device_counts_batches_and_runs_no_more_than_its_streams(tmp_path):
+@pytest.mark.parametrize("launch_on_loop", [False, True], ids=["stream-threads", "on-loop"])
+def test_the_device_counts_batches_and_runs_no_more_than_its_streams(tmp_path, launch_on_loop):
     stats_file = tmp_path / "device.json"
-    device = SimulatedDevice(DeviceTimes(0.1, 20.0, 0.0, streams=2, stats_file=str(stats_file)))
+    times = DeviceTimes(0.1, 20.0, 0.0, streams=2, launch_on_loop=launch_on_loop)
+    device = SimulatedDevice(replace(times, stats_file=str(stats_file)))
 
     async def six_batches() -> None:
         await asyncio.gather(*(device.run(rows=4, padded_tokens=4 * 16) for _ in range(6)))
 
     asyncio.run(six_batches())
+    # On the loop: no stream thread was ever started.
+    started = any(t.name.startswith("sim-stream") for t in threading.enumerate())
     device.close()
+    assert started != launch_on_loop
     stats = DeviceStats.read(stats_file)
     assert (stats.batches, stats.rows, stats.padded_tokens) == (6, 24, 6 * 64)
     assert stats.max_in_flight == 2 and stats.in_flight == 0
