@@ -57,9 +57,10 @@ class ZeroTensorBackend(OnnxTensorBackend):
         self,
         model_path: Path,
         options: OnnxRuntimeOptions,
+        light: bool = False,
         wait: Callable[[dict[str, np.ndarray]], Awaitable[None]] | None = None,
     ) -> None:
-        super().__init__(model_path, options)
+        super().__init__(model_path, options, light)
         self._wait = wait
 
     async def run(self, feeds: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from ferry.server.graph_model import (
     refuse_sequence,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
+from ferry.server.light_graphs import light_graph
 from ferry.server.metrics import FerryMetrics
 from ferry.server.sequences import SequenceBatcher
 from ferry.server.settings import ModelSettings
@@ -70,7 +71,7 @@ class GraphRuntime:
         self.settings = settings
         self.name = settings.name
         self.onnx_file = onnx_file
-        self.backend = OnnxTensorBackend(onnx_file, settings.backend)
+        self.backend = OnnxTensorBackend(onnx_file, settings.backend, light_graph(onnx_file))
         self._metrics = metrics
         self.batcher: MicroBatcher | None = None
         self.batchable = False
