@@ -47,10 +47,9 @@ class OnnxTensorBackend:
     queues_batches = False
     sequence_outputs: frozenset[str] = frozenset()
 
-    def __init__(self, model_path: Path, options: OnnxRuntimeOptions, light: bool = False) -> None:
+    def __init__(self, model_path: Path, options: OnnxRuntimeOptions) -> None:
         self.model_path = model_path
         self._options = options
-        self._light = light
         self._on_loop = False  # small batches run on the event loop (a light graph on the CPU)
         self.max_concurrency = options.sessions or DEFAULT_SESSIONS
         # Sessions are built in these threads too: ONNX Runtime's own inherit their niceness.
@@ -98,7 +97,6 @@ class OnnxTensorBackend:
             if s.datatype == "BF16"
         }
         self.metadata = dict(sessions[0].get_modelmeta().custom_metadata_map)
-        self._on_loop = self._light and self.providers == ["CPUExecutionProvider"]
         for session in sessions:
             self._sessions.put(session)
         await self._warm_up()
@@ -122,6 +120,11 @@ class OnnxTensorBackend:
             await self.run(cast(dict[str, np.ndarray], feeds), self.output_names)
         except Exception as exc:  # any failure here only skips the warm-up
             logger.warning("onnxruntime: %s: warm-up on zeros failed: %s", self.model_path, exc)
+
+    def run_small_batches_on_loop(self) -> None:
+        """The graph is light (its owner read its nodes): batches of at most ON_LOOP_MAX_BYTES
+        run on the event loop's thread from now on, where the graph runs on the CPU."""
+        self._on_loop = self.providers == ["CPUExecutionProvider"]
 
     async def infer(self, batch: TensorBatch) -> dict[str, np.ndarray]:
         return await self.run(batch.inputs, batch.outputs or self.output_names)

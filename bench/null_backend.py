@@ -57,10 +57,9 @@ class ZeroTensorBackend(OnnxTensorBackend):
         self,
         model_path: Path,
         options: OnnxRuntimeOptions,
-        light: bool = False,
         wait: Callable[[dict[str, np.ndarray]], Awaitable[None]] | None = None,
     ) -> None:
-        super().__init__(model_path, options, light)
+        super().__init__(model_path, options)
         self._wait = wait
 
     async def run(self, feeds: dict[str, np.ndarray], names: tuple[str, ...]) -> dict[str, Any]:

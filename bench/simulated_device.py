@@ -235,8 +235,8 @@ class SimulatedTensorBackend(ZeroTensorBackend):
     """A plain graph (images) on a simulated device of its own: `fixed_ms` + `per_row_us` a
     batch, after the launch; its answers zeros of its outputs' shapes."""
 
-    def __init__(self, model_path: Path, options: OnnxRuntimeOptions, light: bool = False) -> None:
-        super().__init__(model_path, options, light, self._on_device)
+    def __init__(self, model_path: Path, options: OnnxRuntimeOptions) -> None:
+        super().__init__(model_path, options, self._on_device)
         self.device = SimulatedDevice(DeviceTimes.from_env())
         self.max_concurrency = self.device.times.streams  # batches in flight: its streams
 

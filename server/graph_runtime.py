@@ -18,7 +18,7 @@ import numpy as np
 
 from ferry.backends import bfloat16
 from ferry.backends.batch_plan import UNSTARTED, BatchPlan, plan_batching
-from ferry.backends.onnx_graph_ops import MalformedGraph, read_graph_ops
+from ferry.backends.onnx_graph_ops import GraphOps, MalformedGraph, read_graph_ops
 from ferry.backends.onnx_tensors import OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
 from ferry.backends.tensor_signature import Signature
@@ -49,7 +49,7 @@ from ferry.server.graph_model import (
     refuse_sequence,
 )
 from ferry.server.image_inputs import ImageInputs, image_inputs
-from ferry.server.light_graphs import light_graph
+from ferry.server.light_graphs import light_ops
 from ferry.server.metrics import FerryMetrics
 from ferry.server.sequences import SequenceBatcher
 from ferry.server.settings import ModelSettings
@@ -71,7 +71,7 @@ class GraphRuntime:
         self.settings = settings
         self.name = settings.name
         self.onnx_file = onnx_file
-        self.backend = OnnxTensorBackend(onnx_file, settings.backend, light_graph(onnx_file))
+        self.backend = OnnxTensorBackend(onnx_file, settings.backend)
         self._metrics = metrics
         self.batcher: MicroBatcher | None = None
         self.batchable = False
@@ -137,7 +137,10 @@ class GraphRuntime:
                 f"model {self.name!r}: mask_inputs names {sorted(unknown)}, which are not among "
                 f"its inputs {list(signature.input_names)}"
             )
-        self.batch_plan = self._plan()
+        ops = self._graph_ops()
+        self.batch_plan = self._plan(ops)
+        if ops is not None and light_ops(ops.op_types()):
+            self.backend.run_small_batches_on_loop()
         self._padded = self.batch_plan.padded
         self._check_labels()
         if "outputs" in self.settings.model_fields_set:  # else the encoders' default: unset
@@ -183,13 +186,15 @@ class GraphRuntime:
                     f"which has {classes} classes"
                 )
 
-    def _plan(self) -> BatchPlan:
-        settings = self.settings
+    def _graph_ops(self) -> GraphOps | None:
         try:
-            ops = read_graph_ops(self.onnx_file)
+            return read_graph_ops(self.onnx_file)
         except (OSError, MalformedGraph) as exc:  # ONNX Runtime read it: only detection is lost
             logger.warning("model %r: its nodes could not be read (%s)", self.name, exc)
-            ops = None
+            return None
+
+    def _plan(self, ops: GraphOps | None) -> BatchPlan:
+        settings = self.settings
         # Decoded images all come out the crop's size; other sizes sent as tensors never share
         # a batch, since padding an image's height or width changes its answers.
         images = self.signature.input(self.images.input) if self.images is not None else None

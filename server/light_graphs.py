@@ -13,6 +13,7 @@ light. The graph is read with protobuf alone (llm/onnx_subset.py): a runtime ins
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -42,6 +43,12 @@ ELEMENTWISE_OPS = frozenset(
 LIGHT_OPS = ML_OPS | ELEMENTWISE_OPS
 
 
+def light_ops(op_types: Iterable[str]) -> bool:
+    """A graph of these nodes' op types is light (none: not light)."""
+    types = list(op_types)
+    return bool(types) and all(op in LIGHT_OPS for op in types)
+
+
 def light_graph(path: Path) -> bool:
     """`path` (an .onnx file, or a folder of them) holds only light graphs."""
     files = sorted(path.rglob("*.onnx")) if path.is_dir() else [path]
@@ -55,5 +62,4 @@ def _light_file(path: Path) -> bool:
         model = ModelProto.FromString(path.read_bytes())
     except (OSError, DecodeError):
         return False
-    nodes = model.graph.node
-    return bool(nodes) and all(node.op_type in LIGHT_OPS for node in nodes)
+    return light_ops(node.op_type for node in model.graph.node)

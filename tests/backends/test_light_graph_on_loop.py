@@ -8,10 +8,15 @@ import threading
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry
 
+from ferry.backends.onnx_graph_ops import read_graph_ops
 from ferry.backends.onnx_tensors import ON_LOOP_MAX_BYTES, OnnxTensorBackend
 from ferry.backends.options import OnnxRuntimeOptions
-from ferry.server.light_graphs import light_graph
+from ferry.server.graph_runtime import GraphRuntime
+from ferry.server.light_graphs import light_ops
+from ferry.server.metrics import FerryMetrics
+from ferry.server.settings import ModelSettings
 from tests.support.plain_graphs import breast_cancer, breast_cancer_rows
 
 pytestmark = pytest.mark.unit
@@ -24,7 +29,8 @@ LARGE = ON_LOOP_MAX_BYTES // ROW_BYTES + 1
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory: pytest.TempPathFactory):
     path = breast_cancer(tmp_path_factory.mktemp("trees") / "model.onnx", "gradient_boosting")
-    assert light_graph(path)  # what the server passes the backend
+    # what the server reads before it tells the backend
+    assert light_ops(read_graph_ops(path).op_types())
     return path
 
 
@@ -34,8 +40,10 @@ def trees(tmp_path_factory: pytest.TempPathFactory):
     ids=["light-small", "light-large", "not-light"],
 )
 async def test_a_light_graphs_small_batch_runs_on_the_loops_thread(trees, light, rows, on_loop):
-    backend = OnnxTensorBackend(trees, OnnxRuntimeOptions(device="cpu"), light)
+    backend = OnnxTensorBackend(trees, OnnxRuntimeOptions(device="cpu"))
     await backend.start()
+    if light:
+        backend.run_small_batches_on_loop()
     threads: list[int] = []
     run = backend._run_on
 
@@ -63,8 +71,9 @@ async def test_a_light_graphs_small_batch_runs_on_the_loops_thread(trees, light,
 
 
 async def test_with_every_session_busy_a_small_batch_waits_in_a_thread_not_on_the_loop(trees):
-    backend = OnnxTensorBackend(trees, OnnxRuntimeOptions(device="cpu", sessions=1), True)
+    backend = OnnxTensorBackend(trees, OnnxRuntimeOptions(device="cpu", sessions=1))
     await backend.start()
+    backend.run_small_batches_on_loop()
     try:
         held = backend._sessions.get_nowait()  # as a run in a worker thread holds it
         x = breast_cancer_rows()[:SMALL]
@@ -75,3 +84,13 @@ async def test_with_every_session_busy_a_small_batch_waits_in_a_thread_not_on_th
         assert set(await asyncio.wait_for(run, 30)) == set(backend.output_names)
     finally:
         await backend.close()
+
+
+async def test_the_server_tells_a_light_graphs_backend_from_the_nodes_it_reads(trees):
+    settings = ModelSettings(name="trees", path=trees)
+    model = GraphRuntime(settings, trees, FerryMetrics(CollectorRegistry()))
+    try:
+        await model.start()
+        assert model.backend._on_loop
+    finally:
+        await model.close(0)
