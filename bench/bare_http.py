@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import cast
 
 import uvloop
@@ -27,8 +28,9 @@ class BareHttp(asyncio.Protocol):
         self._transport.write(ANSWER)
 
 
-async def serve(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(BareHttp, "127.0.0.1", port)
+async def serve(port: int, protocol: Callable[[], asyncio.Protocol] = BareHttp) -> None:
+    """`protocol`'s connections on the loopback `port`, until cancelled."""
+    server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 

@@ -23,6 +23,8 @@ import httptools
 import orjson
 import uvloop
 
+from ferry.bench.bare_http import serve
+
 ANSWER = orjson.dumps(
     {
         "model_name": "floor",
@@ -82,19 +84,13 @@ async def floor_asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-async def serve_protocol(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(FloorProtocol, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=("protocol", "asgi"), required=True)
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     if args.kind == "protocol":
-        uvloop.run(serve_protocol(args.port))
+        uvloop.run(serve(args.port, FloorProtocol))
         return 0
     import uvicorn
 
