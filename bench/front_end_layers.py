@@ -9,7 +9,8 @@ process whose event loop is its limit:
   uvicorn + ASGI   bench/floor_servers.py --kind asgi: the same behind uvicorn as Ferry runs it
   ferry            `ferry serve --model gb=...` in one process (replicas = 1)
 and, in this process, Ferry's app with no socket at all: `clients` tasks calling it as an ASGI
-app in a closed loop (the gateway, KServe decoding, the batcher, ONNX Runtime, the answer).
+app in a closed loop on uvloop (the gateway, KServe decoding, the batcher, ONNX Runtime, the
+answer).
 
 For each: req/s and its event loop's CPU per request. Then Ferry's per request split in two:
 its own path (the app with no socket) and the rest (the HTTP server, its connection guards and
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import uvloop
 
 from ferry.bench.interleaved import block_order
 from ferry.bench.process_cpu import CpuSample
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ferry-layers-") as tmp:
         work = Path(tmp)
         model, rows = export_model(work / "model")
-        layers = asyncio.run(measure(model, bodies(rows), work, args))
+        # uvloop, as under `ferry serve`: the app's tasks scheduled by the same loop.
+        layers = uvloop.run(measure(model, bodies(rows), work, args))
     print(report(layers, args.clients))
     return 0
 
