@@ -32,10 +32,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import uvloop
@@ -45,6 +45,7 @@ from ferry.bench.process_cpu import CpuSample
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.tabular import MODEL, bodies, export_model, ferry_process
 from ferry.bench.wrk_load import closed_loop
+from ferry.server.disconnect import DISCONNECTED
 
 PATH = f"/v2/models/{MODEL}/infer"
 BARE, ASGI, FERRY, APP = "bare protocol", "uvicorn + ASGI", "ferry", "ferry, no socket"
@@ -66,18 +67,28 @@ class Tally:
     loop_s: float = 0.0
     failed: int = 0
 
-    def add(self, requests: int, seconds: float, loop_s: float, failed: int) -> None:
-        self.requests += requests
-        self.seconds += seconds
-        self.loop_s += loop_s
-        self.failed += failed
+    def add(self, done: Round) -> None:
+        self.requests += done.requests
+        self.seconds += done.seconds
+        self.loop_s += done.loop_s
+        self.failed += done.failed
 
     def layer(self) -> Layer:
         requests = max(1, self.requests)
         return Layer(requests / max(self.seconds, 1e-9), self.loop_s / requests * 1e6, self.failed)
 
 
-Round = tuple[int, float, float, int]  # requests, seconds, the loop's CPU seconds, not 200
+class Round(NamedTuple):
+    """One round of load on one layer."""
+
+    requests: int
+    seconds: float
+    loop_s: float  # the event loop's CPU meanwhile
+    failed: int  # answers other than 200
+
+
+def not_200(statuses: Mapping[int, int]) -> int:
+    return sum(n for status, n in statuses.items() if status != 200)
 
 
 def floor_process(kind: str, work: Path) -> ManagedProcess:
@@ -95,9 +106,8 @@ def server_round(
     before = CpuSample.of(server.pid or 0)
     result = closed_loop(server.url, payloads, clients, PATH, seconds)
     after = CpuSample.of(server.pid or 0)
-    failed = sum(n for status, n in result.statuses.items() if status != 200)
     loop_s = (after.loop_s or 0.0) - (before.loop_s or 0.0)
-    return result.completed, result.elapsed_s, loop_s, failed
+    return Round(result.completed, result.elapsed_s, loop_s, not_200(result.statuses))
 
 
 class AppAlone:
@@ -129,22 +139,19 @@ class AppAlone:
         began, cpu_began = time.perf_counter(), time.thread_time()
         await asyncio.gather(*(self._client(i, until, statuses) for i in range(self._clients)))
         elapsed, cpu = time.perf_counter() - began, time.thread_time() - cpu_began
-        failed = sum(n for status, n in statuses.items() if status != 200)
-        return sum(statuses.values()), elapsed, cpu, failed
+        return Round(sum(statuses.values()), elapsed, cpu, not_200(statuses))
 
     async def _client(self, index: int, until: float, statuses: Counter[int]) -> None:
-        from ferry.server.disconnect import DISCONNECTED
-
         loop = asyncio.get_running_loop()
         sent = index
         while loop.time() < until:
             body = self._bodies[sent % len(self._bodies)]
             sent += self._clients
-            await one_request(self._app, body, loop.create_future(), statuses, DISCONNECTED)
+            await one_request(self._app, body, loop.create_future(), statuses)
 
 
 async def one_request(
-    app: Any, body: bytes, gone: asyncio.Future[None], statuses: Counter[int], key: str
+    app: Any, body: bytes, gone: asyncio.Future[None], statuses: Counter[int]
 ) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     scope = {
@@ -155,7 +162,7 @@ async def one_request(
         "raw_path": PATH.encode(),
         "query_string": b"",
         "headers": headers,
-        "extensions": {key: gone},
+        "extensions": {DISCONNECTED: gone},
     }
     delivered = False
 
@@ -224,10 +231,10 @@ async def measure(
             for index in range(args.rounds):
                 for name in block_order(index, list(tallies)):
                     if name == APP:
-                        tallies[name].add(*await alone.round(round_s))
+                        tallies[name].add(await alone.round(round_s))
                         continue
                     load = (servers[name], payloads, args.clients, round_s)
-                    tallies[name].add(*await asyncio.to_thread(server_round, *load))
+                    tallies[name].add(await asyncio.to_thread(server_round, *load))
     return {name: tally.layer() for name, tally in tallies.items()}
 
 

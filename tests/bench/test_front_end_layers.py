@@ -4,6 +4,7 @@ socket, Ferry's app answers in process with no socket, and the report splits Fer
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import httpx
 import pytest
@@ -18,10 +19,12 @@ from ferry.bench.front_end_layers import (
     AppAlone,
     Layer,
     floor_process,
+    one_request,
     report,
 )
 from ferry.bench.processes import running
 from ferry.bench.tabular import bodies, export_model
+from ferry.server.disconnect import DISCONNECTED
 
 pytestmark = pytest.mark.integration
 
@@ -53,6 +56,27 @@ def test_ferrys_app_answers_with_no_socket(tabular):
     requests, seconds, loop_s, failed = asyncio.run(one_round())
     assert requests > 0 and failed == 0
     assert seconds > 0 and loop_s > 0
+
+
+def test_each_request_carries_the_disconnect_future_ferrys_protocol_hands_over():
+    """Without it the gateway starts a task per request to watch `receive`, which a served
+    request never pays: the no-socket figure would not be the served path's."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def call():
+        gone = asyncio.get_running_loop().create_future()
+        statuses = Counter()
+        await one_request(app, b"{}", gone, statuses)
+        return gone, statuses
+
+    gone, statuses = asyncio.run(call())
+    assert seen[0]["extensions"][DISCONNECTED] is gone
+    assert seen[0]["path"] == PATH and statuses == {200: 1}
 
 
 def test_the_report_splits_ferrys_time_between_its_own_path_and_the_http_around_it():
