@@ -162,7 +162,9 @@ async def test_waiting_requests_start_lowest_priority_first(reference: dict[str,
     prompt = engine.tokenizer.encode(reference["cases"][1]["prompt"])  # greedy: no early end
 
     async def run(name: str, priority: int) -> None:
-        deltas = engine.generate(name, prompt, SamplingSettings(max_tokens=2), priority=priority)
+        deltas = engine.generate(
+            name, prompt, SamplingSettings(max_tokens=2, temperature=0), priority=priority
+        )
         async with aclosing(deltas) as it:
             async for _ in it:
                 if name not in order:
