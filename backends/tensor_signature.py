@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, cast
 
 import numpy as np
@@ -49,7 +50,7 @@ class TensorSpec:
     # model's ids as INT32, as tritonclient's examples send them).
     widens: frozenset[str] = frozenset()
 
-    @property
+    @cached_property  # read for every request's every input
     def dtype(self) -> np.dtype:
         if self.class_map:
             return np.dtype(np.float32)
@@ -81,19 +82,28 @@ class Signature:
         specs = (*self.inputs, *self.outputs)
         return all(s.class_map or (s.shape and isinstance(s.shape[0], str)) for s in specs)
 
+    # Read for every request: worked out once (a frozen instance's fields never change).
     def input(self, name: str) -> TensorSpec:
-        return next(s for s in self.inputs if s.name == name)
+        return self._inputs_by_name[name]
 
     def output(self, name: str) -> TensorSpec:
-        return next(s for s in self.outputs if s.name == name)
+        return self._outputs_by_name[name]
 
-    @property
+    @cached_property
     def input_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.inputs)
 
-    @property
+    @cached_property
     def output_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.outputs)
+
+    @cached_property
+    def _inputs_by_name(self) -> dict[str, TensorSpec]:
+        return {s.name: s for s in self.inputs}
+
+    @cached_property
+    def _outputs_by_name(self) -> dict[str, TensorSpec]:
+        return {s.name: s for s in self.outputs}
 
 
 class UnsupportedGraph(ValueError):

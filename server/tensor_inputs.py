@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import operator
 from collections.abc import Iterable, Mapping
+from functools import cache
 from itertools import chain
 from typing import Any
 
@@ -66,6 +67,9 @@ def plain_numbers(datatype: str, dtype: np.dtype, data: Any) -> np.ndarray | Non
         return array if array.dtype.kind == "b" else None
     if datatype not in FLOATS and datatype not in INTEGERS:
         return None
+    flat = _small_flat(data)
+    if flat is not None:
+        return _small_numbers(datatype, dtype, data, flat)
     if not _numbers_only(data):
         return None
     try:
@@ -86,6 +90,51 @@ def plain_numbers(datatype: str, dtype: np.dtype, data: Any) -> np.ndarray | Non
         if not (limits.min <= int(array.min()) and int(array.max()) <= limits.max):
             return None
     return array.astype(dtype, copy=False)
+
+
+def _small_flat(data: Any) -> list[Any] | None:
+    """The items of lists nested at most two deep holding at most SHORT_LIST of them (a tabular
+    row, a short sequence), else None.
+
+    For these, a numpy call costs more than a Python pass over the items (~1 us each against
+    ~0.7 us for 30 items): one pass reads every item's type, which replaces the three passes
+    (numbers only, booleans, range) of the general path."""
+    if type(data) is not list or not data or len(data) > SHORT_LIST:
+        return None
+    first = data[0]
+    if type(first) is not list:
+        return data
+    if not first or type(first[0]) is list or len(first) * len(data) > SHORT_LIST:
+        return None  # empty rows, deeper nesting or many items: the general path
+    if not all(type(row) is list for row in data):
+        return None
+    flat = list(chain.from_iterable(data))
+    return flat if len(flat) <= SHORT_LIST else None
+
+
+@cache
+def _range(dtype: np.dtype) -> tuple[float, float]:
+    """The values a short list's items must lie within to be read as `dtype`. An item past
+    float64's range cannot be a JSON float; an integer past 64 bits numpy refuses."""
+    if dtype.kind == "f":
+        top = float(np.finfo(dtype).max)
+        return -top, top
+    limits = np.iinfo(dtype)
+    return limits.min, limits.max
+
+
+def _small_numbers(datatype: str, dtype: np.dtype, data: Any, flat: list[Any]) -> np.ndarray | None:
+    """plain_numbers for a short list: the same verdicts, from each item's type."""
+    kinds = set(map(type, flat))
+    if not kinds <= ({int, float} if datatype in FLOATS else {int}):
+        return None  # booleans, strings, null or deeper lists: the exact check names the item
+    low, high = _range(dtype)
+    if min(flat) < low or max(flat) > high:
+        return None  # past the datatype's range: the exact check decides
+    try:
+        return np.array(data, dtype=dtype)
+    except (ValueError, OverflowError):  # ragged rows
+        return None
 
 
 def _numbers_only(data: Any) -> bool:

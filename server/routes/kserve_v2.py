@@ -15,7 +15,7 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -231,14 +231,17 @@ async def infer(call: HotCall) -> Reply:
     if length is None and len(body) >= LARGE_BODY_BYTES:  # all JSON: parsed by a worker
         header = await json_bodies.parsed(body)
     read = await decoded(len(body), partial(read_request, body, length, model, regions, header))
-    header, tensors, wanted, binary, classified = read
-    placed = output_regions(header, regions)
-    priority = call_priority(call, request_priority(parameters(header).get("priority", ABSENT)))
-    sequence = http_sequence(header)
-    strings = check_classified(classified, _rows(tensors))
+    placed = output_regions(read.header, regions)
+    priority = call_priority(call, read.priority)
+    strings = check_classified(read.classified, _rows(read.tensors))
     outputs = await model.infer(
-        tensors, wanted, priority=priority, disconnected=call.disconnected(), sequence=sequence
+        read.tensors,
+        read.wanted,
+        priority=priority,
+        disconnected=call.disconnected(),
+        sequence=read.sequence,
     )
+    classified, binary = read.classified, read.binary
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype
         for name in outputs
@@ -248,7 +251,7 @@ async def infer(call: HotCall) -> Reply:
     size = check_response_size(sent, limit, binary) + strings * CLASSIFIED_BYTES
     answer = partial(
         _answer,
-        Answer(model.name, header.get("id"), binary, datatypes, classified, regions, placed),
+        Answer(model.name, read.header.get("id"), binary, datatypes, classified, regions, placed),
         outputs,
     )
     return await written(size, answer)
@@ -322,14 +325,16 @@ def _answer(answer: Answer, outputs: dict[str, np.ndarray]) -> Reply:
     )
 
 
-# A request read: header, tensors, outputs, binary outputs, classifications.
-InferRequest = tuple[
-    dict[str, Any],
-    dict[str, np.ndarray],
-    tuple[str, ...],
-    set[str],
-    dict[str, classification.Classification],
-]
+class InferRequest(NamedTuple):
+    """A request read and checked."""
+
+    header: dict[str, Any]
+    tensors: dict[str, np.ndarray]
+    wanted: tuple[str, ...]  # its outputs
+    binary: set[str]  # those sent as binary
+    classified: dict[str, classification.Classification]
+    priority: int  # parameters.priority, before the priority policy
+    sequence: SequenceFlags | None
 
 
 def read_request(
@@ -351,14 +356,14 @@ def read_request(
         header, size = read_header(body, header_length)
     wanted, binary = requested_outputs(header, model)
     classified = classifications(header, model)
-    request_priority(parameters(header).get("priority", ABSENT))  # a bad one refused first
-    http_sequence(header)
+    priority = request_priority(parameters(header).get("priority", ABSENT))
+    sequence = http_sequence(header)
     tensors = decode_tensors(header, body, size, model.signature, regions)
     for spec in header["inputs"]:
         # Freed here, not on the event loop when the request ends: an image's 150,528 float
         # objects take ~1 ms to free.
         spec.pop("data", None)
-    return header, tensors, wanted, binary, classified
+    return InferRequest(header, tensors, wanted, binary, classified, priority, sequence)
 
 
 def http_sequence(header: dict[str, Any]) -> SequenceFlags | None:

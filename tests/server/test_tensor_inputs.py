@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ferry.backends.tensor_signature import Signature, TensorSpec
+from ferry.server import tensor_inputs
 from ferry.server.errors import InvalidInput
 from ferry.server.tensor_inputs import (
     _typed_items,
@@ -185,3 +186,47 @@ def test_strings_sent_for_numbers_are_refused_before_any_array_is_built(data):
     finally:
         tracemalloc.stop()
     assert peak < 20 * 2**20, peak
+
+
+# Short lists take their own path (one pass over the items' types); its verdicts must be the
+# general path's: the same array, or the same refusal naming the same item.
+SHORT_LISTS = [
+    [[1.5, 2, -3.25]],
+    [1, 2, 3],
+    [[0, 1], [1, 0]],
+    [[True, 0.5]],
+    [1, False],
+    [[1e39]],
+    [-70000.0, 3.0],
+    [300, -129],
+    [-1, 2],
+    [2**63, 1],
+    [2**64],
+    [[1.0], [2.0, 3.0]],
+    [[1.0, 2.0], 3.0],
+    [[]],
+    [[[1.0, 2.0]]],
+    [[1.0, [2.0]]],
+    [[None, 1.0]],
+    [["1", 2]],
+    [[{"a": 1}]],
+    [1.0] * 512,
+    [[0.5] * 16] * 32,
+]
+
+
+def outcome(datatype: str, data: object) -> tuple[object, ...]:
+    dtype = TensorSpec("x", datatype, ("N",)).dtype
+    try:
+        array = typed_tensor("x", datatype, dtype, data)
+    except InvalidInput as error:
+        return ("refused", error.field, error.message)
+    return ("read", array.dtype, array.shape, array.tolist())
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64", "INT8", "INT64", "UINT8", "UINT64"])
+@pytest.mark.parametrize("data", SHORT_LISTS)
+def test_short_lists_are_read_as_the_general_path_reads_them(monkeypatch, datatype, data):
+    short = outcome(datatype, data)
+    monkeypatch.setattr(tensor_inputs, "_small_flat", lambda _: None)
+    assert short == outcome(datatype, data)
