@@ -150,6 +150,10 @@ class FerryMetrics:
         )
         for reason in REFUSAL_REASONS:  # every series from the start: rate() and alerts see 0
             self.connections_refused.labels(reason)
+        # The two children every answer writes, by model then (endpoint, status): bound once,
+        # not looked up per request (prometheus_client's `labels` takes a lock and a tuple).
+        self._answers: dict[str, dict[tuple[str, int], tuple[Any, Any]]] = {}
+        self.bound_by_model.append(self._answers)
         self.in_flight = new.gauge(
             "ferry_in_flight_requests", "HTTP requests being handled now.", ("endpoint",)
         )
@@ -353,6 +357,27 @@ class FerryMetrics:
         """Read the ferry_llm_* engine series from `stats` at scrape time."""
         for family in self._engine_families:
             family.source = stats
+
+    def request_answered(
+        self,
+        model: str,
+        endpoint: str,
+        status: int,
+        seconds: float,
+        exemplar: dict[str, str] | None = None,
+    ) -> None:
+        """One answered request: ferry_requests_total and ferry_request_duration_seconds."""
+        by_answer = self._answers.get(model)
+        if by_answer is None:
+            by_answer = self._answers[model] = {}
+        children = by_answer.get((endpoint, status))
+        if children is None:
+            children = by_answer[(endpoint, status)] = (
+                self.requests.labels(model, endpoint, str(status)),
+                self.request_duration.labels(model, endpoint),
+            )
+        children[0].inc()
+        children[1].observe(seconds, exemplar)
 
     def forget_model(self, model: str) -> None:
         """Drop every series labelled with `model` (an unloaded LoRA adapter, whose name came

@@ -69,8 +69,5 @@ def record_request(
     """Count one answered request and its duration (`started`: its time.perf_counter()); a
     sampled request's trace id is the duration's exemplar (OpenMetrics exposition), so that a
     slow bucket on a dashboard links to a trace."""
-    metrics.requests.labels(model, endpoint, str(status)).inc()
     exemplar = None if trace_id is None else {"trace_id": trace_id}
-    metrics.request_duration.labels(model, endpoint).observe(
-        time.perf_counter() - started, exemplar
-    )
+    metrics.request_answered(model, endpoint, status, time.perf_counter() - started, exemplar)

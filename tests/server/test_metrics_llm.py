@@ -111,11 +111,15 @@ def test_a_forgotten_model_leaves_no_series_and_binds_anew():
     bound = observer.for_model("adapter")
     bound.finished("stop", 7, 2, 0.3)
     observer.for_model("base").finished("stop", 1, 1, 0.1)
-    metrics.requests.labels("adapter", "/v1/chat/completions", "200").inc()
+    metrics.request_answered("adapter", "/v1/chat/completions", 200, 0.2)
     metrics.forget_model("adapter")
     text = generate_latest(registry).decode()
     assert 'model="adapter"' not in text and 'model="base"' in text
     assert observer.for_model("adapter") is not bound  # loaded again: fresh children
+    # An answer after it goes to a series of its own again, not to the removed one.
+    metrics.request_answered("adapter", "/v1/chat/completions", 200, 0.2)
+    answered = 'ferry_requests_total{endpoint="/v1/chat/completions",model="adapter",status="200"}'
+    assert f"{answered} 1.0" in generate_latest(registry).decode()
 
 
 def test_scrapes_show_only_served_models():
