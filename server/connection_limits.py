@@ -80,11 +80,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._closed_by_us = False
         self._answered = False  # this request, a probe answered as it was parsed
         self._timer: asyncio.TimerHandle | None = None
+        # The phase the running timer counts down (None: none, or not this request's).
+        self._timed: Phase | None = None
         if len(self.connections) > self.limits.max_connections:
             self._refuse("too_many_connections", TooManyConnections())
             return
         # Also the deadline for a connection that never sends a byte.
         self._arm(self.limits.header_timeout_s)
+        self._timed = "head"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -109,6 +112,20 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._phase == "head" and self._head_bytes > self.limits.max_header_bytes:
             message = f"request head over {self.limits.max_header_bytes} bytes"
             self._refuse("header_too_large", HeadTooLarge(message))
+        self._time_unfinished()
+
+    def _time_unfinished(self) -> None:
+        """After a read: a head or a body it left unfinished is timed from now, once. A read
+        that ends between requests (a whole request came in it, as most do) arms nothing;
+        arming at each phase's start cost two timers a request, each cancelled microseconds
+        later."""
+        phase = self._phase
+        if phase == "idle" or phase == self._timed or self._closed_by_us:
+            return
+        if self.transport.is_closing():  # uvicorn refused what it parsed (a 400)
+            return
+        self._arm(self.limits.header_timeout_s if phase == "head" else self.limits.body_timeout_s)
+        self._timed = phase
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -118,7 +135,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._phase = "head"
         self._header_count = 0
         self._head_size = 0
-        self._arm(self.limits.header_timeout_s)
+        self._timed = None  # timed from the end of this read if the head is still unfinished
 
     def on_url(self, url: bytes) -> None:
         self._head_size += len(url)
@@ -144,7 +161,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._phase = "body"
         self._head_bytes = 0
-        self._arm(self.limits.body_timeout_s)
         extensions: dict[str, Any] = {DISCONNECTED: self.loop.create_future()}
         self.scope["extensions"] = extensions
         super().on_headers_complete()
@@ -199,6 +215,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._timer = self.loop.call_later(seconds, self._timed_out)
 
     def _disarm(self) -> None:
+        self._timed = None
         if getattr(self, "_timer", None) is not None:
             self._timer.cancel()  # type: ignore[union-attr]  # checked just above
             self._timer = None

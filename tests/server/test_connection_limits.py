@@ -101,9 +101,31 @@ def test_a_request_head_sent_a_byte_at_a_time_is_cut_off(server):
     assert refused(server, "header_timeout") == before + 1
 
 
-def test_a_body_that_never_arrives_is_cut_off(server):
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer on a kept-alive connection: its head, then its Content-Length of body."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)[1])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+# A connection's first request starts under the timer armed when it connected; a later one
+# only under the timers its own reads arm.
+@pytest.mark.parametrize("answered_first", [False, True], ids=["first", "after-an-answer"])
+def test_a_body_that_never_arrives_is_cut_off(server, answered_first):
     before = refused(server, "body_timeout")
     sock = connect(server.url)
+    if answered_first:
+        body = b'{"input_ids": [101, 102]}'
+        sock.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        assert status_of(read_answer(sock)) == 200
     sock.sendall(
         b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         b"X-Request-Id: slow-body\r\n"
