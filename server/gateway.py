@@ -64,7 +64,6 @@ if TYPE_CHECKING:
 
 TRACERESPONSE = tracing.TRACERESPONSE.encode()
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-INFERENCE_HEADER = b"inference-header-content-length"  # KServe's binary tensor extension
 # Liveness answered here, not by the framework's routing and dependency solving (which the
 # routes only document): idle on 2 cores, 1.45 -> 0.9 ms p50 on a bare socket. Most probes do
 # not even get here: the connection's protocol answers them as they are parsed, with these
@@ -343,7 +342,7 @@ def _media_type_refusal(scope: Scope, accepted: tuple[str, ...]) -> UnsupportedM
         return None
     if media and media in accepted:
         return None
-    if OCTETS in accepted and _header(scope, INFERENCE_HEADER):
+    if OCTETS in accepted and _header(scope, kserve_v2.HEADER_LENGTH_KEY):
         return None
     if not given and UNTYPED in accepted:
         return None

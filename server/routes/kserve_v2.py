@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+HEADER_LENGTH_KEY = HEADER_LENGTH.lower().encode()  # as ASGI gives header names
 NOT_READY_HEADERS = {"Retry-After": "1"}
 
 
@@ -224,7 +225,7 @@ async def infer(call: HotCall) -> Reply:
     name, version = call.params["name"], call.params.get("version")
     model = find_model(services.registry, services.encoder, name, version)
     call.state["model_name"] = model.name
-    header_length = call.header(HEADER_LENGTH.lower().encode())
+    header_length = call.header(HEADER_LENGTH_KEY)
     length = header_length.decode() if header_length else None
     body, regions = call.body, _regions(call)
     header = None
@@ -471,5 +472,5 @@ def encode_response(
         200,
         head + b"".join(blobs),
         b"application/octet-stream",
-        ((HEADER_LENGTH.lower().encode(), str(len(head)).encode()),),
+        ((HEADER_LENGTH_KEY, str(len(head)).encode()),),
     )
