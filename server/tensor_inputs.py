@@ -56,7 +56,8 @@ def plain_numbers(datatype: str, dtype: np.dtype, data: Any) -> np.ndarray | Non
     150,528 numbers, with the event loop or a worker holding the GIL). numpy's own inference
     tells every other kind apart (strings and null give a dtype that is not a number, ragged
     lists an error), except a boolean among numbers, which it reads as 0 or 1: only the items
-    equal to 0 or 1 have their type looked at."""
+    equal to 0 or 1 have their type looked at. Short lists are the exception (`_small_flat`):
+    there one Python pass over the items' types costs less than numpy's calls."""
     if datatype == "BOOL":
         if not _numbers_only(data):
             return None
