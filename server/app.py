@@ -101,7 +101,7 @@ def create_app(
     settings: Settings,
     engine: EngineConnection | None = None,
     replica: PortRole | None = None,
-) -> FastAPI:
+) -> FerryAPI:
     """`engine`: an API process's (`api_servers > 1`), whose models run in the engine process;
     None serves them here. `replica`: one of `replicas > 1` whole servers on one port."""
     shared = engine is not None or replica is not None  # /metrics: every process's series

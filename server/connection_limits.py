@@ -15,7 +15,9 @@ request, and closing with unread data would reset the connection (RST) under the
 
 It also hands each request a future that resolves when the client disconnects
 (`scope["extensions"]["ferry.disconnected"]`), so that waiting for an answer costs no task
-listening on `receive()`.
+listening on `receive()`; and gives the requests the direct lane takes (server/direct_lane.py)
+to it instead of to uvicorn's ASGI cycle, holding later requests of the connection until it
+answers, as uvicorn holds pipelined ones.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import struct
 import termios
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, Protocol, cast, get_args
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -56,6 +58,30 @@ Headers = Iterable[tuple[bytes, bytes]]
 AnswerAsParsed = Callable[[bytes, bytes, Headers, Headers], bytes | None]
 
 
+class LaneRequest(Protocol):
+    """A request the lane serves, standing where uvicorn's cycle would (server/direct_lane.py's
+    DirectCycle): uvicorn and these guards read its flags."""
+
+    response_complete: bool
+    keep_alive: bool
+
+    def client_left(self) -> None: ...
+
+
+class Lane(Protocol):
+    """What the protocol asks of server/direct_lane.py (which imports what imports this, so it
+    is named here by what it does)."""
+
+    @property
+    def body_limit(self) -> int: ...
+
+    def takes(self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]]) -> Any: ...
+
+    def start(
+        self, taken: Any, headers: list[tuple[bytes, bytes]], body: bytes, connection: Any
+    ) -> LaneRequest | None: ...
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_connections: int
@@ -70,6 +96,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     limits: ConnectionLimits
     on_refused: Callable[[RefusalReason], None]
     answer_as_parsed: AnswerAsParsed | None
+    direct_lane: Lane | None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's: asyncio's takes a BaseTransport
         writes = CoalescedWrites(transport, asyncio.get_running_loop())
@@ -82,6 +109,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._timer: asyncio.TimerHandle | None = None
         # The phase the running timer counts down (None: none, or not this request's).
         self._timed: Phase | None = None
+        self._direct: list[bytes] | None = None  # the body so far of a request for the lane
+        self._taken: Any = None  # that request, as the lane read its head (its own token)
+        self._direct_size = 0
+        self._lane_pending: LaneRequest | None = None  # the lane's request waiting for its batch
         if len(self.connections) > self.limits.max_connections:
             self._refuse("too_many_connections", TooManyConnections())
             return
@@ -91,6 +122,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        pending, self._lane_pending = self._lane_pending, None
+        if pending is not None:
+            pending.client_left()
         # uvicorn cancels the keep-alive timer only on a clean close: a reset left it to fire
         # on a closed socket.
         self._unset_keepalive_if_required()
@@ -161,13 +195,34 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._phase = "body"
         self._head_bytes = 0
+        lane = self.direct_lane
+        if lane is not None and self._owes_nothing():
+            self._taken = lane.takes(self.parser.get_method(), self.url, self.headers)
+            if self._taken is not None:
+                self._direct = []
+                self._direct_size = 0
+                return
+        self._start_cycle()
+
+    def _start_cycle(self) -> None:
+        """uvicorn's cycle for this request, its ASGI task started (or queued behind one)."""
         extensions: dict[str, Any] = {DISCONNECTED: self.loop.create_future()}
         self.scope["extensions"] = extensions
         super().on_headers_complete()
 
     def on_body(self, body: bytes) -> None:
-        if not (self._closed_by_us or self._answered):
+        if self._closed_by_us or self._answered:
+            return
+        if self._direct is None:
             super().on_body(body)
+            return
+        assert self.direct_lane is not None, "a body for the lane without one"
+        self._direct.append(body)
+        self._direct_size += len(body)
+        if self._direct_size > self.direct_lane.body_limit:  # the gateway's (read off the loop)
+            read, self._direct = self._direct, None
+            self._start_cycle()
+            super().on_body(b"".join(read))
 
     def on_message_complete(self) -> None:
         if self._closed_by_us:
@@ -177,18 +232,52 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         self._phase = "idle"
         self._disarm()
+        if self._direct is not None:
+            assert self.direct_lane is not None, "a body for the lane without one"
+            body, self._direct = b"".join(self._direct), None
+            assert self._taken is not None, "a body for the lane without its head"
+            cycle = self.direct_lane.start(self._taken, self.headers, body, self)
+            if cycle is not None:
+                self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's
+                if not cycle.response_complete:
+                    self._lane_pending = cycle
+                return
+            self._start_cycle()  # the gateway's after all
+            if body:
+                super().on_body(body)
         super().on_message_complete()
 
-    def _answer_probe(self) -> bool:
-        """A liveness probe answered now (server/inline_liveness.py), where the connection owes
-        no earlier answer and will be kept open; False: the app answers it."""
-        if self.answer_as_parsed is None or self.pipeline:
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return self.server_state.default_headers
+
+    def answer_direct(self, cycle: LaneRequest, data: bytes) -> None:
+        """The lane's answer to its request, then what follows any answer (server/direct_lane.py's
+        Connection)."""
+        cycle.response_complete = True
+        if self._lane_pending is cycle:
+            self._lane_pending = None
+        writes = cast(CoalescedWrites, self.transport)
+        writes.write_now(data)
+        if not cycle.keep_alive:
+            writes.close()
+        self.on_response_complete()  # keep-alive timer, reads resumed, a queued request started
+
+    def _owes_nothing(self) -> bool:
+        """The connection owes no earlier answer and will be kept open: a request may be
+        answered outside uvicorn's cycle without passing one."""
+        if self.pipeline or self._lane_pending is not None:
             return False
         if self.cycle is not None and not self.cycle.response_complete:
             return False
         if self.parser.get_http_version() != "1.1" or not self.parser.should_keep_alive():
             return False
-        if self.parser.should_upgrade():  # a WebSocket handshake is the app's to refuse
+        return not self.parser.should_upgrade()  # a WebSocket handshake is the app's to refuse
+
+    def _answer_probe(self) -> bool:
+        """A liveness probe answered now (server/inline_liveness.py), where the connection owes
+        no earlier answer and will be kept open; False: the app answers it."""
+        if self.answer_as_parsed is None or not self._owes_nothing():
             return False
         reply = self.answer_as_parsed(
             self.parser.get_method(), self.url, self.headers, self.server_state.default_headers
@@ -287,13 +376,16 @@ def protocol_class(
     limits: ConnectionLimits,
     on_refused: Callable[[RefusalReason], None] = lambda _: None,
     answer_as_parsed: AnswerAsParsed | None = None,
+    direct_lane: Lane | None = None,
 ) -> type[GuardedHttpProtocol]:
     """The protocol class uvicorn instantiates per connection, with these limits; `on_refused`
     hears of every connection it answers itself (408, 431, 503) and closes; `answer_as_parsed`,
-    where given, answers the requests it knows (liveness probes) as they are parsed."""
+    where given, answers the requests it knows (liveness probes) as they are parsed;
+    `direct_lane`, where given, serves the requests it takes."""
     attributes = {
         "limits": limits,
         "on_refused": staticmethod(on_refused),
         "answer_as_parsed": staticmethod(answer_as_parsed) if answer_as_parsed else None,
+        "direct_lane": direct_lane,
     }
     return type("FerryHttpProtocol", (GuardedHttpProtocol,), attributes)

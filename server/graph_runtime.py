@@ -317,12 +317,22 @@ class GraphRuntime:
         priority: int,
         disconnected: asyncio.Future[None] | None,
     ) -> dict[str, np.ndarray]:
+        futures = self.submit_rows(rows, outputs, timeout_s, priority)
+        return self.rows_answer(await gather_results(futures, disconnected))
+
+    def submit_rows(
+        self, rows: TensorRows, outputs: Sequence[str], timeout_s: float | None, priority: int
+    ) -> list[asyncio.Future[dict[str, np.ndarray]]]:
+        """A validated request queued: one future per chunk (a row is never split). Raises the
+        batcher's refusals at once."""
         assert self.batcher is not None, "infer before start"
-        whole = rows.rows == 1 or not self.batchable  # a row is never split
+        whole = rows.rows == 1 or not self.batchable
         chunks = [rows] if whole else split_rows(rows, chunk_rows(rows, self.batcher.limits))
-        futures = self.batcher.submit(chunks, timeout_s, frozenset(outputs), priority)
-        joined = join_rows(await gather_results(futures, disconnected))
-        return graph_values(self.batch_plan, joined, into_batch=False)
+        return self.batcher.submit(chunks, timeout_s, frozenset(outputs), priority)
+
+    def rows_answer(self, results: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The chunks' results, in order, as the request's outputs in the graph's layout."""
+        return graph_values(self.batch_plan, join_rows(results), into_batch=False)
 
     def count_invalid(self) -> None:
         self._metrics.rejections.labels(self.name, "invalid").inc()

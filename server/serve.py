@@ -18,7 +18,9 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from ferry.server.app import FerryAPI
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
+from ferry.server.direct_lane import direct_lane
 from ferry.server.gateway import LIVENESS
 from ferry.server.gc_pauses import GcPauseWatch, keep_gc_off_serving_path
 from ferry.server.inline_liveness import InlineLiveness
@@ -77,7 +79,7 @@ class DrainingServer(uvicorn.Server):
         loop.call_soon_threadsafe(lambda: loop.create_task(finish_then_exit()))
 
 
-def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+def serve(app: FerryAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
     """`sockets`: a listening socket shared by API processes (server/procs); else bind."""
     sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     services = app_services(app)
@@ -104,7 +106,9 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
         access_log=settings.access_log,
         # X-Forwarded-For only matters to the access log; it costs every request otherwise.
         proxy_headers=settings.access_log,
-        http=protocol_class(limits, services.metrics.connection_refused, liveness),
+        http=protocol_class(
+            limits, services.metrics.connection_refused, liveness, direct_lane(services, app.hot)
+        ),
         timeout_keep_alive=max(1, round(settings.keep_alive_timeout_s)),
         # A backstop after the drain: connections still open then are closed.
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),

@@ -273,6 +273,10 @@ class Settings(_Strict):
     max_headers: int = Field(default=100, ge=8)  # a head of more lines gets 431
     # uvicorn's per-request access log costs the event loop ~7% of its time; off unless asked.
     access_log: bool = False
+    # KServe v2 JSON inference on a graph served from the connection's protocol, without an ASGI
+    # cycle or a coroutine per request, where nothing but the handler would act on the request
+    # (server/direct_lane.py; off with tracing or API keys); false: every request via the gateway.
+    direct_lane: bool = True
     # On shutdown (or a model's unload), how long queued and running work may take to finish.
     drain_timeout_s: float = Field(default=20.0, ge=0)
     default_model: str = ""  # the model a request that names none gets; empty: the first model

@@ -12,7 +12,7 @@ for every /v2 route in `route_table.py`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -234,7 +234,7 @@ async def infer(call: HotCall) -> Reply:
     read = await decoded(len(body), partial(read_request, body, length, model, regions, header))
     placed = output_regions(read.header, regions)
     priority = call_priority(call, read.priority)
-    strings = check_classified(read.classified, _rows(read.tensors))
+    strings = check_classified(read.classified, request_rows(read.tensors))
     outputs = await model.infer(
         read.tensors,
         read.wanted,
@@ -242,20 +242,31 @@ async def infer(call: HotCall) -> Reply:
         disconnected=call.disconnected(),
         sequence=read.sequence,
     )
+    limit = services.settings.max_response_bytes
+    return await written(*response(model, read, regions, placed, strings, outputs, limit))
+
+
+def response(
+    model: KServeModel,
+    read: InferRequest,
+    regions: TenantRegions,
+    placed: dict[str, TensorRef],
+    strings: int,
+    outputs: dict[str, np.ndarray],
+    limit: int,
+) -> tuple[int, Callable[[], Reply]]:
+    """The answer's size (refused past `limit`, before any is written) and what writes it."""
     classified, binary = read.classified, read.binary
     datatypes = {
         name: "BYTES" if name in classified else model.signature.output(name).datatype
         for name in outputs
     }
-    limit = services.settings.max_response_bytes
     sent = {n: v for n, v in outputs.items() if n not in classified and n not in placed}
     size = check_response_size(sent, limit, binary) + strings * CLASSIFIED_BYTES
-    answer = partial(
-        _answer,
-        Answer(model.name, read.header.get("id"), binary, datatypes, classified, regions, placed),
-        outputs,
+    answer = Answer(
+        model.name, read.header.get("id"), binary, datatypes, classified, regions, placed
     )
-    return await written(size, answer)
+    return size, partial(_answer, answer, outputs)
 
 
 def _regions(call: HotCall) -> TenantRegions:
@@ -298,7 +309,7 @@ def check_classified(plans: dict[str, classification.Classification], rows: int)
     return total
 
 
-def _rows(tensors: dict[str, np.ndarray]) -> int:
+def request_rows(tensors: dict[str, np.ndarray]) -> int:
     """The request's rows: the first axis of its inputs (the largest, if they differ)."""
     return max((int(t.shape[0]) for t in tensors.values() if t.ndim), default=1)
 

@@ -1,0 +1,335 @@
+"""KServe v2 JSON inference served from the connection's protocol: the request read, checked and
+queued in the callback that parsed it, its answer written from its batch's completion. No ASGI
+cycle, gateway task or coroutine per request.
+
+Why: on a fast model nearly all of a request's time is Python, spread thin (docs/benchmarks.md:
+81 % of the server's CPU in the interpreter, no function above 3 %). In one process alternating
+the two ways every 5 s (wrk, 64 clients, a one-row gradient-boosting model), a prototype of this
+lane served 1.69x the requests of the gateway's path.
+
+A request takes the lane only where the gateway would do nothing but hand it to the KServe infer
+handler: a POST to the infer route over HTTP/1.1 keep-alive, its connection owing no earlier
+answer, a body of at most LARGE_BODY_BYTES that is JSON (or untyped), no header the gateway or
+handler acts on (encodings, a compressed answer asked for, Triton's binary header, an Origin for
+CORS), with tracing off, no API keys and no drain. The handler's own steps are
+kserve/queued_infer.py's, which gives a request back where the handler would suspend. What it
+raises is answered as the gateway answers a hot route's exception (the route's dialect), with
+the same request id header and metrics; a client that leaves has its queued rows dropped and is
+counted 499.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE
+
+from ferry.server import request_ids
+from ferry.server.content_encoding import accepted_encoding
+from ferry.server.errors import failure
+from ferry.server.hot import HotRoute, HotRoutes
+from ferry.server.kserve.lookup import find_model
+from ferry.server.kserve.queued_infer import QueuedInfer, Results, queued_infer
+from ferry.server.large_bodies import LARGE_BODY_BYTES
+from ferry.server.replies import JSON, Reply
+from ferry.server.response_size import written
+from ferry.server.route_policy import RoutePolicy, record_request
+from ferry.server.route_table import HTTP_ROUTES, in_flight_group
+from ferry.server.routes import kserve_v2
+from ferry.server.services import Services
+
+Headers = Iterable[tuple[bytes, bytes]]
+# Headers the gateway or the handler acts on: a request sending any goes their way (and one
+# accepting an answer compressed in a coding the gateway writes).
+ACTED_ON = frozenset(
+    {
+        b"content-encoding",
+        kserve_v2.HEADER_LENGTH_KEY,
+        b"transfer-encoding",
+        b"expect",
+        b"origin",
+    }
+)
+CLIENT_GONE = 499  # the status the gateway counts a request whose client left
+MAX_REMEMBERED_URLS = 4096
+_UNKNOWN = object()
+
+
+class _NoEvent:
+    def set(self) -> None:
+        pass
+
+
+class Connection(Protocol):
+    """What the lane needs of the connection a request came on (server/connection_limits.py)."""
+
+    @property
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        """uvicorn's, at the head of every answer: date and server."""
+        ...
+
+    def answer_direct(self, cycle: DirectCycle, data: bytes) -> None:
+        """Write a whole answer and finish the request (closing if not kept alive)."""
+        ...
+
+
+class DirectCycle:
+    """Stands where uvicorn's request cycle would for a request the lane serves: uvicorn and the
+    connection guards read these attributes, and `shutdown` clears `keep_alive`."""
+
+    __slots__ = (
+        "disconnected",
+        "keep_alive",
+        "on_gone",
+        "response_complete",
+        "response_started",
+        "scope",
+    )
+    # uvicorn sets a cycle's event when its connection is lost; nothing waits on this one.
+    message_event = _NoEvent()
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.scope = {"headers": headers}  # for the guards' request id
+        self.keep_alive = True
+        self.response_started = False
+        self.response_complete = False
+        self.disconnected = False
+        # What runs when the client leaves first (set while the request waits for its batch).
+        self.on_gone: Callable[[], None] | None = None
+
+    def client_left(self) -> None:
+        if not self.response_complete and self.on_gone is not None:
+            self.on_gone()
+
+
+class Taken(NamedTuple):
+    """A request the lane takes, as read from its head."""
+
+    route: HotRoute
+    path: str
+    model: str
+    version: str | None
+    request_id: bytes
+
+
+class DirectLane:
+    def __init__(self, services: Services, hot: HotRoutes) -> None:
+        self._services = services
+        self._hot = hot
+        self._metrics = services.metrics
+        self._drain = services.drain
+        self._in_flight = services.metrics.in_flight.labels(f"/{in_flight_group('/v2/')}")
+        self._body_limit = min(LARGE_BODY_BYTES, services.settings.max_body_bytes)
+        self._urls: dict[bytes, Taken | None] = {}
+
+    @property
+    def body_limit(self) -> int:
+        """A longer body goes to the gateway (large ones are read off the loop there)."""
+        return self._body_limit
+
+    def takes(self, method: bytes, url: bytes, headers: Headers) -> Taken | None:
+        """The request, from its head, where the lane serves it; None: the gateway's."""
+        if method != b"POST" or self._drain.draining:
+            return None
+        route = self._route(url)
+        if route is None:
+            return None
+        request_id = b""
+        for name, value in headers:
+            if name in ACTED_ON:
+                return None
+            if name == b"content-type" and not _json(value):
+                return None
+            if name == b"accept-encoding" and accepted_encoding(value) is not None:
+                return None
+            if name == request_ids.HEADER and not request_id:  # the first, as the gateway's
+                request_id = value
+        return route._replace(request_id=request_ids.from_client(request_id))
+
+    def start(
+        self, taken: Taken, headers: list[tuple[bytes, bytes]], body: bytes, connection: Connection
+    ) -> DirectCycle | None:
+        """The request served (queued, or answered at once); None: the gateway's after all."""
+        started = time.perf_counter()
+        cycle = DirectCycle(headers)
+        model = ""
+        try:
+            services = self._services
+            found = find_model(services.registry, services.encoder, taken.model, taken.version)
+            model = found.name
+            queued = queued_infer(services, found, body)
+        except Exception as exc:  # answered as the gateway answers a handler's
+            self._finish(connection, cycle, taken, model, started, exc)
+            return cycle
+        if queued is None:
+            return None
+        self._in_flight.inc()
+        self._drain.enter()
+        waiting = _Waiting(self, connection, cycle, taken, queued, started)
+        cycle.on_gone = waiting.drop
+        for future in queued.futures:
+            future.add_done_callback(waiting.done)
+        return cycle
+
+    def _route(self, url: bytes) -> Taken | None:
+        """The infer route `url` is for (its request id not read yet), remembered by URL: a
+        request's path is matched against every hot route's pattern otherwise."""
+        known = self._urls.get(url, _UNKNOWN)
+        if known is not _UNKNOWN:
+            return known  # type: ignore[return-value]  # a Taken or None, never _UNKNOWN here
+        taken = None
+        if b"?" not in url and b"%" not in url:  # else the framework's reading of the path
+            path = url.decode("latin-1")
+            matched = self._hot.match("POST", path)
+            if matched is not None and matched[0].handler is kserve_v2.infer:
+                params = matched[1]
+                taken = Taken(matched[0], path, params["name"], params.get("version"), b"")
+        if len(self._urls) < MAX_REMEMBERED_URLS:  # bounded whatever clients send
+            self._urls[url] = taken
+        return taken
+
+    def _finish(
+        self,
+        connection: Connection,
+        cycle: DirectCycle,
+        taken: Taken,
+        model: str,
+        started: float,
+        outcome: Reply | Exception,
+    ) -> None:
+        """Answer (a reply, or an exception in the route's dialect, as the gateway renders a
+        hot route's), count, and free the connection."""
+        request_id = taken.request_id
+        if isinstance(outcome, Reply):
+            reply = outcome
+        else:
+            bound = request_ids.current.set(request_id.decode("ascii"))  # for failure()'s log
+            try:
+                reply = taken.route.dialect.reply(failure(outcome, taken.path))
+            finally:
+                request_ids.current.reset(bound)
+        # The head as uvicorn writes the gateway's (send_reply's headers, then the request
+        # id), every byte of it Ferry's own: no header check needed.
+        headers = [
+            *connection.default_headers,
+            (b"content-type", reply.content_type),
+            (b"content-length", b"%d" % len(reply.body)),
+            *((name.lower(), value) for name, value in reply.headers),
+            (request_ids.HEADER, request_id),
+        ]
+        if not cycle.keep_alive:
+            headers.append((b"connection", b"close"))
+        head = [STATUS_LINE[reply.status]]
+        head += (b"%s: %s\r\n" % pair for pair in headers)
+        head.append(b"\r\n")
+        cycle.response_started = True
+        connection.answer_direct(cycle, b"".join(head) + reply.body)
+        record_request(self._metrics, model, taken.route.template, reply.status, started)
+
+    def _left(self, cycle: DirectCycle, taken: Taken, model: str, started: float) -> None:
+        cycle.response_complete = True
+        record_request(self._metrics, model, taken.route.template, CLIENT_GONE, started)
+
+    def _settled(self) -> None:
+        self._in_flight.dec()
+        self._drain.leave()
+
+
+class _Waiting:
+    """A queued request: its chunks' futures, until all are done, one fails, or the client
+    leaves (its rows then dropped from the queue, as gather_results drops them)."""
+
+    __slots__ = ("_connection", "_cycle", "_lane", "_queued", "_settled", "_started", "_taken")
+
+    def __init__(
+        self,
+        lane: DirectLane,
+        connection: Connection,
+        cycle: DirectCycle,
+        taken: Taken,
+        queued: QueuedInfer,
+        started: float,
+    ) -> None:
+        self._lane = lane
+        self._connection = connection
+        self._cycle = cycle
+        self._taken = taken
+        self._queued = queued
+        self._started = started
+        self._settled = False
+
+    def done(self, future: asyncio.Future[Any]) -> None:
+        if self._settled:
+            return
+        if future.cancelled():  # never by the lane while waiting: someone else's doing
+            self._end(RuntimeError("the request's queued work was cancelled"))
+            return
+        error = future.exception()
+        if error is not None:
+            self._end(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            return
+        futures = self._queued.futures
+        if len(futures) == 1 or all(f.done() for f in futures):
+            self._answer([f.result() for f in futures])
+
+    def drop(self) -> None:
+        if self._settled:
+            return
+        self._settle()
+        self._lane._left(self._cycle, self._taken, self._queued.model, self._started)
+
+    def _answer(self, results: Results) -> None:
+        try:
+            size, write = self._queued.answer(results)
+            if size >= LARGE_BODY_BYTES:  # rendered off the loop, as the handler's `written`
+                rendering = asyncio.ensure_future(written(size, write))
+                rendering.add_done_callback(self._rendered)
+                return
+            self._end(write())
+        except Exception as exc:  # the gateway answers a handler's the same
+            self._end(exc)
+
+    def _rendered(self, rendering: asyncio.Future[Reply]) -> None:
+        if self._settled:
+            return
+        error = rendering.exception()
+        if error is None:
+            self._end(rendering.result())
+        else:
+            self._end(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+
+    def _end(self, outcome: Reply | Exception) -> None:
+        if self._settled:
+            return
+        self._settle()
+        queued = self._queued
+        self._lane._finish(
+            self._connection, self._cycle, self._taken, queued.model, self._started, outcome
+        )
+
+    def _settle(self) -> None:
+        self._settled = True
+        self._cycle.on_gone = None
+        for future in self._queued.futures:
+            future.cancel()  # the rest are not worth running once one failed
+        self._lane._settled()
+
+
+def _json(content_type: bytes) -> bool:
+    """JSON, as the gateway's media-type check reads it (route_table's TENSOR_BODY)."""
+    media = content_type.partition(b";")[0].strip().lower()
+    return media == JSON or media.endswith(b"+json")
+
+
+def direct_lane(services: Services, hot: HotRoutes) -> DirectLane | None:
+    """The lane where it may serve: asked for, with tracing off (every traced request gets the
+    gateway's span) and no API keys (the infer route then needs one)."""
+    settings = services.settings
+    if not settings.direct_lane or services.tracing is not None:
+        return None
+    if RoutePolicy(settings, services.drain).needs_key(HTTP_ROUTES.find(kserve_v2.INFER_PATHS[0])):
+        return None
+    return DirectLane(services, hot)

@@ -1,0 +1,336 @@
+"""The direct lane (server/direct_lane.py): a KServe v2 request it serves is answered byte for
+byte as the gateway answers it, and only what it may serve takes it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from ferry.bench.processes import free_port
+from ferry.bench.server_process import FerryProcess, ferry_server
+from ferry.server.app import create_app
+from ferry.server.connection_limits import ConnectionLimits, protocol_class
+from ferry.server.direct_lane import DirectLane, direct_lane
+from ferry.server.services import app_services
+from ferry.server.settings import Settings
+from tests.support import plain_graphs
+from tests.support.metrics import metric_value
+
+pytestmark = pytest.mark.integration
+
+ROWS = plain_graphs.breast_cancer_rows()
+GB = "/v2/models/gb/infer"
+JSON = {"content-type": "application/json"}
+
+
+def tensor(rows: np.ndarray, name: str = "X", datatype: str = "FP32") -> dict[str, Any]:
+    return {"name": name, "shape": list(rows.shape), "datatype": datatype, "data": rows.tolist()}
+
+
+def body(*inputs: dict[str, Any], **more: Any) -> bytes:
+    return json.dumps({"inputs": list(inputs), **more}).encode()
+
+
+BINARY, TOP_2 = {"binary_data": True}, {"classification": 2}
+BIG = body(tensor(np.repeat(ROWS, 20, axis=0)))  # over the lane's 256 KiB
+# (path, body, headers): every answer compared whole, status, headers and body.
+CASES: dict[str, tuple[str, bytes, dict[str, str]]] = {
+    "one row": (GB, body(tensor(ROWS[:1])), JSON),
+    "untyped": (GB, body(tensor(ROWS[:1])), {}),
+    "json with a charset": (
+        GB,
+        body(tensor(ROWS[:1])),
+        {"content-type": "application/json; charset=utf-8"},
+    ),
+    "rows in chunks": ("/v2/models/gb_chunked/infer", body(tensor(ROWS[:7])), JSON),
+    "versioned": ("/v2/models/gb/versions/1/infer", body(tensor(ROWS[:2])), JSON),
+    "an id and outputs": (
+        GB,
+        body(tensor(ROWS[:2]), id="r1", outputs=[{"name": "probabilities"}]),
+        {**JSON, "x-request-id": "mine-1"},
+    ),
+    "binary output": (
+        GB,
+        body(
+            tensor(ROWS[:1]),
+            outputs=[{"name": "probabilities", "parameters": {"binary_data": True}}],
+        ),
+        JSON,
+    ),
+    "top-k classes": (
+        "/v2/models/lr/infer",
+        body(
+            tensor(ROWS[:2]),
+            outputs=[{"name": "output_probability", "parameters": {"classification": 2}}],
+        ),
+        JSON,
+    ),
+    "a priority": (GB, body(tensor(ROWS[:1]), parameters={"priority": 5}), JSON),
+    "a sequence id": (GB, body(tensor(ROWS[:1]), parameters={"sequence_id": 7}), JSON),
+    "a bad priority": (GB, body(tensor(ROWS[:1]), parameters={"priority": "high"}), JSON),
+    "wrong width": (GB, body(tensor(ROWS[:1, :3])), JSON),
+    "wrong datatype": (GB, body(tensor(ROWS[:1], datatype="INT64")), JSON),
+    "unknown input": (GB, body(tensor(ROWS[:1]), tensor(ROWS[:1], name="Y")), JSON),
+    "unknown output": (GB, body(tensor(ROWS[:1]), outputs=[{"name": "nope"}]), JSON),
+    "unknown key": (GB, body(tensor(ROWS[:1]), extra=1), JSON),
+    "not json": (GB, b"{not json", JSON),
+    "empty body": (GB, b"", JSON),
+    "unknown model": ("/v2/models/nope/infer", body(tensor(ROWS[:1])), JSON),
+    "unknown version": ("/v2/models/gb/versions/9/infer", body(tensor(ROWS[:1])), JSON),
+    "a text body": (GB, body(tensor(ROWS[:1])), {"content-type": "text/plain"}),
+    "gzip body": (GB, gzip.compress(body(tensor(ROWS[:1]))), {**JSON, "content-encoding": "gzip"}),
+    "gzip answer": (GB, body(tensor(ROWS[:1])), {**JSON, "accept-encoding": "gzip"}),
+    "a query string": (GB + "?x=1", body(tensor(ROWS[:1])), JSON),
+    "over the lane's size": (GB, BIG, JSON),
+}
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("graphs")
+    return {
+        "gb": plain_graphs.breast_cancer(folder / "gb.onnx", "gradient_boosting"),
+        "lr": plain_graphs.breast_cancer(folder / "lr.onnx", "logistic_regression"),
+    }
+
+
+def models(graphs: dict[str, Path]) -> list[dict[str, Any]]:
+    return [
+        {"name": "gb", "path": str(graphs["gb"])},
+        {"name": "gb_chunked", "path": str(graphs["gb"]), "batching": {"max_batch_size": 3}},
+        {"name": "lr", "path": str(graphs["lr"]), "outputs": ["output_probability"]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def servers(graphs) -> Iterator[dict[bool, FerryProcess]]:
+    """The same models with the lane on and off."""
+    with (
+        ferry_server(models(graphs)) as on,
+        ferry_server(models(graphs), {"direct_lane": False}) as off,
+    ):
+        yield {True: on, False: off}
+
+
+def answer(server: FerryProcess, path: str, content: bytes, headers: dict[str, str]) -> tuple:
+    # httpx asks for compressed answers unless told not to: the lane leaves those to the gateway.
+    sent = {"accept-encoding": "identity", **headers}
+    reply = httpx.post(server.url + path, content=content, headers=sent, timeout=60)
+    kept = {k: v for k, v in reply.headers.items() if k != "date"}
+    if "x-request-id" not in headers:
+        assert len(kept.pop("x-request-id")) == 32
+    return reply.status_code, kept, reply.content
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_answer_is_the_gateways(servers, case):
+    path, content, headers = CASES[case]
+    assert answer(servers[True], path, content, headers) == answer(
+        servers[False], path, content, headers
+    )
+
+
+def test_the_requests_are_counted_as_the_gateway_counts_them(servers):
+    for server in servers.values():
+        for path, content, headers in CASES.values():
+            answer(server, path, content, headers)
+    counted = {on: infer_series(httpx.get(s.url + "/metrics").text) for on, s in servers.items()}
+    assert counted[True] == counted[False]
+    assert {dict(labels).get("status") for labels in counted[True]} >= {"200", "400", "404"}
+
+
+def infer_series(text: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Every inference route's request counts and durations' counts, by their labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            wanted = ("ferry_requests_total", "ferry_request_duration_seconds_count")
+            if sample.name in wanted and "infer" in sample.labels.get("endpoint", ""):
+                found[(("name", sample.name), *sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+# -- which requests take it (the real app and protocol in this process, on a socket) --------
+
+
+LIMITS = ConnectionLimits(
+    max_connections=64, header_timeout_s=5, body_timeout_s=5, max_header_bytes=16384, max_headers=50
+)
+
+
+@contextlib.asynccontextmanager
+async def served(
+    settings: Settings, taken: list[bytes], stopping: list[uvicorn.Server] | None = None
+) -> AsyncIterator[str]:
+    """The app behind Ferry's protocol and lane; `taken` gets each request body the lane took,
+    `stopping` the server (to stop it from the test)."""
+    app = create_app(settings)
+    lane = direct_lane(app_services(app), app.hot)
+    assert lane is not None
+    start = lane.start
+
+    def counted(taken_head, headers, content, connection):  # type: ignore[no-untyped-def]
+        cycle = start(taken_head, headers, content, connection)
+        if cycle is not None:
+            taken.append(content)
+        return cycle
+
+    lane.start = counted  # type: ignore[method-assign]
+    port = free_port()
+    config = uvicorn.Config(
+        app, port=port, log_config=None, http=protocol_class(LIMITS, direct_lane=lane)
+    )
+    server = uvicorn.Server(config)
+    if stopping is not None:
+        stopping.append(server)
+    serving = asyncio.ensure_future(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+# What the gateway serves: it acts on their headers, URL, size or parameters.
+GATEWAYS = (
+    "gzip body",
+    "gzip answer",
+    "a query string",
+    "over the lane's size",
+    "a sequence id",
+    "a text body",
+)
+
+
+async def test_a_plain_request_takes_the_lane_and_the_rest_do_not(graphs):
+    taken: list[bytes] = []
+    async with (
+        served(Settings(models=models(graphs)), taken) as url,
+        httpx.AsyncClient(base_url=url, headers={"accept-encoding": "identity"}) as http,
+    ):
+        plain = body(tensor(ROWS[:1]))
+        reply = await http.post(GB, content=plain, headers=JSON)
+        assert reply.status_code == 200 and taken == [plain]
+        for case in (
+            "gzip body",
+            "gzip answer",
+            "a query string",
+            "over the lane's size",
+            "a sequence id",
+            "a text body",
+        ):
+            path, content, headers = CASES[case]
+            await http.post(path, content=content, headers=headers)
+        assert taken == [plain]
+        # Concurrent requests on many connections: every one answered, every one by the lane.
+        rows = [body(tensor(ROWS[i : i + 1])) for i in range(40)]
+        replies = await asyncio.gather(*(http.post(GB, content=r, headers=JSON) for r in rows))
+        assert {r.status_code for r in replies} == {200}
+        assert sorted(taken) == sorted([plain, *rows])
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"api_key": "k"},
+        {"otlp_traces_endpoint": "http://127.0.0.1:9/v1/traces"},
+        {"direct_lane": False},
+    ],
+    ids=["api key", "tracing", "off"],
+)
+def test_no_lane_where_the_gateway_has_more_to_do(graphs, options):
+    app = create_app(Settings(models=models(graphs), **options))
+    assert direct_lane(app_services(app), app.hot) is None
+    app = create_app(Settings(models=models(graphs)))
+    assert isinstance(direct_lane(app_services(app), app.hot), DirectLane)
+
+
+def raw_post(path: str, content: bytes) -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nhost: ferry\r\ncontent-type: application/json\r\n"
+    return head.encode() + b"content-length: %d\r\n\r\n" % len(content) + content
+
+
+async def test_a_request_behind_the_lanes_is_answered_after_it(graphs):
+    taken: list[bytes] = []
+    slow = {"dispatch_when_idle": False, "max_queue_delay_s": 0.3}  # the lane's answer waits
+    config = [{**m, "batching": {**m.get("batching", {}), **slow}} for m in models(graphs)]
+    async with served(Settings(models=config), taken) as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        plain = body(tensor(ROWS[:1]))
+        writer.write(raw_post(GB, plain) + b"GET /v2/models/gb HTTP/1.1\r\nhost: ferry\r\n\r\n")
+        await writer.drain()
+        first = await reader.readuntil(b"\r\n\r\n")
+        length = int(first.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        answer_body = await reader.readexactly(length)
+        second = await reader.readuntil(b"\r\n\r\n")
+        length = int(second.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        metadata = json.loads(await reader.readexactly(length))
+        writer.close()
+        assert taken == [plain]
+        assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+        assert json.loads(answer_body)["outputs"][0]["data"]  # the answer, then the metadata
+        assert metadata["name"] == "gb" and "platform" in metadata
+
+
+async def test_a_client_that_leaves_has_its_rows_dropped_and_is_counted(graphs):
+    taken: list[bytes] = []
+    slow = {"dispatch_when_idle": False, "max_queue_delay_s": 10.0}
+    config = [{**m, "batching": {**m.get("batching", {}), **slow}} for m in models(graphs)]
+    async with (
+        served(Settings(models=config), taken) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        _, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(raw_post(GB, body(tensor(ROWS[:1]))))
+        await writer.drain()
+        while not taken:
+            await asyncio.sleep(0.01)
+        depth = {"model": "gb"}
+        metrics = (await http.get("/metrics")).text
+        assert metric_value(metrics, "ferry_queue_depth", **depth) == 1
+        writer.close()
+        gone = {"model": "gb", "status": "499", "endpoint": "/v2/models/{name}/infer"}
+        waited_until = time.monotonic() + 3  # well before the batch's delay is up
+        while time.monotonic() < waited_until:
+            metrics = (await http.get("/metrics")).text
+            if metric_value(metrics, "ferry_queue_depth", **depth) == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert metric_value(metrics, "ferry_requests_total", **gone) == 1
+        assert metric_value(metrics, "ferry_queue_depth", **depth) == 0
+        assert metric_value(metrics, "ferry_in_flight_requests", endpoint="/v2") == 0
+
+
+async def test_an_answer_during_shutdown_closes_its_connection(graphs):
+    taken: list[bytes] = []
+    servers: list[uvicorn.Server] = []
+    slow = {"dispatch_when_idle": False, "max_queue_delay_s": 0.5}
+    config = [{**m, "batching": {**m.get("batching", {}), **slow}} for m in models(graphs)]
+    async with served(Settings(models=config), taken, servers) as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(raw_post(GB, body(tensor(ROWS[:1]))))
+        await writer.drain()
+        while not taken:
+            await asyncio.sleep(0.01)
+        servers[0].should_exit = True  # uvicorn's shutdown: the connection is told to close
+        # The answer, then the close: before the keep-alive timeout (5 s) would close it.
+        answered = await asyncio.wait_for(reader.read(-1), 4)
+        writer.close()
+        head, _, content = answered.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"\r\nconnection: close" in head
+        assert json.loads(content)["outputs"][0]["data"]
