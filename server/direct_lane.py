@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
@@ -238,28 +239,18 @@ class DirectLane:
         self._drain.leave()
 
 
+@dataclass(slots=True, eq=False)
 class _Waiting:
     """A queued request: its chunks' futures, until all are done, one fails, or the client
     leaves (its rows then dropped from the queue, as gather_results drops them)."""
 
-    __slots__ = ("_connection", "_cycle", "_lane", "_queued", "_settled", "_started", "_taken")
-
-    def __init__(
-        self,
-        lane: DirectLane,
-        connection: Connection,
-        cycle: DirectCycle,
-        taken: Taken,
-        queued: QueuedInfer,
-        started: float,
-    ) -> None:
-        self._lane = lane
-        self._connection = connection
-        self._cycle = cycle
-        self._taken = taken
-        self._queued = queued
-        self._started = started
-        self._settled = False
+    _lane: DirectLane
+    _connection: Connection
+    _cycle: DirectCycle
+    _taken: Taken
+    _queued: QueuedInfer
+    _started: float
+    _settled: bool = False
 
     def done(self, future: asyncio.Future[Any]) -> None:
         if self._settled:

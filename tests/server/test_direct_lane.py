@@ -226,14 +226,7 @@ async def test_a_plain_request_takes_the_lane_and_the_rest_do_not(graphs):
         plain = body(tensor(ROWS[:1]))
         reply = await http.post(GB, content=plain, headers=JSON)
         assert reply.status_code == 200 and taken == [plain]
-        for case in (
-            "gzip body",
-            "gzip answer",
-            "a query string",
-            "over the lane's size",
-            "a sequence id",
-            "a text body",
-        ):
+        for case in GATEWAYS:
             path, content, headers = CASES[case]
             await http.post(path, content=content, headers=headers)
         assert taken == [plain]
