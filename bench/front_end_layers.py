@@ -7,7 +7,9 @@ process whose event loop is its limit:
   bare protocol    bench/floor_servers.py --kind protocol: the request parsed, its JSON read,
                    a fixed answer written; no framework
   uvicorn + ASGI   bench/floor_servers.py --kind asgi: the same behind uvicorn as Ferry runs it
-  ferry            `ferry serve --model gb=...` in one process (replicas = 1)
+  ferry            `ferry serve --model gb=...` in one process (replicas = 1), its direct lane
+                   off: the gateway's path, which the no-socket line below runs too
+  ferry, direct lane  the same with its direct lane (server/direct_lane.py), as it serves
 and, in this process, Ferry's app with no socket at all: `clients` tasks calling it as an ASGI
 app in a closed loop on uvloop (the gateway, KServe decoding, the batcher, ONNX Runtime, the
 answer).
@@ -49,6 +51,7 @@ from ferry.server.disconnect import DISCONNECTED
 
 PATH = f"/v2/models/{MODEL}/infer"
 BARE, ASGI, FERRY, APP = "bare protocol", "uvicorn + ASGI", "ferry", "ferry, no socket"
+LANE = "ferry, direct lane"
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,12 @@ def report(layers: dict[str, Layer], clients: int) -> str:
         f"with an HTTP layer that cost nothing, ferry's own path would serve "
         f"{1e6 / app.loop_us:.0f} req/s a core ({ferry.loop_us / app.loop_us:.2f}x today's)"
     )
+    lane = layers.get(LANE)
+    if lane is not None:
+        lines.append(
+            f"the direct lane: {lane.loop_us:.0f} us a request, "
+            f"{lane.throughput / ferry.throughput:.2f}x the gateway's req/s"
+        )
     return "\n".join(lines)
 
 
@@ -215,13 +224,16 @@ async def measure(
     model: Path, payloads: list[dict], work: Path, args: argparse.Namespace
 ) -> dict[str, Layer]:
     """Every layer, in alternating rounds: the three servers up at once, Ferry's app here."""
-    tallies = {name: Tally() for name in (BARE, ASGI, FERRY, APP)}
+    tallies = {name: Tally() for name in (BARE, ASGI, FERRY, LANE, APP)}
     round_s = args.seconds / args.rounds
     with contextlib.ExitStack() as stack:
         servers = {
             BARE: stack.enter_context(running(floor_process("protocol", work))),
             ASGI: stack.enter_context(running(floor_process("asgi", work))),
-            FERRY: stack.enter_context(running(ferry_process(model, work, replicas=1))),
+            FERRY: stack.enter_context(
+                running(ferry_process(model, work, replicas=1, direct_lane=False))
+            ),
+            LANE: stack.enter_context(running(ferry_process(model, work, replicas=1))),
         }
         alone = AppAlone(model, payloads, args.clients)
         async with alone.started():

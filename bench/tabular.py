@@ -84,16 +84,20 @@ def ferry_process(
     name: str = MODEL,
     api_servers: int | None = None,
     replicas: int | None = None,
+    direct_lane: bool = True,
 ) -> ManagedProcess:
-    """Ferry serving `model`, in the layout given, or else the one it chooses."""
+    """Ferry serving `model`, in the layout given, or else the one it chooses; without its
+    direct lane (server/direct_lane.py) where `direct_lane` is false."""
     port = free_port()
     layout = {"FERRY_API_SERVERS": api_servers, "FERRY_REPLICAS": replicas}
+    if not direct_lane:
+        layout["FERRY_DIRECT_LANE"] = "false"
     command = [sys.executable, "-m", "ferry", "serve", "--model", f"{name}={model}"]
     command += ["--port", str(port)]
     return ManagedProcess(
         "ferry",
         command,
-        work / "ferry.log",
+        work / ("ferry.log" if direct_lane else "ferry-gateway.log"),
         http_ok(f"http://127.0.0.1:{port}/health/ready"),
         url=f"http://127.0.0.1:{port}",
         env={**os.environ, **{k: str(v) for k, v in layout.items() if v is not None}},

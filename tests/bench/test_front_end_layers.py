@@ -15,6 +15,7 @@ from ferry.bench.front_end_layers import (
     ASGI,
     BARE,
     FERRY,
+    LANE,
     PATH,
     AppAlone,
     Layer,
@@ -85,8 +86,10 @@ def test_the_report_splits_ferrys_time_between_its_own_path_and_the_http_around_
         ASGI: Layer(10_000, 100.0, 0),
         FERRY: Layer(2_000, 500.0, 0),
         APP: Layer(3_000, 300.0, 0),
+        LANE: Layer(3_000, 320.0, 0),
     }
     text = report(layers, 64)
     assert "its own path 300 us (60%), the HTTP server and socket around it 200 us (40%)" in text
     assert "uvicorn + ASGI takes 100 us a request in all: ferry is 0.20x its req/s" in text
     assert "would serve 3333 req/s a core (1.67x today's)" in text
+    assert "the direct lane: 320 us a request, 1.50x the gateway's req/s" in text
