@@ -1,4 +1,4 @@
-"""KServe v2 JSON inference served from the connection's protocol: the request read, checked and
+"""KServe v2 inference served from the connection's protocol: the request read, checked and
 queued in the callback that parsed it, its answer written from its batch's completion. No ASGI
 cycle, gateway task or coroutine per request.
 
@@ -9,9 +9,9 @@ lane served 1.69x the requests of the gateway's path.
 
 A request takes the lane only where the gateway would do nothing but hand it to the KServe infer
 handler: a POST to the infer route over HTTP/1.1 keep-alive, its connection owing no earlier
-answer, a body of at most LARGE_BODY_BYTES that is JSON (or untyped), no header the gateway or
-handler acts on (encodings, a compressed answer asked for, Triton's binary header, an Origin for
-CORS), with tracing off, no API keys and no drain. The handler's own steps are
+answer, a body of at most LARGE_BODY_BYTES of a media type the route takes (JSON, or Triton's
+binary tensors), no header the gateway acts on itself (encodings, a compressed answer asked for,
+an Origin for CORS), with tracing off, no API keys and no drain. The handler's own steps are
 kserve/queued_infer.py's, which gives a request back where the handler would suspend. What it
 raises is answered as the gateway answers a hot route's exception (the route's dialect), with
 the same request id header and metrics; a client that leaves has its queued rows dropped and is
@@ -31,11 +31,12 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from ferry.server import request_ids
 from ferry.server.content_encoding import accepted_encoding
 from ferry.server.errors import failure
+from ferry.server.gateway import media_type_refusal
 from ferry.server.hot import HotRoute, HotRoutes
 from ferry.server.kserve.lookup import find_model
 from ferry.server.kserve.queued_infer import QueuedInfer, Results, queued_infer
 from ferry.server.large_bodies import LARGE_BODY_BYTES
-from ferry.server.replies import JSON, Reply
+from ferry.server.replies import Reply
 from ferry.server.response_size import written
 from ferry.server.route_policy import RoutePolicy, record_request
 from ferry.server.route_table import HTTP_ROUTES, in_flight_group
@@ -43,17 +44,9 @@ from ferry.server.routes import kserve_v2
 from ferry.server.services import Services
 
 Headers = Iterable[tuple[bytes, bytes]]
-# Headers the gateway or the handler acts on: a request sending any goes their way (and one
-# accepting an answer compressed in a coding the gateway writes).
-ACTED_ON = frozenset(
-    {
-        b"content-encoding",
-        kserve_v2.HEADER_LENGTH_KEY,
-        b"transfer-encoding",
-        b"expect",
-        b"origin",
-    }
-)
+# Headers the gateway acts on itself: a request sending any goes its way (and one accepting an
+# answer compressed in a coding the gateway writes, or of a media type it refuses).
+ACTED_ON = frozenset({b"content-encoding", b"transfer-encoding", b"expect", b"origin"})
 CLIENT_GONE = 499  # the status the gateway counts a request whose client left
 MAX_REMEMBERED_URLS = 4096
 _UNKNOWN = object()
@@ -113,7 +106,9 @@ class Taken(NamedTuple):
     path: str
     model: str
     version: str | None
-    request_id: bytes
+    media: tuple[str, ...]  # the body's media types the route takes (route_table.py)
+    request_id: bytes = b""
+    header_length: str | None = None  # Triton's binary tensors: the JSON header's length
 
 
 class DirectLane:
@@ -138,17 +133,24 @@ class DirectLane:
         route = self._route(url)
         if route is None:
             return None
-        request_id = b""
-        for name, value in headers:
+        request_id = content_type = header_length = None
+        for name, value in headers:  # the first of each, as the gateway reads them
             if name in ACTED_ON:
-                return None
-            if name == b"content-type" and not _json(value):
                 return None
             if name == b"accept-encoding" and accepted_encoding(value) is not None:
                 return None
-            if name == request_ids.HEADER and not request_id:  # the first, as the gateway's
+            if name == request_ids.HEADER and request_id is None:
                 request_id = value
-        return route._replace(request_id=request_ids.from_client(request_id))
+            elif name == b"content-type" and content_type is None:
+                content_type = value
+            elif name == kserve_v2.HEADER_LENGTH_KEY and header_length is None:
+                header_length = value
+        if media_type_refusal(content_type or b"", bool(header_length), route.media):
+            return None
+        return route._replace(
+            request_id=request_ids.from_client(request_id or b""),
+            header_length=header_length.decode("latin-1") if header_length else None,
+        )
 
     def start(
         self, taken: Taken, headers: list[tuple[bytes, bytes]], body: bytes, connection: Connection
@@ -161,7 +163,7 @@ class DirectLane:
             services = self._services
             found = find_model(services.registry, services.encoder, taken.model, taken.version)
             model = found.name
-            queued = queued_infer(services, found, body)
+            queued = queued_infer(services, found, body, taken.header_length)
         except Exception as exc:  # answered as the gateway answers a handler's
             self._finish(connection, cycle, taken, model, started, exc)
             return cycle
@@ -185,9 +187,15 @@ class DirectLane:
         if b"?" not in url and b"%" not in url:  # else the framework's reading of the path
             path = url.decode("latin-1")
             matched = self._hot.match("POST", path)
-            if matched is not None and matched[0].handler is kserve_v2.infer:
+            declared = HTTP_ROUTES.find(path)
+            if (
+                matched is not None
+                and declared is not None
+                and matched[0].handler is kserve_v2.infer
+            ):
                 params = matched[1]
-                taken = Taken(matched[0], path, params["name"], params.get("version"), b"")
+                name, version = params["name"], params.get("version")
+                taken = Taken(matched[0], path, name, version, declared.media)
         if len(self._urls) < MAX_REMEMBERED_URLS:  # bounded whatever clients send
             self._urls[url] = taken
         return taken
@@ -307,12 +315,6 @@ class _Waiting:
         for future in self._queued.futures:
             future.cancel()  # the rest are not worth running once one failed
         self._lane._settled()
-
-
-def _json(content_type: bytes) -> bool:
-    """JSON, as the gateway's media-type check reads it (route_table's TENSOR_BODY)."""
-    media = content_type.partition(b";")[0].strip().lower()
-    return media == JSON or media.endswith(b"+json")
 
 
 def direct_lane(services: Services, hot: HotRoutes) -> DirectLane | None:

@@ -331,18 +331,27 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 def _media_type_refusal(scope: Scope, accepted: tuple[str, ...]) -> UnsupportedMediaType | None:
+    content_type = _header(scope, b"content-type")
+    return media_type_refusal(
+        content_type, bool(_header(scope, kserve_v2.HEADER_LENGTH_KEY)), accepted
+    )
+
+
+def media_type_refusal(
+    content_type: bytes, binary_header: bool, accepted: tuple[str, ...]
+) -> UnsupportedMediaType | None:
     """415 unless the body is of a type the route takes (route_table.py), before it is read.
     A form, text/plain or no type at all is what a page on another origin can post without a
     CORS preflight, so JSON routes take JSON only. KServe's infer also takes binary tensors
-    (application/octet-stream, or Triton's header whatever the type) and no type: tritonclient.http
-    sends none with JSON-only requests, and Triton does not ask for one."""
-    given = _header(scope, b"content-type").decode("latin-1")
+    (application/octet-stream, or Triton's header whatever the type: `binary_header`) and no
+    type: tritonclient.http sends none with JSON-only requests, and Triton does not ask for one."""
+    given = content_type.decode("latin-1")
     media = given.partition(";")[0].strip().lower()
     if JSON in accepted and (media == JSON or media.endswith("+json")):
         return None
     if media and media in accepted:
         return None
-    if OCTETS in accepted and _header(scope, kserve_v2.HEADER_LENGTH_KEY):
+    if OCTETS in accepted and binary_header:
         return None
     if not given and UNTYPED in accepted:
         return None
@@ -366,4 +375,4 @@ def _route_path(scope: Scope) -> str:
     return getattr(scope.get("route"), "path", UNMATCHED)
 
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "media_type_refusal"]

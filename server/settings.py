@@ -273,7 +273,7 @@ class Settings(_Strict):
     max_headers: int = Field(default=100, ge=8)  # a head of more lines gets 431
     # uvicorn's per-request access log costs the event loop ~7% of its time; off unless asked.
     access_log: bool = False
-    # KServe v2 JSON inference on a graph served from the connection's protocol, without an ASGI
+    # KServe v2 inference on a graph served from the connection's protocol, without an ASGI
     # cycle or a coroutine per request, where nothing but the handler would act on the request
     # (server/direct_lane.py; off with tracing or API keys); false: every request via the gateway.
     direct_lane: bool = True

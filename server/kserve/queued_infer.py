@@ -41,7 +41,9 @@ class QueuedInfer:
     answer: Callable[[Results], tuple[int, Callable[[], Reply]]]
 
 
-def queued_infer(services: Services, model: KServeModel, body: bytes) -> QueuedInfer | None:
+def queued_infer(
+    services: Services, model: KServeModel, body: bytes, header_length: str | None = None
+) -> QueuedInfer | None:
     """The request to `model` (looked up by the caller, as the handler looks it up) queued; None
     (nothing done) where the handler must serve it. Raises what the handler raises before its
     request is queued."""
@@ -51,7 +53,7 @@ def queued_infer(services: Services, model: KServeModel, body: bytes) -> QueuedI
     if graph.sequences is not None:
         return None
     regions = services.shared_memory.of(None)
-    read: InferRequest = read_request(body, None, model, regions)
+    read: InferRequest = read_request(body, header_length, model, regions)
     if read.sequence is not None:
         return None  # refused by the model, after its rows are validated: the handler's order
     placed = output_regions(read.header, regions)

@@ -43,6 +43,23 @@ def body(*inputs: dict[str, Any], **more: Any) -> bytes:
 
 
 BINARY, TOP_2 = {"binary_data": True}, {"classification": 2}
+
+
+def binary(rows: np.ndarray, content_type: str | None, extra: int = 0) -> tuple[bytes, dict]:
+    """Triton's binary tensor extension, as tritonclient.http sends it: a JSON header, then
+    the raw rows; the header's length in a header of its own (`extra` off by that much)."""
+    raw = rows.astype(np.float32).tobytes()
+    spec = {"name": "X", "shape": list(rows.shape), "datatype": "FP32"}
+    header = body({**spec, "parameters": {"binary_data_size": len(raw)}})
+    headers = {"inference-header-content-length": str(len(header) + extra)}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    return header + raw, headers
+
+
+OCTETS = binary(ROWS[:3], "application/octet-stream")
+UNTYPED_BINARY = binary(ROWS[:1], None)
+BAD_LENGTH = binary(ROWS[:1], "application/octet-stream", extra=9)
 BIG = body(tensor(np.repeat(ROWS, 20, axis=0)))  # over the lane's 256 KiB
 # (path, body, headers): every answer compared whole, status, headers and body.
 CASES: dict[str, tuple[str, bytes, dict[str, str]]] = {
@@ -93,6 +110,10 @@ CASES: dict[str, tuple[str, bytes, dict[str, str]]] = {
     "gzip answer": (GB, body(tensor(ROWS[:1])), {**JSON, "accept-encoding": "gzip"}),
     "a query string": (GB + "?x=1", body(tensor(ROWS[:1])), JSON),
     "over the lane's size": (GB, BIG, JSON),
+    "binary tensors": (GB, *OCTETS),
+    "binary tensors, untyped": (GB, *UNTYPED_BINARY),
+    "binary tensors, a wrong header length": (GB, *BAD_LENGTH),
+    "octets without the header": (GB, OCTETS[0], {"content-type": "application/octet-stream"}),
 }
 
 
@@ -226,15 +247,17 @@ async def test_a_plain_request_takes_the_lane_and_the_rest_do_not(graphs):
         plain = body(tensor(ROWS[:1]))
         reply = await http.post(GB, content=plain, headers=JSON)
         assert reply.status_code == 200 and taken == [plain]
+        reply = await http.post(GB, content=OCTETS[0], headers=OCTETS[1])
+        assert reply.status_code == 200 and taken == [plain, OCTETS[0]]
         for case in GATEWAYS:
             path, content, headers = CASES[case]
             await http.post(path, content=content, headers=headers)
-        assert taken == [plain]
+        assert taken == [plain, OCTETS[0]]
         # Concurrent requests on many connections: every one answered, every one by the lane.
         rows = [body(tensor(ROWS[i : i + 1])) for i in range(40)]
         replies = await asyncio.gather(*(http.post(GB, content=r, headers=JSON) for r in rows))
         assert {r.status_code for r in replies} == {200}
-        assert sorted(taken) == sorted([plain, *rows])
+        assert sorted(taken) == sorted([plain, OCTETS[0], *rows])
 
 
 @pytest.mark.parametrize(
