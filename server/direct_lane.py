@@ -36,9 +36,9 @@ from ferry.server.hot import HotRoute, HotRoutes
 from ferry.server.kserve.lookup import find_model
 from ferry.server.kserve.queued_infer import QueuedInfer, Results, queued_infer
 from ferry.server.large_bodies import LARGE_BODY_BYTES
-from ferry.server.replies import Reply
+from ferry.server.replies import Reply, reply_headers
 from ferry.server.response_size import written
-from ferry.server.route_policy import RoutePolicy, record_request
+from ferry.server.route_policy import CLIENT_GONE, RoutePolicy, record_request
 from ferry.server.route_table import HTTP_ROUTES, in_flight_group
 from ferry.server.routes import kserve_v2
 from ferry.server.services import Services
@@ -47,9 +47,7 @@ Headers = Iterable[tuple[bytes, bytes]]
 # Headers the gateway acts on itself: a request sending any goes its way (and one accepting an
 # answer compressed in a coding the gateway writes, or of a media type it refuses).
 ACTED_ON = frozenset({b"content-encoding", b"transfer-encoding", b"expect", b"origin"})
-CLIENT_GONE = 499  # the status the gateway counts a request whose client left
 MAX_REMEMBERED_URLS = 4096
-_UNKNOWN = object()
 
 
 class _NoEvent:
@@ -180,9 +178,8 @@ class DirectLane:
     def _route(self, url: bytes) -> Taken | None:
         """The infer route `url` is for (its request id not read yet), remembered by URL: a
         request's path is matched against every hot route's pattern otherwise."""
-        known = self._urls.get(url, _UNKNOWN)
-        if known is not _UNKNOWN:
-            return known  # type: ignore[return-value]  # a Taken or None, never _UNKNOWN here
+        if url in self._urls:
+            return self._urls[url]
         taken = None
         if b"?" not in url and b"%" not in url:  # else the framework's reading of the path
             path = url.decode("latin-1")
@@ -224,9 +221,7 @@ class DirectLane:
         # id), every byte of it Ferry's own: no header check needed.
         headers = [
             *connection.default_headers,
-            (b"content-type", reply.content_type),
-            (b"content-length", b"%d" % len(reply.body)),
-            *((name.lower(), value) for name, value in reply.headers),
+            *((name.lower(), value) for name, value in reply_headers(reply)),
             (request_ids.HEADER, request_id),
         ]
         if not cycle.keep_alive:
@@ -268,7 +263,7 @@ class _Waiting:
             return
         error = future.exception()
         if error is not None:
-            self._end(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+            self._end(_as_exception(error))
             return
         futures = self._queued.futures
         if len(futures) == 1 or all(f.done() for f in futures):
@@ -295,10 +290,7 @@ class _Waiting:
         if self._settled:
             return
         error = rendering.exception()
-        if error is None:
-            self._end(rendering.result())
-        else:
-            self._end(error if isinstance(error, Exception) else RuntimeError(repr(error)))
+        self._end(rendering.result() if error is None else _as_exception(error))
 
     def _end(self, outcome: Reply | Exception) -> None:
         if self._settled:
@@ -315,6 +307,12 @@ class _Waiting:
         for future in self._queued.futures:
             future.cancel()  # the rest are not worth running once one failed
         self._lane._settled()
+
+
+def _as_exception(error: BaseException) -> Exception:
+    """A future's error as the exception the route's dialect renders (a BaseException that is
+    not an Exception, never raised by a batch, as an internal error)."""
+    return error if isinstance(error, Exception) else RuntimeError(repr(error))
 
 
 def direct_lane(services: Services, hot: HotRoutes) -> DirectLane | None:

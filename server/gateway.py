@@ -44,7 +44,13 @@ from ferry.server.errors import (
 )
 from ferry.server.hot import ClientGone, HotCall, HotRoute, HotRoutes, read_body
 from ferry.server.replies import Reply, dumps, send_reply, send_stream
-from ferry.server.route_policy import SHUTTING_DOWN, RoutePolicy, endpoint_label, record_request
+from ferry.server.route_policy import (
+    CLIENT_GONE,
+    SHUTTING_DOWN,
+    RoutePolicy,
+    endpoint_label,
+    record_request,
+)
 from ferry.server.route_table import (
     HTTP_ROUTES,
     IN_FLIGHT_GROUPS,
@@ -190,7 +196,7 @@ class Gateway:
                     await self._refuse(send, exc, route, path)
                     return _route_path(scope)
                 except ClientGone:
-                    send.status = 499
+                    send.status = CLIENT_GONE
                     return _route_path(scope)
             if body is None or matched is None:
                 if body is not None:
@@ -244,7 +250,7 @@ class Gateway:
             if task.cancelling():
                 raise  # cancelled for another reason too (the drain deadline)
             if not send.started:
-                send.status = 499  # nobody is left to read an answer
+                send.status = CLIENT_GONE  # nobody is left to read an answer
         except Exception as exc:
             if send.started:
                 raise  # mid-stream: the stream writes its own error events

@@ -47,12 +47,17 @@ def json_reply(value: Any, status: int = 200) -> Reply:
     return Reply(status, dumps(value))
 
 
-async def send_reply(send: Callable[[Message], Awaitable[None]], reply: Reply) -> None:
-    headers = [
+def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+    """The headers a reply is sent with, in order (server/direct_lane.py writes the same)."""
+    return [
         (b"content-type", reply.content_type),
         (b"content-length", str(len(reply.body)).encode()),
         *reply.headers,
     ]
+
+
+async def send_reply(send: Callable[[Message], Awaitable[None]], reply: Reply) -> None:
+    headers = reply_headers(reply)
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": reply.body, "more_body": False})
 

@@ -15,6 +15,7 @@ from ferry.server.route_table import UNMATCHED, Route, RouteClass
 from ferry.server.settings import Settings
 
 SHUTTING_DOWN = "the server is shutting down"
+CLIENT_GONE = 499  # the status counted for a request whose client left before its answer
 
 
 class RoutePolicy:
