@@ -101,11 +101,13 @@ def decode_tensors(
     shared memory regions), each as an array of the graph's datatype in the request's shape."""
     tensors: dict[str, np.ndarray] = {}
     for spec in header["inputs"]:
-        ref = input_region(spec)
+        # Most inputs carry no parameters: no region and no binary size to read then.
+        plain = type(spec) is dict and "parameters" not in spec
+        ref = None if plain else input_region(spec)
         name, shape, datatype = input_spec(spec, len(body) + (ref.byte_size if ref else 0))
         want = _known_input(signature, tensors, name, datatype)
         count = math.prod(shape)
-        size = binary_data_size(name, spec)
+        size = None if plain else binary_data_size(name, spec)
         raw = name in signature.images
         if ref is not None:
             in_request = size is not None or "data" in spec

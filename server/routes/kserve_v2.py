@@ -366,16 +366,36 @@ def read_request(
         header, size = parsed, len(body)
     else:
         header, size = read_header(body, header_length)
-    wanted, binary = requested_outputs(header, model)
-    classified = classifications(header, model)
-    priority = request_priority(parameters(header).get("priority", ABSENT))
-    sequence = http_sequence(header)
+    if _without_parameters(header):  # nothing to read but the output names
+        wanted = model.output_names([spec["name"] for spec in header.get("outputs") or ()])
+        binary: set[str] = set()
+        classified: dict[str, classification.Classification] = {}
+        priority, sequence = 0, None
+    else:
+        wanted, binary = requested_outputs(header, model)
+        classified = classifications(header, model)
+        priority = request_priority(parameters(header).get("priority", ABSENT))
+        sequence = http_sequence(header)
     tensors = decode_tensors(header, body, size, model.signature, regions)
     for spec in header["inputs"]:
         # Freed here, not on the event loop when the request ends: an image's 150,528 float
         # objects take ~1 ms to free.
         spec.pop("data", None)
     return InferRequest(header, tensors, wanted, binary, classified, priority, sequence)
+
+
+def _without_parameters(header: dict[str, Any]) -> bool:
+    """No parameters on the request or its outputs, each output spec a bare {"name": ...}: the
+    form most clients send, whose binary outputs, top-k, priority and sequence are all their
+    defaults (read the general way, it costs a third of the request's reading)."""
+    if "parameters" in header:
+        return False
+    outputs = header.get("outputs")
+    if outputs is None:
+        return True
+    if type(outputs) is not list:
+        return False
+    return all(type(spec) is dict and len(spec) == 1 and "name" in spec for spec in outputs)
 
 
 def http_sequence(header: dict[str, Any]) -> SequenceFlags | None:
