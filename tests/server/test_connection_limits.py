@@ -243,6 +243,37 @@ def test_a_request_read_with_a_probe_is_not_cut_off_by_the_keep_alive_timeout(se
         sock.close()
 
 
+def test_a_connection_in_use_is_kept_alive_and_closed_once_idle_for_the_timeout(server):
+    """The keep-alive timer runs once per timeout, not once per answer: a connection asked
+    something every 0.6 timeouts stays open over four timeouts (probes answered as parsed and
+    requests the app answers, in turn), then, idle, is closed by the server."""
+    timeout = LIMITS["keep_alive_timeout_s"]
+    body = b'{"input_ids": [101, 102]}'
+    requests = (
+        b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+    )
+    sock = connect(server.url)
+    try:
+        started = time.monotonic()
+        sent = 0
+        while time.monotonic() - started < 4 * timeout:
+            sock.sendall(requests[sent % 2])
+            assert status_of(read_response(sock)) == 200, f"answer {sent}"
+            sent += 1
+            time.sleep(0.6 * timeout)
+        # Two answers close together: the second's idle time outlasts the timer the first left.
+        for request in requests:
+            sock.sendall(request)
+            assert status_of(read_response(sock)) == 200
+            time.sleep(0.1 * timeout)
+        sock.settimeout(5 * timeout)
+        assert sock.recv(1) == b"", "an idle connection left open"  # the server's FIN
+    finally:
+        sock.close()
+
+
 def test_an_idle_keep_alive_connection_reset_by_its_client_leaves_no_traceback(server):
     """A reset (not a FIN) skipped uvicorn's keep-alive cancel: the timer fired on the closed
     socket a timeout later and logged an uncaught ValueError (fileno -1)."""
