@@ -23,6 +23,7 @@ from ferry.batcher import tracing
 from ferry.batcher.admission import Admission
 from ferry.batcher.collection import Collection
 from ferry.batcher.cost_model import BatchCostModel
+from ferry.batcher.deadlines import Deadlines
 from ferry.batcher.dispatch import Dispatch
 from ferry.batcher.errors import (
     BatchAbandoned,
@@ -63,6 +64,7 @@ class MicroBatcher:
         self.sequence_limits = sequence_limits
         self._default_timeout_s = default_timeout_s
         self._observer = observer or NullObserver()
+        self._deadlines = Deadlines(self._expire)
         self._clock = clock  # None: the running loop's own time
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -161,7 +163,7 @@ class MicroBatcher:
                 trace=None if tracer is None else tracer.queued(),
             )
             if deadline is not None:
-                request.expiry = clock.call_at(deadline, self._expire, request)
+                request.expiry = self._deadlines.add(request, deadline, clock)
             request.future.add_done_callback(partial(self._forget_done, request))
             self.queue.add(request)
             futures.append(request.future)
@@ -205,6 +207,7 @@ class MicroBatcher:
         await self.dispatch.stop()
         for request in list(self.queue):
             request.fail(BatchAbandoned(f"model {self.name!r} stopped"))
+        self._deadlines.stop()
 
     async def _collect_forever(self) -> None:
         while True:
@@ -233,7 +236,7 @@ class MicroBatcher:
 
     def _forget(self, request: QueuedRequest) -> None:
         if request.expiry is not None:
-            request.expiry.cancel()
+            self._deadlines.drop(request.expiry)
         if request.trace is not None:
             request.trace.left()
         if self.queue.remove(request):

@@ -66,7 +66,8 @@ class QueuedRequest:
     priority: int = 0
     # Its predicted share of the queue's work (admission's running sum), set when queued.
     cost_s: float = 0.0
-    expiry: asyncio.TimerHandle | None = field(default=None, repr=False)
+    # Its entry in the batcher's deadline heap (deadlines.py), while it may expire.
+    expiry: list[Any] | None = field(default=None, repr=False)
     # Its wait's span when the request is traced (tracing.py); None: untraced.
     trace: QueueWait | None = field(default=None, repr=False)
     # Its sequence's, read once here: the queue, the cost model and the policy read it several
