@@ -167,7 +167,7 @@ class DirectLane:
             return cycle
         if queued is None:
             return None
-        self._in_flight.inc()
+        self._metrics.turn_writes.add(self._in_flight, 1)
         self._drain.enter()
         waiting = _Waiting(self, connection, cycle, taken, queued, started)
         cycle.on_gone = waiting.drop
@@ -238,7 +238,7 @@ class DirectLane:
         record_request(self._metrics, model, taken.route.template, CLIENT_GONE, started)
 
     def _settled(self) -> None:
-        self._in_flight.dec()
+        self._metrics.turn_writes.add(self._in_flight, -1)
         self._drain.leave()
 
 

@@ -116,13 +116,13 @@ class Gateway:
             traced = batcher_tracing.current.set(server_span.request)
         # Only after routing is the endpoint known; in-flight is counted by path group before.
         in_flight = self._in_flight[in_flight_group(path)]
-        in_flight.inc()
+        self._metrics.turn_writes.add(in_flight, 1)
         response = _ResponseWatch(send, state, request_id, server_span)
         endpoint = UNMATCHED
         try:
             endpoint = await self._handle(scope, receive, response, path, state)
         finally:
-            in_flight.dec()
+            self._metrics.turn_writes.add(in_flight, -1)
             # Label values come from the route table and the configured model names only, never
             # from the request: no client can grow or break /metrics.
             model = state.get("model_name", "")

@@ -7,8 +7,6 @@ series count is bounded by configuration, not by traffic.
 from __future__ import annotations
 
 import asyncio
-import bisect
-import collections
 import functools
 import operator
 import os
@@ -26,6 +24,7 @@ from ferry.llm.base import EngineStats
 from ferry.server.connection_limits import REFUSAL_REASONS, RefusalReason
 from ferry.server.gpu_metrics import GpuCollector, load_nvml
 from ferry.server.procs.metrics_merge import MULTIPROC_ENV
+from ferry.server.turn_writes import TurnWrites, observe_all
 
 LATENCY_BUCKETS_S = (
     0.001,
@@ -126,6 +125,8 @@ class FerryMetrics:
         priority_levels: tuple[int, ...] = DEFAULT_PRIORITY_LEVELS,
     ) -> None:
         self.priority_levels = priority_levels
+        # Per-request writes (in flight, answered), made once per loop turn.
+        self.turn_writes = TurnWrites()
         # `_created` series double the series count and no dashboard uses them.
         disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
         self.registry = registry or CollectorRegistry()
@@ -358,6 +359,12 @@ class FerryMetrics:
         for family in self._engine_families:
             family.source = stats
 
+    def current(self) -> CollectorRegistry:
+        """The registry with this loop turn's writes made (server/turn_writes.py): what a
+        reading of it (a scrape, the console) shows."""
+        self.turn_writes.flush()
+        return self.registry
+
     def request_answered(
         self,
         model: str,
@@ -376,6 +383,10 @@ class FerryMetrics:
                 self.requests.labels(model, endpoint, str(status)),
                 self.request_duration.labels(model, endpoint),
             )
+        if exemplar is None:
+            self.turn_writes.add(children[0], 1)
+            self.turn_writes.observe(children[1], seconds)
+            return
         children[0].inc()
         children[1].observe(seconds, exemplar)
 
@@ -428,27 +439,6 @@ def priority_label(priority: int, levels: tuple[int, ...]) -> str:
     """A configured level's own label; any other priority "other": the label set stays bounded
     whatever numbers clients send."""
     return str(priority) if priority in levels else "other"
-
-
-def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
-    """`histogram.observe(a)` for every amount, in one write per bucket hit and one for the sum.
-
-    A batch's queue waits are an observation per request, and each write of a multiprocess value
-    costs ~1.5 us of the engine loop. Uses the fields prometheus_client's own observe() writes
-    (0.2x: `_upper_bounds`, `_buckets`, `_sum`); tests/server/test_metrics_queue.py holds the
-    result equal to observe() one by one.
-    """
-    if len(amounts) < 2:
-        for amount in amounts:
-            histogram.observe(amount)
-        return
-    bounds = histogram._upper_bounds
-    top = bounds[-1]  # +Inf: only NaN is past it, and observe() counts NaN in no bucket
-    # observe() counts an amount in the first bucket whose bound is >= it: bisect_left's index.
-    hits = collections.Counter(bisect.bisect_left(bounds, a) for a in amounts if a <= top)
-    for index, count in hits.items():
-        histogram._buckets[index].inc(count)
-    histogram._sum.inc(sum(amounts))
 
 
 class ModelBatchObserver:

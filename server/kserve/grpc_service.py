@@ -270,7 +270,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             registry = self.services.registry
             every = [*registry.encoders, *registry.graphs]
             names = [self._model(request.name, request.version).name] if request.name else every
-            stats = model_statistics(self.services.metrics.registry, names)
+            stats = model_statistics(self.services.metrics.current(), names)
             return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse())
 
         return await self._call("ModelStatistics", context, run, request.name)

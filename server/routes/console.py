@@ -79,7 +79,7 @@ async def live(request: Request) -> dict[str, Any]:
     return {
         "time": time.time(),
         "served": [_summary(registry, e.name, e.task, e.parent) for e in registry.entries()],
-        **read_live(ServedSeries(services.metrics.registry, names).collect()),
+        **read_live(ServedSeries(services.metrics.current(), names).collect()),
     }
 
 

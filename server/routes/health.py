@@ -67,7 +67,7 @@ async def metrics(request: Request) -> Response:
     # Negotiated as prometheus_client's own server does (`Accept: application/openmetrics-text`).
     encoder, content_type = choose_encoder(request.headers.get("accept", ""))
     models = services.models  # None until the models are built
-    shown = services.metrics.registry
+    shown = services.metrics.current()
     if models is not None:  # only served names as label values (ServedSeries)
         # Typed for a registry, the encoders only call `collect()`, which ServedSeries has.
         shown = cast(CollectorRegistry, ServedSeries(shown, models.registry.names()))

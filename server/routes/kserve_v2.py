@@ -138,7 +138,7 @@ def _statistics(request: Request, name: str | None) -> Response:
     services = services_of(request)
     every = [*services.registry.encoders, *services.registry.graphs]
     names = every if name is None else [_model(request, name).name]
-    return JSONResponse(model_statistics(services.metrics.registry, names))
+    return JSONResponse(model_statistics(services.metrics.current(), names))
 
 
 @router.get("/models/{name}", responses=error_docs(404))

@@ -77,6 +77,7 @@ async def test_a_probe_is_answered_within_the_read_that_brought_it():
     get, head = transport.written.split(b"HTTP/1.1 200 OK")[1:]
     assert get.endswith(b'\r\n\r\n{"status":"alive"}') and b"x-request-id: " in get
     assert head.endswith(b"\r\n\r\n") and b"content-length: 18" in head
+    await asyncio.sleep(0)  # the turn's end: its metric writes made (server/turn_writes.py)
     text = generate_latest(registry).decode()
     assert metric_value(text, "ferry_requests_total", endpoint="/health/live") == 2
 

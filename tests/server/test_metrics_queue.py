@@ -11,7 +11,8 @@ from collections.abc import Callable
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from ferry.server.metrics import FerryMetrics, observe_all
+from ferry.server.metrics import FerryMetrics
+from ferry.server.turn_writes import observe_all
 
 pytestmark = pytest.mark.unit
 
