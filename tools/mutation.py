@@ -1,5 +1,6 @@
-"""`make mutation`: mutmut over the batcher (batcher, policy, padding, cost model, request) against
-tests/batcher; prints the score and every surviving mutant that is not listed as equivalent.
+"""`make mutation`: mutmut over the batcher (batcher, policy, padding, cost model, request,
+deadlines) against tests/batcher; prints the score and every surviving mutant that is not listed
+as equivalent.
 
 mutmut names a mutant after its file's path and records hits by the importing module's name, so
 the code must be imported as `ferry.batcher.x` from `ferry/batcher/x.py`. In the repository
@@ -37,6 +38,7 @@ MODULES = (
     "padding",
     "cost_model",
     "request",
+    "deadlines",
 )
 TARGET = 0.85
 # Fewer hypothesis examples per mutant (the suite runs 200): the run must finish on 2 cores.
