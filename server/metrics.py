@@ -6,7 +6,6 @@ series count is bounded by configuration, not by traffic.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import operator
 import os
@@ -446,7 +445,7 @@ class ModelBatchObserver:
 
     def __init__(self, metrics: FerryMetrics, model: str, backend: str) -> None:
         self._depth = metrics.queue_depth.labels(model)
-        self._depth_pending: int | None = None  # a depth not written yet (queue_depth)
+        self._turn_writes = metrics.turn_writes
         self._waits = {
             level: metrics.queue_wait.labels(model, str(level)) for level in metrics.priority_levels
         }
@@ -465,20 +464,8 @@ class ModelBatchObserver:
         self._cost_error = metrics.cost_error.labels(model)
 
     def queue_depth(self, depth: int) -> None:
-        # Written once per loop turn, the turn's last depth (what a scrape would read): every
-        # request changes the depth, and a multiprocess gauge's write costs ~1.5 us of the loop.
-        if self._depth_pending is None:
-            try:
-                asyncio.get_running_loop().call_soon(self._write_depth)
-            except RuntimeError:  # no loop running: written at once
-                self._depth.set(depth)
-                return
-        self._depth_pending = depth
-
-    def _write_depth(self) -> None:
-        depth, self._depth_pending = self._depth_pending, None
-        if depth is not None:
-            self._depth.set(depth)
+        # The turn's last depth (what a scrape would read): every request changes it twice.
+        self._turn_writes.set(self._depth, depth)
 
     def rejected(self, reason: RejectReason) -> None:
         self._rejections(reason).inc()

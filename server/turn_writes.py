@@ -1,11 +1,12 @@
 """Per-request metric writes summed over an event-loop turn and made once at its end.
 
 Each request counted itself as it went: the in-flight gauge up and down, the request counter,
-the duration histogram (its bucket and its sum): five writes, each taking the value's lock
-(a multiprocess value's write, `api_servers` > 1, ~1.5 us more). Dozens of requests start in
-one turn (a read from each ready connection) and dozens end in another (a batch's answers), so
-the same few series take one write a turn here. A scrape, a request of a later turn, reads them
-all written.
+the duration histogram (its bucket and its sum), and the queue depth as it joined and left the
+queue; each write takes the value's lock (a multiprocess value's, `api_servers` > 1, ~1.5 us
+more). Dozens of requests start in one turn (a read from each ready connection) and dozens end
+in another (a batch's answers), so here the same few series take one write a turn: sums for
+counters and in-flight, the last value for the depth. A reading through
+`FerryMetrics.current()` (a scrape, the console) makes the turn's writes first.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class TurnWrites:
     def __init__(self) -> None:
         self._added: dict[Any, float] = {}  # a counter's or gauge's child -> its sum this turn
         self._observed: dict[Histogram, list[float]] = {}  # a histogram's child -> amounts
+        self._values: dict[Any, float] = {}  # a gauge's child -> its last value this turn
         self._due = False
 
     def add(self, child: Any, amount: float) -> None:
@@ -31,6 +33,13 @@ class TurnWrites:
             child.inc(amount)
             return
         self._added[child] = self._added.get(child, 0) + amount
+
+    def set(self, child: Any, value: float) -> None:
+        """`child.set(value)`, the turn's last value, at the end of this turn."""
+        if not self._due and not self._schedule():
+            child.set(value)
+            return
+        self._values[child] = value
 
     def observe(self, child: Histogram, amount: float) -> None:
         """`child.observe(amount)`, at the end of this turn."""
@@ -48,6 +57,9 @@ class TurnWrites:
         self._due = False
         added, self._added = self._added, {}
         observed, self._observed = self._observed, {}
+        values, self._values = self._values, {}
+        for child, value in values.items():
+            child.set(value)
         for child, amount in added.items():
             if amount:
                 child.inc(amount)
