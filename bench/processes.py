@@ -12,6 +12,7 @@ import contextlib
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -124,8 +125,17 @@ class ManagedProcess:
     def __enter__(self) -> ManagedProcess:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        died = self.process is not None and self.process.poll() is not None
         self.stop()
+        if exc_type is not None and died:
+            # An error beside a child that had already died is most likely its doing; its log
+            # lives in a folder deleted with the run, so say now what it said.
+            print(
+                f"{self.name} had exited with {self.process.returncode} (pid {self.pid});"
+                f" its log's tail:\n{self.log_tail()}",
+                file=sys.stderr,
+            )
 
 
 @contextlib.contextmanager

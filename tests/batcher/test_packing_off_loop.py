@@ -34,9 +34,11 @@ async def test_a_large_batch_is_stacked_off_the_event_loop(monkeypatch, width, o
 
     monkeypatch.setattr(packing, "pad_tensors", recording)
     sizes: list[int] = []
+    asked: list[tuple[str, ...] | None] = []
 
     async def infer(batch: TensorBatch) -> dict[str, np.ndarray]:
         sizes.append(batch.size)
+        asked.append(batch.outputs)
         return {"y": batch.inputs["x"].sum(axis=1, keepdims=True)}
 
     batcher = MicroBatcher(
@@ -47,9 +49,11 @@ async def test_a_large_batch_is_stacked_off_the_event_loop(monkeypatch, width, o
         packing=TensorPacking(TensorLayout(inputs={"x": {}})),
     )
     batcher.start()
-    futures = batcher.submit([member(1.0, width), member(2.0, width)])
+    # Stacked in either place, the batch carries the outputs its members asked for.
+    futures = batcher.submit([member(1.0, width), member(2.0, width)], outputs=frozenset({"y"}))
     answers = await asyncio.gather(*futures)
     await batcher.close(1)
     assert sizes == [2]  # one batch of both, so that it was stacked
+    assert asked == [("y",)]
     assert [a["y"].item() for a in answers] == [width * 1.0, width * 2.0]
     assert (stacked_in[0] != threading.get_ident()) is off_loop

@@ -63,6 +63,18 @@ def test_dying_before_ready_raises_with_the_log_tail(tmp_path):
         process.start()
 
 
+@pytest.mark.parametrize("died", [True, False], ids=["died", "alive"])
+def test_an_error_beside_a_dead_child_prints_its_log(tmp_path, capsys, died):
+    with pytest.raises(ConnectionError), running(child(tmp_path, "graceful")) as process:
+        if died:
+            process.process.kill()
+            process.process.wait()
+        raise ConnectionError("the child stopped answering")
+    err = capsys.readouterr().err
+    said = f"graceful had exited with {-signal.SIGKILL} (pid {process.pid}); its log's tail:\n"
+    assert (said + f"ready {process.pid}" in err) is died
+
+
 def test_never_ready_times_out_and_is_stopped(tmp_path):
     process = child(tmp_path, "graceful")
     process.ready = lambda: False
