@@ -8,11 +8,13 @@ JSON on every server, so the load generator cannot tell them apart:
 - Triton's CPU build: python backend running ONNX Runtime, its dynamic batcher (up to 32, a
   2 ms window) over two instances of one thread, as Ferry runs two sessions of one thread.
 
-Prints req/s and p50/p99 of each, Ferry's ratios to each peer, and the CPU Ferry's event-loop
-thread spent per request, all from one run.
+All three are up at once and measured in alternating rounds (`--rounds`, who goes first
+alternating): on this box separate runs drift by 20-40 %, more than most changes. Prints req/s and
+p50/p99 of each, pooled over its rounds, Ferry's ratios to each peer (pooled and each round's),
+and the CPU Ferry spent per request in its rounds, all from one run.
 
-    python -m ferry.bench.tabular [--duration 15] [--clients 64] [--api-servers N] [--replicas N]
-                                  [--loadgen wrk]
+    python -m ferry.bench.tabular [--duration 15] [--rounds 3] [--clients 64] [--api-servers N]
+                                  [--replicas N] [--loadgen wrk]
 
 The load comes from wrk (bench/wrk_load.py), which leaves the cores to the servers; `--loadgen
 python` for bench/loadgen.py, which takes about a core of the 2-core box and so caps every
@@ -37,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ferry.bench.loadgen import LoadResult
+from ferry.bench.interleaved import block_order
+from ferry.bench.loadgen import LoadResult, merge
 from ferry.bench.process_cpu import CpuPerRequest, CpuSample
 from ferry.bench.processes import ManagedProcess, free_port, http_ok, running
 from ferry.bench.wrk_load import closed_loop
@@ -210,9 +213,64 @@ def ratios(label: str, ours: LoadResult, theirs: LoadResult) -> str:
     return f"{label}: {throughput:.2f}x req/s, p99 {p99:.2f}x"
 
 
+def measure_rounds(
+    urls: dict[str, str],
+    payloads: list[dict],
+    clients: int,
+    round_s: float,
+    rounds: int,
+    loadgen: str,
+    ferry: CpuWindows,
+) -> dict[str, list[LoadResult]]:
+    """Every server, all up at once, warmed up, then `rounds` rounds of `round_s` each, who goes
+    first alternating (bench/interleaved.py): this box's load drifts by 20-40 % over a minute,
+    and rounds seconds apart on every side suffer it alike. Ferry's CPU counted in its rounds."""
+    path = f"/v2/models/{MODEL}/infer"
+    for url in urls.values():
+        closed_loop(url, payloads, clients, path, 1.0, loadgen)
+    loads: dict[str, list[LoadResult]] = {name: [] for name in urls}
+    for index in range(rounds):
+        for name in block_order(index, list(urls)):
+            before = ferry.sample() if name == "ferry" else None
+            loads[name].append(closed_loop(urls[name], payloads, clients, path, round_s, loadgen))
+            if before is not None:
+                ferry.add(before, loads[name][-1].completed)
+    return loads
+
+
+class CpuWindows:
+    """A process's (or process tree's) CPU summed over the windows it was measured in."""
+
+    def __init__(self, pid: int, tree: bool) -> None:
+        self._pid, self._tree = pid, tree
+        self._loop_s: float | None = None if tree else 0.0
+        self._process_s = 0.0
+        self._requests = 0
+
+    def sample(self) -> CpuSample:
+        return CpuSample.of(self._pid, self._tree)
+
+    def add(self, before: CpuSample, requests: int) -> None:
+        after = self.sample()
+        if self._loop_s is not None and after.loop_s is not None and before.loop_s is not None:
+            self._loop_s += after.loop_s - before.loop_s
+        self._process_s += after.process_s - before.process_s
+        self._requests += requests
+
+    def per_request(self) -> CpuPerRequest:
+        return CpuPerRequest.between(
+            CpuSample(None if self._loop_s is None else 0.0, 0.0),
+            CpuSample(self._loop_s, self._process_s),
+            self._requests,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=15.0, help="Seconds per server.")
+    parser.add_argument(
+        "--duration", type=float, default=15.0, help="Seconds per server, over all its rounds."
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="Alternating rounds per server.")
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument(
         "--api-servers", type=int, help="Ferry's API processes (default: Ferry's choice)."
@@ -220,39 +278,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, help="Ferry's replicas (default: Ferry's choice).")
     parser.add_argument("--loadgen", choices=("wrk", "python"), default="wrk")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="ferry-tabular-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="ferry-tabular-") as tmp, contextlib.ExitStack() as up:
         work = Path(tmp)
         model, rows = export_model(work / "model")
-        load = (bodies(rows), args.clients, args.duration, MODEL, args.loadgen)
-        results: dict[str, LoadResult] = {}
         process = ferry_process(model, work, api_servers=args.api_servers, replicas=args.replicas)
-        with running(process) as ferry:
-            layout = chosen_layout(work / "ferry.log")
-            tree = "one process" not in layout  # every process's CPU: no one event loop
-            before = CpuSample.of(ferry.pid or 0, tree)
-            results["ferry"] = measure(ferry.url, *load)
-            cpu = CpuPerRequest.between(
-                before, CpuSample.of(ferry.pid or 0, tree), results["ferry"].completed
-            )
-        with running(unbatched_process(model, work)) as peer:
-            results["unbatched"] = measure(peer.url, *load)
-        with triton_process(model, rows, work) as triton_url:
-            if triton_url is not None:
-                results["triton"] = measure(triton_url, *load)
+        ferry = up.enter_context(running(process))
+        layout = chosen_layout(work / "ferry.log")
+        urls = {
+            "ferry": ferry.url,
+            "unbatched": up.enter_context(running(unbatched_process(model, work))).url,
+        }
+        triton_url = up.enter_context(triton_process(model, rows, work))
+        if triton_url is not None:
+            urls["triton"] = triton_url
+        # Every process's CPU where there are several: no one event loop to single out.
+        cpu = CpuWindows(ferry.pid or 0, tree="one process" not in layout)
+        round_s = args.duration / args.rounds
+        loads = measure_rounds(
+            urls, bodies(rows), args.clients, round_s, args.rounds, args.loadgen, cpu
+        )
     print(
         f"tabular: breast-cancer gradient boosting, 1 row/request, {args.clients} clients, "
-        f"load from {args.loadgen}\nferry: {layout}"
+        f"load from {args.loadgen}, all servers up at once, {args.rounds} alternating rounds of "
+        f"{round_s:g} s each\nferry: {layout}"
     )
+    results = {name: merge(rounds, elapsed=sum) for name, rounds in loads.items()}
     for name, result in results.items():
-        print(line(name, result))
-    ours = results["ferry"]
+        each = " ".join(f"{load.throughput:.1f}" for load in loads[name])
+        print(f"{line(name, result)}  rounds: {each}")
     for peer in ("unbatched", "triton"):
         if peer in results:
-            print(ratios(f"ferry / {peer}", ours, results[peer]))
-    if cpu.loop_ms is None:
-        print(f"ferry CPU (every process): {cpu.process_ms:.3f} ms per request")
+            each = " ".join(
+                f"{a.throughput / b.throughput:.2f}"
+                for a, b in zip(loads["ferry"], loads[peer], strict=True)
+            )
+            print(f"{ratios(f'ferry / {peer}', results['ferry'], results[peer])}; rounds: {each}")
+    per_request = cpu.per_request()
+    if per_request.loop_ms is None:
+        print(f"ferry CPU (every process): {per_request.process_ms:.3f} ms per request")
     else:
-        print(f"ferry event-loop CPU: {cpu.loop_ms:.3f} ms per request")
+        print(f"ferry event-loop CPU: {per_request.loop_ms:.3f} ms per request")
     return 0
 
 
