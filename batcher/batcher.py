@@ -149,7 +149,8 @@ class MicroBatcher:
         costs = [self.admission.request_cost_s(seq.length) for seq in sequences]
         tracer = tracing.current.get()
         with contextlib.nullcontext() if tracer is None else tracer.admission():
-            self.admission.admit(len(sequences), sum(costs), now, deadline, priority)
+            requests = sum(getattr(seq, "requests", 1) for seq in sequences)
+            self.admission.admit(requests, sum(costs), now, deadline, priority)
         futures = []
         for seq, cost_s in zip(sequences, costs, strict=True):
             request = QueuedRequest(

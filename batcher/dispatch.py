@@ -129,10 +129,10 @@ class Dispatch:
         now = clock_or_loop(self._clock).time()
         self._observer.batch_formed(
             FormedBatch(
-                padded.size,
+                sum(r.requests for r in batch),  # a turn's group counts its clients' requests
                 padded.real_tokens,
                 padded.padded_tokens,
-                [now - r.enqueued_at for r in batch],
+                [now - r.enqueued_at for r in batch for _ in range(r.requests)],
                 batch[0].priority,  # a batch holds one priority (collection.py)
                 sum(r.rows for r in batch),
             )

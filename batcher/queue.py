@@ -17,13 +17,15 @@ from ferry.batcher.types import Clock
 class RequestQueue:
     def __init__(self) -> None:
         self._pending: dict[int, QueuedRequest] = {}
+        self._requests = 0  # the clients' requests queued (a request may stand for several)
         self.count_by_priority: dict[int, int] = {}
         # Predicted seconds of queued work per priority (each request's `cost_s`).
         self.work_by_priority: dict[int, float] = {}
         self._arrival = asyncio.Event()
 
     def __len__(self) -> int:
-        return len(self._pending)
+        """The clients' requests queued."""
+        return self._requests
 
     def __iter__(self) -> Iterator[QueuedRequest]:
         """Arrival order."""
@@ -31,6 +33,7 @@ class RequestQueue:
 
     def add(self, request: QueuedRequest) -> None:
         self._pending[id(request)] = request
+        self._requests += request.requests
         priority = request.priority
         self.count_by_priority[priority] = self.count_by_priority.get(priority, 0) + 1
         self.work_by_priority[priority] = self.work_by_priority.get(priority, 0.0) + request.cost_s
@@ -43,6 +46,7 @@ class RequestQueue:
         """Take `request` out; False if it was not there (already dispatched)."""
         if self._pending.pop(id(request), None) is None:
             return False
+        self._requests -= request.requests
         priority = request.priority
         self.count_by_priority[priority] -= 1
         if self.count_by_priority[priority]:

@@ -83,6 +83,11 @@ class QueuedRequest:
         return getattr(self.sequence, "rows", 1)
 
     @property
+    def requests(self) -> int:
+        """Clients' requests it answers (the queue's bound and depth count them)."""
+        return getattr(self.sequence, "requests", 1)
+
+    @property
     def shape_key(self) -> tuple[object, ...]:
         """Only requests of one key share a batch (tensors' unpadded axes; tokens: one key)."""
         return getattr(self.sequence, "shape_key", ())

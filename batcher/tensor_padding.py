@@ -43,6 +43,9 @@ class TensorRows:
     axis_sizes: Mapping[str, int]  # padded axis name -> its size in this request
     # The sizes of its dynamic axes that are not padded: only requests of equal keys batch.
     shape_key: tuple[tuple[str, int], ...] = ()
+    # The clients' requests its rows answer: more than one for a loop turn's plain requests
+    # queued together (server/kserve/turn_groups.py). The queue's bound and depth count these.
+    requests: int = 1
 
     @cached_property  # read by the queue, the cost model and the policy, several times each
     def length(self) -> int:

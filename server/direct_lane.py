@@ -35,6 +35,7 @@ from ferry.server.gateway import media_type_refusal
 from ferry.server.hot import HotRoute, HotRoutes
 from ferry.server.kserve.lookup import find_model
 from ferry.server.kserve.queued_infer import QueuedInfer, Results, queued_infer
+from ferry.server.kserve.turn_groups import Member, TurnGroups
 from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.replies import Reply, reply_headers
 from ferry.server.response_size import written
@@ -118,6 +119,7 @@ class DirectLane:
         self._in_flight = services.metrics.in_flight.labels(f"/{in_flight_group('/v2/')}")
         self._body_limit = min(LARGE_BODY_BYTES, services.settings.max_body_bytes)
         self._urls: dict[bytes, Taken | None] = {}
+        self._groups = TurnGroups(services, self._queued_alone)
 
     @property
     def body_limit(self) -> int:
@@ -161,7 +163,11 @@ class DirectLane:
             services = self._services
             found = find_model(services.registry, services.encoder, taken.model, taken.version)
             model = found.name
-            queued = queued_infer(services, found, body, taken.header_length)
+            member = None if taken.header_length else self._groups.read(found, body)
+            if member is None:
+                queued = queued_infer(services, found, body, taken.header_length)
+            else:  # queued with the rest of this loop turn's (kserve/turn_groups.py)
+                queued = QueuedInfer(model, [], self._groups.answer_of(member))
         except Exception as exc:  # answered as the gateway answers a handler's
             self._finish(connection, cycle, taken, model, started, exc)
             return cycle
@@ -169,11 +175,20 @@ class DirectLane:
             return None
         self._metrics.turn_writes.add(self._in_flight, 1)
         self._drain.enter()
-        waiting = _Waiting(self, connection, cycle, taken, queued, started)
+        waiting = _Waiting(self, connection, cycle, taken, queued, started, member)
         cycle.on_gone = waiting.drop
+        if member is not None:
+            self._groups.join(member, waiting)
         for future in queued.futures:
             future.add_done_callback(waiting.done)
         return cycle
+
+    def _queued_alone(self, member: Member) -> QueuedInfer:
+        """A group's member queued by itself, the general way."""
+        queued = queued_infer(self._services, member.model, member.body)
+        if queued is None:  # group_plan admits only what queued_infer serves
+            raise RuntimeError("a plain request the lane could not queue")
+        return queued
 
     def _route(self, url: bytes) -> Taken | None:
         """The infer route `url` is for (its request id not read yet), remembered by URL: a
@@ -253,46 +268,59 @@ class _Waiting:
     _taken: Taken
     _queued: QueuedInfer
     _started: float
+    _member: Member | None = None  # its group's, where it joined one
     _settled: bool = False
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def requeue(self, queued: QueuedInfer) -> None:
+        """Wait for `queued` instead (a group's member queued alone)."""
+        self._queued = queued
+        for future in queued.futures:
+            future.add_done_callback(self.done)
 
     def done(self, future: asyncio.Future[Any]) -> None:
         if self._settled:
             return
         if future.cancelled():  # never by the lane while waiting: someone else's doing
-            self._end(RuntimeError("the request's queued work was cancelled"))
+            self.end(RuntimeError("the request's queued work was cancelled"))
             return
         error = future.exception()
         if error is not None:
-            self._end(_as_exception(error))
+            self.end(_as_exception(error))
             return
         futures = self._queued.futures
         if len(futures) == 1 or all(f.done() for f in futures):
-            self._answer([f.result() for f in futures])
+            self.answer([f.result() for f in futures])
 
     def drop(self) -> None:
         if self._settled:
             return
         self._settle()
         self._lane._left(self._cycle, self._taken, self._queued.model, self._started)
+        if self._member is not None:
+            self._member.left()
 
-    def _answer(self, results: Results) -> None:
+    def answer(self, results: Results) -> None:
         try:
             size, write = self._queued.answer(results)
             if size >= LARGE_BODY_BYTES:  # rendered off the loop, as the handler's `written`
                 rendering = asyncio.ensure_future(written(size, write))
                 rendering.add_done_callback(self._rendered)
                 return
-            self._end(write())
+            self.end(write())
         except Exception as exc:  # the gateway answers a handler's the same
-            self._end(exc)
+            self.end(exc)
 
     def _rendered(self, rendering: asyncio.Future[Reply]) -> None:
         if self._settled:
             return
         error = rendering.exception()
-        self._end(rendering.result() if error is None else _as_exception(error))
+        self.end(rendering.result() if error is None else _as_exception(error))
 
-    def _end(self, outcome: Reply | Exception) -> None:
+    def end(self, outcome: Reply | Exception) -> None:
         if self._settled:
             return
         self._settle()

@@ -350,3 +350,66 @@ async def test_an_answer_during_shutdown_closes_its_connection(graphs):
         head, _, content = answered.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200") and b"\r\nconnection: close" in head
         assert json.loads(content)["outputs"][0]["data"]
+
+
+# -- a loop turn's plain requests, queued as one group (server/kserve/turn_groups.py) -------
+
+
+def burst(count: int) -> list[tuple[bytes, dict[str, str]]]:
+    """Requests of every form, plain and not, to be sent at once: each with its own id."""
+    forms = [
+        lambda i: body(tensor(ROWS[i : i + 1])),
+        lambda i: body(tensor(ROWS[i : i + 2]), id=f"r{i}"),
+        lambda i: body({**tensor(ROWS[i : i + 2]), "data": ROWS[i : i + 2].ravel().tolist()}),
+        lambda i: body(tensor(ROWS[i : i + 1]), outputs=[{"name": "probabilities"}]),
+        lambda i: body({**tensor(ROWS[i : i + 1]), "data": [True, *ROWS[i, 1:].tolist()]}),
+        lambda i: body(tensor(ROWS[i : i + 1]), parameters={"priority": 1}),
+        lambda i: body(tensor(ROWS[i : i + 1, :3])),
+        lambda i: body(tensor(ROWS[i : i + 1]), id=i),
+    ]
+    return [(forms[i % len(forms)](i), {**JSON, "x-request-id": f"q{i}"}) for i in range(count)]
+
+
+async def test_a_turn_s_requests_are_grouped_and_each_answered_as_alone(graphs, servers):
+    from ferry.server.kserve import turn_groups
+
+    grouped: list[int] = []
+    queue = turn_groups.TurnGroups._queue
+
+    def recorded(self, members):  # type: ignore[no-untyped-def]
+        grouped.append(len(members))
+        return queue(self, members)
+
+    sent = burst(48)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turn_groups.TurnGroups, "_queue", recorded)
+        async with (
+            served(Settings(models=models(graphs)), []) as url,
+            httpx.AsyncClient(base_url=url, headers={"accept-encoding": "identity"}) as http,
+        ):
+            replies = await asyncio.gather(
+                *(http.post(GB, content=content, headers=headers) for content, headers in sent)
+            )
+    assert max(grouped) > 1  # requests of one turn shared a group
+    for reply, (content, headers) in zip(replies, sent, strict=True):
+        kept = {k: v for k, v in reply.headers.items() if k != "date"}
+        alone = answer(servers[False], GB, content, headers)  # the gateway, one at a time
+        assert (reply.status_code, kept, reply.content) == alone
+
+
+async def test_a_group_the_queue_refuses_is_queued_member_by_member(graphs):
+    small = {"max_queue_size": 4, "dispatch_when_idle": False, "max_queue_delay_s": 0.2}
+    config = [{**m, "batching": {**m.get("batching", {}), **small}} for m in models(graphs)]
+    async with served(Settings(models=config), []) as url:
+        port = int(url.rsplit(":", 1)[1])
+        connections = [await asyncio.open_connection("127.0.0.1", port) for _ in range(12)]
+        for index, (_, writer) in enumerate(connections):  # all sent before any is read
+            writer.write(raw_post(GB, body(tensor(ROWS[index : index + 1]))))
+        heads = []
+        for reader, writer in connections:
+            heads.append(await reader.readuntil(b"\r\n\r\n"))
+            writer.close()
+    statuses = [int(head.split(b" ", 2)[1]) for head in heads]
+    # As alone: the queue's four places taken, the rest refused with a time to come back.
+    assert sorted(statuses) == [200] * 4 + [429] * 8
+    assert all(b"\r\nretry-after: " in head.lower() for head in heads if b" 429 " in head)

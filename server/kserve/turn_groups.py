@@ -1,0 +1,342 @@
+"""Plain KServe v2 requests to a light graph, queued a loop turn at a time: the direct lane's
+requests read in one turn of the event loop join one group per model, checked and queued as one
+request of all their rows, and each member's rows of the answer go back to it.
+
+Why: under load a batch's answers go out together, so its clients' next requests arrive
+together: 25-34 lane requests a loop turn on average at 64 clients (a tabular model, one
+replica). Reading each the general way and checking and queueing it (the signature's checks, the
+batcher's request, deadline, admission and future) was a third of a request's CPU; a group
+pays the checks and the queueing once.
+
+A request joins only where its answer cannot differ from the general path's (queued_infer.py):
+- the model is a batched graph of this process whose rows stack (batch axis 0, no padded or
+  other dynamic axis), and the priority policy leaves priority 0 as it is;
+- the body is one JSON object of `inputs`, and optionally `outputs` and a string `id`, nothing
+  else: every model input once, its datatype and row shape the signature's, all with the same
+  rows, at most a batch of them; outputs as bare `{"name": ...}` specs of known names;
+- its data reads by the general path's own function (tensor_inputs.typed_tensor).
+Anything else goes the general way, which gives its own verdict. The group's rows are checked by
+the signature again (GraphRuntime.validate) and queued at priority 0 with the default deadline,
+as each member alone is; each member's answer is built by the general path's `response`.
+
+Where a group fails as a whole in a way one member may have caused (refused by the queue, a
+batch that failed), every member still waiting is queued again alone, the general way: each is
+answered what it would have been answered alone. A deadline or a shutdown ends every member as
+it ends each queued request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from math import prod
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from ferry.batcher.errors import InferenceFailed, QueueFull
+from ferry.batcher.policy import most_at
+from ferry.server.errors import InvalidInput
+from ferry.server.graph_runtime import GraphRuntime
+from ferry.server.kserve.kserve_model import GraphView, KServeModel
+from ferry.server.kserve.queued_infer import QueuedInfer, Results
+from ferry.server.replies import Reply
+from ferry.server.routes.kserve_v2 import InferRequest, response
+from ferry.server.services import Services
+from ferry.server.tensor_inputs import FLOATS, INTEGERS, typed_tensor
+
+REQUEST_KEYS = frozenset({"inputs", "outputs", "id"})
+SPEC_KEYS = frozenset({"name", "shape", "datatype", "data"})
+
+
+class Waiting(Protocol):
+    """A member's request in the lane, waiting for its answer (direct_lane.py's)."""
+
+    @property
+    def settled(self) -> bool:
+        """Answered, failed, or left by its client."""
+        ...
+
+    def answer(self, results: Results) -> None:
+        """Answer from these results, through its QueuedInfer's `answer`."""
+        ...
+
+    def end(self, outcome: Reply | Exception) -> None:
+        """Answer with this reply or error."""
+        ...
+
+    def requeue(self, queued: QueuedInfer) -> None:
+        """Wait for this request queued the general way instead."""
+        ...
+
+
+@dataclass(frozen=True)
+class InputRows:
+    datatype: str
+    dtype: np.dtype
+    dims: tuple[int, ...]  # one row's shape
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What a model's plain requests look like, and how many rows one group may hold."""
+
+    graph: GraphRuntime
+    inputs: dict[str, InputRows]
+    max_rows: int
+    priority: int  # 0 after the priority policy
+
+
+@dataclass(eq=False)
+class Member:
+    """One request of a group: its checked tensors and wanted outputs, its body (read again
+    should it be queued alone after all), and where its answer goes."""
+
+    model: KServeModel
+    plan: GroupPlan
+    read: InferRequest
+    rows: int
+    body: bytes
+    waiting: Waiting | None = None
+    group: _Queued | None = None
+
+    @property
+    def waits(self) -> bool:
+        return self.waiting is not None and not self.waiting.settled
+
+    def left(self) -> None:
+        """Its client left: once every member's has, the group's rows are dropped."""
+        if self.group is not None:
+            self.group.left()
+
+
+def group_plan(services: Services, model: KServeModel) -> GroupPlan | None:
+    """How `model`'s plain requests group; None where they may not."""
+    graph = model.model if isinstance(model, GraphView) else None
+    if not isinstance(graph, GraphRuntime) or graph.batcher is None:
+        return None
+    plan = graph.batch_plan
+    if graph.images is not None or graph.sequences is not None or not graph.batchable:
+        return None
+    if not plan.batched or plan.padded or plan.rows_axes or plan.batch_axis != 0:
+        return None
+    inputs = {}
+    for spec in graph.signature.inputs:
+        dims = spec.shape[1:]
+        if spec.datatype not in FLOATS | INTEGERS or not all(type(d) is int for d in dims):
+            return None
+        inputs[spec.name] = InputRows(spec.datatype, spec.dtype, tuple(int(d) for d in dims))
+    decided = services.priority_policy.apply(0, None)
+    if decided.clamped_from is not None:
+        return None
+    # A group is one chunk (tensor_chunks.chunk_rows), so the queue counts its requests once.
+    per_row = sum(prod(rows.dims) for rows in inputs.values())
+    return GroupPlan(graph, inputs, most_at(graph.batcher.limits, per_row), decided.priority)
+
+
+def read_plain(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | None:
+    """The request as a group member, or None where the general path must read it."""
+    try:
+        header = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(header) is not dict or not header.keys() <= REQUEST_KEYS:
+        return None
+    specs = header.get("inputs")
+    if type(header.get("id", "")) is not str or type(specs) is not list:
+        return None
+    if len(specs) != len(plan.inputs):
+        return None
+    arrays: dict[str, np.ndarray] = {}
+    for spec in specs:
+        array = _input_rows(plan, spec, arrays)
+        if array is None:
+            return None
+        arrays[spec["name"]] = array
+    rows = next(iter(arrays.values())).shape[0]
+    wanted = _outputs(model, header.get("outputs"))
+    if rows > plan.max_rows or wanted is None:
+        return None
+    for spec in specs:
+        del spec["data"]  # freed now, as read_request frees it
+    read = InferRequest(header, arrays, wanted, set(), {}, 0, None)
+    return Member(model, plan, read, rows, body)
+
+
+def _input_rows(plan: GroupPlan, spec: Any, seen: dict[str, np.ndarray]) -> np.ndarray | None:
+    """One input spec's rows, in the signature's shape; None where it is not plain."""
+    if type(spec) is not dict or spec.keys() != SPEC_KEYS:
+        return None
+    name = spec["name"]
+    expected = plan.inputs.get(name) if type(name) is str else None
+    if expected is None or name in seen or spec["datatype"] != expected.datatype:
+        return None
+    shape = spec["shape"]
+    if type(shape) is not list or not shape or shape[1:] != list(expected.dims):
+        return None
+    count = shape[0]
+    if type(count) is not int or count < 1:
+        return None
+    if seen and count != next(iter(seen.values())).shape[0]:
+        return None  # inputs of unequal rows: in a group one member's could hide another's
+    try:
+        array = typed_tensor(name, expected.datatype, expected.dtype, spec["data"])
+    except InvalidInput:
+        return None
+    if array.size != count * prod(expected.dims):
+        return None
+    return array.reshape(count, *expected.dims)
+
+
+def _outputs(model: KServeModel, specs: Any) -> tuple[str, ...] | None:
+    if specs is None:
+        names: list[Any] = []
+    elif type(specs) is list and all(type(s) is dict and s.keys() == {"name"} for s in specs):
+        names = [s["name"] for s in specs]
+    else:
+        return None
+    try:
+        return model.output_names(names)
+    except InvalidInput:
+        return None
+
+
+class TurnGroups:
+    """The plain requests of this loop turn, by model, queued when the turn ends."""
+
+    def __init__(self, services: Services, alone: Callable[[Member], QueuedInfer]) -> None:
+        self._services = services
+        # Queues a member the general way (raising what the general path raises).
+        self._alone = alone
+        self._plans: weakref.WeakKeyDictionary[GraphRuntime, GroupPlan | None] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._pending: dict[GraphRuntime, list[Member]] = {}
+
+    def read(self, model: KServeModel, body: bytes) -> Member | None:
+        """`body` as a member of `model`'s group, or None (the general path's)."""
+        graph = model.model if isinstance(model, GraphView) else None
+        if not isinstance(graph, GraphRuntime):
+            return None
+        if graph not in self._plans:
+            plan = group_plan(self._services, model)
+            if graph.batcher is None:  # not started: decided once it is
+                return None
+            self._plans[graph] = plan
+        plan = self._plans[graph]
+        return None if plan is None else read_plain(plan, model, body)
+
+    def answer_of(self, member: Member) -> Callable[[Results], tuple[int, Callable[[], Reply]]]:
+        """The member's answer from its own rows of its outputs: the general path's."""
+        regions = self._services.shared_memory.of(None)
+        limit = self._services.settings.max_response_bytes
+
+        def answer(results: Results) -> tuple[int, Callable[[], Reply]]:
+            return response(member.model, member.read, regions, {}, 0, results[0], limit)
+
+        return answer
+
+    def join(self, member: Member, waiting: Waiting) -> None:
+        member.waiting = waiting
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.setdefault(member.plan.graph, []).append(member)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for members in pending.values():
+            group: list[Member] = []
+            rows = 0
+            for member in members:
+                if not member.waits:
+                    continue
+                if group and rows + member.rows > member.plan.max_rows:
+                    self._queue(group)
+                    group, rows = [], 0
+                group.append(member)
+                rows += member.rows
+            if group:
+                self._queue(group)
+
+    def _queue(self, members: list[Member]) -> None:
+        plan = members[0].plan
+        tensors = {
+            name: np.concatenate([m.read.tensors[name] for m in members]) for name in plan.inputs
+        }
+        wanted = tuple(dict.fromkeys(name for m in members for name in m.read.wanted))
+        try:
+            rows = replace(plan.graph.validate(tensors), requests=len(members))
+            futures = plan.graph.submit_rows(rows, wanted, None, plan.priority)
+        except (InvalidInput, QueueFull):  # perhaps one member's doing: each on its own
+            for member in members:
+                self.queue_alone(member)
+            return
+        # Broad on purpose: whatever keeps the group from its queue, every member is answered
+        # (a closed batcher's refusal, as the general path answers it).
+        except Exception as exc:
+            for member in members:
+                self.end(member, exc)
+            return
+        group = _Queued(self, members, futures)
+        for member in members:
+            member.group = group
+        for future in futures:
+            future.add_done_callback(group.done)
+
+    def queue_alone(self, member: Member) -> None:
+        """The member queued the general way, for the verdict it gets alone."""
+        if not member.waits:
+            return
+        assert member.waiting is not None
+        member.group = None
+        try:
+            queued = self._alone(member)
+        except Exception as exc:  # refused before queueing: answered as the general path's
+            member.waiting.end(exc)
+            return
+        member.waiting.requeue(queued)
+
+    def end(self, member: Member, outcome: Reply | Exception) -> None:
+        if member.waits:
+            assert member.waiting is not None
+            member.waiting.end(outcome)
+
+
+@dataclass(eq=False)
+class _Queued:
+    """A group queued: its chunks' futures, until all are done or every member has left."""
+
+    groups: TurnGroups
+    members: list[Member]
+    futures: list[asyncio.Future[dict[str, np.ndarray]]]
+
+    def done(self, future: asyncio.Future[Any]) -> None:
+        if not all(f.done() for f in self.futures) or any(f.cancelled() for f in self.futures):
+            return  # more to come, or every member left
+        errors = [f.exception() for f in self.futures if f.exception() is not None]
+        if errors and isinstance(errors[0], InferenceFailed):  # maybe one member's rows
+            for member in self.members:
+                self.groups.queue_alone(member)
+            return
+        if errors:
+            error = errors[0]
+            outcome = error if isinstance(error, Exception) else RuntimeError(repr(error))
+            for member in self.members:
+                self.groups.end(member, outcome)
+            return
+        values = self.members[0].plan.graph.rows_answer([f.result() for f in self.futures])
+        start = 0
+        for member in self.members:
+            rows = slice(start, start + member.rows)
+            start += member.rows
+            if member.waits:
+                assert member.waiting is not None
+                member.waiting.answer([{name: values[name][rows] for name in member.read.wanted}])
+
+    def left(self) -> None:
+        if not any(member.waits for member in self.members):
+            for future in self.futures:
+                future.cancel()
