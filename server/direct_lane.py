@@ -15,7 +15,8 @@ an Origin for CORS), with tracing off, no API keys and no drain. The handler's o
 kserve/queued_infer.py's, which gives a request back where the handler would suspend. What it
 raises is answered as the gateway answers a hot route's exception (the route's dialect), with
 the same request id header and metrics; a client that leaves has its queued rows dropped and is
-counted 499.
+counted 499. A plain request to a graph whose rows stack is queued with the rest of its loop
+turn's (kserve/turn_groups.py); a group's rows are dropped once every member's client has left.
 """
 
 from __future__ import annotations
