@@ -301,8 +301,6 @@ class _Waiting:
             return
         self._settle()
         self._lane._left(self._cycle, self._taken, self._queued.model, self._started)
-        if self._member is not None:
-            self._member.left()
 
     def answer(self, results: Results) -> None:
         try:
@@ -335,6 +333,9 @@ class _Waiting:
         self._cycle.on_gone = None
         for future in self._queued.futures:
             future.cancel()  # the rest are not worth running once one failed
+        member, self._member = self._member, None
+        if member is not None:
+            member.release()
         self._lane._settled()
 
 

@@ -107,10 +107,13 @@ class Member:
     def waits(self) -> bool:
         return self.waiting is not None and not self.waiting.settled
 
-    def left(self) -> None:
-        """Its client left: once every member's has, the group's rows are dropped."""
-        if self.group is not None:
-            self.group.left()
+    def release(self) -> None:
+        """Answered, failed or left: its links to its wait and its group go (refcounting then
+        frees a request without the garbage collector), and once no member of its group waits
+        (every client left), the group's rows are dropped."""
+        group, self.group, self.waiting = self.group, None, None
+        if group is not None:
+            group.left()
 
 
 def group_plan(services: Services, model: KServeModel) -> GroupPlan | None:
