@@ -283,7 +283,7 @@ class TurnGroups:
             for member in members:
                 self.end(member, exc)
             return
-        group = _Queued(self, members, futures)
+        group = _Queued(self, members, futures, len(members))
         for member in members:
             member.group = group
         for future in futures:
@@ -315,6 +315,7 @@ class _Queued:
     groups: TurnGroups
     members: list[Member]
     futures: list[asyncio.Future[dict[str, np.ndarray]]]
+    waiting: int  # members not yet released
 
     def done(self, future: asyncio.Future[Any]) -> None:
         if not all(f.done() for f in self.futures) or any(f.cancelled() for f in self.futures):
@@ -340,6 +341,8 @@ class _Queued:
                 member.waiting.answer([{name: values[name][rows] for name in member.read.wanted}])
 
     def left(self) -> None:
-        if not any(member.waits for member in self.members):
+        """A member released: with none left waiting, the rows are dropped (done: a no-op)."""
+        self.waiting -= 1
+        if not self.waiting:
             for future in self.futures:
                 future.cancel()
