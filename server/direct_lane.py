@@ -120,6 +120,9 @@ class DirectLane:
         self._in_flight = services.metrics.in_flight.labels(f"/{in_flight_group('/v2/')}")
         self._body_limit = min(LARGE_BODY_BYTES, services.settings.max_body_bytes)
         self._urls: dict[bytes, Taken | None] = {}
+        self._media: dict[tuple[bytes, bool, tuple[str, ...]], bool] = {}
+        # uvicorn's default headers (date, server: a new list each second) as a head's lines.
+        self._defaults: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
         self._groups = TurnGroups(services, self._queued_alone)
 
     @property
@@ -146,12 +149,28 @@ class DirectLane:
                 content_type = value
             elif name == kserve_v2.HEADER_LENGTH_KEY and header_length is None:
                 header_length = value
-        if media_type_refusal(content_type or b"", bool(header_length), route.media):
+        if self._refused(content_type or b"", bool(header_length), route.media):
             return None
-        return route._replace(
-            request_id=request_ids.from_client(request_id or b""),
-            header_length=header_length.decode("latin-1") if header_length else None,
+        return Taken(
+            route.route,
+            route.path,
+            route.model,
+            route.version,
+            route.media,
+            request_ids.from_client(request_id or b""),
+            header_length.decode("latin-1") if header_length else None,
         )
+
+    def _refused(self, content_type: bytes, binary_header: bool, media: tuple[str, ...]) -> bool:
+        """Whether the route refuses the body's media type (gateway.media_type_refusal),
+        remembered: clients send one or two content types."""
+        key = (content_type, binary_header, media)
+        refused = self._media.get(key)
+        if refused is None:
+            refused = media_type_refusal(content_type, binary_header, media) is not None
+            if len(self._media) < MAX_REMEMBERED_URLS:  # bounded whatever clients send
+                self._media[key] = refused
+        return refused
 
     def start(
         self, taken: Taken, headers: list[tuple[bytes, bytes]], body: bytes, connection: Connection
@@ -235,15 +254,16 @@ class DirectLane:
                 request_ids.current.reset(bound)
         # The head as uvicorn writes the gateway's (send_reply's headers, then the request
         # id), every byte of it Ferry's own: no header check needed.
-        headers = [
-            *connection.default_headers,
-            *((name.lower(), value) for name, value in reply_headers(reply)),
-            (request_ids.HEADER, request_id),
-        ]
+        defaults, lines = self._defaults
+        if connection.default_headers is not defaults:
+            defaults = connection.default_headers
+            lines = b"".join(b"%s: %s\r\n" % pair for pair in defaults)
+            self._defaults = (defaults, lines)
+        head = [STATUS_LINE[reply.status], lines]
+        head += (b"%s: %s\r\n" % (name.lower(), value) for name, value in reply_headers(reply))
+        head.append(b"%s: %s\r\n" % (request_ids.HEADER, request_id))
         if not cycle.keep_alive:
-            headers.append((b"connection", b"close"))
-        head = [STATUS_LINE[reply.status]]
-        head += (b"%s: %s\r\n" % pair for pair in headers)
+            head.append(b"connection: close\r\n")
         head.append(b"\r\n")
         cycle.response_started = True
         connection.answer_direct(cycle, b"".join(head) + reply.body)

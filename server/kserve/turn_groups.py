@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ from ferry.server.tensor_inputs import FLOATS, INTEGERS, typed_tensor
 
 REQUEST_KEYS = frozenset({"inputs", "outputs", "id"})
 SPEC_KEYS = frozenset({"name", "shape", "datatype", "data"})
+MAX_REMEMBERED_OUTPUTS = 256
 
 
 class Waiting(Protocol):
@@ -88,6 +89,8 @@ class GroupPlan:
     inputs: dict[str, InputRows]
     max_rows: int
     priority: int  # 0 after the priority policy
+    # The outputs each list of names asked for means (model.output_names), as first checked.
+    outputs: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -160,7 +163,7 @@ def read_plain(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | Non
             return None
         arrays[spec["name"]] = array
     rows = next(iter(arrays.values())).shape[0]
-    wanted = _outputs(model, header.get("outputs"))
+    wanted = _outputs(plan, model, header.get("outputs"))
     if rows > plan.max_rows or wanted is None:
         return None
     for spec in specs:
@@ -194,17 +197,25 @@ def _input_rows(plan: GroupPlan, spec: Any, seen: dict[str, np.ndarray]) -> np.n
     return array.reshape(count, *expected.dims)
 
 
-def _outputs(model: KServeModel, specs: Any) -> tuple[str, ...] | None:
+def _outputs(plan: GroupPlan, model: KServeModel, specs: Any) -> tuple[str, ...] | None:
+    """The outputs a plain request wants (by the model's own check), or None."""
     if specs is None:
-        names: list[Any] = []
+        names: tuple[Any, ...] = ()
     elif type(specs) is list and all(type(s) is dict and s.keys() == {"name"} for s in specs):
-        names = [s["name"] for s in specs]
+        names = tuple(s["name"] for s in specs)
+        if not all(type(name) is str for name in names):
+            return None
     else:
         return None
-    try:
-        return model.output_names(names)
-    except InvalidInput:
-        return None
+    wanted = plan.outputs.get(names)
+    if wanted is None:
+        try:
+            wanted = model.output_names(list(names))
+        except InvalidInput:
+            return None
+        if len(plan.outputs) < MAX_REMEMBERED_OUTPUTS:  # bounded whatever clients ask for
+            plan.outputs[names] = wanted
+    return wanted
 
 
 class TurnGroups:
