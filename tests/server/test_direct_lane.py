@@ -413,3 +413,29 @@ async def test_a_group_the_queue_refuses_is_queued_member_by_member(graphs):
     # As alone: the queue's four places taken, the rest refused with a time to come back.
     assert sorted(statuses) == [200] * 4 + [429] * 8
     assert all(b"\r\nretry-after: " in head.lower() for head in heads if b" 429 " in head)
+
+
+async def test_a_group_whose_batch_fails_is_queued_member_by_member(tmp_path):
+    # One row indexes past the table: its batch fails, and alone only it does.
+    model = {"name": "lookup", "path": str(plain_graphs.lookup(tmp_path / "lookup.onnx"))}
+    indices = [3, 7, plain_graphs.LOOKUP_ROWS + 5, 11, 42, 0, 99, 5]
+    async with served(Settings(models=[model]), []) as url:
+        port = int(url.rsplit(":", 1)[1])
+        connections = [await asyncio.open_connection("127.0.0.1", port) for _ in indices]
+        for index, (_, writer) in zip(indices, connections, strict=True):  # sent at once
+            spec = {"name": "i", "shape": [1, 1], "datatype": "INT64", "data": [index]}
+            writer.write(raw_post("/v2/models/lookup/infer", body(spec)))
+        answers = []
+        for reader, writer in connections:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            answers.append(
+                (int(head.split(b" ", 2)[1]), json.loads(await reader.readexactly(length)))
+            )
+            writer.close()
+    for index, (status, content) in zip(indices, answers, strict=True):
+        if index >= plain_graphs.LOOKUP_ROWS:
+            assert status == 500, content
+        else:
+            assert status == 200, content
+            assert content["outputs"][0]["data"] == [2.0 * index, 2.0 * index + 1]

@@ -197,3 +197,21 @@ def tiled(path: Path, times: int = 1000) -> Path:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4 * times])],
     )
     return _save(graph, path)
+
+
+LOOKUP_ROWS = 100
+
+
+def lookup(path: Path) -> Path:
+    """i [N, 1] INT64 -> y [N, 1, 2]: rows of a 100-row table; an index past it fails ONNX
+    Runtime's Gather, for any batch that holds it (a row that poisons its batch)."""
+    table = np.arange(LOOKUP_ROWS * 2, dtype=np.float32).reshape(LOOKUP_ROWS, 2)
+    nodes = [helper.make_node("Gather", ["table", "i"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "lookup",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, ["N", 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 2])],
+        [onnx.numpy_helper.from_array(table, "table")],
+    )
+    return _save(graph, path)
