@@ -31,7 +31,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
 from ferry.server import request_ids
 from ferry.server.content_encoding import accepted_encoding
-from ferry.server.errors import failure
+from ferry.server.errors import as_exception, failure
 from ferry.server.gateway import media_type_refusal
 from ferry.server.hot import HotRoute, HotRoutes
 from ferry.server.kserve.lookup import find_model
@@ -49,7 +49,7 @@ Headers = Iterable[tuple[bytes, bytes]]
 # Headers the gateway acts on itself: a request sending any goes its way (and one accepting an
 # answer compressed in a coding the gateway writes, or of a media type it refuses).
 ACTED_ON = frozenset({b"content-encoding", b"transfer-encoding", b"expect", b"origin"})
-MAX_REMEMBERED_URLS = 4096
+MAX_REMEMBERED = 4096  # URLs and media types remembered, whatever clients send
 
 
 class _NoEvent:
@@ -168,7 +168,7 @@ class DirectLane:
         refused = self._media.get(key)
         if refused is None:
             refused = media_type_refusal(content_type, binary_header, media) is not None
-            if len(self._media) < MAX_REMEMBERED_URLS:  # bounded whatever clients send
+            if len(self._media) < MAX_REMEMBERED:  # bounded whatever clients send
                 self._media[key] = refused
         return refused
 
@@ -228,7 +228,7 @@ class DirectLane:
                 params = matched[1]
                 name, version = params["name"], params.get("version")
                 taken = Taken(matched[0], path, name, version, declared.media)
-        if len(self._urls) < MAX_REMEMBERED_URLS:  # bounded whatever clients send
+        if len(self._urls) < MAX_REMEMBERED:  # bounded whatever clients send
             self._urls[url] = taken
         return taken
 
@@ -292,10 +292,6 @@ class _Waiting:
     _member: Member | None = None  # its group's, where it joined one
     _settled: bool = False
 
-    @property
-    def settled(self) -> bool:
-        return self._settled
-
     def requeue(self, queued: QueuedInfer) -> None:
         """Wait for `queued` instead (a group's member queued alone)."""
         self._queued = queued
@@ -310,7 +306,7 @@ class _Waiting:
             return
         error = future.exception()
         if error is not None:
-            self.end(_as_exception(error))
+            self.end(as_exception(error))
             return
         futures = self._queued.futures
         if len(futures) == 1 or all(f.done() for f in futures):
@@ -337,7 +333,7 @@ class _Waiting:
         if self._settled:
             return
         error = rendering.exception()
-        self.end(rendering.result() if error is None else _as_exception(error))
+        self.end(rendering.result() if error is None else as_exception(error))
 
     def end(self, outcome: Reply | Exception) -> None:
         if self._settled:
@@ -357,12 +353,6 @@ class _Waiting:
         if member is not None:
             member.release()
         self._lane._settled()
-
-
-def _as_exception(error: BaseException) -> Exception:
-    """A future's error as the exception the route's dialect renders (a BaseException that is
-    not an Exception, never raised by a batch, as an internal error)."""
-    return error if isinstance(error, Exception) else RuntimeError(repr(error))
 
 
 def direct_lane(services: Services, hot: HotRoutes) -> DirectLane | None:

@@ -268,6 +268,12 @@ class Refused(Exception):
         self.failure = decided
 
 
+def as_exception(error: BaseException) -> Exception:
+    """A future's error as the exception the route's dialect renders (a BaseException that is
+    not an Exception, never raised by a batch, as an internal error)."""
+    return error if isinstance(error, Exception) else RuntimeError(repr(error))
+
+
 def failure(exc: BaseException, where: str = "") -> Failure:
     """The one table lookup: an exception (a pydantic ValidationError too) as a Failure."""
     if isinstance(exc, Refused):

@@ -39,7 +39,7 @@ import orjson
 
 from ferry.batcher.errors import InferenceFailed, QueueFull
 from ferry.batcher.policy import most_at
-from ferry.server.errors import InvalidInput
+from ferry.server.errors import InvalidInput, as_exception
 from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.kserve.kserve_model import GraphView, KServeModel
 from ferry.server.kserve.queued_infer import QueuedInfer, Results
@@ -54,12 +54,8 @@ MAX_REMEMBERED_OUTPUTS = 256
 
 
 class Waiting(Protocol):
-    """A member's request in the lane, waiting for its answer (direct_lane.py's)."""
-
-    @property
-    def settled(self) -> bool:
-        """Answered, failed, or left by its client."""
-        ...
+    """A member's request in the lane, waiting for its answer (direct_lane.py's); once it is
+    answered, failed or left, it releases its member (Member.release)."""
 
     def answer(self, results: Results) -> None:
         """Answer from these results, through its QueuedInfer's `answer`."""
@@ -103,12 +99,8 @@ class Member:
     read: InferRequest
     rows: int
     body: bytes
-    waiting: Waiting | None = None
+    waiting: Waiting | None = None  # None before it joins and once released
     group: _Queued | None = None
-
-    @property
-    def waits(self) -> bool:
-        return self.waiting is not None and not self.waiting.settled
 
     def release(self) -> None:
         """Answered, failed or left: its links to its wait and its group go (refcounting then
@@ -236,10 +228,9 @@ class TurnGroups:
         if not isinstance(graph, GraphRuntime):
             return None
         if graph not in self._plans:
-            plan = group_plan(self._services, model)
             if graph.batcher is None:  # not started: decided once it is
                 return None
-            self._plans[graph] = plan
+            self._plans[graph] = group_plan(self._services, model)
         plan = self._plans[graph]
         return None if plan is None else read_plain(plan, model, body)
 
@@ -265,7 +256,7 @@ class TurnGroups:
             group: list[Member] = []
             rows = 0
             for member in members:
-                if not member.waits:
+                if member.waiting is None:
                     continue
                 if group and rows + member.rows > member.plan.max_rows:
                     self._queue(group)
@@ -283,7 +274,7 @@ class TurnGroups:
         wanted = tuple(dict.fromkeys(name for m in members for name in m.read.wanted))
         try:
             rows = replace(plan.graph.validate(tensors), requests=len(members))
-            futures = plan.graph.submit_rows(rows, wanted, None, plan.priority)
+            (future,) = plan.graph.submit_rows(rows, wanted, None, plan.priority)  # one chunk
         except (InvalidInput, QueueFull):  # perhaps one member's doing: each on its own
             for member in members:
                 self.queue_alone(member)
@@ -294,66 +285,60 @@ class TurnGroups:
             for member in members:
                 self.end(member, exc)
             return
-        group = _Queued(self, members, futures, len(members))
+        group = _Queued(self, members, future, len(members))
         for member in members:
             member.group = group
-        for future in futures:
-            future.add_done_callback(group.done)
+        future.add_done_callback(group.done)
 
     def queue_alone(self, member: Member) -> None:
         """The member queued the general way, for the verdict it gets alone."""
-        if not member.waits:
+        waiting = member.waiting
+        if waiting is None:
             return
-        assert member.waiting is not None
         member.group = None
         try:
             queued = self._alone(member)
         except Exception as exc:  # refused before queueing: answered as the general path's
-            member.waiting.end(exc)
+            waiting.end(exc)
             return
-        member.waiting.requeue(queued)
+        waiting.requeue(queued)
 
     def end(self, member: Member, outcome: Reply | Exception) -> None:
-        if member.waits:
-            assert member.waiting is not None
+        if member.waiting is not None:
             member.waiting.end(outcome)
 
 
 @dataclass(eq=False)
 class _Queued:
-    """A group queued: its chunks' futures, until all are done or every member has left."""
+    """A group queued (one chunk: one future), until it is done or every member has left."""
 
     groups: TurnGroups
     members: list[Member]
-    futures: list[asyncio.Future[dict[str, np.ndarray]]]
+    future: asyncio.Future[dict[str, np.ndarray]]
     waiting: int  # members not yet released
 
     def done(self, future: asyncio.Future[Any]) -> None:
-        if not all(f.done() for f in self.futures) or any(f.cancelled() for f in self.futures):
-            return  # more to come, or every member left
-        errors = [f.exception() for f in self.futures if f.exception() is not None]
-        if errors and isinstance(errors[0], InferenceFailed):  # maybe one member's rows
+        if future.cancelled():
+            return  # every member left
+        error = future.exception()
+        if isinstance(error, InferenceFailed):  # maybe one member's rows
             for member in self.members:
                 self.groups.queue_alone(member)
             return
-        if errors:
-            error = errors[0]
-            outcome = error if isinstance(error, Exception) else RuntimeError(repr(error))
+        if error is not None:
             for member in self.members:
-                self.groups.end(member, outcome)
+                self.groups.end(member, as_exception(error))
             return
-        values = self.members[0].plan.graph.rows_answer([f.result() for f in self.futures])
+        values = self.members[0].plan.graph.rows_answer([future.result()])
         start = 0
         for member in self.members:
             rows = slice(start, start + member.rows)
             start += member.rows
-            if member.waits:
-                assert member.waiting is not None
+            if member.waiting is not None:
                 member.waiting.answer([{name: values[name][rows] for name in member.read.wanted}])
 
     def left(self) -> None:
         """A member released: with none left waiting, the rows are dropped (done: a no-op)."""
         self.waiting -= 1
         if not self.waiting:
-            for future in self.futures:
-                future.cancel()
+            self.future.cancel()
