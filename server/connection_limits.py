@@ -38,6 +38,7 @@ from ferry.server.coalesced_writes import CoalescedWrites
 from ferry.server.dialects import FERRY
 from ferry.server.disconnect import DISCONNECTED
 from ferry.server.errors import HeadTooLarge, RequestTimeout, TooManyConnections, failure
+from ferry.server.repeated_heads import RepeatedHead, repeated_head
 
 Phase = Literal["idle", "head", "body"]
 REASONS = {
@@ -82,6 +83,8 @@ class Lane(Protocol):
         self, taken: Any, headers: list[tuple[bytes, bytes]], body: bytes, connection: Any
     ) -> LaneRequest | None: ...
 
+    def retakes(self, taken: Any) -> Any: ...
+
 
 @dataclass(frozen=True)
 class ConnectionLimits:
@@ -115,6 +118,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._direct_size = 0
         self._lane_pending: LaneRequest | None = None  # the lane's request waiting for its batch
         self._idle_since: float | None = None  # when its last answer went, while idle since
+        # The last request the lane served, whose head a next one may repeat (repeated_heads.py).
+        self._repeated: RepeatedHead | None = None
+        self._begun = 0  # requests begun in the read being parsed
+        self._served: tuple[bytes, Any] | None = None  # the lane's (body, taken) in that read
         if len(self.connections) > self.limits.max_connections:
             self._refuse("too_many_connections", TooManyConnections())
             return
@@ -142,9 +149,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._closed_by_us:
             return
+        idle = self._phase == "idle"
+        if idle and self._repeated is not None and self._serve_repeated(self._repeated, data):
+            return
         if self._phase != "body":
             self._head_bytes += len(data)
+        self._begun = 0
+        self._served = None
         super().data_received(data)
+        if idle and self._begun == 1 and self._served is not None and self._phase == "idle":
+            body, taken = self._served  # the whole read was this one request
+            self._repeated = repeated_head(data, body, self.headers, taken)
         if self._phase == "head" and self._head_bytes > self.limits.max_header_bytes:
             message = f"request head over {self.limits.max_header_bytes} bytes"
             self._refuse("header_too_large", HeadTooLarge(message))
@@ -165,6 +180,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._begun += 1
         # A request began: no keep-alive timeout now, even one armed by a probe answered
         # earlier in the same read (_answer_probe), before this request was parsed.
         self._unset_keepalive_if_required()
@@ -240,14 +256,38 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             assert self._taken is not None, "a body for the lane without its head"
             cycle = self.direct_lane.start(self._taken, self.headers, body, self)
             if cycle is not None:
-                self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's
-                if not cycle.response_complete:
-                    self._lane_pending = cycle
+                self._served = (body, self._taken)
+                self._lane_started(cycle)
                 return
             self._start_cycle()  # the gateway's after all
             if body:
                 super().on_body(body)
         super().on_message_complete()
+
+    def _lane_started(self, cycle: LaneRequest) -> None:
+        self.cycle = cycle  # type: ignore[assignment]  # stands in for uvicorn's
+        if not cycle.response_complete:
+            self._lane_pending = cycle
+
+    def _serve_repeated(self, repeated: RepeatedHead, data: bytes) -> bool:
+        """`data` served by the lane without parsing, where it is one request repeating the
+        head of the last the lane served (repeated_heads.py); False: parse it."""
+        if not self._answered_all():
+            return False
+        body = repeated.body_of(data)
+        if body is None:
+            return False
+        assert self.direct_lane is not None, "a repeated head without a lane"
+        taken = self.direct_lane.retakes(repeated.taken)
+        if taken is None:
+            return False
+        self._unset_keepalive_if_required()  # as uvicorn's data_received does first
+        cycle = self.direct_lane.start(taken, repeated.headers, body, self)
+        if cycle is None:  # the gateway's (nothing was done): parsed, it goes there
+            self._repeated = None
+            return False
+        self._lane_started(cycle)
+        return True
 
     @property
     def default_headers(self) -> list[tuple[bytes, bytes]]:
@@ -265,12 +305,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             writes.close()
         self.on_response_complete()  # keep-alive timer, reads resumed, a queued request started
 
+    def _answered_all(self) -> bool:
+        """No request of the connection waits for its answer."""
+        if self.pipeline or self._lane_pending is not None:
+            return False
+        return self.cycle is None or self.cycle.response_complete
+
     def _owes_nothing(self) -> bool:
         """The connection owes no earlier answer and will be kept open: a request may be
         answered outside uvicorn's cycle without passing one."""
-        if self.pipeline or self._lane_pending is not None:
-            return False
-        if self.cycle is not None and not self.cycle.response_complete:
+        if not self._answered_all():
             return False
         if self.parser.get_http_version() != "1.1" or not self.parser.should_keep_alive():
             return False

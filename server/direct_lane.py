@@ -109,6 +109,7 @@ class Taken(NamedTuple):
     media: tuple[str, ...]  # the body's media types the route takes (route_table.py)
     request_id: bytes = b""
     header_length: str | None = None  # Triton's binary tensors: the JSON header's length
+    client_id: bool = False  # request_id is the client's own (else made for this request)
 
 
 class DirectLane:
@@ -151,15 +152,24 @@ class DirectLane:
                 header_length = value
         if self._refused(content_type or b"", bool(header_length), route.media):
             return None
+        own = request_ids.from_client(request_id or b"")
         return Taken(
             route.route,
             route.path,
             route.model,
             route.version,
             route.media,
-            request_ids.from_client(request_id or b""),
+            own,
             header_length.decode("latin-1") if header_length else None,
+            own == request_id,
         )
+
+    def retakes(self, taken: Taken) -> Taken | None:
+        """A request whose head is byte for byte that of `taken` (the connection's last,
+        server/repeated_heads.py), as `takes` would read it now: with a request id of its own."""
+        if self._drain.draining:
+            return None
+        return taken if taken.client_id else taken._replace(request_id=request_ids.new_id())
 
     def _refused(self, content_type: bytes, binary_header: bool, media: tuple[str, ...]) -> bool:
         """Whether the route refuses the body's media type (gateway.media_type_refusal),

@@ -352,6 +352,63 @@ async def test_an_answer_during_shutdown_closes_its_connection(graphs):
         assert json.loads(content)["outputs"][0]["data"]
 
 
+# -- a connection's repeated head, not parsed again (server/repeated_heads.py) -------------
+
+
+async def test_a_repeated_head_is_served_as_if_parsed(graphs, servers):
+    read = {"takes": 0, "retakes": 0}
+    takes, retakes = DirectLane.takes, DirectLane.retakes
+
+    def counted(name, real):  # type: ignore[no-untyped-def]
+        def call(*args):  # type: ignore[no-untyped-def]
+            read[name] += 1
+            return real(*args)
+
+        return call
+
+    # (body, headers): the head repeats but for the length, then another head, then it again.
+    sent = [(body(tensor(ROWS[i : i + 1 + i % 2])), JSON) for i in range(4)]
+    sent += [(body(tensor(ROWS[i : i + 1])), {**JSON, "x-request-id": f"r{i}"}) for i in (0, 0)]
+    sent.append((body(tensor(ROWS[:1, :3])), JSON))  # a bad request, then a good one
+    sent.append(sent[0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DirectLane, "takes", counted("takes", takes))
+        patch.setattr(DirectLane, "retakes", counted("retakes", retakes))
+        async with served(Settings(models=models(graphs)), []) as url:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+            replies = []
+            for content, headers in sent:
+                lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+                head = f"POST {GB} HTTP/1.1\r\nhost: ferry\r\n{lines}"
+                writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(content) + content)
+                replies.append(await next_answer(reader))
+            writer.close()
+    assert read == {"takes": 3, "retakes": 5}  # parsed: the first, the one with an id, the next
+    ids = [reply[1].pop("x-request-id") for reply in replies]
+    assert ids[4:6] == ["r0", "r0"]
+    made = ids[:4] + ids[6:]
+    assert len(set(made)) == len(made) and {len(i) for i in made} == {32}
+    for reply, (content, headers) in zip(replies, sent, strict=True):
+        expected = answer(servers[False], GB, content, headers)
+        expected[1].pop("x-request-id", None)
+        assert reply == expected
+
+
+async def test_a_repeated_head_takes_the_lane_while_a_head_would(graphs):
+    app = create_app(Settings(models=models(graphs)))
+    lane = direct_lane(app_services(app), app.hot)
+    assert lane is not None
+    made = lane.takes(b"POST", GB.encode(), [(b"content-type", b"application/json")])
+    sent = lane.takes(b"POST", GB.encode(), [(b"x-request-id", b"mine")])
+    assert made is not None and sent is not None
+    again = lane.retakes(made)
+    assert again is not None and again.request_id != made.request_id
+    assert again._replace(request_id=made.request_id) == made
+    assert lane.retakes(sent) == sent  # the client's own id, as it sent it
+    app_services(app).drain.begin()
+    assert lane.retakes(made) is None and lane.takes(b"POST", GB.encode(), []) is None
+
+
 # -- a loop turn's plain requests, queued as one group (server/kserve/turn_groups.py) -------
 
 
@@ -400,11 +457,17 @@ async def test_a_turn_s_requests_are_grouped_and_each_answered_as_alone(graphs, 
 
 async def raw_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple:
     """(status, headers but the date, body) of the one answer on a connection, then closed."""
+    answered = await next_answer(reader)
+    writer.close()
+    return answered
+
+
+async def next_answer(reader: asyncio.StreamReader) -> tuple:
+    """(status, headers but the date, body) of the connection's next answer."""
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
     status, *lines = head.split("\r\n")[:-2]
     headers = dict(line.split(": ", 1) for line in lines)
     content = await reader.readexactly(int(headers["content-length"]))
-    writer.close()
     headers.pop("date")
     return int(status.split(" ")[1]), headers, content
 
