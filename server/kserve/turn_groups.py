@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from math import prod
@@ -41,6 +42,7 @@ from ferry.batcher.errors import InferenceFailed, QueueFull
 from ferry.batcher.policy import most_at
 from ferry.server.errors import InvalidInput, as_exception
 from ferry.server.graph_runtime import GraphRuntime
+from ferry.server.kserve.body_forms import BodyForm, body_form
 from ferry.server.kserve.kserve_model import GraphView, KServeModel
 from ferry.server.kserve.queued_infer import QueuedInfer, Results
 from ferry.server.replies import Reply
@@ -51,6 +53,7 @@ from ferry.server.tensor_inputs import FLOATS, INTEGERS, typed_tensor
 REQUEST_KEYS = frozenset({"inputs", "outputs", "id"})
 SPEC_KEYS = frozenset({"name", "shape", "datatype", "data"})
 MAX_REMEMBERED_OUTPUTS = 256
+MAX_FORMS = 8  # body forms remembered a model (body_forms.py), the latest first
 
 
 class Waiting(Protocol):
@@ -87,6 +90,18 @@ class GroupPlan:
     priority: int  # 0 after the priority policy
     # The outputs each list of names asked for means (model.output_names), as first checked.
     outputs: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
+    # Bodies read whole lately, of a model of one input (body_forms.py).
+    forms: deque[BodyForm] = field(default_factory=lambda: deque(maxlen=MAX_FORMS))
+
+
+@dataclass(frozen=True)
+class FormReading:
+    """A plain body's reading but for its data: what a body of its form reads as."""
+
+    header: dict[str, Any]  # without its data
+    name: str
+    rows: int
+    wanted: tuple[str, ...]
 
 
 @dataclass(eq=False)
@@ -137,6 +152,37 @@ def group_plan(services: Services, model: KServeModel) -> GroupPlan | None:
 
 def read_plain(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | None:
     """The request as a group member, or None where the general path must read it."""
+    for form in plan.forms:
+        items = form.items_of(body)
+        if items is not None:
+            return _read_form(plan, model, body, form.reading, items)
+    member = _read_whole(plan, model, body)
+    if member is not None and len(plan.inputs) == 1:
+        ((name, _),) = member.read.tensors.items()
+        reading = FormReading(member.read.header, name, member.rows, member.read.wanted)
+        learnt = body_form(body, reading)
+        if learnt is not None:
+            plan.forms.appendleft(learnt)
+    return member
+
+
+def _read_form(
+    plan: GroupPlan, model: KServeModel, body: bytes, reading: FormReading, items: list[Any]
+) -> Member | None:
+    """A body of a known form, with these data items: read as _read_whole reads it."""
+    expected = plan.inputs[reading.name]
+    try:
+        array = typed_tensor(reading.name, expected.datatype, expected.dtype, items)
+    except InvalidInput:
+        return None
+    if array.size != reading.rows * prod(expected.dims):
+        return None
+    tensors = {reading.name: array.reshape(reading.rows, *expected.dims)}
+    read = InferRequest(reading.header, tensors, reading.wanted, set(), {}, 0, None)
+    return Member(model, plan, read, reading.rows, body)
+
+
+def _read_whole(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | None:
     try:
         header = orjson.loads(body)
     except orjson.JSONDecodeError:

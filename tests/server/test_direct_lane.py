@@ -409,6 +409,45 @@ async def test_a_repeated_head_takes_the_lane_while_a_head_would(graphs):
     assert lane.retakes(made) is None and lane.takes(b"POST", GB.encode(), []) is None
 
 
+async def test_a_body_of_a_known_form_is_read_as_if_whole(graphs, servers):
+    from ferry.server.kserve import turn_groups
+
+    whole: list[bytes] = []
+    read_whole = turn_groups._read_whole
+
+    def counted(plan, model, content):  # type: ignore[no-untyped-def]
+        whole.append(content)
+        return read_whole(plan, model, content)
+
+    def flat(rows: np.ndarray) -> dict[str, Any]:  # as tritonclient sends JSON
+        return {**tensor(rows), "data": rows.ravel().tolist()}
+
+    one = tensor(ROWS[:1])
+    sent = [body(flat(ROWS[i : i + 1])) for i in range(4)]  # one form, other numbers
+    sent += [
+        body({**one, "data": [True, *ROWS[0, 1:].tolist()]}),  # a boolean among them
+        body({**one, "data": ROWS[0, 1:].tolist()}),  # fewer than the shape says
+        body({**one, "data": [*ROWS[0, 1:].tolist(), "1"]}),  # a string
+        body(flat(ROWS[:1]), id="x"),  # another form
+        body(flat(ROWS[1:2]), id="x"),
+    ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turn_groups, "_read_whole", counted)
+        async with served(Settings(models=models(graphs)), []) as url:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+            replies = []
+            for content in sent:
+                writer.write(raw_post(GB, content))
+                replies.append(await next_answer(reader))
+            writer.close()
+    assert whole == [sent[0], sent[7]]
+    for reply, content in zip(replies, sent, strict=True):
+        reply[1].pop("x-request-id")
+        expected = answer(servers[False], GB, content, JSON)
+        assert reply == expected
+    assert [reply[0] for reply in replies] == [200] * 4 + [400] * 3 + [200] * 2
+
+
 # -- a loop turn's plain requests, queued as one group (server/kserve/turn_groups.py) -------
 
 
