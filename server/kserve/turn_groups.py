@@ -45,8 +45,10 @@ from ferry.server.graph_runtime import GraphRuntime
 from ferry.server.kserve.body_forms import BodyForm, body_form
 from ferry.server.kserve.kserve_model import GraphView, KServeModel
 from ferry.server.kserve.queued_infer import QueuedInfer, Results
+from ferry.server.large_bodies import LARGE_BODY_BYTES
 from ferry.server.replies import Reply
-from ferry.server.routes.kserve_v2 import InferRequest, response
+from ferry.server.response_size import answer_bytes
+from ferry.server.routes.kserve_v2 import InferRequest, encode_response, response
 from ferry.server.services import Services
 from ferry.server.tensor_inputs import FLOATS, INTEGERS, typed_tensor
 
@@ -267,6 +269,9 @@ class TurnGroups:
             weakref.WeakKeyDictionary()
         )
         self._pending: dict[GraphRuntime, list[Member]] = {}
+        # A group's answers of at most this many bytes in all are each within the bound and
+        # written on the loop (response_size.py): each is written as response() writes it.
+        self.plain_bytes = min(services.settings.max_response_bytes, LARGE_BODY_BYTES - 1)
 
     def read(self, model: KServeModel, body: bytes) -> Member | None:
         """`body` as a member of `model`'s group, or None (the general path's)."""
@@ -376,15 +381,35 @@ class _Queued:
                 self.groups.end(member, as_exception(error))
             return
         values = self.members[0].plan.graph.rows_answer([future.result()])
+        # A member's answer is at most the group's: where that is small, none is refused or
+        # written off the loop, and each is written here as response() would write it.
+        small = sum(map(answer_bytes, values.values())) <= self.groups.plain_bytes
         start = 0
         for member in self.members:
             rows = slice(start, start + member.rows)
             start += member.rows
-            if member.waiting is not None:
-                member.waiting.answer([{name: values[name][rows] for name in member.read.wanted}])
+            waiting = member.waiting
+            if waiting is None:
+                continue
+            outputs = {name: values[name][rows] for name in member.read.wanted}
+            if small:
+                waiting.end(_plain_answer(member, outputs))
+            else:
+                waiting.answer([outputs])
 
     def left(self) -> None:
         """A member released: with none left waiting, the rows are dropped (done: a no-op)."""
         self.waiting -= 1
         if not self.waiting:
             self.future.cancel()
+
+
+def _plain_answer(member: Member, outputs: dict[str, np.ndarray]) -> Reply | Exception:
+    """A member's answer of a size already checked: what response() writes for a plain request
+    (no binary outputs, top-k or shared memory), or what it would raise."""
+    model = member.model
+    datatypes = {name: model.signature.output(name).datatype for name in outputs}
+    try:
+        return encode_response(model.name, member.read.header.get("id"), outputs, set(), datatypes)
+    except Exception as exc:  # answered as the general path answers what its writing raises
+        return exc

@@ -479,19 +479,42 @@ async def test_a_turn_s_requests_are_grouped_and_each_answered_as_alone(graphs, 
     sent = burst(48)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(turn_groups.TurnGroups, "_queue", recorded)
-        async with served(Settings(models=models(graphs)), []) as url:
-            port = int(url.rsplit(":", 1)[1])
-            connections = [await asyncio.open_connection("127.0.0.1", port) for _ in sent]
-            # Written with no await between: the server (this loop) reads them in one turn.
-            for (content, headers), (_, writer) in zip(sent, connections, strict=True):
-                lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-                head = f"POST {GB} HTTP/1.1\r\nhost: ferry\r\n{lines}"
-                writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(content))
-                writer.write(content)
-            replies = [await raw_answer(reader, writer) for reader, writer in connections]
+        replies = await in_one_turn(Settings(models=models(graphs)), sent)
     assert max(grouped) > 1  # requests of one turn shared a group
     for reply, (content, headers) in zip(replies, sent, strict=True):
         assert reply == answer(servers[False], GB, content, headers)  # the gateway's, alone
+
+
+async def in_one_turn(settings: Settings, sent: list[tuple[bytes, dict[str, str]]]) -> list:
+    """The answers to these requests to GB, each on a connection of its own, sent together."""
+    async with served(settings, []) as url:
+        port = int(url.rsplit(":", 1)[1])
+        connections = [await asyncio.open_connection("127.0.0.1", port) for _ in sent]
+        # Written with no await between: the server (this loop) reads them in one turn.
+        for (content, headers), (_, writer) in zip(sent, connections, strict=True):
+            lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            head = f"POST {GB} HTTP/1.1\r\nhost: ferry\r\n{lines}"
+            writer.write(head.encode() + b"content-length: %d\r\n\r\n" % len(content))
+            writer.write(content)
+        return [await raw_answer(reader, writer) for reader, writer in connections]
+
+
+async def test_a_group_whose_answers_are_large_is_answered_member_by_member(graphs, servers):
+    # 1024 bytes, about 36 rows of two probabilities as JSON: any group of these is more.
+    sizes = [20, 20, 20, 40, 10]
+    sent = [(body(tensor(ROWS[:rows])), JSON) for rows in sizes]
+    wide = [
+        {**m, "batching": {"max_batch_size": 128}} if m["name"] == "gb" else m
+        for m in models(graphs)
+    ]
+    settings = Settings(models=wide, max_response_bytes=1024)
+    replies = await in_one_turn(settings, sent)
+    for reply, (content, headers), rows in zip(replies, sent, sizes, strict=True):
+        reply[1].pop("x-request-id")
+        if rows == 40:  # past the bound alone
+            assert reply[0] == 400 and b"max_response_bytes" in reply[2]
+        else:
+            assert reply == answer(servers[False], GB, content, headers)
 
 
 async def raw_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple:
