@@ -38,7 +38,7 @@ from ferry.server.kserve.lookup import find_model
 from ferry.server.kserve.queued_infer import QueuedInfer, Results, queued_infer
 from ferry.server.kserve.turn_groups import Member, TurnGroups
 from ferry.server.large_bodies import LARGE_BODY_BYTES
-from ferry.server.replies import Reply, reply_headers
+from ferry.server.replies import Reply, header_lines
 from ferry.server.response_size import written
 from ferry.server.route_policy import CLIENT_GONE, RoutePolicy, record_request
 from ferry.server.route_table import HTTP_ROUTES, in_flight_group
@@ -107,9 +107,8 @@ class Taken(NamedTuple):
     model: str
     version: str | None
     media: tuple[str, ...]  # the body's media types the route takes (route_table.py)
-    request_id: bytes = b""
+    request_id: bytes = b""  # the client's, safe to log; b"": each request is given its own
     header_length: str | None = None  # Triton's binary tensors: the JSON header's length
-    client_id: bool = False  # request_id is the client's own (else made for this request)
 
 
 class DirectLane:
@@ -152,24 +151,20 @@ class DirectLane:
                 header_length = value
         if self._refused(content_type or b"", bool(header_length), route.media):
             return None
-        own = request_ids.from_client(request_id or b"")
         return Taken(
             route.route,
             route.path,
             route.model,
             route.version,
             route.media,
-            own,
+            request_ids.safe(request_id or b""),
             header_length.decode("latin-1") if header_length else None,
-            own == request_id,
         )
 
     def retakes(self, taken: Taken) -> Taken | None:
         """A request whose head is byte for byte that of `taken` (the connection's last,
-        server/repeated_heads.py), as `takes` would read it now: with a request id of its own."""
-        if self._drain.draining:
-            return None
-        return taken if taken.client_id else taken._replace(request_id=request_ids.new_id())
+        server/repeated_heads.py), as `takes` would read it now."""
+        return None if self._drain.draining else taken
 
     def _refused(self, content_type: bytes, binary_header: bool, media: tuple[str, ...]) -> bool:
         """Whether the route refuses the body's media type (gateway.media_type_refusal),
@@ -204,7 +199,7 @@ class DirectLane:
         if queued is None:
             return None
         self._metrics.turn_writes.add(self._in_flight, 1)
-        self._drain.enter()
+        self._drain.count_in()
         waiting = _Waiting(self, connection, cycle, taken, queued, started, member)
         cycle.on_gone = waiting.drop
         if member is not None:
@@ -253,7 +248,7 @@ class DirectLane:
     ) -> None:
         """Answer (a reply, or an exception in the route's dialect, as the gateway renders a
         hot route's), count, and free the connection."""
-        request_id = taken.request_id
+        request_id = taken.request_id or request_ids.new_id()
         if isinstance(outcome, Reply):
             reply = outcome
         else:
@@ -269,8 +264,7 @@ class DirectLane:
             defaults = connection.default_headers
             lines = b"".join(b"%s: %s\r\n" % pair for pair in defaults)
             self._defaults = (defaults, lines)
-        head = [STATUS_LINE[reply.status], lines]
-        head += (b"%s: %s\r\n" % (name.lower(), value) for name, value in reply_headers(reply))
+        head = [STATUS_LINE[reply.status], lines, header_lines(reply)]
         head.append(b"%s: %s\r\n" % (request_ids.HEADER, request_id))
         if not cycle.keep_alive:
             head.append(b"connection: close\r\n")
@@ -285,7 +279,7 @@ class DirectLane:
 
     def _settled(self) -> None:
         self._metrics.turn_writes.add(self._in_flight, -1)
-        self._drain.leave()
+        self._drain.count_out()
 
 
 @dataclass(slots=True, eq=False)

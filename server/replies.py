@@ -56,6 +56,15 @@ def reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
     ]
 
 
+def header_lines(reply: Reply) -> bytes:
+    """reply_headers(reply) as the lines of an HTTP head, as uvicorn writes them (for
+    server/direct_lane.py, which writes its own heads)."""
+    lines = b"content-type: %s\r\ncontent-length: %d\r\n" % (reply.content_type, len(reply.body))
+    if reply.headers:
+        lines += b"".join(b"%s: %s\r\n" % (name.lower(), value) for name, value in reply.headers)
+    return lines
+
+
 async def send_reply(send: Callable[[Message], Awaitable[None]], reply: Reply) -> None:
     headers = reply_headers(reply)
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})

@@ -34,9 +34,12 @@ def new_id() -> bytes:
 
 def from_client(sent: bytes) -> bytes:
     """`sent` (a header's value, b"" when absent) when it is safe to log, else a new id."""
-    if sent and _SAFE.fullmatch(sent):
-        return sent
-    return new_id()
+    return safe(sent) or new_id()
+
+
+def safe(sent: bytes) -> bytes:
+    """`sent` (a header's value, b"" when absent) when it is safe to log, else b""."""
+    return sent if sent and _SAFE.fullmatch(sent) else b""
 
 
 def of_headers(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
