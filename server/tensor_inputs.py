@@ -93,6 +93,22 @@ def plain_numbers(datatype: str, dtype: np.dtype, data: Any) -> np.ndarray | Non
     return array.astype(dtype, copy=False)
 
 
+def joined_numbers(datatype: str, dtype: np.dtype, lists: Iterable[list[Any]]) -> np.ndarray | None:
+    """Flat lists of numbers, each as plain_numbers reads it, as one 1-D array in one pass
+    (server/kserve/turn_groups.py: a group's requests); None where any one must be read alone.
+
+    Only short lists: for one of them plain_numbers' verdict is `_small_numbers`', whose checks
+    (the items' types, the datatype's range) pass for all the items together exactly when they
+    pass for each list's, and whose conversion is item by item."""
+    if datatype not in FLOATS and datatype not in INTEGERS:
+        return None
+    lists = list(lists)
+    if not all(0 < len(items) <= SHORT_LIST and type(items[0]) is not list for items in lists):
+        return None
+    flat = list(chain.from_iterable(lists))
+    return _small_numbers(datatype, dtype, flat, flat)
+
+
 def _small_flat(data: Any) -> list[Any] | None:
     """The items of lists nested at most two deep holding at most SHORT_LIST of them (a tabular
     row, a short sequence), else None.

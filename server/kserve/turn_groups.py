@@ -50,7 +50,7 @@ from ferry.server.replies import Reply
 from ferry.server.response_size import answer_bytes
 from ferry.server.routes.kserve_v2 import InferRequest, encode_response, response
 from ferry.server.services import Services
-from ferry.server.tensor_inputs import FLOATS, INTEGERS, typed_tensor
+from ferry.server.tensor_inputs import FLOATS, INTEGERS, joined_numbers, typed_tensor
 
 REQUEST_KEYS = frozenset({"inputs", "outputs", "id"})
 SPEC_KEYS = frozenset({"name", "shape", "datatype", "data"})
@@ -118,6 +118,8 @@ class Member:
     body: bytes
     waiting: Waiting | None = None  # None before it joins and once released
     group: _Queued | None = None
+    # A body of a known form: its data's items, read with its group's (TurnGroups._read_items).
+    items: list[Any] | None = None
 
     def release(self) -> None:
         """Answered, failed or left: its links to its wait and its group go (refcounting then
@@ -171,17 +173,12 @@ def read_plain(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | Non
 def _read_form(
     plan: GroupPlan, model: KServeModel, body: bytes, reading: FormReading, items: list[Any]
 ) -> Member | None:
-    """A body of a known form, with these data items: read as _read_whole reads it."""
-    expected = plan.inputs[reading.name]
-    try:
-        array = typed_tensor(reading.name, expected.datatype, expected.dtype, items)
-    except InvalidInput:
-        return None
-    if array.size != reading.rows * prod(expected.dims):
-        return None
-    tensors = {reading.name: array.reshape(reading.rows, *expected.dims)}
-    read = InferRequest(reading.header, tensors, reading.wanted, set(), {}, 0, None)
-    return Member(model, plan, read, reading.rows, body)
+    """A body of a known form, with these data items: its items read with its group's, as
+    _read_whole reads them (TurnGroups._read_items)."""
+    if len(items) != reading.rows * prod(plan.inputs[reading.name].dims):
+        return None  # as _read_whole: the general path names the count
+    read = InferRequest(reading.header, {}, reading.wanted, set(), {}, 0, None)
+    return Member(model, plan, read, reading.rows, body, items=items)
 
 
 def _read_whole(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | None:
@@ -319,6 +316,9 @@ class TurnGroups:
 
     def _queue(self, members: list[Member]) -> None:
         plan = members[0].plan
+        members = self._read_items(plan, members)
+        if not members:
+            return
         tensors = {
             name: np.concatenate([m.read.tensors[name] for m in members]) for name in plan.inputs
         }
@@ -340,6 +340,35 @@ class TurnGroups:
         for member in members:
             member.group = group
         future.add_done_callback(group.done)
+
+    def _read_items(self, plan: GroupPlan, members: list[Member]) -> list[Member]:
+        """The members with their data read: a known form's items all in one pass where
+        tensor_inputs.joined_numbers can, else each as _read_whole reads it. One whose items
+        do not read as numbers is queued alone, for the general path's verdict."""
+        lists = [m.items for m in members if m.items is not None]
+        if not lists:
+            return members
+        ((name, expected),) = plan.inputs.items()  # forms are kept for one input only
+        datatype, dtype = expected.datatype, expected.dtype
+        joined = joined_numbers(datatype, dtype, lists)
+        start = 0
+        kept = []
+        for member in members:
+            items, member.items = member.items, None
+            if items is None:
+                kept.append(member)
+                continue
+            if joined is not None:
+                array, start = joined[start : start + len(items)], start + len(items)
+            else:
+                try:
+                    array = typed_tensor(name, datatype, dtype, items)
+                except InvalidInput:
+                    self.queue_alone(member)
+                    continue
+            member.read.tensors[name] = array.reshape(member.rows, *expected.dims)
+            kept.append(member)
+        return kept
 
     def queue_alone(self, member: Member) -> None:
         """The member queued the general way, for the verdict it gets alone."""

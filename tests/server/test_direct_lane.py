@@ -38,6 +38,11 @@ def tensor(rows: np.ndarray, name: str = "X", datatype: str = "FP32") -> dict[st
     return {"name": name, "shape": list(rows.shape), "datatype": datatype, "data": rows.tolist()}
 
 
+def flat(rows: np.ndarray) -> dict[str, Any]:
+    """A tensor's JSON with its data flat, as tritonclient sends it."""
+    return {**tensor(rows), "data": rows.ravel().tolist()}
+
+
 def body(*inputs: dict[str, Any], **more: Any) -> bytes:
     return json.dumps({"inputs": list(inputs), **more}).encode()
 
@@ -421,9 +426,6 @@ async def test_a_body_of_a_known_form_is_read_as_if_whole(graphs, servers):
         whole.append(content)
         return read_whole(plan, model, content)
 
-    def flat(rows: np.ndarray) -> dict[str, Any]:  # as tritonclient sends JSON
-        return {**tensor(rows), "data": rows.ravel().tolist()}
-
     one = tensor(ROWS[:1])
     sent = [body(flat(ROWS[i : i + 1])) for i in range(4)]  # one form, other numbers
     sent += [
@@ -464,6 +466,10 @@ def burst(count: int) -> list[tuple[bytes, dict[str, str]]]:
         lambda i: body(tensor(ROWS[i : i + 1]), parameters={"priority": 1}),
         lambda i: body(tensor(ROWS[i : i + 1, :3])),
         lambda i: body(tensor(ROWS[i : i + 1]), id=i),
+        lambda i: body(flat(ROWS[i : i + 1])),  # flat data: a body form, its items joined
+        lambda i: body(flat(ROWS[i + 1 : i + 2])),
+        lambda i: body({**flat(ROWS[i : i + 1]), "data": [True, *ROWS[i, 1:].tolist()]}),
+        lambda i: body({**flat(ROWS[i : i + 1]), "data": [1e300, *ROWS[i, 1:].tolist()]}),
     ]
     return [(forms[i % len(forms)](i), {**JSON, "x-request-id": f"q{i}"}) for i in range(count)]
 
@@ -485,6 +491,27 @@ async def test_a_turn_s_requests_are_grouped_and_each_answered_as_alone(graphs, 
     assert max(grouped) > 1  # requests of one turn shared a group
     for reply, (content, headers) in zip(replies, sent, strict=True):
         assert reply == answer(servers[False], GB, content, headers)  # the gateway's, alone
+
+
+async def test_a_group_s_numbers_are_read_together_each_answered_its_own(graphs, servers):
+    from ferry.server.kserve import turn_groups
+
+    joined: list[int] = []
+    join = turn_groups.joined_numbers
+
+    def counted(datatype, dtype, lists):  # type: ignore[no-untyped-def]
+        array = join(datatype, dtype, lists)
+        joined.append(0 if array is None else len(lists))
+        return array
+
+    sent = [(body(flat(ROWS[i : i + 1 + i % 2])), JSON) for i in range(16)]  # two forms
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turn_groups, "joined_numbers", counted)
+        replies = await in_one_turn(Settings(models=models(graphs)), sent)
+    assert max(joined) > 1  # more than one member's numbers read in one pass
+    for reply, (content, headers) in zip(replies, sent, strict=True):
+        reply[1].pop("x-request-id")
+        assert reply == answer(servers[False], GB, content, headers)
 
 
 async def in_one_turn(settings: Settings, sent: list[tuple[bytes, dict[str, str]]]) -> list:

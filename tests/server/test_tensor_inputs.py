@@ -12,8 +12,10 @@ from ferry.server import tensor_inputs
 from ferry.server.errors import InvalidInput
 from ferry.server.tensor_inputs import (
     _typed_items,
+    joined_numbers,
     json_tensor,
     nested,
+    plain_numbers,
     records_tensors,
     typed_array,
     typed_tensor,
@@ -230,3 +232,28 @@ def test_short_lists_are_read_as_the_general_path_reads_them(monkeypatch, dataty
     short = outcome(datatype, data)
     monkeypatch.setattr(tensor_inputs, "_small_flat", lambda _: None)
     assert short == outcome(datatype, data)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "lists", "together"),
+    [
+        ("FP32", [[1.5, 2, -3e5], [0.25, 1, 0]], True),
+        ("FP32", [[1.5, 2], [True, 1.0]], False),  # a boolean in one: each is read alone
+        ("FP32", [[1.5, 2], [1e300, 1.0]], False),  # past FP32's range in one
+        ("FP32", [[1.5, 2], [None, 1.0]], False),
+        ("FP32", [[1.5, 2], [[1.0], 2.0]], False),  # nested in one
+        ("INT8", [[1, 2], [127, -128]], True),
+        ("INT8", [[1, 2], [128, 0]], False),
+        ("INT64", [[1, 2], [2.5, 0]], False),  # a float for an integer type
+        ("BOOL", [[True], [False]], False),  # not numbers
+        ("FP32", [[1.0] * 600, [2.0]], False),  # a long list: read the long way
+    ],
+)
+def test_joined_numbers_are_each_list_s_read_as_one(datatype, lists, together):
+    dtype = TensorSpec("x", datatype, (-1,)).dtype
+    joined = joined_numbers(datatype, dtype, lists)
+    assert (joined is not None) == together
+    if joined is not None:
+        each = [plain_numbers(datatype, dtype, items) for items in lists]
+        assert joined.dtype == dtype
+        assert joined.tobytes() == np.concatenate(each).tobytes()
