@@ -47,6 +47,8 @@ def repeated_head(
     """The head of `data`, a read that held exactly one request, of this body, which the lane
     took as `taken`; None where its length is not one plain Content-Length header."""
     head = data[: len(data) - len(body)]
+    if head.find(b"\r\n\r\n") != len(head) - 4:
+        return None  # bytes after the body (a stray line end): its head is not the rest
     found = head.lower().find(LENGTH_NAME)
     if found < 0 or head.lower().find(LENGTH_NAME, found + 1) >= 0:
         return None
