@@ -86,7 +86,9 @@ class InputRows:
 class GroupPlan:
     """What a model's plain requests look like, and how many rows one group may hold."""
 
-    graph: GraphRuntime
+    # Its graph, weakly: TurnGroups keys its plans by graph weakly, and a plan that held its
+    # graph would keep it (a model unloaded or replaced) alive for good.
+    graph_ref: weakref.ReferenceType[GraphRuntime]
     inputs: dict[str, InputRows]
     max_rows: int
     priority: int  # 0 after the priority policy
@@ -94,6 +96,12 @@ class GroupPlan:
     outputs: dict[tuple[str, ...], tuple[str, ...]] = field(default_factory=dict)
     # Bodies read whole lately, of a model of one input (body_forms.py).
     forms: deque[BodyForm] = field(default_factory=lambda: deque(maxlen=MAX_FORMS))
+
+    @property
+    def graph(self) -> GraphRuntime:
+        graph = self.graph_ref()
+        assert graph is not None, "a plan used without its graph"  # a member holds its model
+        return graph
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,8 @@ def group_plan(services: Services, model: KServeModel) -> GroupPlan | None:
         return None
     # A group is one chunk (tensor_chunks.chunk_rows), so the queue counts its requests once.
     per_row = sum(prod(rows.dims) for rows in inputs.values())
-    return GroupPlan(graph, inputs, most_at(graph.batcher.limits, per_row), decided.priority)
+    limit = most_at(graph.batcher.limits, per_row)
+    return GroupPlan(weakref.ref(graph), inputs, limit, decided.priority)
 
 
 def read_plain(plan: GroupPlan, model: KServeModel, body: bytes) -> Member | None:

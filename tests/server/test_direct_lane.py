@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import gzip
 import json
 import time
@@ -22,8 +23,11 @@ from ferry.bench.server_process import FerryProcess, ferry_server
 from ferry.server.app import create_app
 from ferry.server.connection_limits import ConnectionLimits, protocol_class
 from ferry.server.direct_lane import DirectLane, direct_lane
+from ferry.server.kserve import turn_groups
+from ferry.server.kserve.lookup import find_model
 from ferry.server.services import app_services
 from ferry.server.settings import Settings
+from tests.server.inprocess import serving_app
 from tests.support import plain_graphs
 from tests.support.metrics import metric_value
 
@@ -417,8 +421,6 @@ async def test_a_repeated_head_takes_the_lane_while_a_head_would(graphs):
 
 
 async def test_a_body_of_a_known_form_is_read_as_if_whole(graphs, servers):
-    from ferry.server.kserve import turn_groups
-
     whole: list[bytes] = []
     read_whole = turn_groups._read_whole
 
@@ -475,8 +477,6 @@ def burst(count: int) -> list[tuple[bytes, dict[str, str]]]:
 
 
 async def test_a_turn_s_requests_are_grouped_and_each_answered_as_alone(graphs, servers):
-    from ferry.server.kserve import turn_groups
-
     grouped: list[int] = []
     queue = turn_groups.TurnGroups._queue
 
@@ -494,8 +494,6 @@ async def test_a_turn_s_requests_are_grouped_and_each_answered_as_alone(graphs, 
 
 
 async def test_a_group_s_numbers_are_read_together_each_answered_its_own(graphs, servers):
-    from ferry.server.kserve import turn_groups
-
     joined: list[int] = []
     join = turn_groups.joined_numbers
 
@@ -512,6 +510,18 @@ async def test_a_group_s_numbers_are_read_together_each_answered_its_own(graphs,
     for reply, (content, headers) in zip(replies, sent, strict=True):
         reply[1].pop("x-request-id")
         assert reply == answer(servers[False], GB, content, headers)
+
+
+async def test_a_group_plan_does_not_keep_its_graph_alive(graphs):
+    # The lane's plans are keyed by graph weakly: a plan that held its graph would keep an
+    # unloaded model's graph (and its sessions) for good.
+    async with serving_app(Settings(models=models(graphs))) as (app, _):
+        services = app_services(app)
+        model = find_model(services.registry, services.encoder, "gb", None)
+        plan = turn_groups.group_plan(services, model)
+        assert plan is not None and plan.graph is model.model
+        holders = gc.get_referrers(model.model)
+        assert not any(holder is plan or holder is vars(plan) for holder in holders)
 
 
 async def in_one_turn(settings: Settings, sent: list[tuple[bytes, dict[str, str]]]) -> list:
