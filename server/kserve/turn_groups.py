@@ -56,6 +56,7 @@ REQUEST_KEYS = frozenset({"inputs", "outputs", "id"})
 SPEC_KEYS = frozenset({"name", "shape", "datatype", "data"})
 MAX_REMEMBERED_OUTPUTS = 256
 MAX_FORMS = 8  # body forms remembered a model (body_forms.py), the latest first
+UNPLANNED: Any = object()  # a graph whose plan is not decided yet
 
 
 class Waiting(Protocol):
@@ -284,11 +285,11 @@ class TurnGroups:
         graph = model.model if isinstance(model, GraphView) else None
         if not isinstance(graph, GraphRuntime):
             return None
-        if graph not in self._plans:
+        plan = self._plans.get(graph, UNPLANNED)  # one weak key made, not two
+        if plan is UNPLANNED:
             if graph.batcher is None:  # not started: decided once it is
                 return None
-            self._plans[graph] = group_plan(self._services, model)
-        plan = self._plans[graph]
+            plan = self._plans[graph] = group_plan(self._services, model)
         return None if plan is None else read_plain(plan, model, body)
 
     def answer_of(self, member: Member) -> Callable[[Results], tuple[int, Callable[[], Reply]]]:
