@@ -9,6 +9,7 @@ stops it with SIGTERM, then SIGKILL after a grace period. The starters here, `fe
 from __future__ import annotations
 
 import contextlib
+import random
 import signal
 import socket
 import subprocess
@@ -24,10 +25,26 @@ from ferry.bench.triton_env import DEFAULT_VENV, TritonLayout
 Probe = Callable[[], bool]
 
 
+# Ports for servers: below every system's ephemeral range (Linux's starts at 32768, the
+# IANA's at 49152), from which the kernel gives outgoing connections theirs.
+SERVER_PORTS = range(20000, 32768)
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback port free now, for a server to bind seconds later. Not one the kernel picks
+    (bind to 0): those come from the ephemeral range, where any client's connection may take
+    it meanwhile, as one did under a busy test run ("address already in use")."""
+    for _ in range(100):
+        port = random.choice(SERVER_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # bound, or lingering: another
+                continue
+            return port
+    with socket.socket() as sock:  # a crowded range: the kernel's pick after all
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def http_ok(url: str, headers: Mapping[str, str] | None = None) -> Probe:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from ferry.bench import images
-from ferry.bench.processes import ManagedProcess, ProcessExited, free_port, http_ok, running
+from ferry.bench.processes import (
+    SERVER_PORTS,
+    ManagedProcess,
+    ProcessExited,
+    free_port,
+    http_ok,
+    running,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -112,3 +120,17 @@ def test_bench_images_floor_server_answers_the_live_poll(tmp_path):
     with running(images.bare_server(tmp_path)) as bare, images.LivePoll(bare.url) as poll:
         time.sleep(0.2)
     assert len(poll.latencies_s) >= 5  # every poll answered 200 (LivePoll asserts it)
+
+
+def test_a_free_port_is_outside_the_range_clients_are_given():
+    # A port the kernel gives an outgoing connection could be taken before the server binds it.
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listening,
+        socket.create_connection(listening.getsockname()) as client,
+    ):
+        given = client.getsockname()[1]
+    ports = {free_port() for _ in range(20)}
+    assert given not in SERVER_PORTS and ports <= set(SERVER_PORTS)
+    for port in ports:  # each free for a server to bind
+        with socket.create_server(("127.0.0.1", port)):
+            pass
