@@ -49,8 +49,9 @@ def repeated_head(
     head = data[: len(data) - len(body)]
     if head.find(b"\r\n\r\n") != len(head) - 4:
         return None  # bytes after the body (a stray line end): its head is not the rest
-    found = head.lower().find(LENGTH_NAME)
-    if found < 0 or head.lower().find(LENGTH_NAME, found + 1) >= 0:
+    lowered = head.lower()
+    found = lowered.find(LENGTH_NAME)
+    if found < 0 or lowered.find(LENGTH_NAME, found + 1) >= 0:
         return None
     start = found + len(LENGTH_NAME)
     while head[start : start + 1] in (b" ", b"\t"):

@@ -293,11 +293,12 @@ class TurnGroups:
         return None if plan is None else read_plain(plan, model, body)
 
     def answer_of(self, member: Member) -> Callable[[Results], tuple[int, Callable[[], Reply]]]:
-        """The member's answer from its own rows of its outputs: the general path's."""
-        regions = self._services.shared_memory.of(None)
-        limit = self._services.settings.max_response_bytes
+        """The member's answer from its own rows of its outputs: the general path's (asked of
+        a large group's members only: the rest are answered by _plain_answer)."""
+        services = self._services
 
         def answer(results: Results) -> tuple[int, Callable[[], Reply]]:
+            regions, limit = services.shared_memory.of(None), services.settings.max_response_bytes
             return response(member.model, member.read, regions, {}, 0, results[0], limit)
 
         return answer
