@@ -11,8 +11,10 @@ Three figures per input set and client count:
                            client count (capped at max_batch_size: no more rows can be waiting),
                            as many in flight as it has streams, back to back, no HTTP
 and the ratios: simulated / null (issue 43's target: >= 0.9x) and simulated / device ceiling.
-Beside Ferry on the simulated device: its mean batch size in the measured step (from its own
-ferry_batch_size_requests histogram) and the most batches the device had in flight.
+Beside each server: its mean batch size in the measured step (from its own
+ferry_batch_size_requests histogram); and the most batches the device had in flight. The null
+backend answers at once, so its batches are small, and each costs the loop a batch's own steps:
+its ceiling is what the front end serves at the batches it forms.
 
 Image tensors too (`--no-images` leaves them out): one [1, 3, 224, 224] FP32 tensor a request
 over KServe v2 JSON, to a plain graph of ResNet's signature (`image_graph`) that the simulated
@@ -98,7 +100,9 @@ class Config:
 @dataclass
 class Results:
     steps: dict[tuple[str, str, int], Step] = field(default_factory=dict)  # (server, set, clients)
-    mean_batch: dict[tuple[str, int], float] = field(default_factory=dict)  # simulated, measured
+    # Each server's mean batch in the measured rounds, by (server, set, clients): the null
+    # backend's too, whose small batches each cost the loop a batch's own steps.
+    mean_batch: dict[tuple[str, str, int], float] = field(default_factory=dict)
     max_in_flight: int = 0
     round_ratios: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # sim / null
     ceilings: dict[tuple[str, int], float] = field(default_factory=dict)  # seq/s
@@ -278,9 +282,9 @@ def measure_step(
     for name, loads in rounds.items():
         done = results.steps[(name, set_name, clients)] = pooled(loads, clients)
         progress(f"  {name}, {set_name}, {clients} clients: {done.throughput:.0f} req/s")
-    rows, batches = batched.get(SIMULATED, (0.0, 0.0))
-    if batches:
-        results.mean_batch[step] = rows / batches
+    for name, (rows, batches) in batched.items():
+        if batches:
+            results.mean_batch[(name, set_name, clients)] = rows / batches
     if SIMULATED in rounds and NULL in rounds:
         results.round_ratios[step] = [
             a.throughput / b.throughput if b.throughput else 0.0
@@ -346,8 +350,8 @@ def report(config: Config, results: Results) -> str:
                 if step is None:
                     lines.append(f"{name:24s} failed: {results.failed.get(name, '?')}")
                     continue
-                mean = results.mean_batch.get((set_name, clients))
-                batch = f"  {mean:.1f}" if name == SIMULATED and mean else ""
+                mean = results.mean_batch.get((name, set_name, clients))
+                batch = f"  {mean:.1f}" if mean else ""
                 lines.append(
                     f"{name:24s} {step.throughput:8.0f} {step.p50_ms:7.1f} {step.p99_ms:7.1f}"
                     f" {step.errors:>6} {ratio(step.throughput, null)}"

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
+import time
 from dataclasses import replace
 
 import httpx
@@ -38,6 +40,7 @@ from ferry.bench.simulated_device import (
     DeviceTimes,
     SimulatedDevice,
     SimulatedEncoderBackend,
+    hold_gil,
 )
 from ferry.bench.sweep import Step
 from ferry.bench.targets import predict_body
@@ -61,6 +64,32 @@ def test_a_batch_costs_its_fixed_time_and_its_padded_tokens():
     times = DeviceTimes(launch_ms=1.5, fixed_ms=1.0, per_token_us=0.2)
     assert times.device_s(128 * 128) == pytest.approx(0.001 + 16384 * 0.2e-6)
     assert times.batch_s(16) == pytest.approx(0.0015 + 0.001 + 16 * 0.2e-6)
+
+
+def test_a_launch_runs_its_whole_time_on_the_gil_while_another_thread_wants_it():
+    """A launch shared with a busy loop still costs its whole time of GIL, as launch code in
+    Python does: it must not count the loop's turns as its own."""
+    used: list[float] = []
+    stop = threading.Event()
+
+    def launch() -> None:
+        began = time.thread_time()
+        hold_gil(0.03)
+        used.append(time.thread_time() - began)
+        stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)  # the loop takes the GIL from the launch every 0.5 ms
+    try:
+        thread = threading.Thread(target=launch)
+        thread.start()
+        turns = 0
+        while not stop.is_set():  # the event loop's Python, wanting the GIL all along
+            turns += 1
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert turns and used[0] >= 0.03
 
 
 @pytest.mark.parametrize("launch_on_loop", [False, True], ids=["stream-threads", "on-loop"])
@@ -119,10 +148,12 @@ def test_report_gives_both_ratios_and_the_verdict():
     results.steps[(SIMULATED, "short", 64)] = Step(64, 900, 900.0, 1.0, 2.0, {200: 900})
     results.steps[(NULL, "short", 64)] = Step(64, 1000, 1000.0, 1.0, 2.0, {200: 1000})
     results.ceilings[("short", 64)] = 9000.0
-    results.mean_batch[("short", 64)] = 12.5
+    results.mean_batch[(SIMULATED, "short", 64)] = 12.5
+    results.mean_batch[(NULL, "short", 64)] = 3.5
     results.round_ratios[("short", 64)] = [0.8, 1.0]
     text = report(config, results)
     assert " 0.90x    0.10x  12.5" in text
+    assert " 1.00x    0.11x  3.5" in text  # the null backend's batches too
     assert "short/64: 0.90x null (rounds: 0.80, 1.00) -> met" in text
 
 
