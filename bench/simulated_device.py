@@ -2,9 +2,10 @@
 
 What a Python front end feels from a GPU model is not its FLOPs but three things, and each is
 simulated here:
-- **kernel launches hold the GIL**: each batch spins in a busy Python loop for `launch_ms` in
-  the backend's own thread (a loop, not a sleep, so the event loop queues behind it exactly as
-  it queues behind torch's launches);
+- **kernel launches hold the GIL**: each batch spins in a busy Python loop for `launch_ms` of
+  its thread's CPU in the backend's own thread (a loop, not a sleep, so the event loop queues
+  behind it exactly as it queues behind torch's launches; the thread's CPU, not the wall's
+  time, so that the turns the loop takes meanwhile do not count as launching);
 - **the device runs with the GIL released**: then the thread sleeps `fixed_ms` plus
   `per_token_us` per padded token (rows x padded length), as `.cpu()` waits on a CUDA stream;
 - **streams**: `streams` threads, so that many batches are in flight at once, as the torch
