@@ -13,8 +13,9 @@ Three figures per input set and client count:
 and the ratios: simulated / null (issue 43's target: >= 0.9x) and simulated / device ceiling.
 Beside each server: its mean batch size in the measured step (from its own
 ferry_batch_size_requests histogram); and the most batches the device had in flight. The null
-backend answers at once, so its batches are small, and each costs the loop a batch's own steps:
-its ceiling is what the front end serves at the batches it forms.
+backend answers at once, so its batches are what arrives between two (fewer rows than the
+device's, here), and each costs the loop a batch's own steps: its ceiling is what the front end
+serves at the batches it forms.
 
 Image tensors too (`--no-images` leaves them out): one [1, 3, 224, 224] FP32 tensor a request
 over KServe v2 JSON, to a plain graph of ResNet's signature (`image_graph`) that the simulated
@@ -100,8 +101,7 @@ class Config:
 @dataclass
 class Results:
     steps: dict[tuple[str, str, int], Step] = field(default_factory=dict)  # (server, set, clients)
-    # Each server's mean batch in the measured rounds, by (server, set, clients): the null
-    # backend's too, whose small batches each cost the loop a batch's own steps.
+    # Each server's mean batch in the measured rounds, by (server, set, clients).
     mean_batch: dict[tuple[str, str, int], float] = field(default_factory=dict)
     max_in_flight: int = 0
     round_ratios: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # sim / null
