@@ -32,8 +32,10 @@ class RepeatedHead:
             return None
         start = len(self.before)
         end = data.find(b"\r", start, start + MAX_LENGTH_DIGITS + 1)
+        if end < 0:
+            return None
         digits = data[start:end]
-        if end < 0 or not digits.isdigit() or not data.startswith(self.after, end):
+        if not digits.isdigit() or not data.startswith(self.after, end):
             return None
         body = end + len(self.after)
         if len(data) - body != int(digits):

@@ -33,10 +33,12 @@ class BodyForm:
     def items_of(self, body: bytes) -> list[Any] | None:
         """The items of `body`'s data where it has this form, as one flat JSON array; None
         where it has not (or its items are not one flat array)."""
+        if len(self.before) + len(self.after) > len(body):
+            return None  # its start and end would overlap
         if not body.startswith(self.before) or not body.endswith(self.after):
             return None
         inner = body[len(self.before) : len(body) - len(self.after)]
-        if len(self.before) + len(self.after) > len(body) or b"[" in inner:
+        if b"[" in inner:
             return None
         try:
             items = orjson.loads(b"[" + inner + b"]")

@@ -420,10 +420,13 @@ class _Queued:
             for member in self.members:
                 self.groups.end(member, as_exception(error))
             return
-        values = self.members[0].plan.graph.rows_answer([future.result()])
+        graph = self.members[0].plan.graph
+        values = graph.rows_answer([future.result()])
         # A member's answer is at most the group's: where that is small, none is refused or
         # written off the loop, and each is written here as response() would write it.
         small = sum(map(answer_bytes, values.values())) <= self.groups.plain_bytes
+        # Every member's model is a view of this graph, with its signature (GraphView).
+        datatypes = {n: graph.signature.output(n).datatype for n in values} if small else {}
         start = 0
         for member in self.members:
             rows = slice(start, start + member.rows)
@@ -433,7 +436,7 @@ class _Queued:
                 continue
             outputs = {name: values[name][rows] for name in member.read.wanted}
             if small:
-                waiting.end(_plain_answer(member, outputs))
+                waiting.end(_plain_answer(member, outputs, datatypes))
             else:
                 waiting.answer([outputs])
 
@@ -444,12 +447,14 @@ class _Queued:
             self.future.cancel()
 
 
-def _plain_answer(member: Member, outputs: dict[str, np.ndarray]) -> Reply | Exception:
+def _plain_answer(
+    member: Member, outputs: dict[str, np.ndarray], datatypes: dict[str, str]
+) -> Reply | Exception:
     """A member's answer of a size already checked: what response() writes for a plain request
-    (no binary outputs, top-k or shared memory), or what it would raise."""
-    model = member.model
-    datatypes = {name: model.signature.output(name).datatype for name in outputs}
+    (no binary outputs, top-k or shared memory), or what it would raise. `datatypes`: by
+    output, its group's graph's."""
+    header = member.read.header
     try:
-        return encode_response(model.name, member.read.header.get("id"), outputs, set(), datatypes)
+        return encode_response(member.model.name, header.get("id"), outputs, set(), datatypes)
     except Exception as exc:  # answered as the general path answers what its writing raises
         return exc
